@@ -1,0 +1,47 @@
+use anyhow::Result;
+use clap::Subcommand;
+
+use crate::ctx::Ctx;
+
+/// Inspect the disk cache ($MADO_CACHE_DIR, $XDG_CACHE_HOME/mado or ~/.cache/mado).
+#[derive(Subcommand)]
+pub enum CacheCommand {
+    /// Where the cache is, how many entries and bytes it holds, and its cap
+    /// (MADO_DISK_CACHE_MAX_BYTES; unset, 0 or unparseable = unbounded).
+    Stats,
+    /// Re-hash every entry; delete (and list) any that does not match its
+    /// key. Deleted entries are fetched again when next needed.
+    Verify,
+}
+
+pub async fn run(c: CacheCommand, ctx: &Ctx) -> Result<()> {
+    let cache = ctx.cache()?;
+    match c {
+        CacheCommand::Stats => {
+            let u = cache.usage();
+            if ctx.json {
+                return ctx.print_json(&u);
+            }
+            println!("path:    {}", u.path);
+            println!("entries: {}", u.entries);
+            println!("bytes:   {}", u.bytes);
+            println!("cap:     {}", u.cap.map_or("unbounded".to_string(), |c| format!("{c} bytes")));
+        }
+        CacheCommand::Verify => {
+            let pb = ctx.progress(Some(0), "verifying");
+            let r = cache.verify(|done, total| {
+                pb.set_length(total);
+                pb.set_position(done);
+            });
+            pb.finish_and_clear();
+            if ctx.json {
+                return ctx.print_json(&r);
+            }
+            println!("checked {} entries, {} bad (removed)", r.checked, r.bad.len());
+            for b in &r.bad {
+                println!("  removed {b}");
+            }
+        }
+    }
+    Ok(())
+}

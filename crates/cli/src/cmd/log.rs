@@ -1,0 +1,68 @@
+use anyhow::Result;
+use clap::Args;
+use mado_core::hash::Hash;
+
+use crate::ctx::Ctx;
+
+/// Show a ref's history: each snapshot, newest first.
+#[derive(Args)]
+pub struct LogArgs {
+    /// Ref name or snapshot id (a unique prefix is enough).
+    #[arg(default_value = "main")]
+    spec: String,
+    /// Show at most this many snapshots.
+    #[arg(long, short = 'n')]
+    max: Option<usize>,
+}
+
+#[derive(serde::Serialize)]
+struct LogEntry {
+    snapshot: String,
+    root: String,
+    parents: Vec<String>,
+    time: i64,
+    author: String,
+    source: String,
+    message: String,
+}
+
+pub async fn run(a: LogArgs, ctx: &Ctx) -> Result<()> {
+    let remote = ctx.remote()?;
+    let fetcher = ctx.fetcher()?;
+    let mut next: Option<Hash> = Some(mado_core::resolve::resolve(&remote, &a.spec).await?);
+    let mut out = Vec::new();
+    while let Some(id) = next {
+        if a.max.is_some_and(|m| out.len() >= m) {
+            break;
+        }
+        let s = fetcher.snapshot(id).await?;
+        next = s.parents.first().copied();
+        let e = LogEntry {
+            snapshot: id.to_hex(),
+            root: s.root.to_hex(),
+            parents: s.parents.iter().map(Hash::to_hex).collect(),
+            time: s.time,
+            author: s.author,
+            source: s.source,
+            message: s.message,
+        };
+        if !ctx.json {
+            println!("snapshot {}", e.snapshot);
+            if !e.source.is_empty() {
+                println!("Source:   {}", e.source);
+            }
+            println!("Author:   {}", e.author);
+            println!("Time:     {} (unix)", e.time);
+            println!();
+            for l in e.message.trim_end().lines() {
+                println!("    {l}");
+            }
+            println!();
+        }
+        out.push(e);
+    }
+    if ctx.json {
+        ctx.print_json(&out)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,57 @@
+use anyhow::Result;
+use clap::Args;
+use mado_core::object::Kind;
+
+use crate::ctx::Ctx;
+
+/// List a directory of a snapshot: kind, size and name of each entry.
+#[derive(Args)]
+pub struct LsArgs {
+    /// Ref name or snapshot id.
+    spec: String,
+    /// Directory inside the snapshot (default: the root).
+    #[arg(default_value = "")]
+    path: String,
+}
+
+#[derive(serde::Serialize)]
+struct LsEntry {
+    name: String,
+    kind: &'static str,
+    size: u64,
+    id: String,
+    chunked: bool,
+}
+
+pub async fn run(a: LsArgs, ctx: &Ctx) -> Result<()> {
+    let remote = ctx.remote()?;
+    let fetcher = ctx.fetcher()?;
+    let snap = fetcher.snapshot(mado_core::resolve::resolve(&remote, &a.spec).await?).await?;
+    let tree_id = match fetcher.lookup(snap.root, &a.path).await? {
+        None => snap.root,
+        Some(e) if e.kind == Kind::Directory => e.id,
+        Some(e) => {
+            return Err(mado_core::Error::User(format!("{} is a {}, not a directory; use `mado cat`", a.path, e.kind.label())).into())
+        }
+    };
+    let tree = fetcher.tree(tree_id, &a.path).await?;
+    let entries: Vec<LsEntry> = tree
+        .entries
+        .iter()
+        .map(|e| LsEntry {
+            name: String::from_utf8_lossy(&e.name).into_owned(),
+            kind: e.kind.label(),
+            size: e.size,
+            id: e.id.to_hex(),
+            chunked: e.chunked,
+        })
+        .collect();
+    if ctx.json {
+        return ctx.print_json(&entries);
+    }
+    for e in entries {
+        let suffix = if e.kind == "dir" { "/" } else { "" };
+        println!("{:<7} {:>10}  {}{suffix}", e.kind, e.size, e.name);
+    }
+    Ok(())
+}

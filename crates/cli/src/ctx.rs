@@ -1,0 +1,187 @@
+//! What every command shares: configuration, the remote, the disk cache,
+//! the `--verbose` step log, progress bars, and error reporting.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use mado_core::cache::DiskCache;
+use mado_core::fetch::Fetcher;
+use mado_core::store::{OpenOptions, Remote};
+
+pub struct Ctx {
+    pub verbose: bool,
+    pub json: bool,
+    start: Instant,
+    last: Mutex<Instant>,
+    remote: OnceLock<Arc<Remote>>,
+    cache: OnceLock<Arc<DiskCache>>,
+}
+
+/// `$MADO_CONFIG`, else `$XDG_CONFIG_HOME/mado/config.toml`, else
+/// `~/.config/mado/config.toml`.
+pub fn config_path() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os("MADO_CONFIG").filter(|p| !p.is_empty()) {
+        return Ok(PathBuf::from(p));
+    }
+    let base = match std::env::var_os("XDG_CONFIG_HOME").filter(|p| !p.is_empty()) {
+        Some(p) => PathBuf::from(p),
+        None => home()?.join(".config"),
+    };
+    Ok(base.join("mado").join("config.toml"))
+}
+
+pub fn home() -> Result<PathBuf> {
+    std::env::var_os("HOME").filter(|h| !h.is_empty()).map(PathBuf::from).ok_or_else(|| {
+        anyhow::Error::new(mado_core::Error::User("HOME is not set; set HOME (or XDG_* directories)".into()))
+    })
+}
+
+/// The embedded default store: `$XDG_DATA_HOME/mado/store`, else
+/// `~/.local/share/mado/store`.
+pub fn default_store_dir() -> Result<PathBuf> {
+    let base = match std::env::var_os("XDG_DATA_HOME").filter(|p| !p.is_empty()) {
+        Some(p) => PathBuf::from(p),
+        None => home()?.join(".local").join("share"),
+    };
+    Ok(base.join("mado").join("store"))
+}
+
+/// Reads `remote = "..."` from the config file (a TOML subset: `key =
+/// "value"` lines and `#` comments).
+pub fn read_config_remote() -> Result<Option<String>> {
+    let p = config_path()?;
+    let text = match std::fs::read_to_string(&p) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", p.display())),
+    };
+    for line in text.lines() {
+        let line = line.trim();
+        if let Some((k, v)) = line.split_once('=') {
+            if k.trim() == "remote" {
+                let v = v.trim();
+                let v = v.strip_prefix('"').and_then(|v| v.strip_suffix('"')).unwrap_or(v);
+                return Ok(Some(v.to_string()));
+            }
+        }
+    }
+    Ok(None)
+}
+
+impl Ctx {
+    pub fn new(verbose: bool, json: bool) -> Ctx {
+        let now = Instant::now();
+        Ctx { verbose, json, start: now, last: Mutex::new(now), remote: OnceLock::new(), cache: OnceLock::new() }
+    }
+
+    /// Logs a step under `--verbose`: `[+<total ms> Δ<delta ms>] step`.
+    pub fn step(&self, what: impl AsRef<str>) {
+        if !self.verbose {
+            return;
+        }
+        let now = Instant::now();
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        let total = now.duration_since(self.start).as_millis();
+        let delta = now.duration_since(*last).as_millis();
+        *last = now;
+        eprintln!("[+{total}ms Δ{delta}ms] {}", what.as_ref());
+    }
+
+    pub fn remote_url(&self) -> Result<String> {
+        if let Some(u) = std::env::var("MADO_REMOTE_ADDR").ok().filter(|u| !u.is_empty()) {
+            return Ok(u);
+        }
+        match read_config_remote()? {
+            Some(u) => Ok(u),
+            None => Err(anyhow::Error::new(mado_core::Error::User(
+                "no remote configured; run `mado init` (embedded local store) or `mado init --remote s3://bucket/prefix`, or set MADO_REMOTE_ADDR".into(),
+            ))),
+        }
+    }
+
+    pub fn remote(&self) -> Result<Arc<Remote>> {
+        if let Some(r) = self.remote.get() {
+            return Ok(r.clone());
+        }
+        let url = self.remote_url()?;
+        let inject_rtt = std::env::var("MADO_INJECT_RTT_MS").ok().and_then(|v| v.parse().ok()).map(Duration::from_millis);
+        let r = Arc::new(Remote::open(&url, &OpenOptions { inject_rtt })?);
+        self.step(format!("opened remote {url}"));
+        Ok(self.remote.get_or_init(|| r).clone())
+    }
+
+    pub fn cache(&self) -> Result<Arc<DiskCache>> {
+        if let Some(c) = self.cache.get() {
+            return Ok(c.clone());
+        }
+        let c = Arc::new(DiskCache::open_default()?);
+        self.step(format!("opened disk cache {}", c.root().display()));
+        Ok(self.cache.get_or_init(|| c).clone())
+    }
+
+    pub fn fetcher(&self) -> Result<Arc<Fetcher>> {
+        Ok(Fetcher::new(self.remote()?, self.cache()?))
+    }
+
+    /// A progress bar on stderr, hidden when stderr is not a terminal or
+    /// output is JSON.
+    pub fn progress(&self, len: Option<u64>, what: &str) -> ProgressBar {
+        if self.json || !std::io::stderr().is_terminal() {
+            return ProgressBar::hidden();
+        }
+        let pb = match len {
+            Some(n) => ProgressBar::new(n).with_style(
+                ProgressStyle::with_template("{spinner} {msg} [{bar:30}] {pos}/{len} ({elapsed})")
+                    .unwrap_or_else(|_| ProgressStyle::default_bar())
+                    .progress_chars("=> "),
+            ),
+            None => ProgressBar::new_spinner().with_style(
+                ProgressStyle::with_template("{spinner} {msg} {pos} ({elapsed})").unwrap_or_else(|_| ProgressStyle::default_spinner()),
+            ),
+        };
+        pb.set_message(what.to_string());
+        pb.enable_steady_tick(Duration::from_millis(120));
+        pb
+    }
+
+    /// Prints a JSON value on stdout.
+    pub fn print_json(&self, v: &impl serde::Serialize) -> Result<()> {
+        println!("{}", serde_json::to_string_pretty(v)?);
+        Ok(())
+    }
+
+    /// Under `--verbose`, the closing counts of the remote and the cache.
+    pub fn finish(&self) {
+        if !self.verbose {
+            return;
+        }
+        if let Some(r) = self.remote.get() {
+            self.step(format!("remote: {}", r.stats()));
+        }
+        if let Some(c) = self.cache.get() {
+            let s = c.stats();
+            self.step(format!(
+                "cache: {} hits, {} misses, {} healed, {} written, {} evicted",
+                s.hits, s.misses, s.healed, s.writes, s.evicted
+            ));
+        }
+    }
+}
+
+/// Prints `e` once with its causes and returns the exit code.
+pub fn report_error(e: &anyhow::Error) -> i32 {
+    let user = e.chain().any(|c| c.downcast_ref::<mado_core::Error>().is_some_and(|m| m.is_user_error()));
+    eprintln!("error: {e}");
+    for cause in e.chain().skip(1) {
+        eprintln!("  caused by: {cause}");
+    }
+    if user {
+        1
+    } else {
+        2
+    }
+}

@@ -1,0 +1,45 @@
+//! The `mado` command line: parses arguments, runs one command, prints the
+//! error chain once and exits 0 (ok), 1 (user error, with a hint) or 2
+//! (internal or remote error). Each command is a file in `cmd/`.
+
+mod cmd;
+mod ctx;
+
+use clap::Parser;
+
+/// mado: lazy, content-addressed workspaces for source trees.
+///
+/// Snapshots live in an object store (a local directory by default, or
+/// S3/MinIO); every read goes through a persistent, verified disk cache.
+/// Start with `mado init`, then `mado import-git <repo>` and
+/// `mado checkout main <dir>`.
+#[derive(Parser)]
+#[command(name = "mado", version, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: cmd::Command,
+    /// Print each step as `[+<total ms> Δ<delta ms>] step` and, at the end,
+    /// the remote request counts (GETs, PUTs, bytes, round trips).
+    #[arg(long, short, global = true)]
+    verbose: bool,
+    /// Print the result as JSON on stdout (for scripts).
+    #[arg(long, global = true)]
+    json: bool,
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            std::process::exit(2);
+        }
+    };
+    let ctx = ctx::Ctx::new(cli.verbose, cli.json);
+    let result = rt.block_on(cmd::run(cli.cmd, &ctx));
+    ctx.finish();
+    if let Err(e) = result {
+        std::process::exit(ctx::report_error(&e));
+    }
+}

@@ -1,0 +1,93 @@
+//! The core library's error type. Variants are the distinctions a caller
+//! acts on (retry, report corruption, tell the user to fix input); each
+//! carries the object id, key or path it is about.
+
+use crate::codec::DecodeError;
+use crate::hash::Hash;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An object the operation needs is not in the store.
+    #[error("object {id} ({what}) not found in the store{}", at(path))]
+    ObjectMissing { id: Hash, what: &'static str, path: String },
+
+    /// Bytes whose hash does not match their key, or that do not decode.
+    #[error("object {id} ({what}) is corrupt{}: {detail}", at(path))]
+    Corrupt { id: Hash, what: &'static str, path: String, detail: String },
+
+    /// A ref, path or snapshot the user named does not exist.
+    #[error("{0}")]
+    NotFound(String),
+
+    /// Input the user gave is wrong; the message says how to fix it.
+    #[error("{0}")]
+    User(String),
+
+    /// A compare-and-swap lost: the ref moved since it was read.
+    #[error("ref {name} moved (expected {expected}, found {found}); re-read it and retry")]
+    RefMoved { name: String, expected: String, found: String },
+
+    /// A tree that would write outside the target or through a symlink.
+    #[error("refusing unsafe path {path:?}: {reason}")]
+    UnsafePath { path: String, reason: String },
+
+    /// The remote could not be reached or refused the request.
+    #[error("remote {url}: {op} {key} failed: {source}\n  hint: {hint}")]
+    Remote {
+        url: String,
+        op: &'static str,
+        key: String,
+        hint: String,
+        #[source]
+        source: object_store::Error,
+    },
+
+    #[error("git: {0}")]
+    Git(String),
+
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn at(path: &str) -> String {
+    if path.is_empty() {
+        String::new()
+    } else {
+        format!(" (needed for {path:?})")
+    }
+}
+
+impl Error {
+    pub fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
+        let context = context.into();
+        move |source| Error::Io { context, source }
+    }
+
+    pub fn corrupt(id: Hash, what: &'static str, path: &str, e: DecodeError) -> Error {
+        Error::Corrupt { id, what, path: path.to_string(), detail: e.to_string() }
+    }
+
+    /// True for errors caused by what the user asked for (exit code 1).
+    pub fn is_user_error(&self) -> bool {
+        matches!(self, Error::NotFound(_) | Error::User(_) | Error::RefMoved { .. } | Error::UnsafePath { .. })
+    }
+
+    /// Adds the path an object was needed for, if the error names none yet.
+    pub fn at_path(self, p: &str) -> Error {
+        match self {
+            Error::ObjectMissing { id, what, path } if path.is_empty() => {
+                Error::ObjectMissing { id, what, path: p.to_string() }
+            }
+            Error::Corrupt { id, what, path, detail } if path.is_empty() => {
+                Error::Corrupt { id, what, path: p.to_string(), detail }
+            }
+            e => e,
+        }
+    }
+}

@@ -1,0 +1,118 @@
+//! Content addresses. Every object in mado is named by the BLAKE3 hash of its
+//! stored bytes; this module owns that 32-byte id and its hex spelling.
+
+use std::fmt;
+use std::str::FromStr;
+
+/// A BLAKE3 content address (32 bytes).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Hash(pub [u8; 32]);
+
+impl Hash {
+    pub const LEN: usize = 32;
+
+    /// Hash of `bytes`: the key under which `bytes` is stored.
+    pub fn of(bytes: &[u8]) -> Hash {
+        Hash(*blake3::hash(bytes).as_bytes())
+    }
+
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
+    pub fn to_hex(&self) -> String {
+        let mut s = String::with_capacity(64);
+        for b in self.0 {
+            s.push(HEX[(b >> 4) as usize] as char);
+            s.push(HEX[(b & 15) as usize] as char);
+        }
+        s
+    }
+
+    /// The first `n` hex digits, for display.
+    pub fn short(&self) -> String {
+        self.to_hex()[..12].to_string()
+    }
+
+    /// True when `bytes` hash to this id: the check made on every read.
+    pub fn verifies(&self, bytes: &[u8]) -> bool {
+        Hash::of(bytes) == *self
+    }
+}
+
+const HEX: &[u8; 16] = b"0123456789abcdef";
+
+impl fmt::Display for Hash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_hex())
+    }
+}
+
+impl fmt::Debug for Hash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Hash({})", self.short())
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("not a mado object id (64 hex digits): {0:?}")]
+pub struct ParseHashError(pub String);
+
+/// Parses hex digits (either case) into bytes; `None` on odd length or a bad digit.
+pub fn parse_hex(s: &str) -> Option<Vec<u8>> {
+    if s.len() % 2 != 0 {
+        return None;
+    }
+    let digit = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+    s.as_bytes()
+        .chunks(2)
+        .map(|p| Some(digit(p[0])? << 4 | digit(p[1])?))
+        .collect()
+}
+
+impl FromStr for Hash {
+    type Err = ParseHashError;
+    fn from_str(s: &str) -> Result<Hash, ParseHashError> {
+        let bytes = parse_hex(s).filter(|b| b.len() == 32);
+        match bytes {
+            Some(b) => {
+                let mut h = [0u8; 32];
+                h.copy_from_slice(&b);
+                Ok(Hash(h))
+            }
+            None => Err(ParseHashError(s.to_string())),
+        }
+    }
+}
+
+/// True when `s` is a non-empty string of lowercase or uppercase hex digits.
+pub fn is_hex_prefix(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 64 && s.bytes().all(|c| c.is_ascii_hexdigit())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hex_round_trip_and_known_vector() {
+        // BLAKE3 of the empty input, from the BLAKE3 specification's test vectors.
+        let h = Hash::of(b"");
+        assert_eq!(
+            h.to_hex(),
+            "af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262"
+        );
+        assert_eq!(h.to_hex().parse::<Hash>().unwrap(), h);
+        assert!(h.verifies(b""));
+        assert!(!h.verifies(b"x"));
+    }
+
+    #[test]
+    fn rejects_bad_hex() {
+        assert!("zz".parse::<Hash>().is_err());
+        assert!("abc".parse::<Hash>().is_err());
+        assert!("".parse::<Hash>().is_err());
+        assert!(!is_hex_prefix("xyz"));
+        assert!(is_hex_prefix("aB09"));
+    }
+}

@@ -1,0 +1,450 @@
+//! `import-git`: turn git commits into mado snapshots.
+//!
+//! Two phases, so the network is touched only once it has to be:
+//! 1. **Stage** (blocking thread, no network): walk the commit's tree with
+//!    gix, apply the repository's `.gitattributes` conversions as `git
+//!    clone` would (read from the commit's own tree, not the worktree),
+//!    split large files, and write every object into the disk cache.
+//!    Hostile names are refused here, with the path.
+//! 2. **Upload** (async): find what the store lacks top-down (by the
+//!    closure rule a present tree proves its subtree, so unchanged subtrees
+//!    cost one HEAD), then write leaves, trees deepest-first, snapshots,
+//!    and finally move the ref with compare-and-swap.
+
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
+
+use crate::cache::DiskCache;
+use crate::chunk::{split, Split};
+use crate::error::{Error, Result};
+use crate::hash::Hash;
+use crate::object::{check_name, Entry, Kind, RefValue, Snapshot, Tree};
+use crate::store::{Remote, Space, CONCURRENCY};
+
+/// Objects staged in the cache by phase 1, with the tree structure needed
+/// to upload them in closure order.
+#[derive(Default)]
+pub struct Staged {
+    /// Tree id -> (encoded bytes, child ids that are objects).
+    trees: HashMap<Hash, (Bytes, Vec<Hash>)>,
+    /// Chunk manifest id -> chunk ids.
+    manifests: HashMap<Hash, Vec<Hash>>,
+    pub files: u64,
+    pub bytes: u64,
+}
+
+/// One commit, staged.
+pub struct StagedRev {
+    pub rev: String,
+    pub commit: String,
+    pub root: Hash,
+    pub time: i64,
+    pub author: String,
+    pub message: String,
+}
+
+fn git_err(what: impl std::fmt::Display) -> impl FnOnce(gix::Error) -> Error {
+    move |e| Error::Git(format!("{what}: {e}"))
+}
+
+/// Phase 1 for each of `revs` (blocking: call from a blocking thread).
+pub fn stage(
+    repo_path: &Path,
+    revs: &[String],
+    cache: &DiskCache,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<(Staged, Vec<StagedRev>)> {
+    let repo = gix::open(repo_path).map_err(|e| {
+        Error::User(format!("{} is not a git repository I can open: {e}", repo_path.display()))
+    })?;
+    let mut staged = Staged::default();
+    let mut out = Vec::new();
+    for rev in revs {
+        let id = repo
+            .rev_parse_single(rev.as_str())
+            .map_err(|e| Error::User(format!("cannot resolve revision {rev:?} in {}: {e}", repo_path.display())))?;
+        let commit = id
+            .object()
+            .map_err(git_err(format!("reading {rev}")))?
+            .peel_to_commit()
+            .map_err(|e| Error::User(format!("revision {rev:?} is not a commit: {e}")))?;
+        let tree_id = commit.tree_id().map_err(git_err(format!("tree of {rev}")))?.detach();
+        let author = commit.author().map_err(git_err(format!("author of {rev}")))?;
+        let author_s = format!("{} <{}>", author.name, author.email);
+        let time = commit.time().map(|t| t.seconds).unwrap_or(0);
+        let message = commit.message_raw_sloppy().to_string();
+        let mut walker = Walker { repo: &repo, cache, staged: &mut staged, pipeline: None, progress };
+        // Refuse hostile names before gix builds an index from the tree,
+        // so the error names the path rather than an index failure.
+        walker.walk(tree_id, "", true)?;
+        walker.pipeline = Some(pipeline_for(&repo, tree_id)?);
+        let root = walker.walk(tree_id, "", false)?;
+        out.push(StagedRev {
+            rev: rev.clone(),
+            commit: commit.id.to_string(),
+            root,
+            time,
+            author: author_s,
+            message,
+        });
+    }
+    Ok((staged, out))
+}
+
+/// A filter pipeline whose `.gitattributes` come from `tree` itself.
+fn pipeline_for(repo: &gix::Repository, tree: gix::ObjectId) -> Result<gix::filter::Pipeline<'_>> {
+    let index = repo.index_from_tree(&tree).map_err(git_err("reading .gitattributes"))?;
+    let stack = repo
+        .attributes_only(&index, gix::worktree::stack::state::attributes::Source::IdMapping)
+        .map_err(git_err("reading .gitattributes"))?
+        .detach();
+    gix::filter::Pipeline::new(repo, stack).map_err(git_err("setting up git filters"))
+}
+
+struct Walker<'a, 'r> {
+    repo: &'r gix::Repository,
+    cache: &'a DiskCache,
+    staged: &'a mut Staged,
+    pipeline: Option<gix::filter::Pipeline<'r>>,
+    progress: &'a (dyn Fn(u64) + Sync),
+}
+
+fn join(dir: &str, name: &[u8]) -> String {
+    let name = String::from_utf8_lossy(name);
+    if dir.is_empty() {
+        name.into_owned()
+    } else {
+        format!("{dir}/{name}")
+    }
+}
+
+impl Walker<'_, '_> {
+    fn put(&self, id: &Hash, bytes: &[u8]) -> Result<()> {
+        self.cache.put(id, bytes)
+    }
+
+    /// Stages the git tree `id` at `path`; returns the mado tree id. With
+    /// `check_only`, validates names and reads no blobs.
+    fn walk(&mut self, id: gix::ObjectId, path: &str, check_only: bool) -> Result<Hash> {
+        let tree = self.repo.find_tree(id).map_err(git_err(format!("reading tree {path:?}")))?;
+        let decoded = tree.decode().map_err(|e| Error::Git(format!("decoding tree {path:?}: {e}")))?;
+        let mut entries = Vec::with_capacity(decoded.entries.len());
+        let mut children = Vec::new();
+        for e in &decoded.entries {
+            let name: &[u8] = e.filename.as_ref();
+            let p = join(path, name);
+            check_name(name).map_err(|reason| Error::UnsafePath { path: p.clone(), reason })?;
+            if name.eq_ignore_ascii_case(b".git") {
+                return Err(Error::UnsafePath { path: p, reason: "git refuses to check out a .git entry".into() });
+            }
+            let oid = e.oid.to_owned();
+            let entry = match e.mode.kind() {
+                gix::object::tree::EntryKind::Tree => {
+                    let sub = self.walk(oid, &p, check_only)?;
+                    Entry { name: name.to_vec(), kind: Kind::Directory, chunked: false, size: 0, id: sub }
+                }
+                gix::object::tree::EntryKind::Commit => {
+                    let mut id = [0u8; 32];
+                    let raw = oid.as_bytes();
+                    id[..raw.len().min(32)].copy_from_slice(&raw[..raw.len().min(32)]);
+                    Entry { name: name.to_vec(), kind: Kind::Gitlink, chunked: false, size: 0, id: Hash(id) }
+                }
+                kind if check_only => {
+                    let _ = kind;
+                    continue;
+                }
+                kind => {
+                    let blob = self.repo.find_blob(oid).map_err(git_err(format!("reading blob {p:?}")))?;
+                    let (k, data): (Kind, std::borrow::Cow<'_, [u8]>) = match kind {
+                        gix::object::tree::EntryKind::Link => (Kind::Symlink, blob.data.as_slice().into()),
+                        k => {
+                            let k = if k == gix::object::tree::EntryKind::BlobExecutable {
+                                Kind::Executable
+                            } else {
+                                Kind::File
+                            };
+                            (k, self.convert(&blob.data, &p)?.into())
+                        }
+                    };
+                    self.staged.files += 1;
+                    self.staged.bytes += data.len() as u64;
+                    (self.progress)(self.staged.files);
+                    let (id, chunked) = self.store_content(&data)?;
+                    Entry { name: name.to_vec(), kind: k, chunked, size: data.len() as u64, id }
+                }
+            };
+            if entry.kind != Kind::Gitlink {
+                children.push(entry.id);
+            }
+            entries.push(entry);
+        }
+        if check_only {
+            // Duplicate names (e.g. "a" as a symlink and as a directory).
+            let mut seen = HashSet::new();
+            for e in &decoded.entries {
+                let n: &[u8] = e.filename.as_ref();
+                if !seen.insert(n) {
+                    return Err(Error::UnsafePath {
+                        path: join(path, n),
+                        reason: "the name appears twice in one tree".into(),
+                    });
+                }
+            }
+            return Ok(Hash([0; 32]));
+        }
+        let tree = Tree::normalized(entries).map_err(|e| Error::UnsafePath { path: path.to_string(), reason: e.to_string() })?;
+        let enc = tree.encode();
+        let id = Hash::of(&enc);
+        self.put(&id, &enc)?;
+        self.staged.trees.insert(id, (Bytes::from(enc), children));
+        Ok(id)
+    }
+
+    /// What `git clone` writes for this blob at this path.
+    fn convert(&mut self, data: &[u8], path: &str) -> Result<Vec<u8>> {
+        use gix::filter::plumbing::pipeline::convert::ToWorktreeOutcome;
+        use std::io::Read;
+        let pipeline = self.pipeline.as_mut().expect("pipeline is set before content is read");
+        let out = pipeline
+            .convert_to_worktree(data, path.into(), Default::default())
+            .map_err(|e| Error::Git(format!("applying .gitattributes filters to {path:?}: {e}")))?;
+        Ok(match out {
+            ToWorktreeOutcome::Unchanged(b) => b.to_vec(),
+            ToWorktreeOutcome::Buffer(b) => b.to_vec(),
+            ToWorktreeOutcome::Process(gix::filter::plumbing::driver::apply::MaybeDelayed::Immediate(mut r)) => {
+                let mut v = Vec::new();
+                r.read_to_end(&mut v).map_err(Error::io(format!("running the git filter for {path:?}")))?;
+                v
+            }
+            ToWorktreeOutcome::Process(_) => {
+                return Err(Error::Git(format!("{path:?}: delayed git filter drivers are not supported")))
+            }
+        })
+    }
+
+    fn store_content(&mut self, data: &[u8]) -> Result<(Hash, bool)> {
+        match split(data) {
+            Split::Whole { id } => {
+                self.put(&id, data)?;
+                Ok((id, false))
+            }
+            Split::Chunked { encoded, id, chunks, .. } => {
+                for (cid, piece) in &chunks {
+                    self.put(cid, piece)?;
+                }
+                self.put(&id, &encoded)?;
+                self.staged.manifests.insert(id, chunks.iter().map(|(h, _)| *h).collect());
+                Ok((id, true))
+            }
+        }
+    }
+}
+
+/// What an upload did.
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct UploadReport {
+    pub objects_uploaded: u64,
+    pub bytes_uploaded: u64,
+    pub trees_uploaded: u64,
+    pub snapshots_uploaded: u64,
+}
+
+/// Phase 2: uploads what the store lacks below `roots`, in closure order.
+pub async fn upload_closure(remote: &Remote, cache: &DiskCache, staged: &Staged, roots: &[Hash]) -> Result<UploadReport> {
+    let mut report = UploadReport::default();
+    // Top-down: one batch of HEADs per tree level, pruning present subtrees.
+    let mut frontier: Vec<Hash> = roots.to_vec();
+    let mut seen: HashSet<Hash> = frontier.iter().copied().collect();
+    let mut missing_levels: Vec<Vec<Hash>> = Vec::new();
+    let mut missing_leaves: Vec<Hash> = Vec::new();
+    while !frontier.is_empty() {
+        let have = remote.have_objects(Space::Objects, &frontier).await?;
+        let mut next = Vec::new();
+        let mut level = Vec::new();
+        for (id, present) in frontier.iter().zip(have) {
+            if present {
+                continue;
+            }
+            let kids: &[Hash] = if let Some((_, kids)) = staged.trees.get(id) {
+                level.push(*id);
+                kids
+            } else if let Some(chunks) = staged.manifests.get(id) {
+                missing_leaves.push(*id);
+                chunks
+            } else {
+                missing_leaves.push(*id);
+                &[]
+            };
+            for k in kids {
+                if seen.insert(*k) {
+                    next.push(*k);
+                }
+            }
+        }
+        missing_levels.push(level);
+        frontier = next;
+    }
+    // Leaves (blobs, chunks, manifests) first, all in flight together.
+    // A manifest before its chunks would break the closure rule, so
+    // manifests go after the plain leaves.
+    let (manifests, plain): (Vec<Hash>, Vec<Hash>) =
+        missing_leaves.into_iter().partition(|id| staged.manifests.contains_key(id));
+    for batch in [plain, manifests] {
+        let sizes: Vec<u64> = futures::stream::iter(batch.into_iter().map(|id| async move {
+            let bytes = cache.get(&id).ok_or_else(|| {
+                Error::User(format!(
+                    "object {id} was evicted from the disk cache before upload; raise MADO_DISK_CACHE_MAX_BYTES and import again"
+                ))
+            })?;
+            let n = bytes.len() as u64;
+            remote.put_object(Space::Objects, &id, Bytes::from(bytes)).await?;
+            Ok::<u64, Error>(n)
+        }))
+        .buffer_unordered(CONCURRENCY)
+        .try_collect()
+        .await?;
+        report.objects_uploaded += sizes.len() as u64;
+        report.bytes_uploaded += sizes.iter().sum::<u64>();
+    }
+    // Trees deepest level first. A tree reachable at two depths must go in
+    // at the deepest: remove it from shallower levels.
+    let mut placed = HashSet::new();
+    for level in missing_levels.iter().rev() {
+        let batch: Vec<Hash> = level.iter().copied().filter(|id| placed.insert(*id)).collect();
+        let n: Vec<u64> = futures::stream::iter(batch.into_iter().map(|id| async move {
+            let bytes = staged.trees[&id].0.clone();
+            let n = bytes.len() as u64;
+            remote.put_object(Space::Objects, &id, bytes).await?;
+            Ok::<u64, Error>(n)
+        }))
+        .buffer_unordered(CONCURRENCY)
+        .try_collect()
+        .await?;
+        report.trees_uploaded += n.len() as u64;
+        report.objects_uploaded += n.len() as u64;
+        report.bytes_uploaded += n.iter().sum::<u64>();
+    }
+    Ok(report)
+}
+
+/// One imported commit.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Imported {
+    pub rev: String,
+    pub commit: String,
+    pub snapshot: String,
+    pub root: String,
+    /// False when the ref already held this content (nothing new written).
+    pub new_snapshot: bool,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ImportReport {
+    pub imported: Vec<Imported>,
+    pub files: u64,
+    pub bytes: u64,
+    pub upload: UploadReport,
+    pub ref_name: String,
+}
+
+/// Phase 2 and the ref: snapshots chained on `ref_name`'s history.
+pub async fn publish(
+    remote: &Remote,
+    cache: &DiskCache,
+    staged: &Staged,
+    revs: &[StagedRev],
+    ref_name: &str,
+) -> Result<ImportReport> {
+    let current = remote.read_ref(ref_name).await?;
+    let mut parent: Option<(Hash, Snapshot)> = match &current {
+        Some((v, _)) => {
+            let b = match cache.get(&v.snapshot) {
+                Some(b) => Bytes::from(b),
+                None => {
+                    let b = remote.get_object(Space::Snapshots, &v.snapshot, "snapshot").await?;
+                    let _ = cache.put(&v.snapshot, &b);
+                    b
+                }
+            };
+            let s = Snapshot::decode(&b).map_err(|e| Error::corrupt(v.snapshot, "snapshot", ref_name, e))?;
+            Some((v.snapshot, s))
+        }
+        None => None,
+    };
+    let roots: Vec<Hash> = revs.iter().map(|r| r.root).collect();
+    let mut upload = upload_closure(remote, cache, staged, &roots).await?;
+    let mut imported = Vec::new();
+    for r in revs {
+        let source = format!("git:{}", r.commit);
+        if let Some((pid, p)) = &parent {
+            if p.root == r.root && p.source == source {
+                imported.push(Imported {
+                    rev: r.rev.clone(),
+                    commit: r.commit.clone(),
+                    snapshot: pid.to_hex(),
+                    root: r.root.to_hex(),
+                    new_snapshot: false,
+                });
+                continue;
+            }
+        }
+        let snap = Snapshot {
+            root: r.root,
+            parents: parent.as_ref().map(|(id, _)| vec![*id]).unwrap_or_default(),
+            time: r.time,
+            author: r.author.clone(),
+            message: r.message.clone(),
+            source,
+            stat: None,
+        };
+        let enc = snap.encode();
+        let id = Hash::of(&enc);
+        cache.put(&id, &enc)?;
+        upload.bytes_uploaded += enc.len() as u64;
+        upload.snapshots_uploaded += 1;
+        remote.put_object(Space::Snapshots, &id, Bytes::from(enc)).await?;
+        imported.push(Imported {
+            rev: r.rev.clone(),
+            commit: r.commit.clone(),
+            snapshot: id.to_hex(),
+            root: r.root.to_hex(),
+            new_snapshot: true,
+        });
+        parent = Some((id, snap));
+    }
+    let tip = parent.as_ref().map(|(id, _)| *id);
+    if let Some(tip) = tip {
+        if current.as_ref().map(|(v, _)| v.snapshot) != Some(tip) {
+            remote.cas_ref(ref_name, current.as_ref().map(|(_, ver)| ver), RefValue { snapshot: tip }).await?;
+        }
+    }
+    Ok(ImportReport {
+        imported,
+        files: staged.files,
+        bytes: staged.bytes,
+        upload,
+        ref_name: ref_name.to_string(),
+    })
+}
+
+/// Stage and publish in one call (the CLI's `import-git`).
+pub async fn import_git(
+    remote: &Remote,
+    cache: Arc<DiskCache>,
+    repo: &Path,
+    revs: Vec<String>,
+    ref_name: &str,
+    progress: Arc<dyn Fn(u64) + Send + Sync>,
+) -> Result<ImportReport> {
+    crate::object::check_ref_name(ref_name).map_err(Error::User)?;
+    let repo = repo.to_path_buf();
+    let c = cache.clone();
+    let (staged, revs) = tokio::task::spawn_blocking(move || stage(&repo, &revs, &c, &*progress))
+        .await
+        .map_err(|e| Error::Io { context: "import task".into(), source: std::io::Error::other(e) })??;
+    publish(remote, &cache, &staged, &revs, ref_name).await
+}

@@ -1,0 +1,18 @@
+//! mado's core library: objects and their formats, the remote store and
+//! its wrappers, the disk cache, the fetcher, git import and checkout. No
+//! FUSE and no command-line parsing live here (see docs/DESIGN.md).
+
+pub mod cache;
+pub mod checkout;
+pub mod chunk;
+pub mod codec;
+pub mod error;
+pub mod fetch;
+pub mod hash;
+pub mod import;
+pub mod object;
+pub mod resolve;
+pub mod store;
+
+pub use error::{Error, Result};
+pub use hash::Hash;

@@ -1,0 +1,516 @@
+//! mado's object model and its version-1 binary encodings (docs/FORMAT.md).
+//!
+//! Blobs are raw file bytes and have no encoding. Trees, snapshots, chunk
+//! manifests and refs start with a 4-byte magic and a version byte. Every
+//! decoder validates the whole input (names, order, lengths, trailing
+//! bytes) and returns [`DecodeError`] instead of panicking, so a hostile
+//! object can never reach the checkout or mount code unchecked.
+
+use crate::codec::{put_bytes, put_varint, DecodeError, Reader};
+use crate::hash::Hash;
+
+/// What a tree entry is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kind {
+    File,
+    Executable,
+    Symlink,
+    Directory,
+    /// A git submodule commit; checked out as an empty directory.
+    Gitlink,
+}
+
+impl Kind {
+    fn code(self) -> u8 {
+        match self {
+            Kind::File => 1,
+            Kind::Executable => 2,
+            Kind::Symlink => 3,
+            Kind::Directory => 4,
+            Kind::Gitlink => 5,
+        }
+    }
+    fn from_code(c: u8) -> Option<Kind> {
+        Some(match c {
+            1 => Kind::File,
+            2 => Kind::Executable,
+            3 => Kind::Symlink,
+            4 => Kind::Directory,
+            5 => Kind::Gitlink,
+            _ => return None,
+        })
+    }
+    /// Entries whose id names file content (possibly through a manifest).
+    pub fn has_content(self) -> bool {
+        matches!(self, Kind::File | Kind::Executable | Kind::Symlink)
+    }
+    pub fn label(self) -> &'static str {
+        match self {
+            Kind::File => "file",
+            Kind::Executable => "exec",
+            Kind::Symlink => "symlink",
+            Kind::Directory => "dir",
+            Kind::Gitlink => "gitlink",
+        }
+    }
+}
+
+/// One entry of a tree.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entry {
+    pub name: Vec<u8>,
+    pub kind: Kind,
+    /// The id names a [`ChunkManifest`] rather than the content itself.
+    pub chunked: bool,
+    /// Content length for files and symlinks (target length); 0 otherwise.
+    pub size: u64,
+    /// Blob, manifest or tree id. For a gitlink: the submodule's git commit
+    /// id, left-aligned and zero-padded to 32 bytes.
+    pub id: Hash,
+}
+
+/// A directory: entries sorted by name bytes, unique, no mtimes.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct Tree {
+    pub entries: Vec<Entry>,
+}
+
+const TREE_MAGIC: &[u8; 4] = b"MADT";
+const SNAP_MAGIC: &[u8; 4] = b"MADS";
+const MANIFEST_MAGIC: &[u8; 4] = b"MADM";
+const REF_MAGIC: &[u8; 4] = b"MADR";
+pub const FORMAT_VERSION: u8 = 1;
+
+const FLAG_CHUNKED: u8 = 1;
+
+/// Why a name cannot be a tree entry. Refusing these at every decode is
+/// what keeps checkout from ever writing outside its target.
+pub fn check_name(name: &[u8]) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("empty entry name".into());
+    }
+    if name == b"." || name == b".." {
+        return Err(format!("entry name {:?} is not allowed", String::from_utf8_lossy(name)));
+    }
+    if name.contains(&b'/') {
+        return Err(format!("entry name {:?} contains '/'", String::from_utf8_lossy(name)));
+    }
+    if name.contains(&0) {
+        return Err(format!("entry name {:?} contains NUL", String::from_utf8_lossy(name)));
+    }
+    Ok(())
+}
+
+impl Tree {
+    /// Sorts entries and checks names and uniqueness: the form every
+    /// encoded tree has.
+    pub fn normalized(mut entries: Vec<Entry>) -> Result<Tree, DecodeError> {
+        entries.sort_by(|a, b| a.name.cmp(&b.name));
+        let t = Tree { entries };
+        t.validate()?;
+        Ok(t)
+    }
+
+    fn validate(&self) -> Result<(), DecodeError> {
+        for (i, e) in self.entries.iter().enumerate() {
+            check_name(&e.name).map_err(DecodeError::Invalid)?;
+            if i > 0 && self.entries[i - 1].name >= e.name {
+                return Err(DecodeError::Invalid(format!(
+                    "entries not sorted or duplicated at {:?}",
+                    String::from_utf8_lossy(&e.name)
+                )));
+            }
+            if e.chunked && !matches!(e.kind, Kind::File | Kind::Executable) {
+                return Err(DecodeError::Invalid(format!(
+                    "{} entry {:?} marked chunked",
+                    e.kind.label(),
+                    String::from_utf8_lossy(&e.name)
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(8 + self.entries.len() * 48);
+        out.extend_from_slice(TREE_MAGIC);
+        out.push(FORMAT_VERSION);
+        put_varint(&mut out, self.entries.len() as u64);
+        for e in &self.entries {
+            put_bytes(&mut out, &e.name);
+            out.push(e.kind.code());
+            out.push(if e.chunked { FLAG_CHUNKED } else { 0 });
+            put_varint(&mut out, e.size);
+            out.extend_from_slice(e.id.as_bytes());
+        }
+        out
+    }
+
+    pub fn decode(buf: &[u8]) -> Result<Tree, DecodeError> {
+        let mut r = Reader::new(buf);
+        r.magic(TREE_MAGIC)?;
+        r.version("tree", FORMAT_VERSION)?;
+        // Smallest entry: 1 (len) + 0 (name) + 1 (kind) + 1 (flags) + 1 (size) + 32.
+        let n = r.count(36)?;
+        let mut entries = Vec::with_capacity(n);
+        for _ in 0..n {
+            let name = r.bytes()?.to_vec();
+            let at = r.pos();
+            let kind = Kind::from_code(r.u8()?)
+                .ok_or_else(|| DecodeError::Invalid(format!("unknown entry kind at byte {at}")))?;
+            let flags = r.u8()?;
+            if flags & !FLAG_CHUNKED != 0 {
+                return Err(DecodeError::Invalid(format!("unknown entry flags {flags:#x}")));
+            }
+            let size = r.varint()?;
+            let id = r.hash()?;
+            entries.push(Entry { name, kind, chunked: flags & FLAG_CHUNKED != 0, size, id });
+        }
+        r.finish()?;
+        let t = Tree { entries };
+        t.validate()?;
+        Ok(t)
+    }
+
+    pub fn get(&self, name: &[u8]) -> Option<&Entry> {
+        self.entries
+            .binary_search_by(|e| e.name.as_slice().cmp(name))
+            .ok()
+            .map(|i| &self.entries[i])
+    }
+}
+
+/// A point in a history: a root tree and how it came to be.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Snapshot {
+    pub root: Hash,
+    pub parents: Vec<Hash>,
+    /// Seconds since the Unix epoch.
+    pub time: i64,
+    pub author: String,
+    pub message: String,
+    /// Where the content came from, e.g. `git:<commit id>`; empty if none.
+    pub source: String,
+    /// Per-snapshot stat object (file mtimes) for workspaces; none for imports.
+    pub stat: Option<Hash>,
+}
+
+fn utf8(b: &[u8], what: &str) -> Result<String, DecodeError> {
+    String::from_utf8(b.to_vec()).map_err(|_| DecodeError::Invalid(format!("{what} is not UTF-8")))
+}
+
+impl Snapshot {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(128 + self.message.len());
+        out.extend_from_slice(SNAP_MAGIC);
+        out.push(FORMAT_VERSION);
+        out.extend_from_slice(self.root.as_bytes());
+        put_varint(&mut out, self.parents.len() as u64);
+        for p in &self.parents {
+            out.extend_from_slice(p.as_bytes());
+        }
+        out.extend_from_slice(&self.time.to_le_bytes());
+        put_bytes(&mut out, self.author.as_bytes());
+        put_bytes(&mut out, self.message.as_bytes());
+        put_bytes(&mut out, self.source.as_bytes());
+        match self.stat {
+            None => out.push(0),
+            Some(h) => {
+                out.push(1);
+                out.extend_from_slice(h.as_bytes());
+            }
+        }
+        out
+    }
+
+    pub fn decode(buf: &[u8]) -> Result<Snapshot, DecodeError> {
+        let mut r = Reader::new(buf);
+        r.magic(SNAP_MAGIC)?;
+        r.version("snapshot", FORMAT_VERSION)?;
+        let root = r.hash()?;
+        let n = r.count(32)?;
+        let parents = (0..n).map(|_| r.hash()).collect::<Result<Vec<_>, _>>()?;
+        let time = r.i64_le()?;
+        let author = utf8(r.bytes()?, "author")?;
+        let message = utf8(r.bytes()?, "message")?;
+        let source = utf8(r.bytes()?, "source")?;
+        let stat = match r.u8()? {
+            0 => None,
+            1 => Some(r.hash()?),
+            f => return Err(DecodeError::Invalid(format!("bad stat flag {f}"))),
+        };
+        r.finish()?;
+        Ok(Snapshot { root, parents, time, author, message, source, stat })
+    }
+}
+
+/// The chunk list of a file split with FastCDC.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChunkManifest {
+    pub size: u64,
+    /// BLAKE3 of the whole file content.
+    pub content: Hash,
+    /// (length, chunk id), in file order.
+    pub chunks: Vec<(u64, Hash)>,
+}
+
+impl ChunkManifest {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(48 + self.chunks.len() * 36);
+        out.extend_from_slice(MANIFEST_MAGIC);
+        out.push(FORMAT_VERSION);
+        put_varint(&mut out, self.size);
+        out.extend_from_slice(self.content.as_bytes());
+        put_varint(&mut out, self.chunks.len() as u64);
+        for (len, id) in &self.chunks {
+            put_varint(&mut out, *len);
+            out.extend_from_slice(id.as_bytes());
+        }
+        out
+    }
+
+    pub fn decode(buf: &[u8]) -> Result<ChunkManifest, DecodeError> {
+        let mut r = Reader::new(buf);
+        r.magic(MANIFEST_MAGIC)?;
+        r.version("chunk manifest", FORMAT_VERSION)?;
+        let size = r.varint()?;
+        let content = r.hash()?;
+        let n = r.count(33)?;
+        let mut chunks = Vec::with_capacity(n);
+        let mut total: u64 = 0;
+        for _ in 0..n {
+            let len = r.varint()?;
+            if len == 0 {
+                return Err(DecodeError::Invalid("empty chunk".into()));
+            }
+            total = total
+                .checked_add(len)
+                .ok_or_else(|| DecodeError::Invalid("chunk lengths overflow".into()))?;
+            chunks.push((len, r.hash()?));
+        }
+        r.finish()?;
+        if total != size {
+            return Err(DecodeError::Invalid(format!(
+                "chunk lengths add up to {total}, manifest says {size}"
+            )));
+        }
+        Ok(ChunkManifest { size, content, chunks })
+    }
+}
+
+/// The value of a ref: the snapshot it points at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RefValue {
+    pub snapshot: Hash,
+}
+
+impl RefValue {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(37);
+        out.extend_from_slice(REF_MAGIC);
+        out.push(FORMAT_VERSION);
+        out.extend_from_slice(self.snapshot.as_bytes());
+        out
+    }
+
+    pub fn decode(buf: &[u8]) -> Result<RefValue, DecodeError> {
+        let mut r = Reader::new(buf);
+        r.magic(REF_MAGIC)?;
+        r.version("ref", FORMAT_VERSION)?;
+        let snapshot = r.hash()?;
+        r.finish()?;
+        Ok(RefValue { snapshot })
+    }
+}
+
+/// Checks a ref name: `/`-separated segments of `[A-Za-z0-9._-]`, none
+/// empty or starting with `.`, at most 200 bytes.
+pub fn check_ref_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 200
+        && name.split('/').all(|seg| {
+            !seg.is_empty()
+                && !seg.starts_with('.')
+                && seg.bytes().all(|c| c.is_ascii_alphanumeric() || b"._-".contains(&c))
+        });
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "invalid ref name {name:?}: use /-separated segments of letters, digits, '.', '_' and '-', not starting with '.'"
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn h(n: u8) -> Hash {
+        Hash([n; 32])
+    }
+
+    fn hex(b: &[u8]) -> String {
+        b.iter().map(|x| format!("{x:02x}")).collect()
+    }
+
+    fn sample_tree() -> Tree {
+        Tree::normalized(vec![
+            Entry { name: b"src".to_vec(), kind: Kind::Directory, chunked: false, size: 0, id: h(1) },
+            Entry { name: b"big.bin".to_vec(), kind: Kind::File, chunked: true, size: 300, id: h(2) },
+            Entry { name: b"run.sh".to_vec(), kind: Kind::Executable, chunked: false, size: 5, id: h(3) },
+            Entry { name: b"link".to_vec(), kind: Kind::Symlink, chunked: false, size: 4, id: h(4) },
+        ])
+        .unwrap()
+    }
+
+    /// Golden bytes: if this fails, the tree encoding changed and every
+    /// stored tree id with it. Bump FORMAT_VERSION instead.
+    #[test]
+    fn tree_golden_bytes() {
+        let enc = sample_tree().encode();
+        let expect = concat!(
+            "4d41445401", "04",
+            "07", "6269672e62696e", "01", "01", "ac02", "0202020202020202020202020202020202020202020202020202020202020202",
+            "04", "6c696e6b", "03", "00", "04", "0404040404040404040404040404040404040404040404040404040404040404",
+            "06", "72756e2e7368", "02", "00", "05", "0303030303030303030303030303030303030303030303030303030303030303",
+            "03", "737263", "04", "00", "00", "0101010101010101010101010101010101010101010101010101010101010101",
+        );
+        assert_eq!(hex(&enc), expect);
+        assert_eq!(Tree::decode(&enc).unwrap(), sample_tree());
+        assert_eq!(
+            Hash::of(&enc).to_hex(),
+            Hash::of(&crate::hash::parse_hex(expect).unwrap()).to_hex()
+        );
+    }
+
+    #[test]
+    fn snapshot_golden_bytes() {
+        let s = Snapshot {
+            root: h(7),
+            parents: vec![h(8)],
+            time: 1_700_000_000,
+            author: "A <a@b>".into(),
+            message: "m".into(),
+            source: "git:ab".into(),
+            stat: None,
+        };
+        let enc = s.encode();
+        let expect = concat!(
+            "4d41445301",
+            "0707070707070707070707070707070707070707070707070707070707070707",
+            "01", "0808080808080808080808080808080808080808080808080808080808080808",
+            "00f1536500000000",
+            "07", "41203c6140623e", "01", "6d", "06", "6769743a6162", "00",
+        );
+        assert_eq!(hex(&enc), expect);
+        assert_eq!(Snapshot::decode(&enc).unwrap(), s);
+        let with_stat = Snapshot { stat: Some(h(9)), ..s };
+        assert_eq!(Snapshot::decode(&with_stat.encode()).unwrap(), with_stat);
+    }
+
+    #[test]
+    fn manifest_and_ref_golden_bytes() {
+        let m = ChunkManifest { size: 5, content: h(1), chunks: vec![(2, h(2)), (3, h(3))] };
+        let enc = m.encode();
+        assert_eq!(
+            hex(&enc),
+            concat!(
+                "4d41444d01", "05", "0101010101010101010101010101010101010101010101010101010101010101",
+                "02", "02", "0202020202020202020202020202020202020202020202020202020202020202",
+                "03", "0303030303030303030303030303030303030303030303030303030303030303",
+            )
+        );
+        assert_eq!(ChunkManifest::decode(&enc).unwrap(), m);
+        let r = RefValue { snapshot: h(5) };
+        assert_eq!(
+            hex(&r.encode()),
+            "4d414452010505050505050505050505050505050505050505050505050505050505050505"
+        );
+        assert_eq!(RefValue::decode(&r.encode()).unwrap(), r);
+    }
+
+    fn raw_tree(entries: &[(&[u8], u8)]) -> Vec<u8> {
+        let mut out = b"MADT\x01".to_vec();
+        put_varint(&mut out, entries.len() as u64);
+        for (name, kind) in entries {
+            put_bytes(&mut out, name);
+            out.push(*kind);
+            out.push(0);
+            put_varint(&mut out, 0);
+            out.extend_from_slice(&[0u8; 32]);
+        }
+        out
+    }
+
+    #[test]
+    fn hostile_names_are_refused() {
+        for bad in [&b""[..], b".", b"..", b"a/b", b"/etc", b"a\0b"] {
+            let err = Tree::decode(&raw_tree(&[(bad, 1)])).unwrap_err();
+            assert!(matches!(err, DecodeError::Invalid(_)), "{bad:?}: {err}");
+        }
+        // Duplicate names (e.g. a symlink and a directory both called "a").
+        assert!(Tree::decode(&raw_tree(&[(b"a", 3), (b"a", 4)])).is_err());
+        // Unsorted.
+        assert!(Tree::decode(&raw_tree(&[(b"b", 1), (b"a", 1)])).is_err());
+        // Non-UTF-8 names are fine.
+        assert!(Tree::decode(&raw_tree(&[(b"caf\xe9", 1)])).is_ok());
+    }
+
+    #[test]
+    fn every_truncation_and_corruption_is_an_error_not_a_panic() {
+        let encodings = [
+            sample_tree().encode(),
+            Snapshot {
+                root: h(1),
+                parents: vec![h(2), h(3)],
+                time: -5,
+                author: "x".into(),
+                message: "y".into(),
+                source: String::new(),
+                stat: Some(h(4)),
+            }
+            .encode(),
+            ChunkManifest { size: 3, content: h(1), chunks: vec![(1, h(2)), (2, h(3))] }.encode(),
+            RefValue { snapshot: h(1) }.encode(),
+        ];
+        for enc in &encodings {
+            for cut in 0..enc.len() {
+                let p = &enc[..cut];
+                assert!(
+                    Tree::decode(p).is_err()
+                        && Snapshot::decode(p).is_err()
+                        && ChunkManifest::decode(p).is_err()
+                        && RefValue::decode(p).is_err(),
+                    "a truncated encoding decoded"
+                );
+            }
+            for i in 0..enc.len() {
+                for bit in 0..8 {
+                    let mut c = enc.clone();
+                    c[i] ^= 1 << bit;
+                    // Must not panic; may decode when the flip lands in an id.
+                    let _ = (Tree::decode(&c), Snapshot::decode(&c), ChunkManifest::decode(&c), RefValue::decode(&c));
+                }
+            }
+            let mut trailing = enc.clone();
+            trailing.push(0);
+            assert!(Tree::decode(&trailing).is_err() && RefValue::decode(&trailing).is_err());
+        }
+    }
+
+    #[test]
+    fn manifest_lengths_must_add_up() {
+        let m = ChunkManifest { size: 9, content: h(1), chunks: vec![(2, h(2))] };
+        assert!(ChunkManifest::decode(&m.encode()).is_err());
+    }
+
+    #[test]
+    fn ref_names() {
+        assert!(check_ref_name("main").is_ok());
+        assert!(check_ref_name("ws/agent-1").is_ok());
+        for bad in ["", "../x", "a//b", ".hidden", "a b", "a/./b", "x/"] {
+            assert!(check_ref_name(bad).is_err(), "{bad}");
+        }
+    }
+}

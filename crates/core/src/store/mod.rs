@@ -1,0 +1,397 @@
+//! The remote: where snapshots live. This module owns the key layout in the
+//! object store, opening a store from its URL, verified object reads, and
+//! refs moved with compare-and-swap.
+//!
+//! Key layout under the URL's prefix (docs/FORMAT.md, "Store layout"):
+//! - `objects/<2 hex>/<64 hex>`: blobs, chunks, chunk manifests, trees;
+//! - `snapshots/<2 hex>/<64 hex>`: snapshots, kept apart so a short id
+//!   resolves with one small LIST;
+//! - `refs/<name>`: a [`RefValue`], moved only by compare-and-swap.
+//!
+//! Invariant (the *closure rule*): an object is written only after every
+//! object it references is in the store, and a ref only after its snapshot.
+//! So the presence of a tree proves the presence of everything below it,
+//! which is what lets an upload skip whole unchanged subtrees with one HEAD.
+
+pub mod counting;
+pub mod delay;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
+use object_store::path::Path;
+use object_store::{
+    ClientOptions, GetOptions, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, RetryConfig,
+    UpdateVersion,
+};
+
+use crate::error::{Error, Result};
+use crate::hash::Hash;
+use crate::object::{check_ref_name, RefValue};
+pub use counting::{Counters, CountingStore, Stats};
+
+/// How many independent requests one operation keeps in flight.
+pub const CONCURRENCY: usize = 32;
+
+/// Which namespace an object lives in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Space {
+    Objects,
+    Snapshots,
+}
+
+/// Options for opening a remote.
+#[derive(Clone, Debug, Default)]
+pub struct OpenOptions {
+    /// Delay added before every request (tests, quick measurements).
+    pub inject_rtt: Option<Duration>,
+}
+
+/// Version of a ref as read, handed back to [`Remote::cas_ref`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RefVersion {
+    /// S3 and friends: the ETag (and version) of the ref object.
+    Conditional { e_tag: Option<String>, version: Option<String> },
+    /// Local store: the value itself, compared under a file lock.
+    Local(Hash),
+}
+
+pub struct Remote {
+    url: String,
+    store: Arc<dyn ObjectStore>,
+    prefix: String,
+    /// Set for `file://` stores: refs are compared under an flock here.
+    local_root: Option<PathBuf>,
+    counters: Arc<Counters>,
+}
+
+impl std::fmt::Debug for Remote {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Remote({})", self.url)
+    }
+}
+
+/// Connect and request bounds: an unreachable remote fails within about
+/// `CONNECT_TIMEOUT × (MAX_RETRIES + 1)` plus backoff, never hangs.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+const MAX_RETRIES: usize = 2;
+const RETRY_TIMEOUT: Duration = Duration::from_secs(15);
+
+impl Remote {
+    /// Opens `file:///abs/path` or `s3://bucket[/prefix]`. S3 settings come
+    /// from the standard AWS environment variables (`AWS_ENDPOINT_URL`,
+    /// `AWS_REGION`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`); an
+    /// `http://` endpoint (MinIO on loopback) is allowed as is.
+    pub fn open(url: &str, opts: &OpenOptions) -> Result<Remote> {
+        let parsed = url::Url::parse(url).map_err(|e| {
+            Error::User(format!(
+                "remote URL {url:?} is not a URL ({e}); use file:///absolute/path or s3://bucket/prefix"
+            ))
+        })?;
+        let (inner, prefix, local_root): (Arc<dyn ObjectStore>, String, Option<PathBuf>) = match parsed.scheme() {
+            "file" => {
+                let root = parsed.to_file_path().map_err(|_| {
+                    Error::User(format!("remote URL {url:?}: a file:// URL needs an absolute path"))
+                })?;
+                std::fs::create_dir_all(&root).map_err(Error::io(format!("creating local store {}", root.display())))?;
+                let fs = object_store::local::LocalFileSystem::new_with_prefix(&root).map_err(|e| {
+                    Error::User(format!("remote URL {url:?}: cannot open {}: {e}", root.display()))
+                })?;
+                (Arc::new(fs), String::new(), Some(root))
+            }
+            "s3" => {
+                let bucket = parsed.host_str().unwrap_or_default().to_string();
+                if bucket.is_empty() {
+                    return Err(Error::User(format!("remote URL {url:?}: no bucket; use s3://bucket/prefix")));
+                }
+                let mut b = object_store::aws::AmazonS3Builder::from_env().with_bucket_name(&bucket);
+                let endpoint = std::env::var("AWS_ENDPOINT_URL").or_else(|_| std::env::var("AWS_ENDPOINT")).ok();
+                if let Some(ep) = &endpoint {
+                    b = b.with_endpoint(ep).with_allow_http(ep.starts_with("http://"));
+                }
+                if std::env::var("AWS_REGION").is_err() && std::env::var("AWS_DEFAULT_REGION").is_err() {
+                    b = b.with_region("us-east-1");
+                }
+                let client = ClientOptions::new()
+                    .with_connect_timeout(CONNECT_TIMEOUT)
+                    .with_timeout(REQUEST_TIMEOUT)
+                    .with_pool_idle_timeout(Duration::from_secs(90))
+                    .with_allow_http(endpoint.as_deref().is_some_and(|e| e.starts_with("http://")));
+                let retry = RetryConfig { max_retries: MAX_RETRIES, retry_timeout: RETRY_TIMEOUT, ..Default::default() };
+                let s3 = b.with_client_options(client).with_retry(retry).build().map_err(|e| {
+                    Error::User(format!(
+                        "remote URL {url:?}: {e}\n  hint: set AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
+                    ))
+                })?;
+                let prefix = parsed.path().trim_matches('/').to_string();
+                (Arc::new(s3), prefix, None)
+            }
+            other => {
+                return Err(Error::User(format!(
+                    "remote URL {url:?}: unsupported scheme {other:?}; use file:///absolute/path or s3://bucket/prefix"
+                )))
+            }
+        };
+        let inner: Arc<dyn ObjectStore> = match opts.inject_rtt {
+            Some(rtt) => Arc::new(delay::DelayStore::new(inner, rtt)),
+            None => inner,
+        };
+        let counters = Arc::new(Counters::default());
+        let store = Arc::new(CountingStore::new(inner, counters.clone()));
+        Ok(Remote { url: url.to_string(), store, prefix, local_root, counters })
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    pub fn stats(&self) -> Stats {
+        self.counters.stats()
+    }
+
+    pub fn is_local(&self) -> bool {
+        self.local_root.is_some()
+    }
+
+    /// The underlying (counted) object store, for layers that add their own keys.
+    pub fn object_store(&self) -> &Arc<dyn ObjectStore> {
+        &self.store
+    }
+
+    /// Full key for `rel` under this remote's prefix.
+    pub fn key(&self, rel: &str) -> Path {
+        if self.prefix.is_empty() {
+            Path::from(rel)
+        } else {
+            Path::from(format!("{}/{rel}", self.prefix))
+        }
+    }
+
+    pub fn object_key(&self, space: Space, id: &Hash) -> Path {
+        let hex = id.to_hex();
+        let dir = match space {
+            Space::Objects => "objects",
+            Space::Snapshots => "snapshots",
+        };
+        self.key(&format!("{dir}/{}/{hex}", &hex[..2]))
+    }
+
+    fn remote_err(&self, op: &'static str, key: &Path, e: object_store::Error) -> Error {
+        let hint = match &e {
+            object_store::Error::Generic { .. } if self.local_root.is_none() => {
+                "check that the endpoint (AWS_ENDPOINT_URL) is up and reachable, the bucket exists and the credentials are right"
+            }
+            object_store::Error::PermissionDenied { .. } | object_store::Error::Unauthenticated { .. } => {
+                "check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY and the bucket policy"
+            }
+            _ if self.local_root.is_some() => "check that the store directory exists and is writable (mado init)",
+            _ => "check the remote URL and that the server is up (retry later if it is overloaded)",
+        };
+        Error::Remote { url: self.url.clone(), op, key: key.to_string(), hint: hint.to_string(), source: e }
+    }
+
+    /// Reads an object and checks that its bytes hash to `id`.
+    pub async fn get_object(&self, space: Space, id: &Hash, what: &'static str) -> Result<Bytes> {
+        let key = self.object_key(space, id);
+        let bytes = match self.store.get(&key).await {
+            Ok(r) => r.bytes().await.map_err(|e| self.remote_err("GET", &key, e))?,
+            Err(object_store::Error::NotFound { .. }) => {
+                return Err(Error::ObjectMissing { id: *id, what, path: String::new() })
+            }
+            Err(e) => return Err(self.remote_err("GET", &key, e)),
+        };
+        if !id.verifies(&bytes) {
+            return Err(Error::Corrupt {
+                id: *id,
+                what,
+                path: String::new(),
+                detail: format!("stored bytes ({} B) hash to {}", bytes.len(), Hash::of(&bytes).short()),
+            });
+        }
+        Ok(bytes)
+    }
+
+    /// Writes an object. Content-addressed, so overwriting is harmless.
+    pub async fn put_object(&self, space: Space, id: &Hash, bytes: Bytes) -> Result<()> {
+        let key = self.object_key(space, id);
+        self.store.put(&key, PutPayload::from(bytes)).await.map_err(|e| self.remote_err("PUT", &key, e))?;
+        Ok(())
+    }
+
+    /// HEAD: is the object in the store?
+    pub async fn has_object(&self, space: Space, id: &Hash) -> Result<bool> {
+        let key = self.object_key(space, id);
+        match self.store.head(&key).await {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::NotFound { .. }) => Ok(false),
+            Err(e) => Err(self.remote_err("HEAD", &key, e)),
+        }
+    }
+
+    /// HEADs many objects at once (one round trip for up to [`CONCURRENCY`]).
+    pub async fn have_objects(&self, space: Space, ids: &[Hash]) -> Result<Vec<bool>> {
+        futures::stream::iter(ids.iter().map(|id| self.has_object(space, id)))
+            .buffered(CONCURRENCY)
+            .try_collect()
+            .await
+    }
+
+    /// Snapshot ids starting with `prefix` (at least 2 hex digits): one LIST.
+    pub async fn snapshots_with_prefix(&self, prefix: &str) -> Result<Vec<Hash>> {
+        let prefix = prefix.to_ascii_lowercase();
+        let dir = self.key(&format!("snapshots/{}", &prefix[..2]));
+        let listed = self
+            .store
+            .list_with_delimiter(Some(&dir))
+            .await
+            .map_err(|e| self.remote_err("LIST", &dir, e))?;
+        Ok(listed
+            .objects
+            .iter()
+            .filter_map(|m| m.location.filename())
+            .filter(|name| name.starts_with(&prefix))
+            .filter_map(|name| name.parse().ok())
+            .collect())
+    }
+
+    fn ref_key(&self, name: &str) -> Result<Path> {
+        check_ref_name(name).map_err(Error::User)?;
+        Ok(self.key(&format!("refs/{name}")))
+    }
+
+    /// Reads a ref: its value and the version to hand to [`Remote::cas_ref`].
+    pub async fn read_ref(&self, name: &str) -> Result<Option<(RefValue, RefVersion)>> {
+        let key = self.ref_key(name)?;
+        let r = match self.store.get_opts(&key, GetOptions::default()).await {
+            Ok(r) => r,
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(self.remote_err("GET", &key, e)),
+        };
+        let (e_tag, version) = (r.meta.e_tag.clone(), r.meta.version.clone());
+        let bytes = r.bytes().await.map_err(|e| self.remote_err("GET", &key, e))?;
+        let value = RefValue::decode(&bytes).map_err(|e| Error::Corrupt {
+            id: Hash::of(&bytes),
+            what: "ref",
+            path: name.to_string(),
+            detail: e.to_string(),
+        })?;
+        let version = match self.local_root {
+            Some(_) => RefVersion::Local(value.snapshot),
+            None => RefVersion::Conditional { e_tag, version },
+        };
+        Ok(Some((value, version)))
+    }
+
+    /// Moves ref `name` to `new` if it is still at `expected` (`None`: the
+    /// ref must not exist). One conditional PUT on S3; on the local store
+    /// the compare and the write happen under an exclusive flock, so two
+    /// processes can never both win.
+    pub async fn cas_ref(&self, name: &str, expected: Option<&RefVersion>, new: RefValue) -> Result<RefVersion> {
+        let key = self.ref_key(name)?;
+        let payload = PutPayload::from(new.encode());
+        if let Some(root) = &self.local_root {
+            let lock_path = root.join("locks").join("refs").join(format!("{}.lock", name.replace('/', "%2F")));
+            let _lock = lock_file(lock_path).await?;
+            let current = self.read_ref(name).await?.map(|(v, _)| v.snapshot);
+            let want = expected.map(|v| match v {
+                RefVersion::Local(h) => Ok(*h),
+                RefVersion::Conditional { .. } => Err(Error::User("ref version from another store".into())),
+            });
+            let want = want.transpose()?;
+            if current != want {
+                return Err(Error::RefMoved {
+                    name: name.to_string(),
+                    expected: want.map_or("absent".into(), |h| h.short()),
+                    found: current.map_or("absent".into(), |h| h.short()),
+                });
+            }
+            self.store.put(&key, payload).await.map_err(|e| self.remote_err("PUT", &key, e))?;
+            return Ok(RefVersion::Local(new.snapshot));
+        }
+        let mode = match expected {
+            None => PutMode::Create,
+            Some(RefVersion::Conditional { e_tag, version }) => {
+                PutMode::Update(UpdateVersion { e_tag: e_tag.clone(), version: version.clone() })
+            }
+            Some(RefVersion::Local(_)) => return Err(Error::User("ref version from another store".into())),
+        };
+        let opts = PutOptions { mode, ..Default::default() };
+        match self.store.put_opts(&key, payload, opts).await {
+            Ok(r) => Ok(RefVersion::Conditional { e_tag: r.e_tag, version: r.version }),
+            Err(object_store::Error::Precondition { .. }) | Err(object_store::Error::AlreadyExists { .. }) => {
+                let found = self.read_ref(name).await?.map_or("absent".into(), |(v, _)| v.snapshot.short());
+                Err(Error::RefMoved {
+                    name: name.to_string(),
+                    expected: if expected.is_some() { "the version read".into() } else { "absent".into() },
+                    found,
+                })
+            }
+            Err(e) => Err(self.remote_err("PUT", &key, e)),
+        }
+    }
+
+    /// Sets a ref to `new` whatever it was, retrying the CAS if it moves.
+    pub async fn set_ref(&self, name: &str, new: RefValue) -> Result<Option<Hash>> {
+        loop {
+            let cur = self.read_ref(name).await?;
+            let old = cur.as_ref().map(|(v, _)| v.snapshot);
+            match self.cas_ref(name, cur.as_ref().map(|(_, ver)| ver), new).await {
+                Ok(_) => return Ok(old),
+                Err(Error::RefMoved { .. }) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// All refs under `prefix` (e.g. `ws/`), with their values.
+    pub async fn list_refs(&self) -> Result<Vec<(String, RefValue)>> {
+        let base = self.key("refs");
+        let metas: Vec<_> = self
+            .store
+            .list(Some(&base))
+            .try_collect()
+            .await
+            .map_err(|e| self.remote_err("LIST", &base, e))?;
+        let base_str = format!("{base}/");
+        let mut out = Vec::new();
+        for m in metas {
+            let Some(name) = m.location.as_ref().strip_prefix(&base_str).map(str::to_string) else { continue };
+            if let Some((v, _)) = self.read_ref(&name).await? {
+                out.push((name, v));
+            }
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(out)
+    }
+
+    /// Deletes a ref (no compare).
+    pub async fn delete_ref(&self, name: &str) -> Result<()> {
+        let key = self.ref_key(name)?;
+        self.store.delete(&key).await.map_err(|e| self.remote_err("DELETE", &key, e))
+    }
+}
+
+/// Takes an exclusive flock on `path` (created if missing), off the async
+/// threads; released when the returned file is dropped.
+async fn lock_file(path: PathBuf) -> Result<std::fs::File> {
+    tokio::task::spawn_blocking(move || {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(Error::io(format!("creating {}", dir.display())))?;
+        }
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(Error::io(format!("opening lock {}", path.display())))?;
+        rustix::fs::flock(&f, rustix::fs::FlockOperation::LockExclusive)
+            .map_err(|e| Error::Io { context: format!("locking {}", path.display()), source: e.into() })?;
+        Ok(f)
+    })
+    .await
+    .map_err(|e| Error::Io { context: "lock task".into(), source: std::io::Error::other(e) })?
+}
