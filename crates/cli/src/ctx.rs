@@ -35,9 +35,14 @@ pub fn config_path() -> Result<PathBuf> {
 }
 
 pub fn home() -> Result<PathBuf> {
-    std::env::var_os("HOME").filter(|h| !h.is_empty()).map(PathBuf::from).ok_or_else(|| {
-        anyhow::Error::new(mado_core::Error::User("HOME is not set; set HOME (or XDG_* directories)".into()))
-    })
+    std::env::var_os("HOME")
+        .filter(|h| !h.is_empty())
+        .map(PathBuf::from)
+        .ok_or_else(|| {
+            anyhow::Error::new(mado_core::Error::User(
+                "HOME is not set; set HOME (or XDG_* directories)".into(),
+            ))
+        })
 }
 
 /// The embedded default store: `$XDG_DATA_HOME/mado/store`, else
@@ -64,7 +69,10 @@ pub fn read_config_remote() -> Result<Option<String>> {
         if let Some((k, v)) = line.split_once('=') {
             if k.trim() == "remote" {
                 let v = v.trim();
-                let v = v.strip_prefix('"').and_then(|v| v.strip_suffix('"')).unwrap_or(v);
+                let v = v
+                    .strip_prefix('"')
+                    .and_then(|v| v.strip_suffix('"'))
+                    .unwrap_or(v);
                 return Ok(Some(v.to_string()));
             }
         }
@@ -75,7 +83,14 @@ pub fn read_config_remote() -> Result<Option<String>> {
 impl Ctx {
     pub fn new(verbose: bool, json: bool) -> Ctx {
         let now = Instant::now();
-        Ctx { verbose, json, start: now, last: Mutex::new(now), remote: OnceLock::new(), cache: OnceLock::new() }
+        Ctx {
+            verbose,
+            json,
+            start: now,
+            last: Mutex::new(now),
+            remote: OnceLock::new(),
+            cache: OnceLock::new(),
+        }
     }
 
     /// Logs a step under `--verbose`: `[+<total ms> Δ<delta ms>] step`.
@@ -92,7 +107,10 @@ impl Ctx {
     }
 
     pub fn remote_url(&self) -> Result<String> {
-        if let Some(u) = std::env::var("MADO_REMOTE_ADDR").ok().filter(|u| !u.is_empty()) {
+        if let Some(u) = std::env::var("MADO_REMOTE_ADDR")
+            .ok()
+            .filter(|u| !u.is_empty())
+        {
             return Ok(u);
         }
         match read_config_remote()? {
@@ -108,7 +126,10 @@ impl Ctx {
             return Ok(r.clone());
         }
         let url = self.remote_url()?;
-        let inject_rtt = std::env::var("MADO_INJECT_RTT_MS").ok().and_then(|v| v.parse().ok()).map(Duration::from_millis);
+        let inject_rtt = std::env::var("MADO_INJECT_RTT_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map(Duration::from_millis);
         let r = Arc::new(Remote::open(&url, &OpenOptions { inject_rtt })?);
         self.step(format!("opened remote {url}"));
         Ok(self.remote.get_or_init(|| r).clone())
@@ -140,7 +161,8 @@ impl Ctx {
                     .progress_chars("=> "),
             ),
             None => ProgressBar::new_spinner().with_style(
-                ProgressStyle::with_template("{spinner} {msg} {pos} ({elapsed})").unwrap_or_else(|_| ProgressStyle::default_spinner()),
+                ProgressStyle::with_template("{spinner} {msg} {pos} ({elapsed})")
+                    .unwrap_or_else(|_| ProgressStyle::default_spinner()),
             ),
         };
         pb.set_message(what.to_string());
@@ -174,7 +196,10 @@ impl Ctx {
 
 /// Prints `e` once with its causes and returns the exit code.
 pub fn report_error(e: &anyhow::Error) -> i32 {
-    let user = e.chain().any(|c| c.downcast_ref::<mado_core::Error>().is_some_and(|m| m.is_user_error()));
+    let user = e.chain().any(|c| {
+        c.downcast_ref::<mado_core::Error>()
+            .is_some_and(|m| m.is_user_error())
+    });
     eprintln!("error: {e}");
     for cause in e.chain().skip(1) {
         eprintln!("  caused by: {cause}");

@@ -69,7 +69,9 @@ pub struct VerifyReport {
 
 /// Parses `MADO_DISK_CACHE_MAX_BYTES`: 0, empty or unparseable means unbounded.
 pub fn cap_from_env() -> Option<u64> {
-    std::env::var("MADO_DISK_CACHE_MAX_BYTES").ok().and_then(|v| parse_cap(&v))
+    std::env::var("MADO_DISK_CACHE_MAX_BYTES")
+        .ok()
+        .and_then(|v| parse_cap(&v))
 }
 
 fn parse_cap(v: &str) -> Option<u64> {
@@ -86,7 +88,9 @@ pub fn default_dir() -> Result<PathBuf> {
     }
     match std::env::var_os("HOME").filter(|d| !d.is_empty()) {
         Some(h) => Ok(PathBuf::from(h).join(".cache").join("mado")),
-        None => Err(Error::User("cannot place the disk cache: set HOME, XDG_CACHE_HOME or MADO_CACHE_DIR".into())),
+        None => Err(Error::User(
+            "cannot place the disk cache: set HOME, XDG_CACHE_HOME or MADO_CACHE_DIR".into(),
+        )),
     }
 }
 
@@ -97,8 +101,15 @@ impl DiskCache {
     }
 
     pub fn open(root: PathBuf, cap: Option<u64>) -> Result<DiskCache> {
-        fs::create_dir_all(root.join("objects")).map_err(Error::io(format!("creating cache {}", root.display())))?;
-        let c = DiskCache { root, cap, size: AtomicU64::new(0), evict_lock: Mutex::new(()), counters: Default::default() };
+        fs::create_dir_all(root.join("objects"))
+            .map_err(Error::io(format!("creating cache {}", root.display())))?;
+        let c = DiskCache {
+            root,
+            cap,
+            size: AtomicU64::new(0),
+            evict_lock: Mutex::new(()),
+            counters: Default::default(),
+        };
         if cap.is_some() {
             c.size.store(c.usage().bytes, Relaxed);
         }
@@ -163,7 +174,11 @@ impl DiskCache {
             return Ok(());
         }
         let dir = p.parent().expect("cache paths have a parent");
-        let tmp = dir.join(format!(".tmp-{}-{}", std::process::id(), rand::random::<u64>()));
+        let tmp = dir.join(format!(
+            ".tmp-{}-{}",
+            std::process::id(),
+            rand::random::<u64>()
+        ));
         let write = |tmp: &Path| -> std::io::Result<()> {
             let mut f = match fs::File::create(tmp) {
                 Err(e) if e.kind() == ErrorKind::NotFound => {
@@ -177,7 +192,10 @@ impl DiskCache {
         };
         if let Err(e) = write(&tmp) {
             let _ = fs::remove_file(&tmp);
-            return Err(Error::Io { context: format!("writing cache entry {}", p.display()), source: e });
+            return Err(Error::Io {
+                context: format!("writing cache entry {}", p.display()),
+                source: e,
+            });
         }
         self.counters.writes.fetch_add(1, Relaxed);
         if let Some(cap) = self.cap {
@@ -192,7 +210,9 @@ impl DiskCache {
     /// Evicts least-recently-used entries until the cache fits `cap`,
     /// never the entry just written.
     fn evict(&self, cap: u64, keep: &Hash) {
-        let Ok(_g) = self.evict_lock.lock() else { return };
+        let Ok(_g) = self.evict_lock.lock() else {
+            return;
+        };
         let mut entries = self.scan();
         let mut total: u64 = entries.iter().map(|e| e.1).sum();
         entries.sort_by_key(|e| e.2);
@@ -214,15 +234,23 @@ impl DiskCache {
 
     fn scan(&self) -> Vec<(PathBuf, u64, SystemTime)> {
         let mut out = Vec::new();
-        let Ok(dirs) = fs::read_dir(self.root.join("objects")) else { return out };
+        let Ok(dirs) = fs::read_dir(self.root.join("objects")) else {
+            return out;
+        };
         for d in dirs.flatten() {
-            let Ok(files) = fs::read_dir(d.path()) else { continue };
+            let Ok(files) = fs::read_dir(d.path()) else {
+                continue;
+            };
             for f in files.flatten() {
                 if f.file_name().to_string_lossy().starts_with('.') {
                     continue;
                 }
                 if let Ok(m) = f.metadata() {
-                    out.push((f.path(), m.len(), m.modified().unwrap_or(SystemTime::UNIX_EPOCH)));
+                    out.push((
+                        f.path(),
+                        m.len(),
+                        m.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+                    ));
                 }
             }
         }
@@ -247,7 +275,10 @@ impl DiskCache {
         for (p, _, _) in entries {
             report.checked += 1;
             progress(report.checked, total);
-            let name = p.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
+            let name = p
+                .file_name()
+                .map(|n| n.to_string_lossy().to_string())
+                .unwrap_or_default();
             let ok = match (name.parse::<Hash>(), fs::read(&p)) {
                 (Ok(id), Ok(bytes)) => id.verifies(&bytes),
                 _ => false,
@@ -319,7 +350,12 @@ mod tests {
         // Make entry 0 older than entry 1, then use entry 0 (refreshes it).
         let old = SystemTime::now() - std::time::Duration::from_secs(100);
         for id in &ids[..2] {
-            fs::File::options().write(true).open(c.path(id)).unwrap().set_modified(old).unwrap();
+            fs::File::options()
+                .write(true)
+                .open(c.path(id))
+                .unwrap()
+                .set_modified(old)
+                .unwrap();
         }
         fs::File::options()
             .write(true)
@@ -340,7 +376,13 @@ mod tests {
 
     #[test]
     fn cap_env_parsing() {
-        for (v, want) in [("", None), ("0", None), ("abc", None), ("-5", None), (" 1024 ", Some(1024))] {
+        for (v, want) in [
+            ("", None),
+            ("0", None),
+            ("abc", None),
+            ("-5", None),
+            (" 1024 ", Some(1024)),
+        ] {
             assert_eq!(parse_cap(v), want, "{v:?}");
         }
     }

@@ -11,7 +11,11 @@ pub enum DecodeError {
     #[error("bad magic: expected {expected:?}")]
     BadMagic { expected: &'static str },
     #[error("unsupported {format} version {version} (this mado reads version {supported})")]
-    Version { format: &'static str, version: u8, supported: u8 },
+    Version {
+        format: &'static str,
+        version: u8,
+        supported: u8,
+    },
     #[error("truncated at byte {0}")]
     Truncated(usize),
     #[error("varint overflows 64 bits at byte {0}")]
@@ -134,7 +138,11 @@ impl<'a> Reader<'a> {
     pub fn version(&mut self, format: &'static str, supported: u8) -> Result<(), DecodeError> {
         let version = self.u8()?;
         if version != supported {
-            return Err(DecodeError::Version { format, version, supported });
+            return Err(DecodeError::Version {
+                format,
+                version,
+                supported,
+            });
         }
         Ok(())
     }
@@ -165,11 +173,20 @@ mod tests {
     #[test]
     fn varint_rejects_overflow_and_truncation() {
         let too_long = [0xffu8; 11];
-        assert!(matches!(Reader::new(&too_long).varint(), Err(DecodeError::VarintOverflow(_)) | Err(DecodeError::Truncated(_))));
+        assert!(matches!(
+            Reader::new(&too_long).varint(),
+            Err(DecodeError::VarintOverflow(_)) | Err(DecodeError::Truncated(_))
+        ));
         let mut tenth_byte_too_big = vec![0xffu8; 9];
         tenth_byte_too_big.push(0x02);
-        assert_eq!(Reader::new(&tenth_byte_too_big).varint(), Err(DecodeError::VarintOverflow(0)));
-        assert_eq!(Reader::new(&[0x80]).varint(), Err(DecodeError::Truncated(1)));
+        assert_eq!(
+            Reader::new(&tenth_byte_too_big).varint(),
+            Err(DecodeError::VarintOverflow(0))
+        );
+        assert_eq!(
+            Reader::new(&[0x80]).varint(),
+            Err(DecodeError::Truncated(1))
+        );
     }
 
     #[test]

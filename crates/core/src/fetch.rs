@@ -32,22 +32,46 @@ fn unshare(e: Arc<Error>) -> Error {
     match Arc::try_unwrap(e) {
         Ok(e) => e,
         Err(e) => match &*e {
-            Error::ObjectMissing { id, what, path } => Error::ObjectMissing { id: *id, what, path: path.clone() },
-            Error::Corrupt { id, what, path, detail } => {
-                Error::Corrupt { id: *id, what, path: path.clone(), detail: detail.clone() }
-            }
-            other => Error::Io { context: other.to_string(), source: std::io::Error::other("shared fetch failed") },
+            Error::ObjectMissing { id, what, path } => Error::ObjectMissing {
+                id: *id,
+                what,
+                path: path.clone(),
+            },
+            Error::Corrupt {
+                id,
+                what,
+                path,
+                detail,
+            } => Error::Corrupt {
+                id: *id,
+                what,
+                path: path.clone(),
+                detail: detail.clone(),
+            },
+            other => Error::Io {
+                context: other.to_string(),
+                source: std::io::Error::other("shared fetch failed"),
+            },
         },
     }
 }
 
 impl Fetcher {
     pub fn new(remote: Arc<Remote>, cache: Arc<DiskCache>) -> Arc<Fetcher> {
-        Arc::new(Fetcher { remote, cache, inflight: Mutex::new(HashMap::new()) })
+        Arc::new(Fetcher {
+            remote,
+            cache,
+            inflight: Mutex::new(HashMap::new()),
+        })
     }
 
     /// The bytes of object `id`, from the cache or the remote.
-    pub async fn get(self: &Arc<Self>, space: Space, id: Hash, what: &'static str) -> Result<Bytes> {
+    pub async fn get(
+        self: &Arc<Self>,
+        space: Space,
+        id: Hash,
+        what: &'static str,
+    ) -> Result<Bytes> {
         if let Some(b) = self.cache.get(&id) {
             return Ok(Bytes::from(b));
         }
@@ -62,7 +86,10 @@ impl Fetcher {
                             // A failed cache write costs only a later re-fetch.
                             let _ = me.cache.put(&id, b);
                         }
-                        me.inflight.lock().expect("inflight lock").remove(&(space, id));
+                        me.inflight
+                            .lock()
+                            .expect("inflight lock")
+                            .remove(&(space, id));
                         r.map_err(Arc::new)
                     }
                     .boxed()
@@ -74,7 +101,10 @@ impl Fetcher {
     }
 
     pub async fn tree(self: &Arc<Self>, id: Hash, path: &str) -> Result<Tree> {
-        let b = self.get(Space::Objects, id, "tree").await.map_err(|e| e.at_path(path))?;
+        let b = self
+            .get(Space::Objects, id, "tree")
+            .await
+            .map_err(|e| e.at_path(path))?;
         Tree::decode(&b).map_err(|e| Error::corrupt(id, "tree", path, e))
     }
 
@@ -87,10 +117,16 @@ impl Fetcher {
     /// (fetched concurrently) when the entry is chunked.
     pub async fn content(self: &Arc<Self>, e: &Entry, path: &str) -> Result<Bytes> {
         if !e.kind.has_content() {
-            return Err(Error::User(format!("{path} is a {}, not a file", e.kind.label())));
+            return Err(Error::User(format!(
+                "{path} is a {}, not a file",
+                e.kind.label()
+            )));
         }
         if !e.chunked {
-            let b = self.get(Space::Objects, e.id, "blob").await.map_err(|er| er.at_path(path))?;
+            let b = self
+                .get(Space::Objects, e.id, "blob")
+                .await
+                .map_err(|er| er.at_path(path))?;
             if b.len() as u64 != e.size {
                 return Err(Error::Corrupt {
                     id: e.id,
@@ -101,8 +137,12 @@ impl Fetcher {
             }
             return Ok(b);
         }
-        let mb = self.get(Space::Objects, e.id, "chunk manifest").await.map_err(|er| er.at_path(path))?;
-        let m = ChunkManifest::decode(&mb).map_err(|er| Error::corrupt(e.id, "chunk manifest", path, er))?;
+        let mb = self
+            .get(Space::Objects, e.id, "chunk manifest")
+            .await
+            .map_err(|er| er.at_path(path))?;
+        let m = ChunkManifest::decode(&mb)
+            .map_err(|er| Error::corrupt(e.id, "chunk manifest", path, er))?;
         if m.size != e.size {
             return Err(Error::Corrupt {
                 id: e.id,
@@ -114,7 +154,11 @@ impl Fetcher {
         let parts: Vec<Bytes> = futures::stream::iter(m.chunks.iter().map(|(_, id)| {
             let me = self.clone();
             let id = *id;
-            async move { me.get(Space::Objects, id, "chunk").await.map_err(|er| er.at_path(path)) }
+            async move {
+                me.get(Space::Objects, id, "chunk")
+                    .await
+                    .map_err(|er| er.at_path(path))
+            }
         }))
         .buffered(CONCURRENCY)
         .try_collect()
@@ -143,7 +187,10 @@ impl Fetcher {
         for part in path.split('/').filter(|p| !p.is_empty()) {
             if let Some(e) = &found {
                 if e.kind != Kind::Directory {
-                    return Err(Error::NotFound(format!("{walked} is a {}, not a directory", e.kind.label())));
+                    return Err(Error::NotFound(format!(
+                        "{walked} is a {}, not a directory",
+                        e.kind.label()
+                    )));
                 }
                 tree_id = e.id;
             }
@@ -152,7 +199,11 @@ impl Fetcher {
                 walked.push('/');
             }
             walked.push_str(part);
-            found = Some(t.get(part.as_bytes()).cloned().ok_or_else(|| Error::NotFound(format!("no such path: {walked}")))?);
+            found = Some(
+                t.get(part.as_bytes())
+                    .cloned()
+                    .ok_or_else(|| Error::NotFound(format!("no such path: {walked}")))?,
+            );
         }
         Ok(found)
     }

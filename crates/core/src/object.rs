@@ -90,13 +90,22 @@ pub fn check_name(name: &[u8]) -> Result<(), String> {
         return Err("empty entry name".into());
     }
     if name == b"." || name == b".." {
-        return Err(format!("entry name {:?} is not allowed", String::from_utf8_lossy(name)));
+        return Err(format!(
+            "entry name {:?} is not allowed",
+            String::from_utf8_lossy(name)
+        ));
     }
     if name.contains(&b'/') {
-        return Err(format!("entry name {:?} contains '/'", String::from_utf8_lossy(name)));
+        return Err(format!(
+            "entry name {:?} contains '/'",
+            String::from_utf8_lossy(name)
+        ));
     }
     if name.contains(&0) {
-        return Err(format!("entry name {:?} contains NUL", String::from_utf8_lossy(name)));
+        return Err(format!(
+            "entry name {:?} contains NUL",
+            String::from_utf8_lossy(name)
+        ));
     }
     Ok(())
 }
@@ -160,11 +169,19 @@ impl Tree {
                 .ok_or_else(|| DecodeError::Invalid(format!("unknown entry kind at byte {at}")))?;
             let flags = r.u8()?;
             if flags & !FLAG_CHUNKED != 0 {
-                return Err(DecodeError::Invalid(format!("unknown entry flags {flags:#x}")));
+                return Err(DecodeError::Invalid(format!(
+                    "unknown entry flags {flags:#x}"
+                )));
             }
             let size = r.varint()?;
             let id = r.hash()?;
-            entries.push(Entry { name, kind, chunked: flags & FLAG_CHUNKED != 0, size, id });
+            entries.push(Entry {
+                name,
+                kind,
+                chunked: flags & FLAG_CHUNKED != 0,
+                size,
+                id,
+            });
         }
         r.finish()?;
         let t = Tree { entries };
@@ -240,7 +257,15 @@ impl Snapshot {
             f => return Err(DecodeError::Invalid(format!("bad stat flag {f}"))),
         };
         r.finish()?;
-        Ok(Snapshot { root, parents, time, author, message, source, stat })
+        Ok(Snapshot {
+            root,
+            parents,
+            time,
+            author,
+            message,
+            source,
+            stat,
+        })
     }
 }
 
@@ -294,7 +319,11 @@ impl ChunkManifest {
                 "chunk lengths add up to {total}, manifest says {size}"
             )));
         }
-        Ok(ChunkManifest { size, content, chunks })
+        Ok(ChunkManifest {
+            size,
+            content,
+            chunks,
+        })
     }
 }
 
@@ -331,7 +360,9 @@ pub fn check_ref_name(name: &str) -> Result<(), String> {
         && name.split('/').all(|seg| {
             !seg.is_empty()
                 && !seg.starts_with('.')
-                && seg.bytes().all(|c| c.is_ascii_alphanumeric() || b"._-".contains(&c))
+                && seg
+                    .bytes()
+                    .all(|c| c.is_ascii_alphanumeric() || b"._-".contains(&c))
         });
     if ok {
         Ok(())
@@ -356,10 +387,34 @@ mod tests {
 
     fn sample_tree() -> Tree {
         Tree::normalized(vec![
-            Entry { name: b"src".to_vec(), kind: Kind::Directory, chunked: false, size: 0, id: h(1) },
-            Entry { name: b"big.bin".to_vec(), kind: Kind::File, chunked: true, size: 300, id: h(2) },
-            Entry { name: b"run.sh".to_vec(), kind: Kind::Executable, chunked: false, size: 5, id: h(3) },
-            Entry { name: b"link".to_vec(), kind: Kind::Symlink, chunked: false, size: 4, id: h(4) },
+            Entry {
+                name: b"src".to_vec(),
+                kind: Kind::Directory,
+                chunked: false,
+                size: 0,
+                id: h(1),
+            },
+            Entry {
+                name: b"big.bin".to_vec(),
+                kind: Kind::File,
+                chunked: true,
+                size: 300,
+                id: h(2),
+            },
+            Entry {
+                name: b"run.sh".to_vec(),
+                kind: Kind::Executable,
+                chunked: false,
+                size: 5,
+                id: h(3),
+            },
+            Entry {
+                name: b"link".to_vec(),
+                kind: Kind::Symlink,
+                chunked: false,
+                size: 4,
+                id: h(4),
+            },
         ])
         .unwrap()
     }
@@ -370,11 +425,32 @@ mod tests {
     fn tree_golden_bytes() {
         let enc = sample_tree().encode();
         let expect = concat!(
-            "4d41445401", "04",
-            "07", "6269672e62696e", "01", "01", "ac02", "0202020202020202020202020202020202020202020202020202020202020202",
-            "04", "6c696e6b", "03", "00", "04", "0404040404040404040404040404040404040404040404040404040404040404",
-            "06", "72756e2e7368", "02", "00", "05", "0303030303030303030303030303030303030303030303030303030303030303",
-            "03", "737263", "04", "00", "00", "0101010101010101010101010101010101010101010101010101010101010101",
+            "4d41445401",
+            "04",
+            "07",
+            "6269672e62696e",
+            "01",
+            "01",
+            "ac02",
+            "0202020202020202020202020202020202020202020202020202020202020202",
+            "04",
+            "6c696e6b",
+            "03",
+            "00",
+            "04",
+            "0404040404040404040404040404040404040404040404040404040404040404",
+            "06",
+            "72756e2e7368",
+            "02",
+            "00",
+            "05",
+            "0303030303030303030303030303030303030303030303030303030303030303",
+            "03",
+            "737263",
+            "04",
+            "00",
+            "00",
+            "0101010101010101010101010101010101010101010101010101010101010101",
         );
         assert_eq!(hex(&enc), expect);
         assert_eq!(Tree::decode(&enc).unwrap(), sample_tree());
@@ -399,26 +475,45 @@ mod tests {
         let expect = concat!(
             "4d41445301",
             "0707070707070707070707070707070707070707070707070707070707070707",
-            "01", "0808080808080808080808080808080808080808080808080808080808080808",
+            "01",
+            "0808080808080808080808080808080808080808080808080808080808080808",
             "00f1536500000000",
-            "07", "41203c6140623e", "01", "6d", "06", "6769743a6162", "00",
+            "07",
+            "41203c6140623e",
+            "01",
+            "6d",
+            "06",
+            "6769743a6162",
+            "00",
         );
         assert_eq!(hex(&enc), expect);
         assert_eq!(Snapshot::decode(&enc).unwrap(), s);
-        let with_stat = Snapshot { stat: Some(h(9)), ..s };
+        let with_stat = Snapshot {
+            stat: Some(h(9)),
+            ..s
+        };
         assert_eq!(Snapshot::decode(&with_stat.encode()).unwrap(), with_stat);
     }
 
     #[test]
     fn manifest_and_ref_golden_bytes() {
-        let m = ChunkManifest { size: 5, content: h(1), chunks: vec![(2, h(2)), (3, h(3))] };
+        let m = ChunkManifest {
+            size: 5,
+            content: h(1),
+            chunks: vec![(2, h(2)), (3, h(3))],
+        };
         let enc = m.encode();
         assert_eq!(
             hex(&enc),
             concat!(
-                "4d41444d01", "05", "0101010101010101010101010101010101010101010101010101010101010101",
-                "02", "02", "0202020202020202020202020202020202020202020202020202020202020202",
-                "03", "0303030303030303030303030303030303030303030303030303030303030303",
+                "4d41444d01",
+                "05",
+                "0101010101010101010101010101010101010101010101010101010101010101",
+                "02",
+                "02",
+                "0202020202020202020202020202020202020202020202020202020202020202",
+                "03",
+                "0303030303030303030303030303030303030303030303030303030303030303",
             )
         );
         assert_eq!(ChunkManifest::decode(&enc).unwrap(), m);
@@ -471,7 +566,12 @@ mod tests {
                 stat: Some(h(4)),
             }
             .encode(),
-            ChunkManifest { size: 3, content: h(1), chunks: vec![(1, h(2)), (2, h(3))] }.encode(),
+            ChunkManifest {
+                size: 3,
+                content: h(1),
+                chunks: vec![(1, h(2)), (2, h(3))],
+            }
+            .encode(),
             RefValue { snapshot: h(1) }.encode(),
         ];
         for enc in &encodings {
@@ -490,7 +590,12 @@ mod tests {
                     let mut c = enc.clone();
                     c[i] ^= 1 << bit;
                     // Must not panic; may decode when the flip lands in an id.
-                    let _ = (Tree::decode(&c), Snapshot::decode(&c), ChunkManifest::decode(&c), RefValue::decode(&c));
+                    let _ = (
+                        Tree::decode(&c),
+                        Snapshot::decode(&c),
+                        ChunkManifest::decode(&c),
+                        RefValue::decode(&c),
+                    );
                 }
             }
             let mut trailing = enc.clone();
@@ -501,7 +606,11 @@ mod tests {
 
     #[test]
     fn manifest_lengths_must_add_up() {
-        let m = ChunkManifest { size: 9, content: h(1), chunks: vec![(2, h(2))] };
+        let m = ChunkManifest {
+            size: 9,
+            content: h(1),
+            chunks: vec![(2, h(2))],
+        };
         assert!(ChunkManifest::decode(&m.encode()).is_err());
     }
 

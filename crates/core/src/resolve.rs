@@ -21,11 +21,17 @@ pub async fn resolve(remote: &Remote, spec: &str) -> Result<Hash> {
         let found = remote.snapshots_with_prefix(spec).await?;
         return match found.as_slice() {
             [one] => Ok(*one),
-            [] => Err(Error::NotFound(format!("no ref or snapshot named {spec:?}; see `mado log` for snapshot ids"))),
+            [] => Err(Error::NotFound(format!(
+                "no ref or snapshot named {spec:?}; see `mado log` for snapshot ids"
+            ))),
             many => Err(Error::User(format!(
                 "{spec:?} matches {} snapshots; give more digits ({} …)",
                 many.len(),
-                many.iter().take(3).map(|h| h.short()).collect::<Vec<_>>().join(", ")
+                many.iter()
+                    .take(3)
+                    .map(|h| h.short())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ))),
         };
     }

@@ -40,12 +40,18 @@ pub async fn run(a: CheckoutArgs, ctx: &Ctx) -> Result<()> {
         &fetcher,
         snap.root,
         &a.dir,
-        mado_core::checkout::CheckoutOptions { force: a.force, progress: &progress },
+        mado_core::checkout::CheckoutOptions {
+            force: a.force,
+            progress: &progress,
+        },
     )
     .await;
     pb.finish_and_clear();
     let report = report?;
-    ctx.step(format!("wrote {} files, {} symlinks, {} dirs", report.files, report.symlinks, report.dirs));
+    ctx.step(format!(
+        "wrote {} files, {} symlinks, {} dirs",
+        report.files, report.symlinks, report.dirs
+    ));
     if ctx.json {
         #[derive(serde::Serialize)]
         struct Out<'a> {

@@ -29,10 +29,18 @@ pub struct ImportGitArgs {
 pub async fn run(a: ImportGitArgs, ctx: &Ctx) -> Result<()> {
     let remote = ctx.remote()?;
     let cache = ctx.cache()?;
-    let revs = if a.revs.is_empty() { vec!["HEAD".to_string()] } else { a.revs };
+    let revs = if a.revs.is_empty() {
+        vec!["HEAD".to_string()]
+    } else {
+        a.revs
+    };
     let pb = ctx.progress(None, "importing files");
     let pb2 = pb.clone();
-    ctx.step(format!("staging {} revision(s) from {}", revs.len(), a.repo.display()));
+    ctx.step(format!(
+        "staging {} revision(s) from {}",
+        revs.len(),
+        a.repo.display()
+    ));
     let report = mado_core::import::import_git(
         &remote,
         cache,
@@ -46,18 +54,39 @@ pub async fn run(a: ImportGitArgs, ctx: &Ctx) -> Result<()> {
     let report = report?;
     ctx.step(format!(
         "uploaded {} objects ({} trees, {} B), {} snapshots",
-        report.upload.objects_uploaded, report.upload.trees_uploaded, report.upload.bytes_uploaded, report.upload.snapshots_uploaded
+        report.upload.objects_uploaded,
+        report.upload.trees_uploaded,
+        report.upload.bytes_uploaded,
+        report.upload.snapshots_uploaded
     ));
     if ctx.json {
-        return ctx.print_json(&report);
+        #[derive(serde::Serialize)]
+        struct Out<'a> {
+            #[serde(flatten)]
+            report: &'a mado_core::import::ImportReport,
+            remote: mado_core::store::Stats,
+        }
+        return ctx.print_json(&Out {
+            report: &report,
+            remote: remote.stats(),
+        });
     }
     for i in &report.imported {
         let note = if i.new_snapshot { "" } else { " (unchanged)" };
-        println!("{} {} -> {}{note}", i.rev, &i.commit[..12.min(i.commit.len())], i.snapshot);
+        println!(
+            "{} {} -> {}{note}",
+            i.rev,
+            &i.commit[..12.min(i.commit.len())],
+            i.snapshot
+        );
     }
     println!(
         "{}: {} files, {} bytes; uploaded {} objects ({} bytes)",
-        report.ref_name, report.files, report.bytes, report.upload.objects_uploaded + report.upload.snapshots_uploaded, report.upload.bytes_uploaded
+        report.ref_name,
+        report.files,
+        report.bytes,
+        report.upload.objects_uploaded + report.upload.snapshots_uploaded,
+        report.upload.bytes_uploaded
     );
     Ok(())
 }

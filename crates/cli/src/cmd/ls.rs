@@ -26,12 +26,19 @@ struct LsEntry {
 pub async fn run(a: LsArgs, ctx: &Ctx) -> Result<()> {
     let remote = ctx.remote()?;
     let fetcher = ctx.fetcher()?;
-    let snap = fetcher.snapshot(mado_core::resolve::resolve(&remote, &a.spec).await?).await?;
+    let snap = fetcher
+        .snapshot(mado_core::resolve::resolve(&remote, &a.spec).await?)
+        .await?;
     let tree_id = match fetcher.lookup(snap.root, &a.path).await? {
         None => snap.root,
         Some(e) if e.kind == Kind::Directory => e.id,
         Some(e) => {
-            return Err(mado_core::Error::User(format!("{} is a {}, not a directory; use `mado cat`", a.path, e.kind.label())).into())
+            return Err(mado_core::Error::User(format!(
+                "{} is a {}, not a directory; use `mado cat`",
+                a.path,
+                e.kind.label()
+            ))
+            .into())
         }
     };
     let tree = fetcher.tree(tree_id, &a.path).await?;

@@ -1,0 +1,261 @@
+//! Bad input through the `mado` binary: hostile trees, corrupt objects in
+//! the store and in the cache, a non-empty target, a missing config.
+
+mod common;
+
+use common::*;
+use mado_core::object::{Entry, Kind, RefValue, Snapshot, Tree};
+use mado_core::Hash;
+
+/// Writes raw bytes as a git object (bypassing git's own checks).
+fn git_raw_tree(repo: &std::path::Path, entries: &[(&str, &[u8], &str)]) -> String {
+    let mut raw = Vec::new();
+    for (mode, name, oid_hex) in entries {
+        raw.extend_from_slice(mode.as_bytes());
+        raw.push(b' ');
+        raw.extend_from_slice(name);
+        raw.push(0);
+        raw.extend(mado_core::hash::parse_hex(oid_hex).unwrap());
+    }
+    let mut c = git_cmd(repo);
+    c.args(["hash-object", "-t", "tree", "--literally", "-w", "--stdin"]);
+    c.stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    use std::io::Write;
+    child.stdin.take().unwrap().write_all(&raw).unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success());
+    String::from_utf8(o.stdout).unwrap().trim().to_string()
+}
+
+#[test]
+fn hostile_git_trees_are_refused_at_import() {
+    for bad in [&b".."[..], b".git", b".GIT"] {
+        let m = Mado::local();
+        let repo = m.dir.path().join("repo");
+        std::fs::create_dir_all(&repo).unwrap();
+        git(&repo, &["init", "-q"]);
+        let blob = {
+            let mut c = git_cmd(&repo);
+            c.args(["hash-object", "-w", "--stdin"])
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped());
+            let mut ch = c.spawn().unwrap();
+            use std::io::Write;
+            ch.stdin.take().unwrap().write_all(b"pwned\n").unwrap();
+            String::from_utf8(ch.wait_with_output().unwrap().stdout)
+                .unwrap()
+                .trim()
+                .to_string()
+        };
+        let inner = git_raw_tree(&repo, &[("100644", b"passwd", &blob)]);
+        let root = git_raw_tree(&repo, &[("40000", bad, &inner), ("100644", b"ok", &blob)]);
+        let commit = git(&repo, &["commit-tree", &root, "-m", "evil"]);
+        let err = m.fails(&["import-git", repo.to_str().unwrap(), "--rev", &commit], 1);
+        assert!(
+            err.contains("unsafe path") && err.contains(&*String::from_utf8_lossy(bad)),
+            "{err}"
+        );
+        // Nothing was published.
+        assert!(m.fails(&["ls", "main"], 1).contains("no ref"));
+    }
+}
+
+/// Puts a hand-made snapshot of `root_entries` under ref `evil`, straight
+/// into the local store's files.
+fn plant(m: &Mado, tree_bytes: Vec<u8>) {
+    let store = m.store_dir();
+    let put = |space: &str, bytes: &[u8]| -> Hash {
+        let id = Hash::of(bytes);
+        let hex = id.to_hex();
+        let p = store.join(space).join(&hex[..2]).join(&hex);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, bytes).unwrap();
+        id
+    };
+    let root = put("objects", &tree_bytes);
+    let snap = Snapshot {
+        root,
+        parents: vec![],
+        time: 0,
+        author: "x".into(),
+        message: "x".into(),
+        source: String::new(),
+        stat: None,
+    };
+    let sid = put("snapshots", &snap.encode());
+    std::fs::create_dir_all(store.join("refs")).unwrap();
+    std::fs::write(store.join("refs/evil"), RefValue { snapshot: sid }.encode()).unwrap();
+}
+
+#[test]
+fn hostile_stored_trees_are_refused_at_checkout() {
+    let m = Mado::local();
+    let content = b"pwned\n";
+    let blob = Hash::of(content);
+    let hex = blob.to_hex();
+    let p = m.store_dir().join("objects").join(&hex[..2]).join(&hex);
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    std::fs::write(p, content).unwrap();
+    // Raw tree bytes with a ".." entry: the encoder would refuse to make it.
+    let mut raw = b"MADT\x01\x01".to_vec();
+    raw.push(2);
+    raw.extend_from_slice(b"..");
+    raw.extend_from_slice(&[1, 0, 6]);
+    raw.extend_from_slice(blob.as_bytes());
+    plant(&m, raw);
+    let target = m.dir.path().join("out/inner");
+    let err = m.fails(&["checkout", "evil", target.to_str().unwrap()], 2);
+    assert!(err.contains("corrupt") && err.contains("\"..\""), "{err}");
+    // Nothing escaped: the parent of the target holds only the target.
+    let parent: Vec<_> = std::fs::read_dir(m.dir.path().join("out"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(parent.iter().all(|n| n == "inner"), "{parent:?}");
+    assert!(!m.dir.path().join("out/pwned").exists());
+}
+
+#[test]
+fn a_stored_symlink_never_lets_a_later_entry_write_through_it() {
+    // Trees cannot hold "a" twice, so a symlink and a directory cannot
+    // share a path; a target directory that already has a symlink in the
+    // way is handled by checkout --force (it replaces the link).
+    let m = Mado::local();
+    let repo = fixture_repo(m.dir.path());
+    m.ok(&["import-git", repo.to_str().unwrap()]);
+    let outside = m.dir.path().join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    let target = m.dir.path().join("t");
+    std::fs::create_dir_all(&target).unwrap();
+    std::os::unix::fs::symlink(&outside, target.join("src")).unwrap();
+    let err = m.fails(&["checkout", "main", target.to_str().unwrap()], 1);
+    assert!(
+        err.contains("not empty") && err.contains("--force"),
+        "{err}"
+    );
+    m.ok(&["checkout", "main", target.to_str().unwrap(), "--force"]);
+    assert!(
+        std::fs::read_dir(&outside).unwrap().next().is_none(),
+        "wrote through the symlink"
+    );
+    assert!(target.join("src").symlink_metadata().unwrap().is_dir());
+    assert_eq!(
+        std::fs::read(target.join("src/lib.rs")).unwrap(),
+        b"pub fn f() {}\n"
+    );
+}
+
+#[test]
+fn corrupt_store_object_is_named_with_its_path() {
+    let m = Mado::local();
+    let repo = fixture_repo(m.dir.path());
+    m.ok(&["import-git", repo.to_str().unwrap()]);
+    let id = Hash::of(b"pub fn f() {}\n").to_hex();
+    std::fs::write(
+        m.store_dir().join("objects").join(&id[..2]).join(&id),
+        b"pub fn g() {}\n",
+    )
+    .unwrap();
+    std::fs::remove_dir_all(m.cache_dir()).unwrap();
+    let err = m.fails(
+        &[
+            "checkout",
+            "main",
+            m.dir.path().join("co").to_str().unwrap(),
+        ],
+        2,
+    );
+    assert!(
+        err.contains(&id) && err.contains("src/lib.rs") && err.contains("corrupt"),
+        "{err}"
+    );
+    // A truncated object likewise.
+    std::fs::write(
+        m.store_dir().join("objects").join(&id[..2]).join(&id),
+        b"pub",
+    )
+    .unwrap();
+    let err = m.fails(&["cat", "main", "src/lib.rs"], 2);
+    assert!(err.contains(&id), "{err}");
+}
+
+#[test]
+fn corrupt_cache_entry_heals_by_refetching() {
+    let m = Mado::local();
+    let repo = fixture_repo(m.dir.path());
+    m.ok(&["import-git", repo.to_str().unwrap()]);
+    let id = Hash::of(b"pub fn f() {}\n").to_hex();
+    let entry = m.cache_dir().join("objects").join(&id[..2]).join(&id);
+    std::fs::write(&entry, b"rotten").unwrap();
+    let co = m.json(&[
+        "checkout",
+        "main",
+        m.dir.path().join("co").to_str().unwrap(),
+    ]);
+    assert_eq!(
+        std::fs::read(m.dir.path().join("co/src/lib.rs")).unwrap(),
+        b"pub fn f() {}\n"
+    );
+    // The ref and the one healed object were fetched, nothing else.
+    assert_eq!(co["remote"]["gets"], 2, "{co}");
+    assert_eq!(std::fs::read(&entry).unwrap(), b"pub fn f() {}\n");
+    // cache verify finds nothing wrong now; then finds and removes rot.
+    let v = m.json(&["cache", "verify"]);
+    assert_eq!(v["bad"].as_array().unwrap().len(), 0);
+    std::fs::write(&entry, b"rotten again").unwrap();
+    let v = m.json(&["cache", "verify"]);
+    assert_eq!(v["bad"][0], id.as_str());
+    assert!(!entry.exists());
+}
+
+#[test]
+fn usage_errors_exit_1_with_a_hint() {
+    let m = Mado::local();
+    let mut c = m.cmd(&["ls", "main"]);
+    c.env_remove("MADO_REMOTE_ADDR");
+    let o = c.output().unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("mado init"));
+    m.ok(&["init"]);
+    assert!(m.fails(&["ls", "nosuchref"], 1).contains("no ref"));
+    assert!(m
+        .fails(&["import-git", "/nonexistent/repo"], 1)
+        .contains("not a git repository"));
+    let err = m.fails(&["init", "--remote", "ftp://x"], 1);
+    assert!(err.contains("unsupported scheme"), "{err}");
+    for sub in [
+        "init",
+        "import-git",
+        "log",
+        "ls",
+        "cat",
+        "checkout",
+        "cache",
+    ] {
+        let out = m.ok(&[sub, "--help"]);
+        assert!(out.len() > 80, "{sub} --help is too thin: {out}");
+    }
+}
+
+#[test]
+fn tree_entries_dedup_into_shared_objects() {
+    // Sanity for the object model: two imports of identical content in
+    // different repositories share every tree (no mtimes in trees).
+    let a = Mado::local();
+    let repo = fixture_repo(a.dir.path());
+    let one = a.json(&["import-git", repo.to_str().unwrap(), "--ref", "one"]);
+    let two = a.json(&["import-git", repo.to_str().unwrap(), "--ref", "two"]);
+    assert_eq!(one["imported"][0]["root"], two["imported"][0]["root"]);
+    assert_eq!(two["upload"]["objects_uploaded"], 0, "{two}");
+    let t = Tree::normalized(vec![Entry {
+        name: b"x".to_vec(),
+        kind: Kind::File,
+        chunked: false,
+        size: 1,
+        id: Hash([0; 32]),
+    }])
+    .unwrap();
+    assert_eq!(Tree::decode(&t.encode()).unwrap(), t);
+}

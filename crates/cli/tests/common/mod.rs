@@ -1,0 +1,248 @@
+//! Test harness for the `mado` binary: a hermetic HOME per test, a remote
+//! (local directory or the MinIO server the test command started), and a
+//! git repository fixture built with the real `git`.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+pub fn s3_base() -> Option<String> {
+    match std::env::var("MADO_TEST_S3_URL") {
+        Ok(u) if !u.is_empty() => Some(u),
+        _ if std::env::var("MADO_REQUIRE_S3").as_deref() == Ok("1") => {
+            panic!("MADO_REQUIRE_S3=1 but MADO_TEST_S3_URL is not set: start MinIO with scripts/minio.sh")
+        }
+        _ => {
+            eprintln!("skipping the S3 case: MADO_TEST_S3_URL not set (make test starts MinIO)");
+            None
+        }
+    }
+}
+
+pub struct Mado {
+    pub dir: tempfile::TempDir,
+    pub remote: String,
+}
+
+impl Mado {
+    pub fn local() -> Mado {
+        let dir = tempfile::tempdir().unwrap();
+        let remote = format!("file://{}/store", dir.path().display());
+        Mado { dir, remote }
+    }
+
+    pub fn s3(base: &str) -> Mado {
+        let dir = tempfile::tempdir().unwrap();
+        let remote = format!(
+            "{}/e2e-{:016x}",
+            base.trim_end_matches('/'),
+            rand::random::<u64>()
+        );
+        Mado { dir, remote }
+    }
+
+    pub fn home(&self) -> PathBuf {
+        self.dir.path().join("home")
+    }
+
+    pub fn store_dir(&self) -> PathBuf {
+        self.dir.path().join("store")
+    }
+
+    pub fn cache_dir(&self) -> PathBuf {
+        self.home().join(".cache").join("mado")
+    }
+
+    pub fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_mado"));
+        c.args(args)
+            .env("HOME", self.home())
+            .env("MADO_REMOTE_ADDR", &self.remote)
+            .env_remove("XDG_CACHE_HOME")
+            .env_remove("XDG_CONFIG_HOME")
+            .env_remove("XDG_DATA_HOME")
+            .env_remove("MADO_CACHE_DIR")
+            .env_remove("MADO_CONFIG")
+            .env_remove("MADO_DISK_CACHE_MAX_BYTES");
+        c
+    }
+
+    pub fn run(&self, args: &[&str]) -> Output {
+        self.cmd(args).output().unwrap()
+    }
+
+    /// Runs and asserts success; returns stdout.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let o = self.run(args);
+        assert!(
+            o.status.success(),
+            "mado {args:?} failed ({:?}):\n{}",
+            o.status.code(),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8(o.stdout).unwrap()
+    }
+
+    /// Runs with --json and parses stdout.
+    pub fn json(&self, args: &[&str]) -> serde_json::Value {
+        let mut a = args.to_vec();
+        a.push("--json");
+        serde_json::from_str(&self.ok(&a)).unwrap()
+    }
+
+    /// Runs, expects failure with `code`; returns stderr.
+    pub fn fails(&self, args: &[&str], code: i32) -> String {
+        let o = self.run(args);
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert_eq!(o.status.code(), Some(code), "mado {args:?}: stderr:\n{err}");
+        err
+    }
+}
+
+pub fn git(repo: &Path, args: &[&str]) -> String {
+    let o = git_cmd(repo).args(args).output().unwrap();
+    assert!(
+        o.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).trim().to_string()
+}
+
+pub fn git_cmd(repo: &Path) -> Command {
+    let mut c = Command::new("git");
+    c.current_dir(repo)
+        .env("HOME", repo.parent().unwrap())
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_AUTHOR_NAME", "Test Author")
+        .env("GIT_AUTHOR_EMAIL", "author@example.com")
+        .env("GIT_AUTHOR_DATE", "2026-01-02T03:04:05Z")
+        .env("GIT_COMMITTER_NAME", "Test Author")
+        .env("GIT_COMMITTER_EMAIL", "author@example.com")
+        .env("GIT_COMMITTER_DATE", "2026-01-02T03:04:05Z");
+    c
+}
+
+pub fn pseudo_random(n: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// A repository with every shape the import must get right.
+pub fn fixture_repo(parent: &Path) -> PathBuf {
+    let repo = parent.join("repo");
+    std::fs::create_dir_all(&repo).unwrap();
+    git(&repo, &["init", "-q", "-b", "main"]);
+    let w = |p: &str, data: &[u8]| {
+        let p = repo.join(p);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, data).unwrap();
+    };
+    w("README.md", b"# fixture\n");
+    w("empty", b"");
+    w("src/lib.rs", b"pub fn f() {}\n");
+    w("src/deep/er/still.txt", b"deep\n");
+    w("run.sh", b"#!/bin/sh\necho hi\n");
+    std::fs::set_permissions(repo.join("run.sh"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    w(".gitattributes", b"*.bat text eol=crlf\n");
+    w("win.bat", b"echo one\necho two\n");
+    w("big.bin", &pseudo_random(5 << 20 | 12345, 7));
+    std::fs::write(
+        repo.join(OsStr::from_bytes(b"caf\xe9.txt")),
+        b"latin-1 name\n",
+    )
+    .unwrap();
+    std::os::unix::fs::symlink("README.md", repo.join("link")).unwrap();
+    std::os::unix::fs::symlink("../../../../../etc/passwd", repo.join("src/escape")).unwrap();
+    git(&repo, &["add", "-A"]);
+    // A gitlink (submodule commit) with no submodule checked out.
+    git(
+        &repo,
+        &[
+            "update-index",
+            "--add",
+            "--cacheinfo",
+            "160000,1111111111111111111111111111111111111111,vendor/sub",
+        ],
+    );
+    git(&repo, &["commit", "-q", "-m", "fixture"]);
+    repo
+}
+
+/// What a directory holds: path -> (kind, permission bits, content or target).
+pub fn snapshot_dir(root: &Path) -> BTreeMap<Vec<u8>, (char, u32, Vec<u8>)> {
+    fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<Vec<u8>, (char, u32, Vec<u8>)>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let e = e.unwrap();
+            let p = e.path();
+            let rel = p
+                .strip_prefix(root)
+                .unwrap()
+                .as_os_str()
+                .as_bytes()
+                .to_vec();
+            if rel == b".git" {
+                continue;
+            }
+            let m = std::fs::symlink_metadata(&p).unwrap();
+            let mode = m.mode() & 0o777;
+            if m.file_type().is_symlink() {
+                out.insert(
+                    rel,
+                    (
+                        'l',
+                        0,
+                        std::fs::read_link(&p)
+                            .unwrap()
+                            .as_os_str()
+                            .as_bytes()
+                            .to_vec(),
+                    ),
+                );
+            } else if m.is_dir() {
+                out.insert(rel, ('d', mode, Vec::new()));
+                walk(root, &p, out);
+            } else {
+                out.insert(rel, ('f', mode, std::fs::read(&p).unwrap()));
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(root, root, &mut out);
+    out
+}
+
+/// Asserts two directories are equal in every byte, mode bit and target.
+pub fn assert_same_tree(a: &Path, b: &Path) {
+    let (x, y) = (snapshot_dir(a), snapshot_dir(b));
+    let names = |m: &BTreeMap<Vec<u8>, _>| {
+        m.keys()
+            .map(|k| String::from_utf8_lossy(k).into_owned())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(names(&x), names(&y), "different paths");
+    for (k, v) in &x {
+        let w = &y[k];
+        let name = String::from_utf8_lossy(k);
+        assert_eq!(v.0, w.0, "{name}: kind");
+        assert_eq!(v.1, w.1, "{name}: mode {:o} vs {:o}", v.1, w.1);
+        assert!(
+            v.2 == w.2,
+            "{name}: content differs ({} vs {} bytes)",
+            v.2.len(),
+            w.2.len()
+        );
+    }
+}

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs what mado's build and tests need, if missing:
+#   Debian packages: fuse3, libfuse3-dev, pkg-config, git, curl
+#   the MinIO server (built with `go install`, cached in $MADO_TOOLS_DIR)
+# Usage: scripts/ensure-deps.sh [--minio]
+set -euo pipefail
+source "$(dirname "$0")/env.sh"
+
+need_pkgs=()
+for p in fuse3 libfuse3-dev pkg-config git curl; do
+  dpkg -s "$p" >/dev/null 2>&1 || need_pkgs+=("$p")
+done
+if [ ${#need_pkgs[@]} -gt 0 ]; then
+  echo "installing Debian packages: ${need_pkgs[*]}" >&2
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
+fi
+
+if ! command -v cargo >/dev/null; then
+  echo "error: cargo (Rust) is not installed; install it with rustup (https://rustup.rs)" >&2
+  exit 1
+fi
+
+if [ "${1:-}" = "--minio" ] && [ ! -x "$MADO_TOOLS_DIR/bin/minio" ]; then
+  if ! command -v go >/dev/null; then
+    echo "error: go is needed to build MinIO (apt-get install golang, or put go on PATH)" >&2
+    exit 1
+  fi
+  echo "building MinIO into $MADO_TOOLS_DIR/bin (once; takes a few minutes)" >&2
+  mkdir -p "$MADO_TOOLS_DIR/bin"
+  (cd /tmp && GOBIN="$MADO_TOOLS_DIR/bin.tmp" GOFLAGS=-mod=mod go install github.com/minio/minio@latest)
+  mv "$MADO_TOOLS_DIR/bin.tmp/minio" "$MADO_TOOLS_DIR/bin/minio"
+  rmdir "$MADO_TOOLS_DIR/bin.tmp" 2>/dev/null || true
+fi

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The whole test suite: installs what is missing, starts a real MinIO on a
+# free loopback port, and runs every test (S3 tests are required here:
+# MADO_REQUIRE_S3=1 turns a missing server into a failure, not a skip).
+set -euo pipefail
+source "$(dirname "$0")/env.sh"
+"$MADO_ROOT/scripts/ensure-deps.sh" --minio
+
+state=$(mktemp -d "${TMPDIR:-/tmp}/mado-test.XXXXXX")
+trap '"$MADO_ROOT/scripts/minio.sh" stop "$state"; rm -rf "$state"' EXIT
+"$MADO_ROOT/scripts/minio.sh" start "$state" >/dev/null
+# shellcheck disable=SC1091
+source "$state/env"
+export MADO_REQUIRE_S3=1
+echo "MinIO at $AWS_ENDPOINT_URL (bucket ${MADO_TEST_S3_URL#s3://})" >&2
+
+cd "$MADO_ROOT"
+cargo build --workspace --all-targets
+cargo test --workspace -- --test-threads="${MADO_TEST_THREADS:-4}"
