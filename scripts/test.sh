@@ -15,5 +15,7 @@ export MADO_REQUIRE_S3=1
 echo "MinIO at $AWS_ENDPOINT_URL (bucket ${MADO_TEST_S3_URL#s3://})" >&2
 
 cd "$MADO_ROOT"
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets -q -- -D warnings
 cargo build --workspace --all-targets
 cargo test --workspace -- --test-threads="${MADO_TEST_THREADS:-4}"

@@ -54,7 +54,7 @@ pub enum Error {
         key: String,
         hint: String,
         #[source]
-        source: object_store::Error,
+        source: Box<object_store::Error>,
     },
 
     #[error("git: {0}")]

@@ -60,7 +60,7 @@ pub struct ParseHashError(pub String);
 
 /// Parses hex digits (either case) into bytes; `None` on odd length or a bad digit.
 pub fn parse_hex(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return None;
     }
     let digit = |c: u8| (c as char).to_digit(16).map(|d| d as u8);

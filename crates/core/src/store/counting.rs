@@ -276,7 +276,7 @@ impl CountingStore {
         let mut seen = 0u64;
         s.inspect(move |_| {
             seen += 1;
-            if seen % LIST_PAGE == 0 {
+            if seen.is_multiple_of(LIST_PAGE) {
                 // The next page is a new request that depends on this one.
                 drop(rt.take());
                 c.lists.fetch_add(1, Relaxed);

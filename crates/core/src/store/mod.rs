@@ -205,7 +205,7 @@ impl Remote {
             op,
             key: key.to_string(),
             hint: hint.to_string(),
-            source: e,
+            source: Box::new(e),
         }
     }
 
