@@ -19,6 +19,7 @@ pub struct Ctx {
     last: Mutex<Instant>,
     remote: OnceLock<Arc<Remote>>,
     cache: OnceLock<Arc<DiskCache>>,
+    fetcher: OnceLock<Arc<Fetcher>>,
 }
 
 /// `$MADO_CONFIG`, else `$XDG_CONFIG_HOME/mado/config.toml`, else
@@ -35,14 +36,9 @@ pub fn config_path() -> Result<PathBuf> {
 }
 
 pub fn home() -> Result<PathBuf> {
-    std::env::var_os("HOME")
-        .filter(|h| !h.is_empty())
-        .map(PathBuf::from)
-        .ok_or_else(|| {
-            anyhow::Error::new(mado_core::Error::User(
-                "HOME is not set; set HOME (or XDG_* directories)".into(),
-            ))
-        })
+    std::env::var_os("HOME").filter(|h| !h.is_empty()).map(PathBuf::from).ok_or_else(|| {
+        anyhow::Error::new(mado_core::Error::User("HOME is not set; set HOME (or XDG_* directories)".into()))
+    })
 }
 
 /// The embedded default store: `$XDG_DATA_HOME/mado/store`, else
@@ -69,10 +65,7 @@ pub fn read_config_remote() -> Result<Option<String>> {
         if let Some((k, v)) = line.split_once('=') {
             if k.trim() == "remote" {
                 let v = v.trim();
-                let v = v
-                    .strip_prefix('"')
-                    .and_then(|v| v.strip_suffix('"'))
-                    .unwrap_or(v);
+                let v = v.strip_prefix('"').and_then(|v| v.strip_suffix('"')).unwrap_or(v);
                 return Ok(Some(v.to_string()));
             }
         }
@@ -90,6 +83,7 @@ impl Ctx {
             last: Mutex::new(now),
             remote: OnceLock::new(),
             cache: OnceLock::new(),
+            fetcher: OnceLock::new(),
         }
     }
 
@@ -107,10 +101,7 @@ impl Ctx {
     }
 
     pub fn remote_url(&self) -> Result<String> {
-        if let Some(u) = std::env::var("MADO_REMOTE_ADDR")
-            .ok()
-            .filter(|u| !u.is_empty())
-        {
+        if let Some(u) = std::env::var("MADO_REMOTE_ADDR").ok().filter(|u| !u.is_empty()) {
             return Ok(u);
         }
         match read_config_remote()? {
@@ -126,10 +117,8 @@ impl Ctx {
             return Ok(r.clone());
         }
         let url = self.remote_url()?;
-        let inject_rtt = std::env::var("MADO_INJECT_RTT_MS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .map(Duration::from_millis);
+        let inject_rtt =
+            std::env::var("MADO_INJECT_RTT_MS").ok().and_then(|v| v.parse().ok()).map(Duration::from_millis);
         let r = Arc::new(Remote::open(&url, &OpenOptions { inject_rtt })?);
         self.step(format!("opened remote {url}"));
         Ok(self.remote.get_or_init(|| r).clone())
@@ -145,7 +134,20 @@ impl Ctx {
     }
 
     pub fn fetcher(&self) -> Result<Arc<Fetcher>> {
-        Ok(Fetcher::new(self.remote()?, self.cache()?))
+        if let Some(f) = self.fetcher.get() {
+            return Ok(f.clone());
+        }
+        let f = Fetcher::new(self.remote()?, self.cache()?);
+        Ok(self.fetcher.get_or_init(|| f).clone())
+    }
+
+    /// Prints the fetcher's warnings (each names a pack) on stderr.
+    pub fn flush_warnings(&self) {
+        if let Some(f) = self.fetcher.get() {
+            for w in f.take_warnings() {
+                eprintln!("warning: {w}");
+            }
+        }
     }
 
     /// A progress bar on stderr, hidden when stderr is not a terminal or
@@ -178,8 +180,16 @@ impl Ctx {
 
     /// Under `--verbose`, the closing counts of the remote and the cache.
     pub fn finish(&self) {
+        self.flush_warnings();
         if !self.verbose {
             return;
+        }
+        if let Some(f) = self.fetcher.get() {
+            let s = f.stats();
+            self.step(format!(
+                "packs: {} exploded, {} members served ({} before their pack finished), {} failed",
+                s.packs_exploded, s.members_from_packs, s.members_early, s.pack_failures
+            ));
         }
         if let Some(r) = self.remote.get() {
             self.step(format!("remote: {}", r.stats()));
@@ -196,10 +206,7 @@ impl Ctx {
 
 /// Prints `e` once with its causes and returns the exit code.
 pub fn report_error(e: &anyhow::Error) -> i32 {
-    let user = e.chain().any(|c| {
-        c.downcast_ref::<mado_core::Error>()
-            .is_some_and(|m| m.is_user_error())
-    });
+    let user = e.chain().any(|c| c.downcast_ref::<mado_core::Error>().is_some_and(|m| m.is_user_error()));
     eprintln!("error: {e}");
     for cause in e.chain().skip(1) {
         eprintln!("  caused by: {cause}");

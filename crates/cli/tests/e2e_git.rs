@@ -10,15 +10,7 @@ use common::*;
 fn clone_equivalence(m: &Mado) {
     let repo = fixture_repo(m.dir.path());
     let clone = m.dir.path().join("clone");
-    git(
-        m.dir.path(),
-        &[
-            "clone",
-            "-q",
-            repo.to_str().unwrap(),
-            clone.to_str().unwrap(),
-        ],
-    );
+    git(m.dir.path(), &["clone", "-q", repo.to_str().unwrap(), clone.to_str().unwrap()]);
 
     let imp = m.json(&["import-git", repo.to_str().unwrap()]);
     assert_eq!(imp["imported"][0]["new_snapshot"], true);
@@ -39,10 +31,7 @@ fn clone_equivalence(m: &Mado) {
     assert_eq!(again["imported"][0]["new_snapshot"], false);
     assert_eq!(again["remote"]["puts"], 0, "{again}");
     assert_eq!(again["upload"]["objects_uploaded"], 0);
-    assert_eq!(
-        again["remote"]["round_trips"], 1,
-        "ref read and root HEAD go together: {again}"
-    );
+    assert_eq!(again["remote"]["round_trips"], 1, "ref read and root HEAD go together: {again}");
 
     // Cold checkout: fresh cache.
     std::fs::remove_dir_all(m.cache_dir()).unwrap();
@@ -51,34 +40,18 @@ fn clone_equivalence(m: &Mado) {
     assert!(co["remote"]["gets"].as_u64().unwrap() > 5);
     assert_same_tree(&clone, &out);
     // The CRLF rule was applied, and the big file really was chunked.
-    assert_eq!(
-        std::fs::read(out.join("win.bat")).unwrap(),
-        b"echo one\r\necho two\r\n"
-    );
+    assert_eq!(std::fs::read(out.join("win.bat")).unwrap(), b"echo one\r\necho two\r\n");
     let ls = m.json(&["ls", "main"]);
-    let big = ls
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|e| e["name"] == "big.bin")
-        .unwrap();
+    let big = ls.as_array().unwrap().iter().find(|e| e["name"] == "big.bin").unwrap();
     assert_eq!(big["chunked"], true);
     let sub = m.json(&["ls", "main", "vendor"]);
     assert_eq!(sub[0]["kind"], "gitlink");
 
     // Warm: by snapshot id, no request at all; by ref, one GET (the ref).
-    let warm = m.json(&[
-        "checkout",
-        &snap,
-        m.dir.path().join("warm1").to_str().unwrap(),
-    ]);
+    let warm = m.json(&["checkout", &snap, m.dir.path().join("warm1").to_str().unwrap()]);
     assert_eq!(warm["remote"]["gets"], 0, "{warm}");
     assert_eq!(warm["remote"]["heads"], 0);
-    let warm = m.json(&[
-        "checkout",
-        "main",
-        m.dir.path().join("warm2").to_str().unwrap(),
-    ]);
+    let warm = m.json(&["checkout", "main", m.dir.path().join("warm2").to_str().unwrap()]);
     assert_eq!(warm["remote"]["gets"], 1, "{warm}");
     assert_same_tree(&clone, &m.dir.path().join("warm2"));
 

@@ -69,9 +69,7 @@ pub struct VerifyReport {
 
 /// Parses `MADO_DISK_CACHE_MAX_BYTES`: 0, empty or unparseable means unbounded.
 pub fn cap_from_env() -> Option<u64> {
-    std::env::var("MADO_DISK_CACHE_MAX_BYTES")
-        .ok()
-        .and_then(|v| parse_cap(&v))
+    std::env::var("MADO_DISK_CACHE_MAX_BYTES").ok().and_then(|v| parse_cap(&v))
 }
 
 fn parse_cap(v: &str) -> Option<u64> {
@@ -88,9 +86,7 @@ pub fn default_dir() -> Result<PathBuf> {
     }
     match std::env::var_os("HOME").filter(|d| !d.is_empty()) {
         Some(h) => Ok(PathBuf::from(h).join(".cache").join("mado")),
-        None => Err(Error::User(
-            "cannot place the disk cache: set HOME, XDG_CACHE_HOME or MADO_CACHE_DIR".into(),
-        )),
+        None => Err(Error::User("cannot place the disk cache: set HOME, XDG_CACHE_HOME or MADO_CACHE_DIR".into())),
     }
 }
 
@@ -101,15 +97,9 @@ impl DiskCache {
     }
 
     pub fn open(root: PathBuf, cap: Option<u64>) -> Result<DiskCache> {
-        fs::create_dir_all(root.join("objects"))
-            .map_err(Error::io(format!("creating cache {}", root.display())))?;
-        let c = DiskCache {
-            root,
-            cap,
-            size: AtomicU64::new(0),
-            evict_lock: Mutex::new(()),
-            counters: Default::default(),
-        };
+        fs::create_dir_all(root.join("objects")).map_err(Error::io(format!("creating cache {}", root.display())))?;
+        let c =
+            DiskCache { root, cap, size: AtomicU64::new(0), evict_lock: Mutex::new(()), counters: Default::default() };
         if cap.is_some() {
             c.size.store(c.usage().bytes, Relaxed);
         }
@@ -174,11 +164,7 @@ impl DiskCache {
             return Ok(());
         }
         let dir = p.parent().expect("cache paths have a parent");
-        let tmp = dir.join(format!(
-            ".tmp-{}-{}",
-            std::process::id(),
-            rand::random::<u64>()
-        ));
+        let tmp = dir.join(format!(".tmp-{}-{}", std::process::id(), rand::random::<u64>()));
         let write = |tmp: &Path| -> std::io::Result<()> {
             let mut f = match fs::File::create(tmp) {
                 Err(e) if e.kind() == ErrorKind::NotFound => {
@@ -192,10 +178,7 @@ impl DiskCache {
         };
         if let Err(e) = write(&tmp) {
             let _ = fs::remove_file(&tmp);
-            return Err(Error::Io {
-                context: format!("writing cache entry {}", p.display()),
-                source: e,
-            });
+            return Err(Error::Io { context: format!("writing cache entry {}", p.display()), source: e });
         }
         self.counters.writes.fetch_add(1, Relaxed);
         if let Some(cap) = self.cap {
@@ -246,11 +229,7 @@ impl DiskCache {
                     continue;
                 }
                 if let Ok(m) = f.metadata() {
-                    out.push((
-                        f.path(),
-                        m.len(),
-                        m.modified().unwrap_or(SystemTime::UNIX_EPOCH),
-                    ));
+                    out.push((f.path(), m.len(), m.modified().unwrap_or(SystemTime::UNIX_EPOCH)));
                 }
             }
         }
@@ -275,10 +254,7 @@ impl DiskCache {
         for (p, _, _) in entries {
             report.checked += 1;
             progress(report.checked, total);
-            let name = p
-                .file_name()
-                .map(|n| n.to_string_lossy().to_string())
-                .unwrap_or_default();
+            let name = p.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
             let ok = match (name.parse::<Hash>(), fs::read(&p)) {
                 (Ok(id), Ok(bytes)) => id.verifies(&bytes),
                 _ => false,
@@ -350,12 +326,7 @@ mod tests {
         // Make entry 0 older than entry 1, then use entry 0 (refreshes it).
         let old = SystemTime::now() - std::time::Duration::from_secs(100);
         for id in &ids[..2] {
-            fs::File::options()
-                .write(true)
-                .open(c.path(id))
-                .unwrap()
-                .set_modified(old)
-                .unwrap();
+            fs::File::options().write(true).open(c.path(id)).unwrap().set_modified(old).unwrap();
         }
         fs::File::options()
             .write(true)
@@ -376,13 +347,7 @@ mod tests {
 
     #[test]
     fn cap_env_parsing() {
-        for (v, want) in [
-            ("", None),
-            ("0", None),
-            ("abc", None),
-            ("-5", None),
-            (" 1024 ", Some(1024)),
-        ] {
+        for (v, want) in [("", None), ("0", None), ("abc", None), ("-5", None), (" 1024 ", Some(1024))] {
             assert_eq!(parse_cap(v), want, "{v:?}");
         }
     }

@@ -49,10 +49,7 @@ fn lossy(p: &[u8]) -> String {
 
 fn io_at(path: &[u8], what: &str) -> impl FnOnce(rustix::io::Errno) -> Error {
     let context = format!("{what} {:?}", lossy(path));
-    move |e| Error::Io {
-        context,
-        source: e.into(),
-    }
+    move |e| Error::Io { context, source: e.into() }
 }
 
 /// Opens directory `rel` (relative, `/`-separated) beneath `root`,
@@ -67,16 +64,11 @@ fn open_dir_beneath(root: &OwnedFd, rel: &[u8]) -> Result<OwnedFd> {
         ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
     )
     .map_err(|e| match e {
-        rustix::io::Errno::XDEV | rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR => {
-            Error::UnsafePath {
-                path: lossy(rel),
-                reason: "a symlink or non-directory is in the way of a directory".into(),
-            }
-        }
-        e => Error::Io {
-            context: format!("opening directory {:?}", lossy(rel)),
-            source: e.into(),
+        rustix::io::Errno::XDEV | rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR => Error::UnsafePath {
+            path: lossy(rel),
+            reason: "a symlink or non-directory is in the way of a directory".into(),
         },
+        e => Error::Io { context: format!("opening directory {:?}", lossy(rel)), source: e.into() },
     })
 }
 
@@ -121,17 +113,13 @@ fn make_dir(root: &OwnedFd, path: &[u8], force: bool) -> Result<()> {
     match rustix::fs::mkdirat(&pfd, name, Mode::from_raw_mode(0o777)) {
         Ok(()) => Ok(()),
         Err(rustix::io::Errno::EXIST) if force => {
-            let st = rustix::fs::statat(&pfd, name, AtFlags::SYMLINK_NOFOLLOW)
-                .map_err(io_at(path, "inspecting"))?;
+            let st = rustix::fs::statat(&pfd, name, AtFlags::SYMLINK_NOFOLLOW).map_err(io_at(path, "inspecting"))?;
             if FileType::from_raw_mode(st.st_mode) == FileType::Directory {
                 return Ok(());
             }
-            remove_at(&pfd, name).map_err(|e| Error::Io {
-                context: format!("replacing {:?}", lossy(path)),
-                source: e,
-            })?;
-            rustix::fs::mkdirat(&pfd, name, Mode::from_raw_mode(0o777))
-                .map_err(io_at(path, "creating directory"))
+            remove_at(&pfd, name)
+                .map_err(|e| Error::Io { context: format!("replacing {:?}", lossy(path)), source: e })?;
+            rustix::fs::mkdirat(&pfd, name, Mode::from_raw_mode(0o777)).map_err(io_at(path, "creating directory"))
         }
         Err(e) => Err(io_at(path, "creating directory")(e)),
     }
@@ -159,15 +147,10 @@ fn write_entry(root: &OwnedFd, path: &[u8], kind: Kind, data: &[u8], force: bool
                     reason: "symlink target is empty or contains NUL".into(),
                 });
             }
-            rustix::fs::symlinkat(OsStr::from_bytes(data), &pfd, target)
-                .map_err(io_at(path, "creating symlink"))?;
+            rustix::fs::symlinkat(OsStr::from_bytes(data), &pfd, target).map_err(io_at(path, "creating symlink"))?;
         }
         _ => {
-            let mode = if kind == Kind::Executable {
-                0o777
-            } else {
-                0o666
-            };
+            let mode = if kind == Kind::Executable { 0o777 } else { 0o666 };
             let fd = rustix::fs::openat(
                 &pfd,
                 target,
@@ -176,23 +159,16 @@ fn write_entry(root: &OwnedFd, path: &[u8], kind: Kind, data: &[u8], force: bool
             )
             .map_err(io_at(path, "creating file"))?;
             let mut f = std::fs::File::from(fd);
-            f.write_all(data)
-                .map_err(Error::io(format!("writing {:?}", lossy(path))))?;
+            f.write_all(data).map_err(Error::io(format!("writing {:?}", lossy(path))))?;
         }
     }
     if force {
         if let Err(e) = rustix::fs::renameat(&pfd, target, &pfd, final_name) {
             // A directory is in the way: remove it and retry once.
-            if matches!(
-                e,
-                rustix::io::Errno::ISDIR | rustix::io::Errno::NOTEMPTY | rustix::io::Errno::EXIST
-            ) {
-                remove_at(&pfd, final_name).map_err(|e| Error::Io {
-                    context: format!("replacing {:?}", lossy(path)),
-                    source: e,
-                })?;
-                rustix::fs::renameat(&pfd, target, &pfd, final_name)
-                    .map_err(io_at(path, "renaming into place"))?;
+            if matches!(e, rustix::io::Errno::ISDIR | rustix::io::Errno::NOTEMPTY | rustix::io::Errno::EXIST) {
+                remove_at(&pfd, final_name)
+                    .map_err(|e| Error::Io { context: format!("replacing {:?}", lossy(path)), source: e })?;
+                rustix::fs::renameat(&pfd, target, &pfd, final_name).map_err(io_at(path, "renaming into place"))?;
             } else {
                 let _ = rustix::fs::unlinkat(&pfd, target, AtFlags::empty());
                 return Err(io_at(path, "renaming into place")(e));
@@ -206,10 +182,7 @@ fn is_empty_dir(p: &Path) -> Result<bool> {
     match std::fs::read_dir(p) {
         Ok(mut it) => Ok(it.next().is_none()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(true),
-        Err(e) => Err(Error::Io {
-            context: format!("reading {}", p.display()),
-            source: e,
-        }),
+        Err(e) => Err(Error::Io { context: format!("reading {}", p.display()), source: e }),
     }
 }
 
@@ -236,15 +209,8 @@ pub async fn checkout(
     }
     std::fs::create_dir_all(dest).map_err(Error::io(format!("creating {}", dest.display())))?;
     let root_fd = Arc::new(
-        rustix::fs::open(
-            dest,
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|e| Error::Io {
-            context: format!("opening {}", dest.display()),
-            source: e.into(),
-        })?,
+        rustix::fs::open(dest, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
+            .map_err(|e| Error::Io { context: format!("opening {}", dest.display()), source: e.into() })?,
     );
     let mut report = CheckoutReport::default();
     // Trees, one level at a time; directories are created as found.
@@ -290,14 +256,8 @@ pub async fn checkout(
             let n = data.len() as u64;
             tokio::task::spawn_blocking(move || write_entry(&root_fd, &p, kind, &data, force))
                 .await
-                .map_err(|er| Error::Io {
-                    context: "write task".into(),
-                    source: std::io::Error::other(er),
-                })??;
-            (opts.progress)(
-                done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1,
-                total,
-            );
+                .map_err(|er| Error::Io { context: "write task".into(), source: std::io::Error::other(er) })??;
+            (opts.progress)(done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1, total);
             Ok::<_, Error>((kind, n))
         }
     }))
@@ -327,8 +287,7 @@ mod tests {
         std::fs::create_dir_all(&dest).unwrap();
         std::fs::create_dir_all(&outside).unwrap();
         std::os::unix::fs::symlink(&outside, dest.join("evil")).unwrap();
-        let root =
-            rustix::fs::open(&dest, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty()).unwrap();
+        let root = rustix::fs::open(&dest, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty()).unwrap();
         // Through the symlink: refused, even with --force.
         for force in [false, true] {
             let err = write_entry(&root, b"evil/pwned", Kind::File, b"x", force).unwrap_err();

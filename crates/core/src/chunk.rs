@@ -19,15 +19,8 @@ pub const CHUNK_MAX: u32 = 4 << 20;
 
 /// A file as stored: either one blob, or chunks plus a manifest.
 pub enum Split<'a> {
-    Whole {
-        id: Hash,
-    },
-    Chunked {
-        manifest: ChunkManifest,
-        encoded: Vec<u8>,
-        id: Hash,
-        chunks: Vec<(Hash, &'a [u8])>,
-    },
+    Whole { id: Hash },
+    Chunked { manifest: ChunkManifest, encoded: Vec<u8>, id: Hash, chunks: Vec<(Hash, &'a [u8])> },
 }
 
 pub fn needs_chunking(len: u64) -> bool {
@@ -39,13 +32,12 @@ pub fn split(data: &[u8]) -> Split<'_> {
     if !needs_chunking(data.len() as u64) {
         return Split::Whole { id: Hash::of(data) };
     }
-    let chunks: Vec<(Hash, &[u8])> =
-        fastcdc::v2020::FastCDC::new(data, CHUNK_MIN, CHUNK_AVG, CHUNK_MAX)
-            .map(|c| {
-                let piece = &data[c.offset..c.offset + c.length];
-                (Hash::of(piece), piece)
-            })
-            .collect();
+    let chunks: Vec<(Hash, &[u8])> = fastcdc::v2020::FastCDC::new(data, CHUNK_MIN, CHUNK_AVG, CHUNK_MAX)
+        .map(|c| {
+            let piece = &data[c.offset..c.offset + c.length];
+            (Hash::of(piece), piece)
+        })
+        .collect();
     let manifest = ChunkManifest {
         size: data.len() as u64,
         content: Hash::of(data),
@@ -53,12 +45,7 @@ pub fn split(data: &[u8]) -> Split<'_> {
     };
     let encoded = manifest.encode();
     let id = Hash::of(&encoded);
-    Split::Chunked {
-        manifest,
-        encoded,
-        id,
-        chunks,
-    }
+    Split::Chunked { manifest, encoded, id, chunks }
 }
 
 #[cfg(test)]
@@ -80,21 +67,13 @@ mod tests {
     #[test]
     fn small_files_are_whole() {
         assert!(matches!(split(b"hello"), Split::Whole { .. }));
-        assert!(matches!(
-            split(&vec![0u8; CHUNK_THRESHOLD as usize]),
-            Split::Whole { .. }
-        ));
+        assert!(matches!(split(&vec![0u8; CHUNK_THRESHOLD as usize]), Split::Whole { .. }));
     }
 
     #[test]
     fn large_files_chunk_and_reassemble() {
         let data = pseudo_random(10 << 20, 1);
-        let Split::Chunked {
-            manifest, chunks, ..
-        } = split(&data)
-        else {
-            panic!("not chunked")
-        };
+        let Split::Chunked { manifest, chunks, .. } = split(&data) else { panic!("not chunked") };
         assert!(chunks.len() >= 3);
         let joined: Vec<u8> = chunks.iter().flat_map(|(_, p)| p.iter().copied()).collect();
         assert_eq!(joined, data);

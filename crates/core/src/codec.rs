@@ -11,11 +11,7 @@ pub enum DecodeError {
     #[error("bad magic: expected {expected:?}")]
     BadMagic { expected: &'static str },
     #[error("unsupported {format} version {version} (this mado reads version {supported})")]
-    Version {
-        format: &'static str,
-        version: u8,
-        supported: u8,
-    },
+    Version { format: &'static str, version: u8, supported: u8 },
     #[error("truncated at byte {0}")]
     Truncated(usize),
     #[error("varint overflows 64 bits at byte {0}")]
@@ -124,13 +120,10 @@ impl<'a> Reader<'a> {
     }
 
     pub fn magic(&mut self, magic: &'static [u8; 4]) -> Result<(), DecodeError> {
-        let got = self.take(4).map_err(|_| DecodeError::BadMagic {
-            expected: std::str::from_utf8(magic).unwrap_or("?"),
-        })?;
+        let got =
+            self.take(4).map_err(|_| DecodeError::BadMagic { expected: std::str::from_utf8(magic).unwrap_or("?") })?;
         if got != magic {
-            return Err(DecodeError::BadMagic {
-                expected: std::str::from_utf8(magic).unwrap_or("?"),
-            });
+            return Err(DecodeError::BadMagic { expected: std::str::from_utf8(magic).unwrap_or("?") });
         }
         Ok(())
     }
@@ -138,11 +131,7 @@ impl<'a> Reader<'a> {
     pub fn version(&mut self, format: &'static str, supported: u8) -> Result<(), DecodeError> {
         let version = self.u8()?;
         if version != supported {
-            return Err(DecodeError::Version {
-                format,
-                version,
-                supported,
-            });
+            return Err(DecodeError::Version { format, version, supported });
         }
         Ok(())
     }
@@ -179,14 +168,8 @@ mod tests {
         ));
         let mut tenth_byte_too_big = vec![0xffu8; 9];
         tenth_byte_too_big.push(0x02);
-        assert_eq!(
-            Reader::new(&tenth_byte_too_big).varint(),
-            Err(DecodeError::VarintOverflow(0))
-        );
-        assert_eq!(
-            Reader::new(&[0x80]).varint(),
-            Err(DecodeError::Truncated(1))
-        );
+        assert_eq!(Reader::new(&tenth_byte_too_big).varint(), Err(DecodeError::VarintOverflow(0)));
+        assert_eq!(Reader::new(&[0x80]).varint(), Err(DecodeError::Truncated(1)));
     }
 
     #[test]

@@ -11,20 +11,11 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub enum Error {
     /// An object the operation needs is not in the store.
     #[error("object {id} ({what}) not found in the store{}", at(path))]
-    ObjectMissing {
-        id: Hash,
-        what: &'static str,
-        path: String,
-    },
+    ObjectMissing { id: Hash, what: &'static str, path: String },
 
     /// Bytes whose hash does not match their key, or that do not decode.
     #[error("object {id} ({what}) is corrupt{}: {detail}", at(path))]
-    Corrupt {
-        id: Hash,
-        what: &'static str,
-        path: String,
-        detail: String,
-    },
+    Corrupt { id: Hash, what: &'static str, path: String, detail: String },
 
     /// A ref, path or snapshot the user named does not exist.
     #[error("{0}")]
@@ -36,11 +27,7 @@ pub enum Error {
 
     /// A compare-and-swap lost: the ref moved since it was read.
     #[error("ref {name} moved (expected {expected}, found {found}); re-read it and retry")]
-    RefMoved {
-        name: String,
-        expected: String,
-        found: String,
-    },
+    RefMoved { name: String, expected: String, found: String },
 
     /// A tree that would write outside the target or through a symlink.
     #[error("refusing unsafe path {path:?}: {reason}")]
@@ -83,41 +70,23 @@ impl Error {
     }
 
     pub fn corrupt(id: Hash, what: &'static str, path: &str, e: DecodeError) -> Error {
-        Error::Corrupt {
-            id,
-            what,
-            path: path.to_string(),
-            detail: e.to_string(),
-        }
+        Error::Corrupt { id, what, path: path.to_string(), detail: e.to_string() }
     }
 
     /// True for errors caused by what the user asked for (exit code 1).
     pub fn is_user_error(&self) -> bool {
-        matches!(
-            self,
-            Error::NotFound(_) | Error::User(_) | Error::RefMoved { .. } | Error::UnsafePath { .. }
-        )
+        matches!(self, Error::NotFound(_) | Error::User(_) | Error::RefMoved { .. } | Error::UnsafePath { .. })
     }
 
     /// Adds the path an object was needed for, if the error names none yet.
     pub fn at_path(self, p: &str) -> Error {
         match self {
-            Error::ObjectMissing { id, what, path } if path.is_empty() => Error::ObjectMissing {
-                id,
-                what,
-                path: p.to_string(),
-            },
-            Error::Corrupt {
-                id,
-                what,
-                path,
-                detail,
-            } if path.is_empty() => Error::Corrupt {
-                id,
-                what,
-                path: p.to_string(),
-                detail,
-            },
+            Error::ObjectMissing { id, what, path } if path.is_empty() => {
+                Error::ObjectMissing { id, what, path: p.to_string() }
+            }
+            Error::Corrupt { id, what, path, detail } if path.is_empty() => {
+                Error::Corrupt { id, what, path: p.to_string(), detail }
+            }
             e => e,
         }
     }

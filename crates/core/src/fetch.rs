@@ -1,30 +1,121 @@
-//! The fetcher: every read of committed content goes through here. It
-//! checks the disk cache first (a verified hit costs no network), and on a
-//! miss fetches from the remote, verifies, and fills the cache.
+//! The fetcher: every read of committed content goes through here.
 //!
-//! Concurrent requests for one id inside the process collapse into one GET
-//! (single flight): the first caller fetches, the others await the same
-//! shared future, woken when it completes. No timer is involved.
+//! 1. A verified disk-cache hit costs no network.
+//! 2. An object covered by an attached pack index is read through its
+//!    pack: the first request starts one ranged GET of the pack body, and
+//!    the members are exploded into the cache as the bytes stream in. Every
+//!    waiter is woken as soon as *its* member has arrived and verified, not
+//!    when the whole pack has. Concurrent requests for members of one pack
+//!    share that GET; across processes, an flock on the pack makes the
+//!    second process wait for the first and then read the cache.
+//! 3. Anything else is fetched alone (many in flight), and concurrent
+//!    requests for one id collapse into one GET.
+//!
+//! A pack that is missing, truncated or holds a bad member produces a
+//! warning naming it, and the reads fall back to per-object fetches;
+//! nothing unverified enters the cache. Every wait is woken by an event
+//! (a future completing, a watch channel changing, a lock being released),
+//! never by a timer.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, RwLock};
 
 use bytes::Bytes;
 use futures::future::{BoxFuture, FutureExt, Shared};
 use futures::{StreamExt, TryStreamExt};
+use object_store::{GetOptions, GetRange, ObjectStoreExt};
+use serde::Serialize;
+use tokio::sync::watch;
 
 use crate::cache::DiskCache;
 use crate::error::{Error, Result};
 use crate::hash::Hash;
 use crate::object::{ChunkManifest, Entry, Kind, Snapshot, Tree};
+use crate::pack::{decode_member, PackEntry, PackIndex};
 use crate::store::{Remote, Space, CONCURRENCY};
 
 type Flight = Shared<BoxFuture<'static, Result<Bytes, Arc<Error>>>>;
+
+/// How the index of an attached tree was found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Discovery {
+    /// The local pointer (a copy of the index in the disk cache).
+    LocalPointer,
+    /// The derived pointer in the store (`packs/index/<tree id>`).
+    DerivedPointer,
+}
+
+/// The result of looking for a tree's pack index.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "state", rename_all = "kebab-case")]
+pub enum Attach {
+    Attached {
+        mode: &'static str,
+        version: u8,
+        dirs: u64,
+        packs: usize,
+        members: usize,
+        via: Discovery,
+    },
+    /// No index was ever built for this tree.
+    NoIndex,
+    /// The index found names another tree.
+    OtherTree {
+        found: String,
+    },
+    /// The index does not decode.
+    Undecodable {
+        detail: String,
+    },
+}
+
+#[derive(Default, Debug)]
+pub struct FetchCounters {
+    pub packs_exploded: AtomicU64,
+    pub members_from_packs: AtomicU64,
+    /// Members handed to a waiter before their pack finished arriving.
+    pub members_early: AtomicU64,
+    pub pack_failures: AtomicU64,
+}
+
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct FetchStats {
+    pub packs_exploded: u64,
+    pub members_from_packs: u64,
+    pub members_early: u64,
+    pub pack_failures: u64,
+}
+
+#[derive(Default)]
+struct PackSet {
+    /// Member id -> (pack, index of the member in it).
+    members: HashMap<Hash, (Arc<PackEntry>, usize)>,
+    trees: HashMap<Hash, Arc<Vec<u8>>>,
+}
+
+#[derive(Clone, Default)]
+struct PackProgress {
+    done: usize,
+    finished: bool,
+}
+
+struct PackFlight {
+    progress: watch::Sender<PackProgress>,
+    data: Mutex<HashMap<usize, Bytes>>,
+}
 
 pub struct Fetcher {
     pub remote: Arc<Remote>,
     pub cache: Arc<DiskCache>,
     inflight: Mutex<HashMap<(Space, Hash), Flight>>,
+    packs: RwLock<PackSet>,
+    pack_flights: Mutex<HashMap<Hash, Arc<PackFlight>>>,
+    bad_packs: Mutex<HashSet<Hash>>,
+    warnings: Mutex<Vec<String>>,
+    pub counters: FetchCounters,
 }
 
 /// Re-creates an error shared between waiters of one flight.
@@ -32,28 +123,24 @@ fn unshare(e: Arc<Error>) -> Error {
     match Arc::try_unwrap(e) {
         Ok(e) => e,
         Err(e) => match &*e {
-            Error::ObjectMissing { id, what, path } => Error::ObjectMissing {
-                id: *id,
-                what,
-                path: path.clone(),
-            },
-            Error::Corrupt {
-                id,
-                what,
-                path,
-                detail,
-            } => Error::Corrupt {
-                id: *id,
-                what,
-                path: path.clone(),
-                detail: detail.clone(),
-            },
-            other => Error::Io {
-                context: other.to_string(),
-                source: std::io::Error::other("shared fetch failed"),
-            },
+            Error::ObjectMissing { id, what, path } => Error::ObjectMissing { id: *id, what, path: path.clone() },
+            Error::Corrupt { id, what, path, detail } => {
+                Error::Corrupt { id: *id, what, path: path.clone(), detail: detail.clone() }
+            }
+            other => Error::Io { context: other.to_string(), source: std::io::Error::other("shared fetch failed") },
         },
     }
+}
+
+/// Store key of the derived pointer: the index of `tree`.
+pub fn index_key(tree: &Hash) -> String {
+    format!("packs/index/{}", tree.to_hex())
+}
+
+/// Store key of a pack.
+pub fn pack_key(id: &Hash) -> String {
+    let hex = id.to_hex();
+    format!("packs/{}/{hex}", &hex[..2])
 }
 
 impl Fetcher {
@@ -62,19 +149,119 @@ impl Fetcher {
             remote,
             cache,
             inflight: Mutex::new(HashMap::new()),
+            packs: RwLock::new(PackSet::default()),
+            pack_flights: Mutex::new(HashMap::new()),
+            bad_packs: Mutex::new(HashSet::new()),
+            warnings: Mutex::new(Vec::new()),
+            counters: FetchCounters::default(),
         })
     }
 
-    /// The bytes of object `id`, from the cache or the remote.
-    pub async fn get(
-        self: &Arc<Self>,
-        space: Space,
-        id: Hash,
-        what: &'static str,
-    ) -> Result<Bytes> {
+    pub fn stats(&self) -> FetchStats {
+        let c = &self.counters;
+        FetchStats {
+            packs_exploded: c.packs_exploded.load(Relaxed),
+            members_from_packs: c.members_from_packs.load(Relaxed),
+            members_early: c.members_early.load(Relaxed),
+            pack_failures: c.pack_failures.load(Relaxed),
+        }
+    }
+
+    /// Warnings gathered so far (each names a pack), drained.
+    pub fn take_warnings(&self) -> Vec<String> {
+        std::mem::take(&mut *self.warnings.lock().expect("warnings lock"))
+    }
+
+    fn warn(&self, w: String) {
+        self.warnings.lock().expect("warnings lock").push(w);
+    }
+
+    /// The local pointer: where a copy of `tree`'s index is kept.
+    pub fn local_pointer(&self, tree: &Hash) -> PathBuf {
+        self.cache.root().join("packs").join("index").join(tree.to_hex())
+    }
+
+    /// Finds and attaches the pack index of `tree`: the local pointer
+    /// first, else the derived pointer in the store (one GET), which is
+    /// then kept as the local pointer.
+    pub async fn attach(&self, tree: Hash) -> Result<Attach> {
+        let local = self.local_pointer(&tree);
+        if let Ok(bytes) = std::fs::read(&local) {
+            if let Ok(idx) = PackIndex::decode(&bytes) {
+                if idx.tree == tree {
+                    return Ok(self.install(idx, Discovery::LocalPointer));
+                }
+            }
+            // A bad local copy: drop it and ask the store.
+            let _ = std::fs::remove_file(&local);
+        }
+        let key = self.remote.key(&index_key(&tree));
+        let bytes = match self.remote.object_store().get(&key).await {
+            Ok(r) => match r.bytes().await {
+                Ok(b) => b,
+                Err(e) => return Ok(Attach::Undecodable { detail: format!("reading {key}: {e}") }),
+            },
+            Err(object_store::Error::NotFound { .. }) => return Ok(Attach::NoIndex),
+            Err(e) => {
+                return Err(Error::Remote {
+                    url: self.remote.url().to_string(),
+                    op: "GET",
+                    key: key.to_string(),
+                    hint: "check that the remote is up".into(),
+                    source: Box::new(e),
+                })
+            }
+        };
+        let idx = match PackIndex::decode(&bytes) {
+            Ok(i) => i,
+            Err(e) => return Ok(Attach::Undecodable { detail: e.to_string() }),
+        };
+        if idx.tree != tree {
+            return Ok(Attach::OtherTree { found: idx.tree.to_hex() });
+        }
+        save_atomic(&local, &bytes);
+        Ok(self.install(idx, Discovery::DerivedPointer))
+    }
+
+    fn install(&self, idx: PackIndex, via: Discovery) -> Attach {
+        let mut set = self.packs.write().expect("packs lock");
+        let status = Attach::Attached {
+            mode: idx.mode.label(),
+            version: crate::pack::PACK_VERSION,
+            dirs: idx.dirs,
+            packs: idx.packs.len(),
+            members: idx.member_count(),
+            via,
+        };
+        for p in idx.packs {
+            let p = Arc::new(p);
+            for (i, m) in p.members.iter().enumerate() {
+                set.members.entry(m.id).or_insert_with(|| (p.clone(), i));
+            }
+        }
+        for (id, t) in idx.trees {
+            set.trees.insert(id, Arc::new(t));
+        }
+        status
+    }
+
+    /// The bytes of object `id`, from the cache, a pack, or the remote.
+    pub async fn get(self: &Arc<Self>, space: Space, id: Hash, what: &'static str) -> Result<Bytes> {
         if let Some(b) = self.cache.get(&id) {
             return Ok(Bytes::from(b));
         }
+        if space == Space::Objects {
+            let hit = self.packs.read().expect("packs lock").members.get(&id).cloned();
+            if let Some((pack, i)) = hit {
+                if let Some(b) = self.from_pack(pack, i).await {
+                    return Ok(b);
+                }
+            }
+        }
+        self.get_alone(space, id, what).await
+    }
+
+    async fn get_alone(self: &Arc<Self>, space: Space, id: Hash, what: &'static str) -> Result<Bytes> {
         let flight = {
             let mut map = self.inflight.lock().expect("inflight lock");
             map.entry((space, id))
@@ -86,10 +273,7 @@ impl Fetcher {
                             // A failed cache write costs only a later re-fetch.
                             let _ = me.cache.put(&id, b);
                         }
-                        me.inflight
-                            .lock()
-                            .expect("inflight lock")
-                            .remove(&(space, id));
+                        me.inflight.lock().expect("inflight lock").remove(&(space, id));
                         r.map_err(Arc::new)
                     }
                     .boxed()
@@ -100,11 +284,150 @@ impl Fetcher {
         flight.await.map_err(unshare)
     }
 
+    /// Member `i` of `pack`, through the pack's shared flight; `None` if the
+    /// pack failed for it (the caller falls back to a plain GET).
+    async fn from_pack(self: &Arc<Self>, pack: Arc<PackEntry>, i: usize) -> Option<Bytes> {
+        if self.bad_packs.lock().expect("bad packs lock").contains(&pack.id) {
+            return None;
+        }
+        let running = self.pack_flights.lock().expect("pack flights lock").contains_key(&pack.id);
+        if !running && self.mostly_cached(&pack) {
+            // A warm pack missing a few members (evicted, healed): read just
+            // this member's byte range rather than the whole pack.
+            return self.fetch_member(&pack, i).await;
+        }
+        let flight = {
+            let mut map = self.pack_flights.lock().expect("pack flights lock");
+            map.entry(pack.id)
+                .or_insert_with(|| {
+                    let (tx, _) = watch::channel(PackProgress::default());
+                    let f = Arc::new(PackFlight { progress: tx, data: Mutex::new(HashMap::new()) });
+                    let me = self.clone();
+                    let (pack, f2) = (pack.clone(), f.clone());
+                    tokio::spawn(async move { me.run_pack(pack, f2).await });
+                    f
+                })
+                .clone()
+        };
+        let mut rx = flight.progress.subscribe();
+        let state = rx.wait_for(|s| s.done > i || s.finished).await.ok()?.clone();
+        let got = flight.data.lock().expect("pack data lock").get(&i).cloned();
+        match got {
+            Some(b) => {
+                self.counters.members_from_packs.fetch_add(1, Relaxed);
+                if !state.finished {
+                    self.counters.members_early.fetch_add(1, Relaxed);
+                }
+                Some(b)
+            }
+            // Another process exploded the pack into the cache.
+            None => self.cache.get(&pack.members[i].id).map(Bytes::from),
+        }
+    }
+
+    /// True when at least half the pack's members are in the cache.
+    fn mostly_cached(&self, pack: &PackEntry) -> bool {
+        let have = pack.members.iter().filter(|m| self.cache.contains(&m.id)).count();
+        have * 2 >= pack.members.len() && !pack.members.is_empty()
+    }
+
+    /// One member by its own byte range; `None` on any failure.
+    async fn fetch_member(&self, pack: &PackEntry, i: usize) -> Option<Bytes> {
+        let m = &pack.members[i];
+        let key = self.remote.key(&pack_key(&pack.id));
+        let opts =
+            GetOptions { range: Some(GetRange::Bounded(m.offset..m.offset + m.stored_len)), ..Default::default() };
+        let got = match self.remote.object_store().get_opts(&key, opts).await {
+            Ok(r) => r.bytes().await.map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        match got.and_then(|b| decode_member(m, &b)) {
+            Ok(raw) => {
+                let _ = self.cache.put(&m.id, &raw);
+                self.counters.members_from_packs.fetch_add(1, Relaxed);
+                Some(Bytes::from(raw))
+            }
+            Err(e) => {
+                self.warn(format!("pack {}: member {}: {e}; reading it alone", pack.id, m.id));
+                None
+            }
+        }
+    }
+
+    /// Downloads and explodes one pack (one ranged GET of its body).
+    async fn run_pack(self: Arc<Self>, pack: Arc<PackEntry>, flight: Arc<PackFlight>) {
+        let finish = |flight: &PackFlight| flight.progress.send_modify(|s| s.finished = true);
+        // One process at a time per pack; the loser then finds the cache full.
+        let lock_path = self.cache.root().join("packs").join("locks").join(format!("{}.lock", pack.id.to_hex()));
+        // Without the lock (an unwritable cache) we may fetch twice: still correct.
+        let _lock = lock_file(lock_path).await.ok();
+        if pack.members.iter().all(|m| self.cache.contains(&m.id)) {
+            finish(&flight);
+            self.pack_flights.lock().expect("pack flights lock").remove(&pack.id);
+            return;
+        }
+        if let Err(e) = self.stream_pack(&pack, &flight).await {
+            self.counters.pack_failures.fetch_add(1, Relaxed);
+            self.bad_packs.lock().expect("bad packs lock").insert(pack.id);
+            self.warn(format!("pack {}: {e}; reading its objects one by one", pack.id));
+        } else {
+            self.counters.packs_exploded.fetch_add(1, Relaxed);
+        }
+        finish(&flight);
+        self.pack_flights.lock().expect("pack flights lock").remove(&pack.id);
+    }
+
+    async fn stream_pack(&self, pack: &PackEntry, flight: &PackFlight) -> std::result::Result<(), String> {
+        let key = self.remote.key(&pack_key(&pack.id));
+        let opts = GetOptions { range: Some(GetRange::Bounded(pack.header_len..pack.size)), ..Default::default() };
+        let r = self.remote.object_store().get_opts(&key, opts).await.map_err(|e| match e {
+            object_store::Error::NotFound { .. } => "missing from the store (swept?)".to_string(),
+            e => format!("GET failed: {e}"),
+        })?;
+        let mut stream = r.into_stream();
+        let mut buf: Vec<u8> = Vec::new();
+        let base = pack.header_len;
+        let mut next = 0usize;
+        let mut bad = 0usize;
+        while next < pack.members.len() {
+            let chunk = match stream.next().await {
+                Some(Ok(c)) => c,
+                Some(Err(e)) => return Err(format!("read failed after {} bytes: {e}", buf.len())),
+                None => return Err(format!("truncated: {} of {} body bytes", buf.len(), pack.size - base)),
+            };
+            buf.extend_from_slice(&chunk);
+            while next < pack.members.len() {
+                let m = &pack.members[next];
+                let (start, end) = ((m.offset - base) as usize, (m.offset - base + m.stored_len) as usize);
+                if end > buf.len() {
+                    break;
+                }
+                match decode_member(m, &buf[start..end]) {
+                    Ok(raw) => {
+                        let _ = self.cache.put(&m.id, &raw);
+                        flight.data.lock().expect("pack data lock").insert(next, Bytes::from(raw));
+                    }
+                    Err(e) => {
+                        bad += 1;
+                        self.warn(format!("pack {}: member {} is bad ({e}); skipped", pack.id, m.id));
+                    }
+                }
+                next += 1;
+                flight.progress.send_modify(|s| s.done = next);
+            }
+        }
+        if bad > 0 {
+            return Err(format!("{bad} bad members"));
+        }
+        Ok(())
+    }
+
     pub async fn tree(self: &Arc<Self>, id: Hash, path: &str) -> Result<Tree> {
-        let b = self
-            .get(Space::Objects, id, "tree")
-            .await
-            .map_err(|e| e.at_path(path))?;
+        let inline = self.packs.read().expect("packs lock").trees.get(&id).cloned();
+        let b = match inline {
+            Some(t) => Bytes::from((*t).clone()),
+            None => self.get(Space::Objects, id, "tree").await.map_err(|e| e.at_path(path))?,
+        };
         Tree::decode(&b).map_err(|e| Error::corrupt(id, "tree", path, e))
     }
 
@@ -113,20 +436,29 @@ impl Fetcher {
         Snapshot::decode(&b).map_err(|e| Error::corrupt(id, "snapshot", "", e))
     }
 
+    /// The chunk manifest of a chunked entry.
+    pub async fn manifest(self: &Arc<Self>, e: &Entry, path: &str) -> Result<ChunkManifest> {
+        let mb = self.get(Space::Objects, e.id, "chunk manifest").await.map_err(|er| er.at_path(path))?;
+        let m = ChunkManifest::decode(&mb).map_err(|er| Error::corrupt(e.id, "chunk manifest", path, er))?;
+        if m.size != e.size {
+            return Err(Error::Corrupt {
+                id: e.id,
+                what: "chunk manifest",
+                path: path.to_string(),
+                detail: format!("manifest size {} != tree size {}", m.size, e.size),
+            });
+        }
+        Ok(m)
+    }
+
     /// The whole content of a file or symlink entry, reassembling chunks
     /// (fetched concurrently) when the entry is chunked.
     pub async fn content(self: &Arc<Self>, e: &Entry, path: &str) -> Result<Bytes> {
         if !e.kind.has_content() {
-            return Err(Error::User(format!(
-                "{path} is a {}, not a file",
-                e.kind.label()
-            )));
+            return Err(Error::User(format!("{path} is a {}, not a file", e.kind.label())));
         }
         if !e.chunked {
-            let b = self
-                .get(Space::Objects, e.id, "blob")
-                .await
-                .map_err(|er| er.at_path(path))?;
+            let b = self.get(Space::Objects, e.id, "blob").await.map_err(|er| er.at_path(path))?;
             if b.len() as u64 != e.size {
                 return Err(Error::Corrupt {
                     id: e.id,
@@ -137,28 +469,11 @@ impl Fetcher {
             }
             return Ok(b);
         }
-        let mb = self
-            .get(Space::Objects, e.id, "chunk manifest")
-            .await
-            .map_err(|er| er.at_path(path))?;
-        let m = ChunkManifest::decode(&mb)
-            .map_err(|er| Error::corrupt(e.id, "chunk manifest", path, er))?;
-        if m.size != e.size {
-            return Err(Error::Corrupt {
-                id: e.id,
-                what: "chunk manifest",
-                path: path.to_string(),
-                detail: format!("manifest size {} != tree size {}", m.size, e.size),
-            });
-        }
+        let m = self.manifest(e, path).await?;
         let parts: Vec<Bytes> = futures::stream::iter(m.chunks.iter().map(|(_, id)| {
             let me = self.clone();
             let id = *id;
-            async move {
-                me.get(Space::Objects, id, "chunk")
-                    .await
-                    .map_err(|er| er.at_path(path))
-            }
+            async move { me.get(Space::Objects, id, "chunk").await.map_err(|er| er.at_path(path)) }
         }))
         .buffered(CONCURRENCY)
         .try_collect()
@@ -187,10 +502,7 @@ impl Fetcher {
         for part in path.split('/').filter(|p| !p.is_empty()) {
             if let Some(e) = &found {
                 if e.kind != Kind::Directory {
-                    return Err(Error::NotFound(format!(
-                        "{walked} is a {}, not a directory",
-                        e.kind.label()
-                    )));
+                    return Err(Error::NotFound(format!("{walked} is a {}, not a directory", e.kind.label())));
                 }
                 tree_id = e.id;
             }
@@ -200,11 +512,41 @@ impl Fetcher {
             }
             walked.push_str(part);
             found = Some(
-                t.get(part.as_bytes())
-                    .cloned()
-                    .ok_or_else(|| Error::NotFound(format!("no such path: {walked}")))?,
+                t.get(part.as_bytes()).cloned().ok_or_else(|| Error::NotFound(format!("no such path: {walked}")))?,
             );
         }
         Ok(found)
     }
+}
+
+/// Writes `bytes` to `path` via a temp file and rename; best effort.
+pub(crate) fn save_atomic(path: &std::path::Path, bytes: &[u8]) {
+    if let Some(dir) = path.parent() {
+        let _ = std::fs::create_dir_all(dir);
+        let tmp = dir.join(format!(".tmp-{}-{}", std::process::id(), rand::random::<u64>()));
+        if std::fs::write(&tmp, bytes).is_ok() && std::fs::rename(&tmp, path).is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+    }
+}
+
+/// Takes an exclusive flock on `path` (created if missing), off the async
+/// threads; released when the returned file is dropped.
+pub(crate) async fn lock_file(path: PathBuf) -> Result<std::fs::File> {
+    tokio::task::spawn_blocking(move || {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(Error::io(format!("creating {}", dir.display())))?;
+        }
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(Error::io(format!("opening lock {}", path.display())))?;
+        rustix::fs::flock(&f, rustix::fs::FlockOperation::LockExclusive)
+            .map_err(|e| Error::Io { context: format!("locking {}", path.display()), source: e.into() })?;
+        Ok(f)
+    })
+    .await
+    .map_err(|e| Error::Io { context: "lock task".into(), source: std::io::Error::other(e) })?
 }

@@ -64,10 +64,7 @@ pub fn parse_hex(s: &str) -> Option<Vec<u8>> {
         return None;
     }
     let digit = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
-    s.as_bytes()
-        .chunks(2)
-        .map(|p| Some(digit(p[0])? << 4 | digit(p[1])?))
-        .collect()
+    s.as_bytes().chunks(2).map(|p| Some(digit(p[0])? << 4 | digit(p[1])?)).collect()
 }
 
 impl FromStr for Hash {
@@ -98,10 +95,7 @@ mod tests {
     fn hex_round_trip_and_known_vector() {
         // BLAKE3 of the empty input, from the BLAKE3 specification's test vectors.
         let h = Hash::of(b"");
-        assert_eq!(
-            h.to_hex(),
-            "af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262"
-        );
+        assert_eq!(h.to_hex(), "af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262");
         assert_eq!(h.to_hex().parse::<Hash>().unwrap(), h);
         assert!(h.verifies(b""));
         assert!(!h.verifies(b"x"));

@@ -58,70 +58,40 @@ pub fn stage(
     cache: &DiskCache,
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<(Staged, Vec<StagedRev>)> {
-    let repo = gix::open(repo_path).map_err(|e| {
-        Error::User(format!(
-            "{} is not a git repository I can open: {e}",
-            repo_path.display()
-        ))
-    })?;
+    let repo = gix::open(repo_path)
+        .map_err(|e| Error::User(format!("{} is not a git repository I can open: {e}", repo_path.display())))?;
     let mut staged = Staged::default();
     let mut out = Vec::new();
     for rev in revs {
-        let id = repo.rev_parse_single(rev.as_str()).map_err(|e| {
-            Error::User(format!(
-                "cannot resolve revision {rev:?} in {}: {e}",
-                repo_path.display()
-            ))
-        })?;
+        let id = repo
+            .rev_parse_single(rev.as_str())
+            .map_err(|e| Error::User(format!("cannot resolve revision {rev:?} in {}: {e}", repo_path.display())))?;
         let commit = id
             .object()
             .map_err(git_err(format!("reading {rev}")))?
             .peel_to_commit()
             .map_err(|e| Error::User(format!("revision {rev:?} is not a commit: {e}")))?;
-        let tree_id = commit
-            .tree_id()
-            .map_err(git_err(format!("tree of {rev}")))?
-            .detach();
-        let author = commit
-            .author()
-            .map_err(git_err(format!("author of {rev}")))?;
+        let tree_id = commit.tree_id().map_err(git_err(format!("tree of {rev}")))?.detach();
+        let author = commit.author().map_err(git_err(format!("author of {rev}")))?;
         let author_s = format!("{} <{}>", author.name, author.email);
         let time = commit.time().map(|t| t.seconds).unwrap_or(0);
         let message = commit.message_raw_sloppy().to_string();
-        let mut walker = Walker {
-            repo: &repo,
-            cache,
-            staged: &mut staged,
-            pipeline: None,
-            progress,
-        };
+        let mut walker = Walker { repo: &repo, cache, staged: &mut staged, pipeline: None, progress };
         // Refuse hostile names before gix builds an index from the tree,
         // so the error names the path rather than an index failure.
         walker.walk(tree_id, "", true)?;
         walker.pipeline = Some(pipeline_for(&repo, tree_id)?);
         let root = walker.walk(tree_id, "", false)?;
-        out.push(StagedRev {
-            rev: rev.clone(),
-            commit: commit.id.to_string(),
-            root,
-            time,
-            author: author_s,
-            message,
-        });
+        out.push(StagedRev { rev: rev.clone(), commit: commit.id.to_string(), root, time, author: author_s, message });
     }
     Ok((staged, out))
 }
 
 /// A filter pipeline whose `.gitattributes` come from `tree` itself.
 fn pipeline_for(repo: &gix::Repository, tree: gix::ObjectId) -> Result<gix::filter::Pipeline<'_>> {
-    let index = repo
-        .index_from_tree(&tree)
-        .map_err(git_err("reading .gitattributes"))?;
+    let index = repo.index_from_tree(&tree).map_err(git_err("reading .gitattributes"))?;
     let stack = repo
-        .attributes_only(
-            &index,
-            gix::worktree::stack::state::attributes::Source::IdMapping,
-        )
+        .attributes_only(&index, gix::worktree::stack::state::attributes::Source::IdMapping)
         .map_err(git_err("reading .gitattributes"))?
         .detach();
     gix::filter::Pipeline::new(repo, stack).map_err(git_err("setting up git filters"))
@@ -152,65 +122,37 @@ impl Walker<'_, '_> {
     /// Stages the git tree `id` at `path`; returns the mado tree id. With
     /// `check_only`, validates names and reads no blobs.
     fn walk(&mut self, id: gix::ObjectId, path: &str, check_only: bool) -> Result<Hash> {
-        let tree = self
-            .repo
-            .find_tree(id)
-            .map_err(git_err(format!("reading tree {path:?}")))?;
-        let decoded = tree
-            .decode()
-            .map_err(|e| Error::Git(format!("decoding tree {path:?}: {e}")))?;
+        let tree = self.repo.find_tree(id).map_err(git_err(format!("reading tree {path:?}")))?;
+        let decoded = tree.decode().map_err(|e| Error::Git(format!("decoding tree {path:?}: {e}")))?;
         let mut entries = Vec::with_capacity(decoded.entries.len());
         let mut children = Vec::new();
         for e in &decoded.entries {
             let name: &[u8] = e.filename.as_ref();
             let p = join(path, name);
-            check_name(name).map_err(|reason| Error::UnsafePath {
-                path: p.clone(),
-                reason,
-            })?;
+            check_name(name).map_err(|reason| Error::UnsafePath { path: p.clone(), reason })?;
             if name.eq_ignore_ascii_case(b".git") {
-                return Err(Error::UnsafePath {
-                    path: p,
-                    reason: "git refuses to check out a .git entry".into(),
-                });
+                return Err(Error::UnsafePath { path: p, reason: "git refuses to check out a .git entry".into() });
             }
             let oid = e.oid.to_owned();
             let entry = match e.mode.kind() {
                 gix::object::tree::EntryKind::Tree => {
                     let sub = self.walk(oid, &p, check_only)?;
-                    Entry {
-                        name: name.to_vec(),
-                        kind: Kind::Directory,
-                        chunked: false,
-                        size: 0,
-                        id: sub,
-                    }
+                    Entry { name: name.to_vec(), kind: Kind::Directory, chunked: false, size: 0, id: sub }
                 }
                 gix::object::tree::EntryKind::Commit => {
                     let mut id = [0u8; 32];
                     let raw = oid.as_bytes();
                     id[..raw.len().min(32)].copy_from_slice(&raw[..raw.len().min(32)]);
-                    Entry {
-                        name: name.to_vec(),
-                        kind: Kind::Gitlink,
-                        chunked: false,
-                        size: 0,
-                        id: Hash(id),
-                    }
+                    Entry { name: name.to_vec(), kind: Kind::Gitlink, chunked: false, size: 0, id: Hash(id) }
                 }
                 kind if check_only => {
                     let _ = kind;
                     continue;
                 }
                 kind => {
-                    let blob = self
-                        .repo
-                        .find_blob(oid)
-                        .map_err(git_err(format!("reading blob {p:?}")))?;
+                    let blob = self.repo.find_blob(oid).map_err(git_err(format!("reading blob {p:?}")))?;
                     let (k, data): (Kind, std::borrow::Cow<'_, [u8]>) = match kind {
-                        gix::object::tree::EntryKind::Link => {
-                            (Kind::Symlink, blob.data.as_slice().into())
-                        }
+                        gix::object::tree::EntryKind::Link => (Kind::Symlink, blob.data.as_slice().into()),
                         k => {
                             let k = if k == gix::object::tree::EntryKind::BlobExecutable {
                                 Kind::Executable
@@ -224,13 +166,7 @@ impl Walker<'_, '_> {
                     self.staged.bytes += data.len() as u64;
                     (self.progress)(self.staged.files);
                     let (id, chunked) = self.store_content(&data)?;
-                    Entry {
-                        name: name.to_vec(),
-                        kind: k,
-                        chunked,
-                        size: data.len() as u64,
-                        id,
-                    }
+                    Entry { name: name.to_vec(), kind: k, chunked, size: data.len() as u64, id }
                 }
             };
             if entry.kind != Kind::Gitlink {
@@ -252,10 +188,8 @@ impl Walker<'_, '_> {
             }
             return Ok(Hash([0; 32]));
         }
-        let tree = Tree::normalized(entries).map_err(|e| Error::UnsafePath {
-            path: path.to_string(),
-            reason: e.to_string(),
-        })?;
+        let tree = Tree::normalized(entries)
+            .map_err(|e| Error::UnsafePath { path: path.to_string(), reason: e.to_string() })?;
         let enc = tree.encode();
         let id = Hash::of(&enc);
         self.put(&id, &enc)?;
@@ -267,28 +201,20 @@ impl Walker<'_, '_> {
     fn convert(&mut self, data: &[u8], path: &str) -> Result<Vec<u8>> {
         use gix::filter::plumbing::pipeline::convert::ToWorktreeOutcome;
         use std::io::Read;
-        let pipeline = self
-            .pipeline
-            .as_mut()
-            .expect("pipeline is set before content is read");
+        let pipeline = self.pipeline.as_mut().expect("pipeline is set before content is read");
         let out = pipeline
             .convert_to_worktree(data, path.into(), Default::default())
             .map_err(|e| Error::Git(format!("applying .gitattributes filters to {path:?}: {e}")))?;
         Ok(match out {
             ToWorktreeOutcome::Unchanged(b) => b.to_vec(),
             ToWorktreeOutcome::Buffer(b) => b.to_vec(),
-            ToWorktreeOutcome::Process(
-                gix::filter::plumbing::driver::apply::MaybeDelayed::Immediate(mut r),
-            ) => {
+            ToWorktreeOutcome::Process(gix::filter::plumbing::driver::apply::MaybeDelayed::Immediate(mut r)) => {
                 let mut v = Vec::new();
-                r.read_to_end(&mut v)
-                    .map_err(Error::io(format!("running the git filter for {path:?}")))?;
+                r.read_to_end(&mut v).map_err(Error::io(format!("running the git filter for {path:?}")))?;
                 v
             }
             ToWorktreeOutcome::Process(_) => {
-                return Err(Error::Git(format!(
-                    "{path:?}: delayed git filter drivers are not supported"
-                )))
+                return Err(Error::Git(format!("{path:?}: delayed git filter drivers are not supported")))
             }
         })
     }
@@ -299,19 +225,12 @@ impl Walker<'_, '_> {
                 self.put(&id, data)?;
                 Ok((id, false))
             }
-            Split::Chunked {
-                encoded,
-                id,
-                chunks,
-                ..
-            } => {
+            Split::Chunked { encoded, id, chunks, .. } => {
                 for (cid, piece) in &chunks {
                     self.put(cid, piece)?;
                 }
                 self.put(&id, &encoded)?;
-                self.staged
-                    .manifests
-                    .insert(id, chunks.iter().map(|(h, _)| *h).collect());
+                self.staged.manifests.insert(id, chunks.iter().map(|(h, _)| *h).collect());
                 Ok((id, true))
             }
         }
@@ -370,9 +289,8 @@ pub async fn upload_closure(
     // Leaves (blobs, chunks, manifests) first, all in flight together.
     // A manifest before its chunks would break the closure rule, so
     // manifests go after the plain leaves.
-    let (manifests, plain): (Vec<Hash>, Vec<Hash>) = missing_leaves
-        .into_iter()
-        .partition(|id| staged.manifests.contains_key(id));
+    let (manifests, plain): (Vec<Hash>, Vec<Hash>) =
+        missing_leaves.into_iter().partition(|id| staged.manifests.contains_key(id));
     for batch in [plain, manifests] {
         let sizes: Vec<u64> = futures::stream::iter(batch.into_iter().map(|id| async move {
             let bytes = cache.get(&id).ok_or_else(|| {
@@ -394,11 +312,7 @@ pub async fn upload_closure(
     // at the deepest: remove it from shallower levels.
     let mut placed = HashSet::new();
     for level in missing_levels.iter().rev() {
-        let batch: Vec<Hash> = level
-            .iter()
-            .copied()
-            .filter(|id| placed.insert(*id))
-            .collect();
+        let batch: Vec<Hash> = level.iter().copied().filter(|id| placed.insert(*id)).collect();
         let n: Vec<u64> = futures::stream::iter(batch.into_iter().map(|id| async move {
             let bytes = staged.trees[&id].0.clone();
             let n = bytes.len() as u64;
@@ -446,13 +360,10 @@ pub async fn publish(
     // The ref (and its snapshot) and the first batch of HEADs do not
     // depend on each other: one round trip for both.
     let roots: Vec<Hash> = revs.iter().map(|r| r.root).collect();
-    let (current, upload) = tokio::join!(
-        read_ref_snapshot(remote, cache, ref_name),
-        upload_closure(remote, cache, staged, &roots)
-    );
+    let (current, upload) =
+        tokio::join!(read_ref_snapshot(remote, cache, ref_name), upload_closure(remote, cache, staged, &roots));
     let (current, mut upload) = (current?, upload?);
-    let mut parent: Option<(Hash, Snapshot)> =
-        current.as_ref().map(|(v, _, s)| (v.snapshot, s.clone()));
+    let mut parent: Option<(Hash, Snapshot)> = current.as_ref().map(|(v, _, s)| (v.snapshot, s.clone()));
     let current = current.map(|(v, ver, _)| (v, ver));
     let mut imported = Vec::new();
     for r in revs {
@@ -483,9 +394,7 @@ pub async fn publish(
         cache.put(&id, &enc)?;
         upload.bytes_uploaded += enc.len() as u64;
         upload.snapshots_uploaded += 1;
-        remote
-            .put_object(Space::Snapshots, &id, Bytes::from(enc))
-            .await?;
+        remote.put_object(Space::Snapshots, &id, Bytes::from(enc)).await?;
         imported.push(Imported {
             rev: r.rev.clone(),
             commit: r.commit.clone(),
@@ -495,25 +404,13 @@ pub async fn publish(
         });
         parent = Some((id, snap));
     }
-    let tip = parent.as_ref().map(|(id, _)| *id);
-    if let Some(tip) = tip {
+    let tip = parent.as_ref().map(|(id, s)| (*id, s.root));
+    if let Some((tip, root)) = tip {
         if current.as_ref().map(|(v, _)| v.snapshot) != Some(tip) {
-            remote
-                .cas_ref(
-                    ref_name,
-                    current.as_ref().map(|(_, ver)| ver),
-                    RefValue { snapshot: tip },
-                )
-                .await?;
+            remote.cas_ref(ref_name, current.as_ref().map(|(_, ver)| ver), RefValue { snapshot: tip, root }).await?;
         }
     }
-    Ok(ImportReport {
-        imported,
-        files: staged.files,
-        bytes: staged.bytes,
-        upload,
-        ref_name: ref_name.to_string(),
-    })
+    Ok(ImportReport { imported, files: staged.files, bytes: staged.bytes, upload, ref_name: ref_name.to_string() })
 }
 
 /// A ref's value, version and snapshot (from the cache when present).
@@ -528,15 +425,12 @@ async fn read_ref_snapshot(
     let b = match cache.get(&v.snapshot) {
         Some(b) => Bytes::from(b),
         None => {
-            let b = remote
-                .get_object(Space::Snapshots, &v.snapshot, "snapshot")
-                .await?;
+            let b = remote.get_object(Space::Snapshots, &v.snapshot, "snapshot").await?;
             let _ = cache.put(&v.snapshot, &b);
             b
         }
     };
-    let s =
-        Snapshot::decode(&b).map_err(|e| Error::corrupt(v.snapshot, "snapshot", ref_name, e))?;
+    let s = Snapshot::decode(&b).map_err(|e| Error::corrupt(v.snapshot, "snapshot", ref_name, e))?;
     Ok(Some((v, ver, s)))
 }
 
@@ -554,9 +448,6 @@ pub async fn import_git(
     let c = cache.clone();
     let (staged, revs) = tokio::task::spawn_blocking(move || stage(&repo, &revs, &c, &*progress))
         .await
-        .map_err(|e| Error::Io {
-            context: "import task".into(),
-            source: std::io::Error::other(e),
-        })??;
+        .map_err(|e| Error::Io { context: "import task".into(), source: std::io::Error::other(e) })??;
     publish(remote, &cache, &staged, &revs, ref_name).await
 }

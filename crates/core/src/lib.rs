@@ -10,7 +10,10 @@ pub mod error;
 pub mod fetch;
 pub mod hash;
 pub mod import;
+pub mod materialize;
 pub mod object;
+pub mod pack;
+pub mod publish;
 pub mod resolve;
 pub mod store;
 

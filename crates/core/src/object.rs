@@ -90,22 +90,13 @@ pub fn check_name(name: &[u8]) -> Result<(), String> {
         return Err("empty entry name".into());
     }
     if name == b"." || name == b".." {
-        return Err(format!(
-            "entry name {:?} is not allowed",
-            String::from_utf8_lossy(name)
-        ));
+        return Err(format!("entry name {:?} is not allowed", String::from_utf8_lossy(name)));
     }
     if name.contains(&b'/') {
-        return Err(format!(
-            "entry name {:?} contains '/'",
-            String::from_utf8_lossy(name)
-        ));
+        return Err(format!("entry name {:?} contains '/'", String::from_utf8_lossy(name)));
     }
     if name.contains(&0) {
-        return Err(format!(
-            "entry name {:?} contains NUL",
-            String::from_utf8_lossy(name)
-        ));
+        return Err(format!("entry name {:?} contains NUL", String::from_utf8_lossy(name)));
     }
     Ok(())
 }
@@ -169,19 +160,11 @@ impl Tree {
                 .ok_or_else(|| DecodeError::Invalid(format!("unknown entry kind at byte {at}")))?;
             let flags = r.u8()?;
             if flags & !FLAG_CHUNKED != 0 {
-                return Err(DecodeError::Invalid(format!(
-                    "unknown entry flags {flags:#x}"
-                )));
+                return Err(DecodeError::Invalid(format!("unknown entry flags {flags:#x}")));
             }
             let size = r.varint()?;
             let id = r.hash()?;
-            entries.push(Entry {
-                name,
-                kind,
-                chunked: flags & FLAG_CHUNKED != 0,
-                size,
-                id,
-            });
+            entries.push(Entry { name, kind, chunked: flags & FLAG_CHUNKED != 0, size, id });
         }
         r.finish()?;
         let t = Tree { entries };
@@ -190,10 +173,7 @@ impl Tree {
     }
 
     pub fn get(&self, name: &[u8]) -> Option<&Entry> {
-        self.entries
-            .binary_search_by(|e| e.name.as_slice().cmp(name))
-            .ok()
-            .map(|i| &self.entries[i])
+        self.entries.binary_search_by(|e| e.name.as_slice().cmp(name)).ok().map(|i| &self.entries[i])
     }
 }
 
@@ -257,15 +237,7 @@ impl Snapshot {
             f => return Err(DecodeError::Invalid(format!("bad stat flag {f}"))),
         };
         r.finish()?;
-        Ok(Snapshot {
-            root,
-            parents,
-            time,
-            author,
-            message,
-            source,
-            stat,
-        })
+        Ok(Snapshot { root, parents, time, author, message, source, stat })
     }
 }
 
@@ -308,37 +280,33 @@ impl ChunkManifest {
             if len == 0 {
                 return Err(DecodeError::Invalid("empty chunk".into()));
             }
-            total = total
-                .checked_add(len)
-                .ok_or_else(|| DecodeError::Invalid("chunk lengths overflow".into()))?;
+            total = total.checked_add(len).ok_or_else(|| DecodeError::Invalid("chunk lengths overflow".into()))?;
             chunks.push((len, r.hash()?));
         }
         r.finish()?;
         if total != size {
-            return Err(DecodeError::Invalid(format!(
-                "chunk lengths add up to {total}, manifest says {size}"
-            )));
+            return Err(DecodeError::Invalid(format!("chunk lengths add up to {total}, manifest says {size}")));
         }
-        Ok(ChunkManifest {
-            size,
-            content,
-            chunks,
-        })
+        Ok(ChunkManifest { size, content, chunks })
     }
 }
 
-/// The value of a ref: the snapshot it points at.
+/// The value of a ref: the snapshot it points at, and that snapshot's root
+/// tree (so a reader can ask for the tree's pack index in the same round
+/// trip as the snapshot, instead of after it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RefValue {
     pub snapshot: Hash,
+    pub root: Hash,
 }
 
 impl RefValue {
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(37);
+        let mut out = Vec::with_capacity(69);
         out.extend_from_slice(REF_MAGIC);
         out.push(FORMAT_VERSION);
         out.extend_from_slice(self.snapshot.as_bytes());
+        out.extend_from_slice(self.root.as_bytes());
         out
     }
 
@@ -347,8 +315,9 @@ impl RefValue {
         r.magic(REF_MAGIC)?;
         r.version("ref", FORMAT_VERSION)?;
         let snapshot = r.hash()?;
+        let root = r.hash()?;
         r.finish()?;
-        Ok(RefValue { snapshot })
+        Ok(RefValue { snapshot, root })
     }
 }
 
@@ -360,9 +329,7 @@ pub fn check_ref_name(name: &str) -> Result<(), String> {
         && name.split('/').all(|seg| {
             !seg.is_empty()
                 && !seg.starts_with('.')
-                && seg
-                    .bytes()
-                    .all(|c| c.is_ascii_alphanumeric() || b"._-".contains(&c))
+                && seg.bytes().all(|c| c.is_ascii_alphanumeric() || b"._-".contains(&c))
         });
     if ok {
         Ok(())
@@ -387,34 +354,10 @@ mod tests {
 
     fn sample_tree() -> Tree {
         Tree::normalized(vec![
-            Entry {
-                name: b"src".to_vec(),
-                kind: Kind::Directory,
-                chunked: false,
-                size: 0,
-                id: h(1),
-            },
-            Entry {
-                name: b"big.bin".to_vec(),
-                kind: Kind::File,
-                chunked: true,
-                size: 300,
-                id: h(2),
-            },
-            Entry {
-                name: b"run.sh".to_vec(),
-                kind: Kind::Executable,
-                chunked: false,
-                size: 5,
-                id: h(3),
-            },
-            Entry {
-                name: b"link".to_vec(),
-                kind: Kind::Symlink,
-                chunked: false,
-                size: 4,
-                id: h(4),
-            },
+            Entry { name: b"src".to_vec(), kind: Kind::Directory, chunked: false, size: 0, id: h(1) },
+            Entry { name: b"big.bin".to_vec(), kind: Kind::File, chunked: true, size: 300, id: h(2) },
+            Entry { name: b"run.sh".to_vec(), kind: Kind::Executable, chunked: false, size: 5, id: h(3) },
+            Entry { name: b"link".to_vec(), kind: Kind::Symlink, chunked: false, size: 4, id: h(4) },
         ])
         .unwrap()
     }
@@ -454,10 +397,7 @@ mod tests {
         );
         assert_eq!(hex(&enc), expect);
         assert_eq!(Tree::decode(&enc).unwrap(), sample_tree());
-        assert_eq!(
-            Hash::of(&enc).to_hex(),
-            Hash::of(&crate::hash::parse_hex(expect).unwrap()).to_hex()
-        );
+        assert_eq!(Hash::of(&enc).to_hex(), Hash::of(&crate::hash::parse_hex(expect).unwrap()).to_hex());
     }
 
     #[test]
@@ -488,20 +428,13 @@ mod tests {
         );
         assert_eq!(hex(&enc), expect);
         assert_eq!(Snapshot::decode(&enc).unwrap(), s);
-        let with_stat = Snapshot {
-            stat: Some(h(9)),
-            ..s
-        };
+        let with_stat = Snapshot { stat: Some(h(9)), ..s };
         assert_eq!(Snapshot::decode(&with_stat.encode()).unwrap(), with_stat);
     }
 
     #[test]
     fn manifest_and_ref_golden_bytes() {
-        let m = ChunkManifest {
-            size: 5,
-            content: h(1),
-            chunks: vec![(2, h(2)), (3, h(3))],
-        };
+        let m = ChunkManifest { size: 5, content: h(1), chunks: vec![(2, h(2)), (3, h(3))] };
         let enc = m.encode();
         assert_eq!(
             hex(&enc),
@@ -517,10 +450,14 @@ mod tests {
             )
         );
         assert_eq!(ChunkManifest::decode(&enc).unwrap(), m);
-        let r = RefValue { snapshot: h(5) };
+        let r = RefValue { snapshot: h(5), root: h(6) };
         assert_eq!(
             hex(&r.encode()),
-            "4d414452010505050505050505050505050505050505050505050505050505050505050505"
+            concat!(
+                "4d41445201",
+                "0505050505050505050505050505050505050505050505050505050505050505",
+                "0606060606060606060606060606060606060606060606060606060606060606",
+            )
         );
         assert_eq!(RefValue::decode(&r.encode()).unwrap(), r);
     }
@@ -566,13 +503,8 @@ mod tests {
                 stat: Some(h(4)),
             }
             .encode(),
-            ChunkManifest {
-                size: 3,
-                content: h(1),
-                chunks: vec![(1, h(2)), (2, h(3))],
-            }
-            .encode(),
-            RefValue { snapshot: h(1) }.encode(),
+            ChunkManifest { size: 3, content: h(1), chunks: vec![(1, h(2)), (2, h(3))] }.encode(),
+            RefValue { snapshot: h(1), root: h(2) }.encode(),
         ];
         for enc in &encodings {
             for cut in 0..enc.len() {
@@ -590,12 +522,7 @@ mod tests {
                     let mut c = enc.clone();
                     c[i] ^= 1 << bit;
                     // Must not panic; may decode when the flip lands in an id.
-                    let _ = (
-                        Tree::decode(&c),
-                        Snapshot::decode(&c),
-                        ChunkManifest::decode(&c),
-                        RefValue::decode(&c),
-                    );
+                    let _ = (Tree::decode(&c), Snapshot::decode(&c), ChunkManifest::decode(&c), RefValue::decode(&c));
                 }
             }
             let mut trailing = enc.clone();
@@ -606,11 +533,7 @@ mod tests {
 
     #[test]
     fn manifest_lengths_must_add_up() {
-        let m = ChunkManifest {
-            size: 9,
-            content: h(1),
-            chunks: vec![(2, h(2))],
-        };
+        let m = ChunkManifest { size: 9, content: h(1), chunks: vec![(2, h(2))] };
         assert!(ChunkManifest::decode(&m.encode()).is_err());
     }
 

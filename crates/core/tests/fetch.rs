@@ -14,21 +14,10 @@ use mado_core::Hash;
 async fn concurrent_reads_of_one_object_make_one_get() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("file://{}/store", dir.path().display());
-    let remote = Arc::new(
-        Remote::open(
-            &url,
-            &OpenOptions {
-                inject_rtt: Some(Duration::from_millis(50)),
-            },
-        )
-        .unwrap(),
-    );
+    let remote = Arc::new(Remote::open(&url, &OpenOptions { inject_rtt: Some(Duration::from_millis(50)) }).unwrap());
     let data = Bytes::from_static(b"shared by many readers");
     let id = Hash::of(&data);
-    remote
-        .put_object(Space::Objects, &id, data.clone())
-        .await
-        .unwrap();
+    remote.put_object(Space::Objects, &id, data.clone()).await.unwrap();
     let cache = Arc::new(DiskCache::open(dir.path().join("cache"), None).unwrap());
     let f = Fetcher::new(remote.clone(), cache);
     let before = remote.stats();
@@ -51,22 +40,11 @@ async fn concurrent_reads_of_one_object_make_one_get() {
 async fn a_missing_object_is_reported_to_every_waiter() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("file://{}/store", dir.path().display());
-    let remote = Arc::new(
-        Remote::open(
-            &url,
-            &OpenOptions {
-                inject_rtt: Some(Duration::from_millis(20)),
-            },
-        )
-        .unwrap(),
-    );
+    let remote = Arc::new(Remote::open(&url, &OpenOptions { inject_rtt: Some(Duration::from_millis(20)) }).unwrap());
     let cache = Arc::new(DiskCache::open(dir.path().join("cache"), None).unwrap());
     let f = Fetcher::new(remote, cache);
     let id = Hash([3; 32]);
-    let (a, b) = tokio::join!(
-        f.get(Space::Objects, id, "blob"),
-        f.get(Space::Objects, id, "blob")
-    );
+    let (a, b) = tokio::join!(f.get(Space::Objects, id, "blob"), f.get(Space::Objects, id, "blob"));
     for r in [a, b] {
         let e = r.unwrap_err().to_string();
         assert!(e.contains(&id.to_hex()) && e.contains("not found"), "{e}");

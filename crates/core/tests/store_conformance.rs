@@ -33,17 +33,9 @@ fn random_prefix() -> String {
 /// Remotes to test: (label, url, keep-alive for a temp dir).
 fn backends() -> Vec<(String, String, Option<tempfile::TempDir>)> {
     let dir = tempfile::tempdir().unwrap();
-    let mut v = vec![(
-        "local".to_string(),
-        format!("file://{}", dir.path().display()),
-        Some(dir),
-    )];
+    let mut v = vec![("local".to_string(), format!("file://{}", dir.path().display()), Some(dir))];
     if let Some(base) = s3_base() {
-        v.push((
-            "s3".to_string(),
-            format!("{}/{}", base.trim_end_matches('/'), random_prefix()),
-            None,
-        ));
+        v.push(("s3".to_string(), format!("{}/{}", base.trim_end_matches('/'), random_prefix()), None));
     }
     v
 }
@@ -60,32 +52,19 @@ async fn objects_round_trip_and_verify(r: &Remote) {
         Err(Error::ObjectMissing { id: got, .. }) => assert_eq!(got, id),
         other => panic!("expected ObjectMissing, got {other:?}"),
     }
-    r.put_object(Space::Objects, &id, data.clone())
-        .await
-        .unwrap();
+    r.put_object(Space::Objects, &id, data.clone()).await.unwrap();
     assert!(r.has_object(Space::Objects, &id).await.unwrap());
-    assert_eq!(
-        r.get_object(Space::Objects, &id, "blob").await.unwrap(),
-        data
-    );
+    assert_eq!(r.get_object(Space::Objects, &id, "blob").await.unwrap(), data);
     // Writing the same content again is harmless.
-    r.put_object(Space::Objects, &id, data.clone())
-        .await
-        .unwrap();
+    r.put_object(Space::Objects, &id, data.clone()).await.unwrap();
     let other = Hash::of(b"other");
-    assert_eq!(
-        r.have_objects(Space::Objects, &[id, other]).await.unwrap(),
-        vec![true, false]
-    );
+    assert_eq!(r.have_objects(Space::Objects, &[id, other]).await.unwrap(), vec![true, false]);
 }
 
 async fn corrupt_objects_are_reported_with_their_id(r: &Remote) {
     let id = Hash::of(b"the real bytes");
     r.object_store()
-        .put(
-            &r.object_key(Space::Objects, &id),
-            Bytes::from_static(b"the rotten bytes").into(),
-        )
+        .put(&r.object_key(Space::Objects, &id), Bytes::from_static(b"the rotten bytes").into())
         .await
         .unwrap();
     match r.get_object(Space::Objects, &id, "blob").await {
@@ -101,49 +80,30 @@ async fn snapshot_prefixes_resolve(r: &Remote) {
     let hex = id.to_hex();
     assert_eq!(r.snapshots_with_prefix(&hex[..6]).await.unwrap(), vec![id]);
     let other_prefix = if hex.starts_with('0') { "1111" } else { "0000" };
-    assert!(r
-        .snapshots_with_prefix(other_prefix)
-        .await
-        .unwrap()
-        .is_empty());
+    assert!(r.snapshots_with_prefix(other_prefix).await.unwrap().is_empty());
 }
 
 async fn refs_move_by_compare_and_swap(r: &Remote) {
     let (a, b, c) = (
-        RefValue {
-            snapshot: Hash([1; 32]),
-        },
-        RefValue {
-            snapshot: Hash([2; 32]),
-        },
-        RefValue {
-            snapshot: Hash([3; 32]),
-        },
+        RefValue { snapshot: Hash([1; 32]), root: Hash([1; 32]) },
+        RefValue { snapshot: Hash([2; 32]), root: Hash([2; 32]) },
+        RefValue { snapshot: Hash([3; 32]), root: Hash([3; 32]) },
     );
     assert!(r.read_ref("main").await.unwrap().is_none());
     let v1 = r.cas_ref("main", None, a).await.unwrap();
     // Creating again must fail: the ref exists.
-    assert!(matches!(
-        r.cas_ref("main", None, b).await,
-        Err(Error::RefMoved { .. })
-    ));
+    assert!(matches!(r.cas_ref("main", None, b).await, Err(Error::RefMoved { .. })));
     let (got, ver) = r.read_ref("main").await.unwrap().unwrap();
     assert_eq!(got, a);
     assert_eq!(ver, v1);
     let v2 = r.cas_ref("main", Some(&v1), b).await.unwrap();
     // A writer holding the old version loses.
-    assert!(matches!(
-        r.cas_ref("main", Some(&v1), c).await,
-        Err(Error::RefMoved { .. })
-    ));
+    assert!(matches!(r.cas_ref("main", Some(&v1), c).await, Err(Error::RefMoved { .. })));
     assert_eq!(r.read_ref("main").await.unwrap().unwrap().0, b);
     r.cas_ref("main", Some(&v2), c).await.unwrap();
     r.cas_ref("ws/one", None, a).await.unwrap();
     let refs = r.list_refs().await.unwrap();
-    assert_eq!(
-        refs,
-        vec![("main".to_string(), c), ("ws/one".to_string(), a)]
-    );
+    assert_eq!(refs, vec![("main".to_string(), c), ("ws/one".to_string(), a)]);
     assert!(matches!(r.read_ref("../escape").await, Err(Error::User(_))));
     r.delete_ref("ws/one").await.unwrap();
     assert!(r.read_ref("ws/one").await.unwrap().is_none());
@@ -153,29 +113,13 @@ async fn refs_move_by_compare_and_swap(r: &Remote) {
 /// race from the same version: exactly one wins.
 async fn concurrent_cas_has_one_winner(url: &str) {
     let r = open(url);
-    let v0 = r
-        .cas_ref(
-            "race",
-            None,
-            RefValue {
-                snapshot: Hash([0; 32]),
-            },
-        )
-        .await
-        .unwrap();
+    let v0 = r.cas_ref("race", None, RefValue { snapshot: Hash([0; 32]), root: Hash([0; 32]) }).await.unwrap();
     let tasks: Vec<_> = (1..=8u8)
         .map(|i| {
             let r = open(url);
             let v0 = v0.clone();
             tokio::spawn(async move {
-                r.cas_ref(
-                    "race",
-                    Some(&v0),
-                    RefValue {
-                        snapshot: Hash([i; 32]),
-                    },
-                )
-                .await
+                r.cas_ref("race", Some(&v0), RefValue { snapshot: Hash([i; 32]), root: Hash([i; 32]) }).await
             })
         })
         .collect();
@@ -188,19 +132,14 @@ async fn concurrent_cas_has_one_winner(url: &str) {
         }
     }
     assert_eq!(wins.len(), 1, "winners: {wins:?}");
-    assert_eq!(
-        r.read_ref("race").await.unwrap().unwrap().0.snapshot,
-        Hash([wins[0]; 32])
-    );
+    assert_eq!(r.read_ref("race").await.unwrap().unwrap().0.snapshot, Hash([wins[0]; 32]));
 }
 
 async fn counting_wrapper_counts(r: &Remote) {
     let before = r.stats();
     let data = Bytes::from_static(b"counted");
     let id = Hash::of(&data);
-    r.put_object(Space::Objects, &id, data.clone())
-        .await
-        .unwrap();
+    r.put_object(Space::Objects, &id, data.clone()).await.unwrap();
     r.get_object(Space::Objects, &id, "blob").await.unwrap();
     r.has_object(Space::Objects, &id).await.unwrap();
     let d = r.stats().since(&before);
@@ -233,22 +172,13 @@ async fn conformance_every_backend() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn round_trips_count_dependency_depth() {
     for (label, url, _keep) in backends() {
-        let r = Remote::open(
-            &url,
-            &OpenOptions {
-                inject_rtt: Some(Duration::from_millis(30)),
-            },
-        )
-        .unwrap();
+        let r = Remote::open(&url, &OpenOptions { inject_rtt: Some(Duration::from_millis(30)) }).unwrap();
         let ids: Vec<Hash> = (0..20u8).map(|i| Hash([i; 32])).collect();
         let before = r.stats();
         r.have_objects(Space::Objects, &ids).await.unwrap();
         let d = r.stats().since(&before);
         assert_eq!(d.heads, 20, "{label}");
-        assert_eq!(
-            d.round_trips, 1,
-            "{label}: 20 HEADs in flight together are one round trip"
-        );
+        assert_eq!(d.round_trips, 1, "{label}: 20 HEADs in flight together are one round trip");
         r.has_object(Space::Objects, &ids[0]).await.unwrap();
         assert_eq!(r.stats().since(&before).round_trips, 2, "{label}");
     }

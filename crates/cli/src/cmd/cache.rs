@@ -25,11 +25,7 @@ pub async fn run(c: CacheCommand, ctx: &Ctx) -> Result<()> {
             println!("path:    {}", u.path);
             println!("entries: {}", u.entries);
             println!("bytes:   {}", u.bytes);
-            println!(
-                "cap:     {}",
-                u.cap
-                    .map_or("unbounded".to_string(), |c| format!("{c} bytes"))
-            );
+            println!("cap:     {}", u.cap.map_or("unbounded".to_string(), |c| format!("{c} bytes")));
         }
         CacheCommand::Verify => {
             let pb = ctx.progress(Some(0), "verifying");
@@ -41,11 +37,7 @@ pub async fn run(c: CacheCommand, ctx: &Ctx) -> Result<()> {
             if ctx.json {
                 return ctx.print_json(&r);
             }
-            println!(
-                "checked {} entries, {} bad (removed)",
-                r.checked,
-                r.bad.len()
-            );
+            println!("checked {} entries, {} bad (removed)", r.checked, r.bad.len());
             for b in &r.bad {
                 println!("  removed {b}");
             }

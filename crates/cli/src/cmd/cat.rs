@@ -15,15 +15,10 @@ pub struct CatArgs {
 }
 
 pub async fn run(a: CatArgs, ctx: &Ctx) -> Result<()> {
-    let remote = ctx.remote()?;
     let fetcher = ctx.fetcher()?;
-    let snap = fetcher
-        .snapshot(mado_core::resolve::resolve(&remote, &a.spec).await?)
-        .await?;
+    let (_, snap, _) = mado_core::resolve::open(&fetcher, &a.spec).await?;
     let entry = fetcher.lookup(snap.root, &a.path).await?.ok_or_else(|| {
-        mado_core::Error::User(
-            "give a file path, not the root; use `mado ls` for directories".into(),
-        )
+        mado_core::Error::User("give a file path, not the root; use `mado ls` for directories".into())
     })?;
     let data = fetcher.content(&entry, &a.path).await?;
     let mut out = std::io::stdout().lock();

@@ -26,10 +26,8 @@ pub struct CheckoutArgs {
 pub async fn run(a: CheckoutArgs, ctx: &Ctx) -> Result<()> {
     let remote = ctx.remote()?;
     let fetcher = ctx.fetcher()?;
-    let id = mado_core::resolve::resolve(&remote, &a.spec).await?;
-    ctx.step(format!("resolved {} to {}", a.spec, id.short()));
-    let snap = fetcher.snapshot(id).await?;
-    ctx.step("read snapshot");
+    let (id, snap, attach) = mado_core::resolve::open(&fetcher, &a.spec).await?;
+    ctx.step(format!("resolved {} to {}; packs: {attach:?}", a.spec, id.short()));
     let pb = ctx.progress(Some(0), "checking out");
     let pb2 = pb.clone();
     let progress = move |done: u64, total: u64| {
@@ -40,18 +38,12 @@ pub async fn run(a: CheckoutArgs, ctx: &Ctx) -> Result<()> {
         &fetcher,
         snap.root,
         &a.dir,
-        mado_core::checkout::CheckoutOptions {
-            force: a.force,
-            progress: &progress,
-        },
+        mado_core::checkout::CheckoutOptions { force: a.force, progress: &progress },
     )
     .await;
     pb.finish_and_clear();
     let report = report?;
-    ctx.step(format!(
-        "wrote {} files, {} symlinks, {} dirs",
-        report.files, report.symlinks, report.dirs
-    ));
+    ctx.step(format!("wrote {} files, {} symlinks, {} dirs", report.files, report.symlinks, report.dirs));
     if ctx.json {
         #[derive(serde::Serialize)]
         struct Out<'a> {
@@ -60,12 +52,14 @@ pub async fn run(a: CheckoutArgs, ctx: &Ctx) -> Result<()> {
             #[serde(flatten)]
             report: &'a mado_core::checkout::CheckoutReport,
             remote: mado_core::store::Stats,
+            packs: mado_core::fetch::FetchStats,
         }
         return ctx.print_json(&Out {
             snapshot: id.to_hex(),
             dir: a.dir.display().to_string(),
             report: &report,
             remote: remote.stats(),
+            packs: fetcher.stats(),
         });
     }
     println!(

@@ -24,23 +24,22 @@ pub struct ImportGitArgs {
     /// Ref to move to the last imported snapshot.
     #[arg(long = "ref", default_value = "main", value_name = "NAME")]
     ref_name: String,
+    /// Do not build and publish locality packs for the imported tips.
+    #[arg(long)]
+    no_packs: bool,
+    /// Largest pack, in bytes.
+    #[arg(long, default_value_t = mado_core::pack::DEFAULT_MAX_PACK_BYTES, value_name = "BYTES")]
+    max_pack_bytes: u64,
 }
 
 pub async fn run(a: ImportGitArgs, ctx: &Ctx) -> Result<()> {
     let remote = ctx.remote()?;
     let cache = ctx.cache()?;
-    let revs = if a.revs.is_empty() {
-        vec!["HEAD".to_string()]
-    } else {
-        a.revs
-    };
+    let cache2 = cache.clone();
+    let revs = if a.revs.is_empty() { vec!["HEAD".to_string()] } else { a.revs };
     let pb = ctx.progress(None, "importing files");
     let pb2 = pb.clone();
-    ctx.step(format!(
-        "staging {} revision(s) from {}",
-        revs.len(),
-        a.repo.display()
-    ));
+    ctx.step(format!("staging {} revision(s) from {}", revs.len(), a.repo.display()));
     let report = mado_core::import::import_git(
         &remote,
         cache,
@@ -52,6 +51,31 @@ pub async fn run(a: ImportGitArgs, ctx: &Ctx) -> Result<()> {
     .await;
     pb.finish_and_clear();
     let report = report?;
+    // Packs for each imported tip, built from what the import just put in
+    // the disk cache: no GET.
+    let mut packs = Vec::new();
+    if !a.no_packs {
+        let mut roots: Vec<&str> = report.imported.iter().map(|i| i.root.as_str()).collect();
+        roots.dedup();
+        for root in roots {
+            let root: mado_core::Hash = root.parse()?;
+            let opts = mado_core::publish::PackOptions {
+                mode: mado_core::pack::Mode::Recursive,
+                cap: a.max_pack_bytes,
+                compare_index: false,
+            };
+            let p = mado_core::publish::publish_packs(&remote, &cache2, root, opts).await?;
+            ctx.step(format!(
+                "packed tree {}: {} packs, {} members, {} uploaded in {} ms",
+                root.short(),
+                p.packs,
+                p.members,
+                p.packs_uploaded,
+                p.build_ms
+            ));
+            packs.push(p);
+        }
+    }
     ctx.step(format!(
         "uploaded {} objects ({} trees, {} B), {} snapshots",
         report.upload.objects_uploaded,
@@ -64,21 +88,14 @@ pub async fn run(a: ImportGitArgs, ctx: &Ctx) -> Result<()> {
         struct Out<'a> {
             #[serde(flatten)]
             report: &'a mado_core::import::ImportReport,
+            packs: Vec<mado_core::publish::PackReport>,
             remote: mado_core::store::Stats,
         }
-        return ctx.print_json(&Out {
-            report: &report,
-            remote: remote.stats(),
-        });
+        return ctx.print_json(&Out { report: &report, packs, remote: remote.stats() });
     }
     for i in &report.imported {
         let note = if i.new_snapshot { "" } else { " (unchanged)" };
-        println!(
-            "{} {} -> {}{note}",
-            i.rev,
-            &i.commit[..12.min(i.commit.len())],
-            i.snapshot
-        );
+        println!("{} {} -> {}{note}", i.rev, &i.commit[..12.min(i.commit.len())], i.snapshot);
     }
     println!(
         "{}: {} files, {} bytes; uploaded {} objects ({} bytes)",

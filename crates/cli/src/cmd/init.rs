@@ -34,26 +34,16 @@ pub async fn run(a: InitArgs, ctx: &Ctx) -> Result<()> {
     };
     // Open and list once: fails now, with a hint, if the store is wrong.
     let remote = mado_core::store::Remote::open(&url, &Default::default())?;
-    remote
-        .list_refs()
-        .await
-        .with_context(|| format!("checking that {url} answers"))?;
+    remote.list_refs().await.with_context(|| format!("checking that {url} answers"))?;
     ctx.step("remote answered");
     let previous = read_config_remote()?;
     let path = config_path()?;
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
-    std::fs::write(
-        &path,
-        format!("# mado configuration (written by `mado init`)\nremote = \"{url}\"\n"),
-    )
-    .with_context(|| format!("writing {}", path.display()))?;
-    let out = InitOut {
-        config: path.display().to_string(),
-        remote: url,
-        previous_remote: previous,
-    };
+    std::fs::write(&path, format!("# mado configuration (written by `mado init`)\nremote = \"{url}\"\n"))
+        .with_context(|| format!("writing {}", path.display()))?;
+    let out = InitOut { config: path.display().to_string(), remote: url, previous_remote: previous };
     if ctx.json {
         return ctx.print_json(&out);
     }

@@ -29,7 +29,7 @@ struct LogEntry {
 pub async fn run(a: LogArgs, ctx: &Ctx) -> Result<()> {
     let remote = ctx.remote()?;
     let fetcher = ctx.fetcher()?;
-    let mut next: Option<Hash> = Some(mado_core::resolve::resolve(&remote, &a.spec).await?);
+    let mut next: Option<Hash> = Some(mado_core::resolve::resolve(&remote, &a.spec).await?.snapshot);
     let mut out = Vec::new();
     while let Some(id) = next {
         if a.max.is_some_and(|m| out.len() >= m) {

@@ -24,11 +24,8 @@ struct LsEntry {
 }
 
 pub async fn run(a: LsArgs, ctx: &Ctx) -> Result<()> {
-    let remote = ctx.remote()?;
     let fetcher = ctx.fetcher()?;
-    let snap = fetcher
-        .snapshot(mado_core::resolve::resolve(&remote, &a.spec).await?)
-        .await?;
+    let (_, snap, _) = mado_core::resolve::open(&fetcher, &a.spec).await?;
     let tree_id = match fetcher.lookup(snap.root, &a.path).await? {
         None => snap.root,
         Some(e) if e.kind == Kind::Directory => e.id,

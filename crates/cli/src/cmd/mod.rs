@@ -8,6 +8,8 @@ mod import_git;
 mod init;
 mod log;
 mod ls;
+mod materialize;
+mod pack;
 
 use anyhow::Result;
 use clap::Subcommand;
@@ -23,6 +25,8 @@ pub enum Command {
     Ls(ls::LsArgs),
     Cat(cat::CatArgs),
     Checkout(checkout::CheckoutArgs),
+    Pack(pack::PackArgs),
+    Materialize(materialize::MaterializeArgs),
     #[command(subcommand)]
     Cache(cache::CacheCommand),
 }
@@ -35,6 +39,8 @@ pub async fn run(cmd: Command, ctx: &Ctx) -> Result<()> {
         Command::Ls(a) => ls::run(a, ctx).await,
         Command::Cat(a) => cat::run(a, ctx).await,
         Command::Checkout(a) => checkout::run(a, ctx).await,
+        Command::Pack(a) => pack::run(a, ctx).await,
+        Command::Materialize(a) => materialize::run(a, ctx).await,
         Command::Cache(c) => cache::run(c, ctx).await,
     }
 }

@@ -38,11 +38,7 @@ impl Mado {
 
     pub fn s3(base: &str) -> Mado {
         let dir = tempfile::tempdir().unwrap();
-        let remote = format!(
-            "{}/e2e-{:016x}",
-            base.trim_end_matches('/'),
-            rand::random::<u64>()
-        );
+        let remote = format!("{}/e2e-{:016x}", base.trim_end_matches('/'), rand::random::<u64>());
         Mado { dir, remote }
     }
 
@@ -106,11 +102,7 @@ impl Mado {
 
 pub fn git(repo: &Path, args: &[&str]) -> String {
     let o = git_cmd(repo).args(args).output().unwrap();
-    assert!(
-        o.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    assert!(o.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&o.stderr));
     String::from_utf8_lossy(&o.stdout).trim().to_string()
 }
 
@@ -159,24 +151,12 @@ pub fn fixture_repo(parent: &Path) -> PathBuf {
     w(".gitattributes", b"*.bat text eol=crlf\n");
     w("win.bat", b"echo one\necho two\n");
     w("big.bin", &pseudo_random(5 << 20 | 12345, 7));
-    std::fs::write(
-        repo.join(OsStr::from_bytes(b"caf\xe9.txt")),
-        b"latin-1 name\n",
-    )
-    .unwrap();
+    std::fs::write(repo.join(OsStr::from_bytes(b"caf\xe9.txt")), b"latin-1 name\n").unwrap();
     std::os::unix::fs::symlink("README.md", repo.join("link")).unwrap();
     std::os::unix::fs::symlink("../../../../../etc/passwd", repo.join("src/escape")).unwrap();
     git(&repo, &["add", "-A"]);
     // A gitlink (submodule commit) with no submodule checked out.
-    git(
-        &repo,
-        &[
-            "update-index",
-            "--add",
-            "--cacheinfo",
-            "160000,1111111111111111111111111111111111111111,vendor/sub",
-        ],
-    );
+    git(&repo, &["update-index", "--add", "--cacheinfo", "160000,1111111111111111111111111111111111111111,vendor/sub"]);
     git(&repo, &["commit", "-q", "-m", "fixture"]);
     repo
 }
@@ -187,30 +167,14 @@ pub fn snapshot_dir(root: &Path) -> BTreeMap<Vec<u8>, (char, u32, Vec<u8>)> {
         for e in std::fs::read_dir(dir).unwrap() {
             let e = e.unwrap();
             let p = e.path();
-            let rel = p
-                .strip_prefix(root)
-                .unwrap()
-                .as_os_str()
-                .as_bytes()
-                .to_vec();
+            let rel = p.strip_prefix(root).unwrap().as_os_str().as_bytes().to_vec();
             if rel == b".git" {
                 continue;
             }
             let m = std::fs::symlink_metadata(&p).unwrap();
             let mode = m.mode() & 0o777;
             if m.file_type().is_symlink() {
-                out.insert(
-                    rel,
-                    (
-                        'l',
-                        0,
-                        std::fs::read_link(&p)
-                            .unwrap()
-                            .as_os_str()
-                            .as_bytes()
-                            .to_vec(),
-                    ),
-                );
+                out.insert(rel, ('l', 0, std::fs::read_link(&p).unwrap().as_os_str().as_bytes().to_vec()));
             } else if m.is_dir() {
                 out.insert(rel, ('d', mode, Vec::new()));
                 walk(root, &p, out);
@@ -227,22 +191,14 @@ pub fn snapshot_dir(root: &Path) -> BTreeMap<Vec<u8>, (char, u32, Vec<u8>)> {
 /// Asserts two directories are equal in every byte, mode bit and target.
 pub fn assert_same_tree(a: &Path, b: &Path) {
     let (x, y) = (snapshot_dir(a), snapshot_dir(b));
-    let names = |m: &BTreeMap<Vec<u8>, _>| {
-        m.keys()
-            .map(|k| String::from_utf8_lossy(k).into_owned())
-            .collect::<Vec<_>>()
-    };
+    let names =
+        |m: &BTreeMap<Vec<u8>, _>| m.keys().map(|k| String::from_utf8_lossy(k).into_owned()).collect::<Vec<_>>();
     assert_eq!(names(&x), names(&y), "different paths");
     for (k, v) in &x {
         let w = &y[k];
         let name = String::from_utf8_lossy(k);
         assert_eq!(v.0, w.0, "{name}: kind");
         assert_eq!(v.1, w.1, "{name}: mode {:o} vs {:o}", v.1, w.1);
-        assert!(
-            v.2 == w.2,
-            "{name}: content differs ({} vs {} bytes)",
-            v.2.len(),
-            w.2.len()
-        );
+        assert!(v.2 == w.2, "{name}: content differs ({} vs {} bytes)", v.2.len(), w.2.len());
     }
 }

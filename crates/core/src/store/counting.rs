@@ -17,8 +17,8 @@ use futures::stream::BoxStream;
 use futures::StreamExt;
 use object_store::path::Path;
 use object_store::{
-    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
-    PutMultipartOptions, PutOptions, PutPayload, PutResult, Result,
+    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore, PutMultipartOptions,
+    PutOptions, PutPayload, PutResult, Result,
 };
 use serde::Serialize;
 
@@ -60,13 +60,7 @@ impl Stats {
         self.gets + self.ranged_gets
     }
     pub fn requests(&self) -> u64 {
-        self.gets
-            + self.ranged_gets
-            + self.heads
-            + self.puts
-            + self.lists
-            + self.deletes
-            + self.copies
+        self.gets + self.ranged_gets + self.heads + self.puts + self.lists + self.deletes + self.copies
     }
     /// The requests made between `earlier` and `self`.
     pub fn since(&self, earlier: &Stats) -> Stats {
@@ -119,10 +113,7 @@ impl Counters {
     }
 
     fn start(self: &Arc<Self>) -> InFlight {
-        InFlight {
-            depth: self.max_done_depth.load(Relaxed) + 1,
-            c: self.clone(),
-        }
+        InFlight { depth: self.max_done_depth.load(Relaxed) + 1, c: self.clone() }
     }
 }
 
@@ -158,25 +149,14 @@ impl fmt::Display for CountingStore {
 
 #[async_trait]
 impl ObjectStore for CountingStore {
-    async fn put_opts(
-        &self,
-        location: &Path,
-        payload: PutPayload,
-        opts: PutOptions,
-    ) -> Result<PutResult> {
+    async fn put_opts(&self, location: &Path, payload: PutPayload, opts: PutOptions) -> Result<PutResult> {
         let _rt = self.counters.start();
         self.counters.puts.fetch_add(1, Relaxed);
-        self.counters
-            .bytes_up
-            .fetch_add(payload.content_length() as u64, Relaxed);
+        self.counters.bytes_up.fetch_add(payload.content_length() as u64, Relaxed);
         self.inner.put_opts(location, payload, opts).await
     }
 
-    async fn put_multipart_opts(
-        &self,
-        location: &Path,
-        opts: PutMultipartOptions,
-    ) -> Result<Box<dyn MultipartUpload>> {
+    async fn put_multipart_opts(&self, location: &Path, opts: PutMultipartOptions) -> Result<Box<dyn MultipartUpload>> {
         let _rt = self.counters.start();
         self.counters.puts.fetch_add(1, Relaxed);
         self.inner.put_multipart_opts(location, opts).await
@@ -195,9 +175,7 @@ impl ObjectStore for CountingStore {
         let head = options.head;
         let r = self.inner.get_opts(location, options).await?;
         if !head {
-            self.counters
-                .bytes_down
-                .fetch_add(r.range.end - r.range.start, Relaxed);
+            self.counters.bytes_down.fetch_add(r.range.end - r.range.start, Relaxed);
         }
         Ok(r)
     }
@@ -206,10 +184,7 @@ impl ObjectStore for CountingStore {
         // Each range is one ranged GET through `get_opts` above.
         let mut out = Vec::with_capacity(ranges.len());
         let futs = ranges.iter().map(|r| {
-            let opts = GetOptions {
-                range: Some(r.clone().into()),
-                ..Default::default()
-            };
+            let opts = GetOptions { range: Some(r.clone().into()), ..Default::default() };
             async move { self.get_opts(location, opts).await?.bytes().await }
         });
         for b in futures::future::join_all(futs).await {
@@ -218,10 +193,7 @@ impl ObjectStore for CountingStore {
         Ok(out)
     }
 
-    fn delete_stream(
-        &self,
-        locations: BoxStream<'static, Result<Path>>,
-    ) -> BoxStream<'static, Result<Path>> {
+    fn delete_stream(&self, locations: BoxStream<'static, Result<Path>>) -> BoxStream<'static, Result<Path>> {
         let c = self.counters.clone();
         let rt = self.counters.start();
         self.inner
@@ -239,11 +211,7 @@ impl ObjectStore for CountingStore {
         self.counted_list(self.inner.list(prefix))
     }
 
-    fn list_with_offset(
-        &self,
-        prefix: Option<&Path>,
-        offset: &Path,
-    ) -> BoxStream<'static, Result<ObjectMeta>> {
+    fn list_with_offset(&self, prefix: Option<&Path>, offset: &Path) -> BoxStream<'static, Result<ObjectMeta>> {
         self.counted_list(self.inner.list_with_offset(prefix, offset))
     }
 
@@ -266,10 +234,7 @@ use bytes::Bytes;
 const LIST_PAGE: u64 = 1000;
 
 impl CountingStore {
-    fn counted_list(
-        &self,
-        s: BoxStream<'static, Result<ObjectMeta>>,
-    ) -> BoxStream<'static, Result<ObjectMeta>> {
+    fn counted_list(&self, s: BoxStream<'static, Result<ObjectMeta>>) -> BoxStream<'static, Result<ObjectMeta>> {
         let c = self.counters.clone();
         c.lists.fetch_add(1, Relaxed);
         let mut rt = Some(c.start());

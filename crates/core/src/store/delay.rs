@@ -12,8 +12,8 @@ use futures::stream::BoxStream;
 use futures::StreamExt;
 use object_store::path::Path;
 use object_store::{
-    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
-    PutMultipartOptions, PutOptions, PutPayload, PutResult, Result,
+    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore, PutMultipartOptions,
+    PutOptions, PutPayload, PutResult, Result,
 };
 
 #[derive(Debug)]
@@ -36,20 +36,11 @@ impl fmt::Display for DelayStore {
 
 #[async_trait]
 impl ObjectStore for DelayStore {
-    async fn put_opts(
-        &self,
-        location: &Path,
-        payload: PutPayload,
-        opts: PutOptions,
-    ) -> Result<PutResult> {
+    async fn put_opts(&self, location: &Path, payload: PutPayload, opts: PutOptions) -> Result<PutResult> {
         tokio::time::sleep(self.rtt).await;
         self.inner.put_opts(location, payload, opts).await
     }
-    async fn put_multipart_opts(
-        &self,
-        location: &Path,
-        opts: PutMultipartOptions,
-    ) -> Result<Box<dyn MultipartUpload>> {
+    async fn put_multipart_opts(&self, location: &Path, opts: PutMultipartOptions) -> Result<Box<dyn MultipartUpload>> {
         tokio::time::sleep(self.rtt).await;
         self.inner.put_multipart_opts(location, opts).await
     }
@@ -57,10 +48,7 @@ impl ObjectStore for DelayStore {
         tokio::time::sleep(self.rtt).await;
         self.inner.get_opts(location, options).await
     }
-    fn delete_stream(
-        &self,
-        locations: BoxStream<'static, Result<Path>>,
-    ) -> BoxStream<'static, Result<Path>> {
+    fn delete_stream(&self, locations: BoxStream<'static, Result<Path>>) -> BoxStream<'static, Result<Path>> {
         let rtt = self.rtt;
         let inner = self.inner.clone();
         futures::stream::once(async move {

@@ -24,8 +24,7 @@ use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path;
 use object_store::{
-    ClientOptions, GetOptions, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload,
-    RetryConfig, UpdateVersion,
+    ClientOptions, GetOptions, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, RetryConfig, UpdateVersion,
 };
 
 use crate::error::{Error, Result};
@@ -54,10 +53,7 @@ pub struct OpenOptions {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RefVersion {
     /// S3 and friends: the ETag (and version) of the ref object.
-    Conditional {
-        e_tag: Option<String>,
-        version: Option<String>,
-    },
+    Conditional { e_tag: Option<String>, version: Option<String> },
     /// Local store: the value itself, compared under a file lock.
     Local(Hash),
 }
@@ -97,13 +93,13 @@ impl Remote {
         })?;
         let (inner, prefix, local_root): (Arc<dyn ObjectStore>, String, Option<PathBuf>) = match parsed.scheme() {
             "file" => {
-                let root = parsed.to_file_path().map_err(|_| {
-                    Error::User(format!("remote URL {url:?}: a file:// URL needs an absolute path"))
-                })?;
-                std::fs::create_dir_all(&root).map_err(Error::io(format!("creating local store {}", root.display())))?;
-                let fs = object_store::local::LocalFileSystem::new_with_prefix(&root).map_err(|e| {
-                    Error::User(format!("remote URL {url:?}: cannot open {}: {e}", root.display()))
-                })?;
+                let root = parsed
+                    .to_file_path()
+                    .map_err(|_| Error::User(format!("remote URL {url:?}: a file:// URL needs an absolute path")))?;
+                std::fs::create_dir_all(&root)
+                    .map_err(Error::io(format!("creating local store {}", root.display())))?;
+                let fs = object_store::local::LocalFileSystem::new_with_prefix(&root)
+                    .map_err(|e| Error::User(format!("remote URL {url:?}: cannot open {}: {e}", root.display())))?;
                 (Arc::new(fs), String::new(), Some(root))
             }
             "s3" => {
@@ -124,7 +120,8 @@ impl Remote {
                     .with_timeout(REQUEST_TIMEOUT)
                     .with_pool_idle_timeout(Duration::from_secs(90))
                     .with_allow_http(endpoint.as_deref().is_some_and(|e| e.starts_with("http://")));
-                let retry = RetryConfig { max_retries: MAX_RETRIES, retry_timeout: RETRY_TIMEOUT, ..Default::default() };
+                let retry =
+                    RetryConfig { max_retries: MAX_RETRIES, retry_timeout: RETRY_TIMEOUT, ..Default::default() };
                 let s3 = b.with_client_options(client).with_retry(retry).build().map_err(|e| {
                     Error::User(format!(
                         "remote URL {url:?}: {e}\n  hint: set AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
@@ -145,13 +142,7 @@ impl Remote {
         };
         let counters = Arc::new(Counters::default());
         let store = Arc::new(CountingStore::new(inner, counters.clone()));
-        Ok(Remote {
-            url: url.to_string(),
-            store,
-            prefix,
-            local_root,
-            counters,
-        })
+        Ok(Remote { url: url.to_string(), store, prefix, local_root, counters })
     }
 
     pub fn url(&self) -> &str {
@@ -200,29 +191,16 @@ impl Remote {
             _ if self.local_root.is_some() => "check that the store directory exists and is writable (mado init)",
             _ => "check the remote URL and that the server is up (retry later if it is overloaded)",
         };
-        Error::Remote {
-            url: self.url.clone(),
-            op,
-            key: key.to_string(),
-            hint: hint.to_string(),
-            source: Box::new(e),
-        }
+        Error::Remote { url: self.url.clone(), op, key: key.to_string(), hint: hint.to_string(), source: Box::new(e) }
     }
 
     /// Reads an object and checks that its bytes hash to `id`.
     pub async fn get_object(&self, space: Space, id: &Hash, what: &'static str) -> Result<Bytes> {
         let key = self.object_key(space, id);
         let bytes = match self.store.get(&key).await {
-            Ok(r) => r
-                .bytes()
-                .await
-                .map_err(|e| self.remote_err("GET", &key, e))?,
+            Ok(r) => r.bytes().await.map_err(|e| self.remote_err("GET", &key, e))?,
             Err(object_store::Error::NotFound { .. }) => {
-                return Err(Error::ObjectMissing {
-                    id: *id,
-                    what,
-                    path: String::new(),
-                })
+                return Err(Error::ObjectMissing { id: *id, what, path: String::new() })
             }
             Err(e) => return Err(self.remote_err("GET", &key, e)),
         };
@@ -231,11 +209,7 @@ impl Remote {
                 id: *id,
                 what,
                 path: String::new(),
-                detail: format!(
-                    "stored bytes ({} B) hash to {}",
-                    bytes.len(),
-                    Hash::of(&bytes).short()
-                ),
+                detail: format!("stored bytes ({} B) hash to {}", bytes.len(), Hash::of(&bytes).short()),
             });
         }
         Ok(bytes)
@@ -244,10 +218,7 @@ impl Remote {
     /// Writes an object. Content-addressed, so overwriting is harmless.
     pub async fn put_object(&self, space: Space, id: &Hash, bytes: Bytes) -> Result<()> {
         let key = self.object_key(space, id);
-        self.store
-            .put(&key, PutPayload::from(bytes))
-            .await
-            .map_err(|e| self.remote_err("PUT", &key, e))?;
+        self.store.put(&key, PutPayload::from(bytes)).await.map_err(|e| self.remote_err("PUT", &key, e))?;
         Ok(())
     }
 
@@ -263,21 +234,14 @@ impl Remote {
 
     /// HEADs many objects at once (one round trip for up to [`CONCURRENCY`]).
     pub async fn have_objects(&self, space: Space, ids: &[Hash]) -> Result<Vec<bool>> {
-        futures::stream::iter(ids.iter().map(|id| self.has_object(space, id)))
-            .buffered(CONCURRENCY)
-            .try_collect()
-            .await
+        futures::stream::iter(ids.iter().map(|id| self.has_object(space, id))).buffered(CONCURRENCY).try_collect().await
     }
 
     /// Snapshot ids starting with `prefix` (at least 2 hex digits): one LIST.
     pub async fn snapshots_with_prefix(&self, prefix: &str) -> Result<Vec<Hash>> {
         let prefix = prefix.to_ascii_lowercase();
         let dir = self.key(&format!("snapshots/{}", &prefix[..2]));
-        let listed = self
-            .store
-            .list_with_delimiter(Some(&dir))
-            .await
-            .map_err(|e| self.remote_err("LIST", &dir, e))?;
+        let listed = self.store.list_with_delimiter(Some(&dir)).await.map_err(|e| self.remote_err("LIST", &dir, e))?;
         Ok(listed
             .objects
             .iter()
@@ -301,10 +265,7 @@ impl Remote {
             Err(e) => return Err(self.remote_err("GET", &key, e)),
         };
         let (e_tag, version) = (r.meta.e_tag.clone(), r.meta.version.clone());
-        let bytes = r
-            .bytes()
-            .await
-            .map_err(|e| self.remote_err("GET", &key, e))?;
+        let bytes = r.bytes().await.map_err(|e| self.remote_err("GET", &key, e))?;
         let value = RefValue::decode(&bytes).map_err(|e| Error::Corrupt {
             id: Hash::of(&bytes),
             what: "ref",
@@ -322,26 +283,16 @@ impl Remote {
     /// ref must not exist). One conditional PUT on S3; on the local store
     /// the compare and the write happen under an exclusive flock, so two
     /// processes can never both win.
-    pub async fn cas_ref(
-        &self,
-        name: &str,
-        expected: Option<&RefVersion>,
-        new: RefValue,
-    ) -> Result<RefVersion> {
+    pub async fn cas_ref(&self, name: &str, expected: Option<&RefVersion>, new: RefValue) -> Result<RefVersion> {
         let key = self.ref_key(name)?;
         let payload = PutPayload::from(new.encode());
         if let Some(root) = &self.local_root {
-            let lock_path = root
-                .join("locks")
-                .join("refs")
-                .join(format!("{}.lock", name.replace('/', "%2F")));
-            let _lock = lock_file(lock_path).await?;
+            let lock_path = root.join("locks").join("refs").join(format!("{}.lock", name.replace('/', "%2F")));
+            let _lock = crate::fetch::lock_file(lock_path).await?;
             let current = self.read_ref(name).await?.map(|(v, _)| v.snapshot);
             let want = expected.map(|v| match v {
                 RefVersion::Local(h) => Ok(*h),
-                RefVersion::Conditional { .. } => {
-                    Err(Error::User("ref version from another store".into()))
-                }
+                RefVersion::Conditional { .. } => Err(Error::User("ref version from another store".into())),
             });
             let want = want.transpose()?;
             if current != want {
@@ -351,44 +302,24 @@ impl Remote {
                     found: current.map_or("absent".into(), |h| h.short()),
                 });
             }
-            self.store
-                .put(&key, payload)
-                .await
-                .map_err(|e| self.remote_err("PUT", &key, e))?;
+            self.store.put(&key, payload).await.map_err(|e| self.remote_err("PUT", &key, e))?;
             return Ok(RefVersion::Local(new.snapshot));
         }
         let mode = match expected {
             None => PutMode::Create,
-            Some(RefVersion::Conditional { e_tag, version }) => PutMode::Update(UpdateVersion {
-                e_tag: e_tag.clone(),
-                version: version.clone(),
-            }),
-            Some(RefVersion::Local(_)) => {
-                return Err(Error::User("ref version from another store".into()))
+            Some(RefVersion::Conditional { e_tag, version }) => {
+                PutMode::Update(UpdateVersion { e_tag: e_tag.clone(), version: version.clone() })
             }
+            Some(RefVersion::Local(_)) => return Err(Error::User("ref version from another store".into())),
         };
-        let opts = PutOptions {
-            mode,
-            ..Default::default()
-        };
+        let opts = PutOptions { mode, ..Default::default() };
         match self.store.put_opts(&key, payload, opts).await {
-            Ok(r) => Ok(RefVersion::Conditional {
-                e_tag: r.e_tag,
-                version: r.version,
-            }),
-            Err(object_store::Error::Precondition { .. })
-            | Err(object_store::Error::AlreadyExists { .. }) => {
-                let found = self
-                    .read_ref(name)
-                    .await?
-                    .map_or("absent".into(), |(v, _)| v.snapshot.short());
+            Ok(r) => Ok(RefVersion::Conditional { e_tag: r.e_tag, version: r.version }),
+            Err(object_store::Error::Precondition { .. }) | Err(object_store::Error::AlreadyExists { .. }) => {
+                let found = self.read_ref(name).await?.map_or("absent".into(), |(v, _)| v.snapshot.short());
                 Err(Error::RefMoved {
                     name: name.to_string(),
-                    expected: if expected.is_some() {
-                        "the version read".into()
-                    } else {
-                        "absent".into()
-                    },
+                    expected: if expected.is_some() { "the version read".into() } else { "absent".into() },
                     found,
                 })
             }
@@ -401,10 +332,7 @@ impl Remote {
         loop {
             let cur = self.read_ref(name).await?;
             let old = cur.as_ref().map(|(v, _)| v.snapshot);
-            match self
-                .cas_ref(name, cur.as_ref().map(|(_, ver)| ver), new)
-                .await
-            {
+            match self.cas_ref(name, cur.as_ref().map(|(_, ver)| ver), new).await {
                 Ok(_) => return Ok(old),
                 Err(Error::RefMoved { .. }) => continue,
                 Err(e) => return Err(e),
@@ -415,21 +343,12 @@ impl Remote {
     /// All refs under `prefix` (e.g. `ws/`), with their values.
     pub async fn list_refs(&self) -> Result<Vec<(String, RefValue)>> {
         let base = self.key("refs");
-        let metas: Vec<_> = self
-            .store
-            .list(Some(&base))
-            .try_collect()
-            .await
-            .map_err(|e| self.remote_err("LIST", &base, e))?;
+        let metas: Vec<_> =
+            self.store.list(Some(&base)).try_collect().await.map_err(|e| self.remote_err("LIST", &base, e))?;
         let base_str = format!("{base}/");
         let mut out = Vec::new();
         for m in metas {
-            let Some(name) = m
-                .location
-                .as_ref()
-                .strip_prefix(&base_str)
-                .map(str::to_string)
-            else {
+            let Some(name) = m.location.as_ref().strip_prefix(&base_str).map(str::to_string) else {
                 continue;
             };
             if let Some((v, _)) = self.read_ref(&name).await? {
@@ -443,38 +362,6 @@ impl Remote {
     /// Deletes a ref (no compare).
     pub async fn delete_ref(&self, name: &str) -> Result<()> {
         let key = self.ref_key(name)?;
-        self.store
-            .delete(&key)
-            .await
-            .map_err(|e| self.remote_err("DELETE", &key, e))
+        self.store.delete(&key).await.map_err(|e| self.remote_err("DELETE", &key, e))
     }
-}
-
-/// Takes an exclusive flock on `path` (created if missing), off the async
-/// threads; released when the returned file is dropped.
-async fn lock_file(path: PathBuf) -> Result<std::fs::File> {
-    tokio::task::spawn_blocking(move || {
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)
-                .map_err(Error::io(format!("creating {}", dir.display())))?;
-        }
-        let f = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .map_err(Error::io(format!("opening lock {}", path.display())))?;
-        rustix::fs::flock(&f, rustix::fs::FlockOperation::LockExclusive).map_err(|e| {
-            Error::Io {
-                context: format!("locking {}", path.display()),
-                source: e.into(),
-            }
-        })?;
-        Ok(f)
-    })
-    .await
-    .map_err(|e| Error::Io {
-        context: "lock task".into(),
-        source: std::io::Error::other(e),
-    })?
 }

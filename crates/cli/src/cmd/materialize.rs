@@ -1,0 +1,69 @@
+use anyhow::Result;
+use clap::Args;
+
+use crate::ctx::Ctx;
+
+/// Prefetch a tree or subtree into the disk cache, so nothing later waits
+/// on the network (run it before going offline or before a build).
+///
+/// Packed subtrees come in one ranged GET per pack; other objects are
+/// fetched alone with many requests in flight.
+#[derive(Args)]
+pub struct MaterializeArgs {
+    /// Subtree to prefetch (default: the whole tree).
+    #[arg(default_value = "")]
+    path: String,
+    /// Ref name or snapshot id.
+    #[arg(short = 'r', long = "rev", default_value = "main", value_name = "REF")]
+    spec: String,
+}
+
+pub async fn run(a: MaterializeArgs, ctx: &Ctx) -> Result<()> {
+    let remote = ctx.remote()?;
+    let fetcher = ctx.fetcher()?;
+    let (id, snap, attach) = mado_core::resolve::open(&fetcher, &a.spec).await?;
+    ctx.step(format!("opened {} ({}); packs: {attach:?}", a.spec, id.short()));
+    let pb = ctx.progress(Some(0), "materializing");
+    let pb2 = pb.clone();
+    let r = mado_core::materialize::materialize(&fetcher, snap.root, &a.path, &move |d, t| {
+        pb2.set_length(t);
+        pb2.set_position(d);
+    })
+    .await;
+    pb.finish_and_clear();
+    let r = r?;
+    ctx.step(format!("{} files in the cache", r.files));
+    ctx.flush_warnings();
+    if ctx.json {
+        #[derive(serde::Serialize)]
+        struct Out<'a> {
+            snapshot: String,
+            path: &'a str,
+            #[serde(flatten)]
+            report: &'a mado_core::materialize::MaterializeReport,
+            attach: &'a mado_core::fetch::Attach,
+            remote: mado_core::store::Stats,
+            packs: mado_core::fetch::FetchStats,
+        }
+        return ctx.print_json(&Out {
+            snapshot: id.to_hex(),
+            path: &a.path,
+            report: &r,
+            attach: &attach,
+            remote: remote.stats(),
+            packs: fetcher.stats(),
+        });
+    }
+    let s = remote.stats();
+    let p = fetcher.stats();
+    println!(
+        "materialized {} files ({} bytes) in {} directories: {} GETs ({} ranged), {} packs exploded",
+        r.files,
+        r.bytes,
+        r.dirs,
+        s.all_gets(),
+        s.ranged_gets,
+        p.packs_exploded
+    );
+    Ok(())
+}

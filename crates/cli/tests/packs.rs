@@ -1,0 +1,272 @@
+//! Locality packs end to end, on the local store and on MinIO: a real
+//! ~1000-file subtree (the tokio and libc crate sources from cargo's
+//! registry, pinned by Cargo.lock) committed to a git repository, imported
+//! with packs, then read cold. GETs are asserted through the counting
+//! wrapper's numbers in `--json` output.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::*;
+
+/// A registry crate's source directory (present: the build needed it).
+fn registry_crate(prefix: &str) -> PathBuf {
+    let home = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cargo"));
+    let lock = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../Cargo.lock")).unwrap();
+    let version = lock
+        .split("[[package]]")
+        .find_map(|p| {
+            let name = p.lines().find_map(|l| l.strip_prefix("name = "))?.trim_matches('"');
+            (name == prefix)
+                .then(|| p.lines().find_map(|l| l.strip_prefix("version = ")).unwrap().trim_matches('"').to_string())
+        })
+        .unwrap_or_else(|| panic!("{prefix} not in Cargo.lock"));
+    for index in std::fs::read_dir(home.join("registry/src")).unwrap() {
+        let d = index.unwrap().path().join(format!("{prefix}-{version}"));
+        if d.is_dir() {
+            return d;
+        }
+    }
+    panic!("{prefix}-{version} not in the cargo registry");
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let t = e.file_type().unwrap();
+        if t.is_dir() {
+            copy_dir(&e.path(), &to.join(e.file_name()));
+        } else if t.is_file() {
+            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
+    }
+}
+
+/// A repository with `vendor/` = tokio + libc sources (~1000 files) and a
+/// little else.
+fn real_repo(parent: &Path) -> PathBuf {
+    let repo = parent.join("realrepo");
+    std::fs::create_dir_all(&repo).unwrap();
+    git(&repo, &["init", "-q", "-b", "main"]);
+    copy_dir(&registry_crate("tokio"), &repo.join("vendor/tokio"));
+    copy_dir(&registry_crate("libc"), &repo.join("vendor/libc"));
+    std::fs::write(repo.join("README"), "real sources\n").unwrap();
+    // cargo's registry marks crates with .cargo-ok and such; keep them.
+    git(&repo, &["add", "-A", "-f"]);
+    git(&repo, &["commit", "-q", "-m", "vendor"]);
+    repo
+}
+
+fn count_files(dir: &Path) -> u64 {
+    let mut n = 0;
+    for e in std::fs::read_dir(dir).unwrap() {
+        let e = e.unwrap();
+        if e.file_type().unwrap().is_dir() {
+            n += count_files(&e.path());
+        } else {
+            n += 1;
+        }
+    }
+    n
+}
+
+fn wipe_cache(m: &Mado) {
+    let _ = std::fs::remove_dir_all(m.cache_dir());
+}
+
+fn gets(v: &serde_json::Value) -> u64 {
+    v["remote"]["gets"].as_u64().unwrap() + v["remote"]["ranged_gets"].as_u64().unwrap()
+}
+
+fn packed_subtree_costs_one_ranged_get(m: &Mado) {
+    let repo = real_repo(m.dir.path());
+    let files = count_files(&repo.join("vendor"));
+    assert!((900..1500).contains(&files), "{files} files");
+
+    // Import publishes packs, reading nothing back: the only GETs are of
+    // the ref (twice on the local store, which re-reads it under its lock).
+    let imp = m.json(&["import-git", repo.to_str().unwrap()]);
+    let ref_reads = if m.remote.starts_with("file:") { 2 } else { 1 };
+    assert_eq!(gets(&imp), ref_reads, "{imp}");
+    assert_eq!(imp["remote"]["ranged_gets"], 0);
+    let packs = &imp["packs"][0];
+    assert!(packs["packs"].as_u64().unwrap() >= 1 && packs["index_uploaded"] == true, "{packs}");
+
+    // Cold: a fresh cache and no local pointer.
+    wipe_cache(m);
+    let mat = m.json(&["materialize", "vendor"]);
+    assert_eq!(mat["files"].as_u64().unwrap(), files);
+    assert_eq!(mat["attach"]["via"], "derived-pointer", "{mat}");
+    // ref + snapshot (resolving `main`), then the index and one ranged GET.
+    assert_eq!(mat["remote"]["ranged_gets"], 1, "{mat}");
+    assert_eq!(gets(&mat), 2 + 2, "{mat}");
+    assert!(mat["packs"]["members_early"].as_u64().unwrap() > 0, "members were served while the pack streamed: {mat}");
+    // Everything is now local: a checkout makes only the ref GET.
+    let co = m.json(&["checkout", "main", m.dir.path().join("co").to_str().unwrap()]);
+    assert_eq!(gets(&co), 1, "{co}");
+
+    // A second run: the local pointer is found, nothing is fetched.
+    let again = m.json(&["materialize", "vendor"]);
+    assert_eq!(again["attach"]["via"], "local-pointer");
+    assert_eq!(gets(&again), 1, "the ref only (the snapshot is cached): {again}");
+}
+
+#[test]
+fn packed_subtree_costs_one_ranged_get_local() {
+    packed_subtree_costs_one_ranged_get(&Mado::local());
+}
+
+#[test]
+fn packed_subtree_costs_one_ranged_get_minio() {
+    if let Some(base) = s3_base() {
+        packed_subtree_costs_one_ranged_get(&Mado::s3(&base));
+    }
+}
+
+#[test]
+fn unpacked_subtree_costs_one_get_per_object_minio() {
+    let Some(base) = s3_base() else { return };
+    let m = Mado::s3(&base);
+    let repo = real_repo(m.dir.path());
+    let imp = m.json(&["import-git", repo.to_str().unwrap(), "--no-packs"]);
+    assert!(imp["packs"].as_array().unwrap().is_empty());
+    wipe_cache(&m);
+    let mat = m.json(&["materialize", "vendor"]);
+    assert_eq!(mat["attach"]["state"], "no-index");
+    // ref + snapshot + the index probe (404), the root tree (to find
+    // `vendor`), then one GET per distinct tree and distinct blob below it
+    // (identical files and directories are fetched once: same id).
+    let distinct = |args: &[&str]| {
+        let out = git(&repo, args);
+        let mut ids: Vec<&str> = out.lines().map(|l| l.split_whitespace().nth(2).unwrap()).collect();
+        ids.sort();
+        ids.dedup();
+        ids.len() as u64
+    };
+    let vendor = git(&repo, &["rev-parse", "HEAD:vendor"]);
+    let blobs = distinct(&["ls-tree", "-r", &vendor]);
+    let trees = 1 + distinct(&["ls-tree", "-r", "-d", &vendor]);
+    assert_eq!(gets(&mat), 3 + 1 + trees + blobs, "{mat}");
+    assert_eq!(mat["remote"]["ranged_gets"], 0);
+}
+
+#[test]
+fn second_pack_run_uploads_nothing() {
+    let m = Mado::local();
+    let repo = real_repo(m.dir.path());
+    m.ok(&["import-git", repo.to_str().unwrap(), "--no-packs"]);
+    let first = m.json(&["pack", "--recursive"]);
+    assert!(first["packs_uploaded"].as_u64().unwrap() >= 1);
+    assert!(first["bytes_uploaded"].as_u64().unwrap() > 0);
+    assert!(first["model_gets_packed"].as_u64().unwrap() * 20 < first["model_gets_unpacked"].as_u64().unwrap());
+    let second = m.json(&["pack", "--recursive"]);
+    assert_eq!(second["bytes_uploaded"], 0, "{second}");
+    assert_eq!(second["remote"]["puts"], 0, "{second}");
+    assert_eq!(second["index_uploaded"], false);
+    // Per-directory packs are a different index, built and published too.
+    let v1 = m.json(&["pack", "--per-dir"]);
+    assert_eq!(v1["mode"], "per-dir");
+    assert!(v1["packs"].as_u64().unwrap() > 1);
+    wipe_cache(&m);
+    let mat = m.json(&["materialize", "vendor"]);
+    assert_eq!(mat["attach"]["mode"], "per-dir");
+}
+
+/// Corrupts the one pack of the import in the local store with `damage`,
+/// then reads cold and checks the fallback.
+fn pack_fallback(damage: &dyn Fn(&Path)) {
+    let m = Mado::local();
+    let repo = fixture_repo(m.dir.path());
+    let imp = m.json(&["import-git", repo.to_str().unwrap()]);
+    assert_eq!(imp["packs"][0]["packs"], 1);
+    let packs_dir = m.store_dir().join("packs");
+    let pack = std::fs::read_dir(&packs_dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap() != "index")
+        .flat_map(|d| std::fs::read_dir(d).unwrap().map(|e| e.unwrap().path()))
+        .next()
+        .unwrap();
+    let pack_id = pack.file_name().unwrap().to_string_lossy().into_owned();
+    damage(&pack);
+    wipe_cache(&m);
+    let o = m.run(&["checkout", "main", m.dir.path().join("co").to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("warning: pack") && err.contains(&pack_id), "the warning names the pack: {err}");
+    let clone = m.dir.path().join("clone");
+    git(m.dir.path(), &["clone", "-q", repo.to_str().unwrap(), clone.to_str().unwrap()]);
+    assert_same_tree(&clone, &m.dir.path().join("co"));
+    // Nothing wrong entered the cache.
+    let v = m.json(&["cache", "verify"]);
+    assert_eq!(v["bad"].as_array().unwrap().len(), 0, "{v}");
+}
+
+#[test]
+fn corrupt_member_falls_back_per_object() {
+    pack_fallback(&|p| {
+        let mut b = std::fs::read(p).unwrap();
+        let n = b.len();
+        b[n - 3] ^= 0xff; // inside the last member
+        std::fs::write(p, b).unwrap();
+    });
+}
+
+#[test]
+fn truncated_pack_falls_back_per_object() {
+    pack_fallback(&|p| {
+        let b = std::fs::read(p).unwrap();
+        std::fs::write(p, &b[..b.len() / 2]).unwrap();
+    });
+}
+
+#[test]
+fn missing_pack_falls_back_per_object() {
+    pack_fallback(&|p| std::fs::remove_file(p).unwrap());
+}
+
+#[test]
+fn undecodable_index_falls_back_per_object() {
+    let m = Mado::local();
+    let repo = fixture_repo(m.dir.path());
+    m.ok(&["import-git", repo.to_str().unwrap()]);
+    let idx_dir = m.store_dir().join("packs/index");
+    for e in std::fs::read_dir(&idx_dir).unwrap() {
+        std::fs::write(e.unwrap().path(), b"MADI\x01garbage").unwrap();
+    }
+    wipe_cache(&m);
+    let mat = m.json(&["materialize"]);
+    assert_eq!(mat["attach"]["state"], "undecodable", "{mat}");
+    assert_eq!(mat["remote"]["ranged_gets"], 0);
+    assert!(mat["files"].as_u64().unwrap() > 5);
+}
+
+#[test]
+fn two_processes_fetch_a_pack_once() {
+    let m = Mado::local();
+    let repo = real_repo(m.dir.path());
+    m.ok(&["import-git", repo.to_str().unwrap()]);
+    wipe_cache(&m);
+    // A delay per request makes the two runs overlap.
+    let spawn = || {
+        m.cmd(&["materialize", "vendor", "--json"])
+            .env("MADO_INJECT_RTT_MS", "100")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (a, b) = (spawn(), spawn());
+    let outs = [a.wait_with_output().unwrap(), b.wait_with_output().unwrap()];
+    let mut ranged = 0;
+    for o in &outs {
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        ranged += v["remote"]["ranged_gets"].as_u64().unwrap();
+    }
+    assert_eq!(ranged, 1, "the second process waits for the first and reads the cache");
+}

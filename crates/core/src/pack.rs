@@ -1,0 +1,674 @@
+//! Locality packs: many small objects in one content-addressed blob, so a
+//! cold subtree costs one ranged GET instead of one GET per file.
+//!
+//! - A **pack** (`MADP`) is a member table followed by the member bodies in
+//!   walk order. Each member is one object (blob, chunk manifest or chunk),
+//!   stored raw or as a zstd frame; its key stays the hash of its raw bytes.
+//!   A member can be read from its byte range alone, and a streaming reader
+//!   can use members in order as they arrive.
+//! - A **pack index** (`MADI`) covers one tree: every pack's id, size and
+//!   member table, plus every tree of the covered subtree inline. With the
+//!   index in hand a reader lists any directory with no further request and
+//!   reads any member with one ranged GET of its pack.
+//! - Packs are a cache, never a GC root: every object in a pack is also
+//!   stored alone, and losing a pack only makes reads fall back to
+//!   per-object GETs.
+//!
+//! How pack roots are chosen (docs/PACKS.md): v2 (recursive, the default)
+//! treats a directory whose whole subtree fits the cap as one unit, and
+//! packs a too-large directory's files and fitting subdirectories together
+//! in name order, up to the cap; too-large subdirectories recurse. v1
+//! (per-directory) packs each dense directory's own small files.
+
+use std::collections::HashSet;
+
+use crate::chunk::CHUNK_THRESHOLD;
+use crate::codec::{put_varint, DecodeError, Reader};
+use crate::error::{Error, Result};
+use crate::hash::Hash;
+use crate::object::{ChunkManifest, Kind, Tree};
+
+pub const DEFAULT_MAX_PACK_BYTES: u64 = 64 << 20;
+/// v1 packs a directory only if it has at least this many small files.
+pub const PER_DIR_MIN_FILES: usize = 8;
+const PACK_MAGIC: &[u8; 4] = b"MADP";
+const INDEX_MAGIC: &[u8; 4] = b"MADI";
+pub const PACK_VERSION: u8 = 1;
+/// zstd level: fast enough to build packs at import time.
+const ZSTD_LEVEL: i32 = 3;
+/// An index larger than this (decompressed) is refused as hostile.
+const MAX_INDEX_BYTES: u64 = 1 << 30;
+/// A member larger than this is refused as hostile (the largest object
+/// mado writes is a 4 MiB chunk or blob, or a chunk manifest).
+const MAX_MEMBER_BYTES: u64 = 64 << 20;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MemberKind {
+    Blob = 1,
+    Manifest = 2,
+    Chunk = 3,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Codec {
+    Raw = 0,
+    Zstd = 1,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Member {
+    pub id: Hash,
+    pub kind: MemberKind,
+    pub codec: Codec,
+    /// Byte offset in the pack.
+    pub offset: u64,
+    pub stored_len: u64,
+    pub raw_len: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PackEntry {
+    pub id: Hash,
+    pub size: u64,
+    /// Where the member bodies start.
+    pub header_len: u64,
+    pub members: Vec<Member>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    PerDir = 1,
+    Recursive = 2,
+}
+
+impl Mode {
+    pub fn label(self) -> &'static str {
+        match self {
+            Mode::PerDir => "per-dir",
+            Mode::Recursive => "recursive",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PackIndex {
+    /// The tree this index covers.
+    pub tree: Hash,
+    pub mode: Mode,
+    /// Directories in the covered tree.
+    pub dirs: u64,
+    pub packs: Vec<PackEntry>,
+    /// Every tree of the covered subtree: (id, encoded bytes).
+    pub trees: Vec<(Hash, Vec<u8>)>,
+}
+
+fn kind_from(c: u8) -> Result<MemberKind, DecodeError> {
+    Ok(match c {
+        1 => MemberKind::Blob,
+        2 => MemberKind::Manifest,
+        3 => MemberKind::Chunk,
+        _ => return Err(DecodeError::Invalid(format!("unknown member kind {c}"))),
+    })
+}
+
+fn codec_from(c: u8) -> Result<Codec, DecodeError> {
+    Ok(match c {
+        0 => Codec::Raw,
+        1 => Codec::Zstd,
+        _ => return Err(DecodeError::Invalid(format!("unknown member codec {c}"))),
+    })
+}
+
+/// Encodes a pack from raw members; returns its bytes and its entry.
+pub fn build_pack(members: &[(Hash, MemberKind, &[u8])]) -> (Vec<u8>, PackEntry) {
+    let stored: Vec<(Codec, std::borrow::Cow<[u8]>)> = members
+        .iter()
+        .map(|(_, _, raw)| {
+            // Compress when it saves at least an eighth.
+            match zstd::bulk::compress(raw, ZSTD_LEVEL) {
+                Ok(z) if raw.len() >= 64 && z.len() < raw.len() - raw.len() / 8 => (Codec::Zstd, z.into()),
+                _ => (Codec::Raw, (*raw).into()),
+            }
+        })
+        .collect();
+    let mut header = Vec::with_capacity(8 + members.len() * 40);
+    header.extend_from_slice(PACK_MAGIC);
+    header.push(PACK_VERSION);
+    put_varint(&mut header, members.len() as u64);
+    for ((id, kind, raw), (codec, body)) in members.iter().zip(&stored) {
+        header.extend_from_slice(id.as_bytes());
+        header.push(*kind as u8);
+        header.push(*codec as u8);
+        put_varint(&mut header, body.len() as u64);
+        put_varint(&mut header, raw.len() as u64);
+    }
+    let header_len = header.len() as u64;
+    let mut out = header;
+    let mut entries = Vec::with_capacity(members.len());
+    for ((id, kind, raw), (codec, body)) in members.iter().zip(&stored) {
+        entries.push(Member {
+            id: *id,
+            kind: *kind,
+            codec: *codec,
+            offset: out.len() as u64,
+            stored_len: body.len() as u64,
+            raw_len: raw.len() as u64,
+        });
+        out.extend_from_slice(body);
+    }
+    let entry = PackEntry { id: Hash::of(&out), size: out.len() as u64, header_len, members: entries };
+    (out, entry)
+}
+
+/// Decodes a member's stored bytes and checks them against its id.
+pub fn decode_member(m: &Member, stored: &[u8]) -> Result<Vec<u8>, String> {
+    let raw = match m.codec {
+        Codec::Raw => stored.to_vec(),
+        Codec::Zstd => zstd::bulk::decompress(stored, m.raw_len as usize).map_err(|e| format!("zstd: {e}"))?,
+    };
+    if raw.len() as u64 != m.raw_len {
+        return Err(format!("{} bytes, table says {}", raw.len(), m.raw_len));
+    }
+    if !m.id.verifies(&raw) {
+        return Err("content does not match its id".into());
+    }
+    Ok(raw)
+}
+
+/// Parses a pack's header (for a standalone pack; readers normally use the
+/// tables in the index).
+pub fn decode_pack_header(buf: &[u8]) -> Result<(u64, Vec<Member>), DecodeError> {
+    let mut r = Reader::new(buf);
+    r.magic(PACK_MAGIC)?;
+    r.version("pack", PACK_VERSION)?;
+    let n = r.count(36)?;
+    let mut rows = Vec::with_capacity(n);
+    for _ in 0..n {
+        let id = r.hash()?;
+        let kind = kind_from(r.u8()?)?;
+        let codec = codec_from(r.u8()?)?;
+        let stored_len = r.varint()?;
+        let raw_len = r.varint()?;
+        rows.push((id, kind, codec, stored_len, raw_len));
+    }
+    let header_len = r.pos() as u64;
+    let mut offset = header_len;
+    let members = rows
+        .into_iter()
+        .map(|(id, kind, codec, stored_len, raw_len)| {
+            let m = Member { id, kind, codec, offset, stored_len, raw_len };
+            offset = offset.saturating_add(stored_len);
+            m
+        })
+        .collect();
+    Ok((header_len, members))
+}
+
+impl PackIndex {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut body = Vec::new();
+        body.extend_from_slice(self.tree.as_bytes());
+        body.push(self.mode as u8);
+        put_varint(&mut body, self.dirs);
+        put_varint(&mut body, self.packs.len() as u64);
+        for p in &self.packs {
+            body.extend_from_slice(p.id.as_bytes());
+            put_varint(&mut body, p.size);
+            put_varint(&mut body, p.header_len);
+            put_varint(&mut body, p.members.len() as u64);
+            for m in &p.members {
+                body.extend_from_slice(m.id.as_bytes());
+                body.push(m.kind as u8);
+                body.push(m.codec as u8);
+                put_varint(&mut body, m.offset);
+                put_varint(&mut body, m.stored_len);
+                put_varint(&mut body, m.raw_len);
+            }
+        }
+        put_varint(&mut body, self.trees.len() as u64);
+        for (id, t) in &self.trees {
+            body.extend_from_slice(id.as_bytes());
+            crate::codec::put_bytes(&mut body, t);
+        }
+        let mut out = Vec::with_capacity(body.len() / 2 + 16);
+        out.extend_from_slice(INDEX_MAGIC);
+        out.push(PACK_VERSION);
+        put_varint(&mut out, body.len() as u64);
+        out.extend(zstd::bulk::compress(&body, ZSTD_LEVEL).expect("zstd compresses in memory"));
+        out
+    }
+
+    pub fn decode(buf: &[u8]) -> Result<PackIndex, DecodeError> {
+        let mut r = Reader::new(buf);
+        r.magic(INDEX_MAGIC)?;
+        r.version("pack index", PACK_VERSION)?;
+        let raw_len = r.varint()?;
+        if raw_len > MAX_INDEX_BYTES {
+            return Err(DecodeError::Invalid(format!("index claims {raw_len} bytes")));
+        }
+        let rest = r.take(r.remaining())?;
+        let body = zstd::bulk::decompress(rest, raw_len as usize)
+            .map_err(|e| DecodeError::Invalid(format!("index does not decompress: {e}")))?;
+        if body.len() as u64 != raw_len {
+            return Err(DecodeError::Invalid("index length mismatch".into()));
+        }
+        let mut r = Reader::new(&body);
+        let tree = r.hash()?;
+        let mode = match r.u8()? {
+            1 => Mode::PerDir,
+            2 => Mode::Recursive,
+            m => return Err(DecodeError::Invalid(format!("unknown pack mode {m}"))),
+        };
+        let dirs = r.varint()?;
+        let np = r.count(36)?;
+        let mut packs = Vec::with_capacity(np);
+        for _ in 0..np {
+            let pack_id = r.hash()?;
+            let size = r.varint()?;
+            let header_len = r.varint()?;
+            let nm = r.count(37)?;
+            let mut members = Vec::with_capacity(nm);
+            let mut end = header_len;
+            for _ in 0..nm {
+                let id = r.hash()?;
+                let kind = kind_from(r.u8()?)?;
+                let codec = codec_from(r.u8()?)?;
+                let offset = r.varint()?;
+                let stored_len = r.varint()?;
+                let raw_len = r.varint()?;
+                let ok = offset >= end
+                    && offset.checked_add(stored_len).is_some_and(|e| e <= size)
+                    && raw_len <= MAX_MEMBER_BYTES
+                    && stored_len <= MAX_MEMBER_BYTES
+                    && (codec == Codec::Zstd || stored_len == raw_len);
+                if !ok {
+                    return Err(DecodeError::Invalid(format!(
+                        "member {} of pack {} has a bad range",
+                        id.short(),
+                        pack_id.short()
+                    )));
+                }
+                end = offset + stored_len;
+                members.push(Member { id, kind, codec, offset, stored_len, raw_len });
+            }
+            packs.push(PackEntry { id: pack_id, size, header_len, members });
+        }
+        let nt = r.count(33)?;
+        let mut trees = Vec::with_capacity(nt);
+        for _ in 0..nt {
+            let id = r.hash()?;
+            let t = r.bytes()?.to_vec();
+            if !id.verifies(&t) {
+                return Err(DecodeError::Invalid(format!("inline tree {} does not match its id", id.short())));
+            }
+            trees.push((id, t));
+        }
+        r.finish()?;
+        Ok(PackIndex { tree, mode, dirs, packs, trees })
+    }
+
+    pub fn member_count(&self) -> usize {
+        self.packs.iter().map(|p| p.members.len()).sum()
+    }
+}
+
+/// Reads an object's bytes while building (from the disk cache at import).
+pub type Source<'a> = dyn Fn(&Hash) -> Result<Vec<u8>> + 'a;
+
+/// A file's members as they go in a pack.
+struct FileMembers {
+    members: Vec<(Hash, MemberKind)>,
+    bytes: u64,
+}
+
+struct Dir {
+    files: Vec<FileMembers>,
+    /// Child directories, in name order, interleaved with files by
+    /// position: (index into files before which this child comes, child).
+    children: Vec<(usize, Dir)>,
+    bytes: u64,
+    count: u64,
+}
+
+/// What a builder produced.
+pub struct Built {
+    pub index: PackIndex,
+    /// Objects too large for any pack (fetched alone).
+    pub unpacked: u64,
+}
+
+struct Walk<'a> {
+    src: &'a Source<'a>,
+    trees: Vec<(Hash, Vec<u8>)>,
+    seen_trees: HashSet<Hash>,
+    dirs: u64,
+    cap: u64,
+    unpacked: u64,
+}
+
+impl Walk<'_> {
+    fn load(&mut self, id: Hash) -> Result<Tree> {
+        let bytes = (self.src)(&id)?;
+        let t = Tree::decode(&bytes).map_err(|e| Error::corrupt(id, "tree", "", e))?;
+        if self.seen_trees.insert(id) {
+            self.trees.push((id, bytes));
+        }
+        Ok(t)
+    }
+
+    fn file(&mut self, e: &crate::object::Entry) -> Result<Option<FileMembers>> {
+        if !e.chunked {
+            if e.size > CHUNK_THRESHOLD {
+                self.unpacked += 1;
+                return Ok(None);
+            }
+            return Ok(Some(FileMembers { members: vec![(e.id, MemberKind::Blob)], bytes: e.size }));
+        }
+        let mb = (self.src)(&e.id)?;
+        let m = ChunkManifest::decode(&mb).map_err(|er| Error::corrupt(e.id, "chunk manifest", "", er))?;
+        let bytes = mb.len() as u64 + m.size;
+        if bytes > self.cap {
+            self.unpacked += 1 + m.chunks.len() as u64;
+            return Ok(None);
+        }
+        let mut members = vec![(e.id, MemberKind::Manifest)];
+        members.extend(m.chunks.iter().map(|(_, c)| (*c, MemberKind::Chunk)));
+        Ok(Some(FileMembers { members, bytes }))
+    }
+
+    fn dir(&mut self, id: Hash) -> Result<Dir> {
+        self.dirs += 1;
+        let t = self.load(id)?;
+        let mut d = Dir { files: Vec::new(), children: Vec::new(), bytes: 0, count: 0 };
+        for e in &t.entries {
+            match e.kind {
+                Kind::Directory => {
+                    let c = self.dir(e.id)?;
+                    d.bytes += c.bytes;
+                    d.count += c.count;
+                    d.children.push((d.files.len(), c));
+                }
+                Kind::Gitlink => {}
+                _ => {
+                    if let Some(f) = self.file(e)? {
+                        d.bytes += f.bytes;
+                        d.count += 1;
+                        d.files.push(f);
+                    }
+                }
+            }
+        }
+        Ok(d)
+    }
+}
+
+/// A run of members that must stay together, in walk order.
+struct Unit {
+    members: Vec<(Hash, MemberKind)>,
+    bytes: u64,
+}
+
+fn flatten(d: &Dir, out: &mut Vec<(Hash, MemberKind)>) {
+    let mut ci = 0;
+    for (i, f) in d.files.iter().enumerate() {
+        while ci < d.children.len() && d.children[ci].0 == i {
+            flatten(&d.children[ci].1, out);
+            ci += 1;
+        }
+        out.extend(f.members.iter().copied());
+    }
+    for (_, c) in &d.children[ci..] {
+        flatten(c, out);
+    }
+}
+
+/// v2: see the module comment. Emits groups of units, each one pack.
+fn plan_recursive(d: &Dir, cap: u64, groups: &mut Vec<Vec<Unit>>) {
+    if d.bytes <= cap {
+        let mut members = Vec::new();
+        flatten(d, &mut members);
+        groups.push(vec![Unit { members, bytes: d.bytes }]);
+        return;
+    }
+    let mut units = Vec::new();
+    let mut ci = 0;
+    let flush = |units: &mut Vec<Unit>, groups: &mut Vec<Vec<Unit>>| {
+        group_units(std::mem::take(units), cap, groups);
+    };
+    let child = |c: &Dir, units: &mut Vec<Unit>, groups: &mut Vec<Vec<Unit>>| {
+        if c.bytes <= cap {
+            let mut members = Vec::new();
+            flatten(c, &mut members);
+            units.push(Unit { members, bytes: c.bytes });
+        } else {
+            // Keep name order: what came before goes into packs first.
+            flush(units, groups);
+            plan_recursive(c, cap, groups);
+        }
+    };
+    for (i, f) in d.files.iter().enumerate() {
+        while ci < d.children.len() && d.children[ci].0 == i {
+            child(&d.children[ci].1, &mut units, groups);
+            ci += 1;
+        }
+        units.push(Unit { members: f.members.clone(), bytes: f.bytes });
+    }
+    for (_, c) in &d.children[ci..] {
+        child(c, &mut units, groups);
+    }
+    group_units(units, cap, groups);
+}
+
+/// Consecutive units, greedily, into groups of at most `cap` bytes.
+fn group_units(units: Vec<Unit>, cap: u64, groups: &mut Vec<Vec<Unit>>) {
+    let mut cur: Vec<Unit> = Vec::new();
+    let mut bytes = 0;
+    for u in units {
+        if !cur.is_empty() && bytes + u.bytes > cap {
+            groups.push(std::mem::take(&mut cur));
+            bytes = 0;
+        }
+        bytes += u.bytes;
+        cur.push(u);
+    }
+    if !cur.is_empty() {
+        groups.push(cur);
+    }
+}
+
+/// v1: each dense directory's own small files.
+fn plan_per_dir(d: &Dir, groups: &mut Vec<Vec<Unit>>) {
+    let small: Vec<&FileMembers> = d.files.iter().filter(|f| f.members.len() == 1).collect();
+    if small.len() >= PER_DIR_MIN_FILES {
+        groups.push(small.iter().map(|f| Unit { members: f.members.clone(), bytes: f.bytes }).collect());
+    }
+    for (_, c) in &d.children {
+        plan_per_dir(c, groups);
+    }
+}
+
+/// Builds the packs for `tree`, handing each (id, bytes) to `emit` as it is
+/// made (so at most one pack is in memory), and returns the index.
+pub fn build(
+    tree: Hash,
+    mode: Mode,
+    cap: u64,
+    src: &Source<'_>,
+    emit: &mut dyn FnMut(Hash, Vec<u8>) -> Result<()>,
+) -> Result<Built> {
+    let mut w = Walk { src, trees: Vec::new(), seen_trees: HashSet::new(), dirs: 0, cap, unpacked: 0 };
+    let root = w.dir(tree)?;
+    let mut groups = Vec::new();
+    match mode {
+        Mode::Recursive => plan_recursive(&root, cap, &mut groups),
+        Mode::PerDir => plan_per_dir(&root, &mut groups),
+    }
+    let mut seen = HashSet::new();
+    let mut packs = Vec::new();
+    for g in groups {
+        let ids: Vec<(Hash, MemberKind)> =
+            g.into_iter().flat_map(|u| u.members).filter(|(id, _)| seen.insert(*id)).collect();
+        if ids.is_empty() {
+            continue;
+        }
+        let data: Vec<Vec<u8>> = ids.iter().map(|(id, _)| src(id)).collect::<Result<_>>()?;
+        let members: Vec<(Hash, MemberKind, &[u8])> =
+            ids.iter().zip(&data).map(|((id, k), d)| (*id, *k, d.as_slice())).collect();
+        let (bytes, entry) = build_pack(&members);
+        emit(entry.id, bytes)?;
+        packs.push(entry);
+    }
+    if mode == Mode::PerDir {
+        let packed: HashSet<Hash> = packs.iter().flat_map(|p| p.members.iter().map(|m| m.id)).collect();
+        let mut all = Vec::new();
+        flatten(&root, &mut all);
+        w.unpacked += all.iter().filter(|(id, _)| !packed.contains(id)).count() as u64;
+    }
+    Ok(Built { index: PackIndex { tree, mode, dirs: w.dirs, packs, trees: w.trees }, unpacked: w.unpacked })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::object::Entry;
+    use std::collections::HashMap;
+
+    /// A store in memory and a tree builder for tests.
+    #[derive(Default)]
+    struct Mem(HashMap<Hash, Vec<u8>>);
+
+    impl Mem {
+        fn put(&mut self, b: Vec<u8>) -> Hash {
+            let id = Hash::of(&b);
+            self.0.insert(id, b);
+            id
+        }
+        fn file(&mut self, name: &str, content: Vec<u8>) -> Entry {
+            let size = content.len() as u64;
+            Entry { name: name.into(), kind: Kind::File, chunked: false, size, id: self.put(content) }
+        }
+        fn dir(&mut self, name: &str, entries: Vec<Entry>) -> Entry {
+            let t = Tree::normalized(entries).unwrap();
+            Entry { name: name.into(), kind: Kind::Directory, chunked: false, size: 0, id: self.put(t.encode()) }
+        }
+    }
+
+    fn build_all(m: &Mem, root: Hash, mode: Mode, cap: u64) -> (Built, HashMap<Hash, Vec<u8>>) {
+        let mut out = HashMap::new();
+        let src = |id: &Hash| m.0.get(id).cloned().ok_or_else(|| Error::NotFound(id.to_hex()));
+        let b = build(root, mode, cap, &src, &mut |id, bytes| {
+            out.insert(id, bytes);
+            Ok(())
+        })
+        .unwrap();
+        (b, out)
+    }
+
+    /// A thin tree: 40 directories of 3 files each, under two levels.
+    fn thin(m: &mut Mem) -> Hash {
+        let mut top = Vec::new();
+        for a in 0..4 {
+            let mut mid = Vec::new();
+            for b in 0..10 {
+                let files = (0..3)
+                    .map(|c| m.file(&format!("f{c}.txt"), format!("file {a}/{b}/{c} ").repeat(20).into_bytes()))
+                    .collect();
+                mid.push(m.dir(&format!("d{b}"), files));
+            }
+            top.push(m.dir(&format!("p{a}"), mid));
+        }
+        top.push(m.file("README", b"top".to_vec()));
+        m.dir("", top).id
+    }
+
+    #[test]
+    fn recursive_packs_a_thin_tree_into_one_pack_and_round_trips() {
+        let mut m = Mem::default();
+        let root = thin(&mut m);
+        let (b, packs) = build_all(&m, root, Mode::Recursive, DEFAULT_MAX_PACK_BYTES);
+        assert_eq!(b.index.packs.len(), 1);
+        assert_eq!(b.index.member_count(), 121);
+        assert_eq!(b.index.dirs, 45);
+        assert_eq!(b.index.trees.len(), 45);
+        let enc = b.index.encode();
+        assert_eq!(PackIndex::decode(&enc).unwrap(), b.index);
+        // Every member decodes from its byte range alone.
+        let p = &b.index.packs[0];
+        let bytes = &packs[&p.id];
+        assert_eq!(Hash::of(bytes), p.id);
+        for mem in &p.members {
+            let stored = &bytes[mem.offset as usize..(mem.offset + mem.stored_len) as usize];
+            assert_eq!(decode_member(mem, stored).unwrap(), m.0[&mem.id]);
+        }
+        assert!(p.members.iter().any(|m| m.codec == Codec::Zstd), "repetitive text compresses");
+        let (hl, hdr) = decode_pack_header(bytes).unwrap();
+        assert_eq!((hl, hdr), (p.header_len, p.members.clone()));
+    }
+
+    #[test]
+    fn cap_splits_in_name_order_and_per_dir_skips_sparse_dirs() {
+        let mut m = Mem::default();
+        let root = thin(&mut m);
+        // Each d* subtree is ~3 × 200 bytes; a 2 KiB cap forces splits.
+        let (b, _) = build_all(&m, root, Mode::Recursive, 2048);
+        assert!(b.index.packs.len() > 4);
+        assert!(b.index.packs.iter().all(|p| p.members.iter().map(|x| x.raw_len).sum::<u64>() <= 2048));
+        assert_eq!(b.index.member_count(), 121, "every small file is packed exactly once");
+        // Per-directory: no directory has 8 files, so nothing is packed.
+        let (v1, _) = build_all(&m, root, Mode::PerDir, DEFAULT_MAX_PACK_BYTES);
+        assert_eq!(v1.index.packs.len(), 0);
+        assert_eq!(v1.unpacked, 121);
+    }
+
+    #[test]
+    fn building_is_deterministic() {
+        let mut m = Mem::default();
+        let root = thin(&mut m);
+        let (a, _) = build_all(&m, root, Mode::Recursive, 4096);
+        let (b, _) = build_all(&m, root, Mode::Recursive, 4096);
+        assert_eq!(a.index.encode(), b.index.encode());
+    }
+
+    /// If this fails, the pack encoding changed: bump PACK_VERSION.
+    #[test]
+    fn pack_golden_bytes() {
+        let a = b"hello".to_vec();
+        let (bytes, entry) = build_pack(&[(Hash::of(&a), MemberKind::Blob, &a)]);
+        let hex: String = bytes.iter().map(|x| format!("{x:02x}")).collect();
+        assert_eq!(hex, format!("4d4144500101{}01000505{}", Hash::of(&a).to_hex(), "68656c6c6f"));
+        assert_eq!(entry.header_len, 6 + 32 + 4);
+    }
+
+    #[test]
+    fn hostile_indexes_are_refused() {
+        let mut m = Mem::default();
+        let root = thin(&mut m);
+        let (b, _) = build_all(&m, root, Mode::Recursive, 4096);
+        let enc = b.index.encode();
+        for cut in 0..enc.len() {
+            assert!(PackIndex::decode(&enc[..cut]).is_err());
+        }
+        // A member range past the end of its pack.
+        let mut bad = b.index.clone();
+        bad.packs[0].members[0].stored_len = bad.packs[0].size;
+        assert!(PackIndex::decode(&bad.encode()).is_err());
+        // A tree that does not match its id.
+        let mut bad = b.index.clone();
+        bad.trees[0].1.push(0);
+        assert!(PackIndex::decode(&bad.encode()).is_err());
+        // A claimed size beyond the limit.
+        let mut huge = b"MADI\x01".to_vec();
+        put_varint(&mut huge, u64::MAX);
+        assert!(PackIndex::decode(&huge).is_err());
+        // A member whose bytes do not match its id.
+        let mem = Member {
+            id: Hash([1; 32]),
+            kind: MemberKind::Blob,
+            codec: Codec::Raw,
+            offset: 0,
+            stored_len: 3,
+            raw_len: 3,
+        };
+        assert!(decode_member(&mem, b"abc").is_err());
+    }
+}
