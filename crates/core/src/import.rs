@@ -17,6 +17,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
+use object_store::ObjectStoreExt;
 
 use crate::cache::DiskCache;
 use crate::chunk::{split, Split};
@@ -346,23 +347,66 @@ pub struct ImportReport {
     pub files: u64,
     pub bytes: u64,
     pub upload: UploadReport,
+    /// Packs built for tips whose index was not published yet.
+    pub packs: Vec<crate::publish::PackReport>,
     pub ref_name: String,
 }
 
 /// Phase 2 and the ref: snapshots chained on `ref_name`'s history.
 pub async fn publish(
     remote: &Remote,
-    cache: &DiskCache,
+    cache: &Arc<DiskCache>,
     staged: &Staged,
     revs: &[StagedRev],
     ref_name: &str,
+    packs: Option<crate::publish::PackOptions>,
 ) -> Result<ImportReport> {
     // The ref (and its snapshot) and the first batch of HEADs do not
     // depend on each other: one round trip for both.
     let roots: Vec<Hash> = revs.iter().map(|r| r.root).collect();
-    let (current, upload) =
-        tokio::join!(read_ref_snapshot(remote, cache, ref_name), upload_closure(remote, cache, staged, &roots));
-    let (current, mut upload) = (current?, upload?);
+    let index_probe = async {
+        let mut out = Vec::new();
+        if let Some(p) = packs {
+            let heads = roots.iter().map(|r| async move {
+                let key = remote.key(&crate::fetch::index_key(r));
+                match remote.object_store().head(&key).await {
+                    Ok(_) => Ok((*r, true)),
+                    Err(object_store::Error::NotFound { .. }) => Ok((*r, false)),
+                    Err(e) => Err(Error::Remote {
+                        url: remote.url().to_string(),
+                        op: "HEAD",
+                        key: key.to_string(),
+                        hint: "check that the remote is up".into(),
+                        source: Box::new(e),
+                    }),
+                }
+            });
+            for r in futures::future::join_all(heads).await {
+                out.push(r?);
+            }
+            let _ = p;
+        }
+        Ok::<_, Error>(out)
+    };
+    let (current, upload, indexed) = futures::join!(
+        read_ref_snapshot(remote, cache, ref_name),
+        upload_closure(remote, cache, staged, &roots),
+        index_probe
+    );
+    let (current, mut upload, indexed) = (current?, upload?, indexed?);
+    // Packs for each tip whose index is not published yet, built from what
+    // this import just put in the disk cache: no GET.
+    let mut pack_reports = Vec::new();
+    if let Some(opts) = packs {
+        let mut done = HashSet::new();
+        for (root, present) in indexed {
+            if present || !done.insert(root) {
+                continue;
+            }
+            let opts = crate::publish::PackOptions { index_check: crate::publish::IndexCheck::KnownAbsent, ..opts };
+            pack_reports.push(crate::publish::publish_packs(remote, cache, root, opts).await?);
+        }
+    }
     let mut parent: Option<(Hash, Snapshot)> = current.as_ref().map(|(v, _, s)| (v.snapshot, s.clone()));
     let current = current.map(|(v, ver, _)| (v, ver));
     let mut imported = Vec::new();
@@ -410,7 +454,14 @@ pub async fn publish(
             remote.cas_ref(ref_name, current.as_ref().map(|(_, ver)| ver), RefValue { snapshot: tip, root }).await?;
         }
     }
-    Ok(ImportReport { imported, files: staged.files, bytes: staged.bytes, upload, ref_name: ref_name.to_string() })
+    Ok(ImportReport {
+        imported,
+        files: staged.files,
+        bytes: staged.bytes,
+        upload,
+        packs: pack_reports,
+        ref_name: ref_name.to_string(),
+    })
 }
 
 /// A ref's value, version and snapshot (from the cache when present).
@@ -441,6 +492,7 @@ pub async fn import_git(
     repo: &Path,
     revs: Vec<String>,
     ref_name: &str,
+    packs: Option<crate::publish::PackOptions>,
     progress: Arc<dyn Fn(u64) + Send + Sync>,
 ) -> Result<ImportReport> {
     crate::object::check_ref_name(ref_name).map_err(Error::User)?;
@@ -449,5 +501,5 @@ pub async fn import_git(
     let (staged, revs) = tokio::task::spawn_blocking(move || stage(&repo, &revs, &c, &*progress))
         .await
         .map_err(|e| Error::Io { context: "import task".into(), source: std::io::Error::other(e) })??;
-    publish(remote, &cache, &staged, &revs, ref_name).await
+    publish(remote, &cache, &staged, &revs, ref_name, packs).await
 }

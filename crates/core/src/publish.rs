@@ -28,9 +28,16 @@ use crate::store::Remote;
 pub struct PackOptions {
     pub mode: Mode,
     pub cap: u64,
-    /// Compare with the published index by reading it (one GET). Import
-    /// sets this false: it promises zero GETs and only HEADs the index key.
-    pub compare_index: bool,
+    pub index_check: IndexCheck,
+}
+
+/// How to decide whether the index must be written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IndexCheck {
+    /// Read the published index and compare bytes (one GET).
+    Compare,
+    /// The caller knows none is published (import checked with a HEAD).
+    KnownAbsent,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -122,14 +129,14 @@ pub async fn publish_packs(
     let idx = built.index;
     let enc = idx.encode();
     let key = remote.key(&index_key(&tree));
-    let same = if opts.compare_index {
+    let same = if opts.index_check == IndexCheck::Compare {
         match remote.object_store().get(&key).await {
             Ok(r) => r.bytes().await.map(|b| b[..] == enc[..]).unwrap_or(false),
             Err(object_store::Error::NotFound { .. }) => false,
             Err(e) => return Err(remote_err(remote, "GET", &key, e)),
         }
     } else {
-        exists(remote, &key).await?
+        false
     };
     if !same {
         remote

@@ -51,7 +51,7 @@ pub async fn open(fetcher: &Arc<Fetcher>, spec: &str) -> Result<(Hash, Snapshot,
     let r = resolve(&fetcher.remote, spec).await?;
     match r.root {
         Some(root) => {
-            let (snap, attach) = tokio::join!(fetcher.snapshot(r.snapshot), fetcher.attach(root));
+            let (snap, attach) = futures::join!(fetcher.snapshot(r.snapshot), fetcher.attach(root));
             let snap = snap?;
             if snap.root != root {
                 return Err(Error::Corrupt {

@@ -35,7 +35,6 @@ pub struct ImportGitArgs {
 pub async fn run(a: ImportGitArgs, ctx: &Ctx) -> Result<()> {
     let remote = ctx.remote()?;
     let cache = ctx.cache()?;
-    let cache2 = cache.clone();
     let revs = if a.revs.is_empty() { vec!["HEAD".to_string()] } else { a.revs };
     let pb = ctx.progress(None, "importing files");
     let pb2 = pb.clone();
@@ -46,35 +45,25 @@ pub async fn run(a: ImportGitArgs, ctx: &Ctx) -> Result<()> {
         &a.repo,
         revs,
         &a.ref_name,
+        (!a.no_packs).then_some(mado_core::publish::PackOptions {
+            mode: mado_core::pack::Mode::Recursive,
+            cap: a.max_pack_bytes,
+            index_check: mado_core::publish::IndexCheck::KnownAbsent,
+        }),
         Arc::new(move |n| pb2.set_position(n)),
     )
     .await;
     pb.finish_and_clear();
     let report = report?;
-    // Packs for each imported tip, built from what the import just put in
-    // the disk cache: no GET.
-    let mut packs = Vec::new();
-    if !a.no_packs {
-        let mut roots: Vec<&str> = report.imported.iter().map(|i| i.root.as_str()).collect();
-        roots.dedup();
-        for root in roots {
-            let root: mado_core::Hash = root.parse()?;
-            let opts = mado_core::publish::PackOptions {
-                mode: mado_core::pack::Mode::Recursive,
-                cap: a.max_pack_bytes,
-                compare_index: false,
-            };
-            let p = mado_core::publish::publish_packs(&remote, &cache2, root, opts).await?;
-            ctx.step(format!(
-                "packed tree {}: {} packs, {} members, {} uploaded in {} ms",
-                root.short(),
-                p.packs,
-                p.members,
-                p.packs_uploaded,
-                p.build_ms
-            ));
-            packs.push(p);
-        }
+    for p in &report.packs {
+        ctx.step(format!(
+            "packed tree {}: {} packs, {} members, {} uploaded, built in {} ms",
+            &p.tree[..12],
+            p.packs,
+            p.members,
+            p.packs_uploaded,
+            p.build_ms
+        ));
     }
     ctx.step(format!(
         "uploaded {} objects ({} trees, {} B), {} snapshots",
@@ -88,10 +77,9 @@ pub async fn run(a: ImportGitArgs, ctx: &Ctx) -> Result<()> {
         struct Out<'a> {
             #[serde(flatten)]
             report: &'a mado_core::import::ImportReport,
-            packs: Vec<mado_core::publish::PackReport>,
             remote: mado_core::store::Stats,
         }
-        return ctx.print_json(&Out { report: &report, packs, remote: remote.stats() });
+        return ctx.print_json(&Out { report: &report, remote: remote.stats() });
     }
     for i in &report.imported {
         let note = if i.new_snapshot { "" } else { " (unchanged)" };

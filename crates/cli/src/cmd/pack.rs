@@ -47,7 +47,11 @@ pub async fn run(a: PackArgs, ctx: &Ctx) -> Result<()> {
     m?;
     ctx.step("content is in the disk cache");
     let mode = if a.per_dir { Mode::PerDir } else { Mode::Recursive };
-    let opts = mado_core::publish::PackOptions { mode, cap: a.max_pack_bytes, compare_index: true };
+    let opts = mado_core::publish::PackOptions {
+        mode,
+        cap: a.max_pack_bytes,
+        index_check: mado_core::publish::IndexCheck::Compare,
+    };
     let report = mado_core::publish::publish_packs(&remote, &cache, snap.root, opts).await?;
     ctx.step(format!("built {} packs in {} ms", report.packs, report.build_ms));
     if ctx.json {
