@@ -8,6 +8,7 @@ pub mod chunk;
 pub mod codec;
 pub mod error;
 pub mod fetch;
+pub mod gc;
 pub mod hash;
 pub mod import;
 pub mod materialize;

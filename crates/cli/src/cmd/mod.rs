@@ -4,6 +4,7 @@
 mod cache;
 mod cat;
 mod checkout;
+mod gc;
 mod import_git;
 mod init;
 mod log;
@@ -27,6 +28,7 @@ pub enum Command {
     Checkout(checkout::CheckoutArgs),
     Pack(pack::PackArgs),
     Materialize(materialize::MaterializeArgs),
+    Gc(gc::GcArgs),
     #[command(subcommand)]
     Cache(cache::CacheCommand),
 }
@@ -41,6 +43,7 @@ pub async fn run(cmd: Command, ctx: &Ctx) -> Result<()> {
         Command::Checkout(a) => checkout::run(a, ctx).await,
         Command::Pack(a) => pack::run(a, ctx).await,
         Command::Materialize(a) => materialize::run(a, ctx).await,
+        Command::Gc(a) => gc::run(a, ctx).await,
         Command::Cache(c) => cache::run(c, ctx).await,
     }
 }

@@ -1,0 +1,232 @@
+//! Garbage collection: delete what no ref reaches.
+//!
+//! Mark: from every ref, follow snapshot parents, then trees, then chunk
+//! manifests to their chunks. Packs are never consulted for liveness: an
+//! object a pack holds but no ref reaches is deleted like any other.
+//!
+//! Sweep, in the reverse of the closure rule so the store is consistent at
+//! every instant (a present object still has everything it references):
+//! snapshots, then pack indexes of unreached trees, then packs that no kept
+//! index names, then trees, then chunk manifests, then blobs and chunks.
+//! Anything younger than the grace period is kept, so an import or a
+//! checkpoint that is uploading (objects first, ref last) is never cut.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{StreamExt, TryStreamExt};
+use object_store::path::Path;
+use object_store::ObjectStoreExt;
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+use crate::fetch::Fetcher;
+use crate::hash::Hash;
+use crate::object::{ChunkManifest, Kind};
+use crate::pack::PackIndex;
+use crate::store::{Space, CONCURRENCY};
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct GcReport {
+    pub refs: usize,
+    pub snapshots_kept: usize,
+    pub objects_kept: usize,
+    pub deleted_snapshots: u64,
+    pub deleted_objects: u64,
+    pub deleted_indexes: u64,
+    pub deleted_packs: u64,
+    pub bytes_freed: u64,
+    /// Unreachable but younger than the grace period.
+    pub spared_young: u64,
+    pub dry_run: bool,
+}
+
+struct Listed {
+    key: Path,
+    name: String,
+    size: u64,
+    young: bool,
+}
+
+fn remote_err(f: &Fetcher, op: &'static str, key: &Path, e: object_store::Error) -> Error {
+    Error::Remote {
+        url: f.remote.url().to_string(),
+        op,
+        key: key.to_string(),
+        hint: "check that the remote is up".into(),
+        source: Box::new(e),
+    }
+}
+
+async fn list(f: &Fetcher, prefix: &str, grace: Duration) -> Result<Vec<Listed>> {
+    let key = f.remote.key(prefix);
+    let cutoff = chrono_now_minus(grace);
+    let metas: Vec<_> =
+        f.remote.object_store().list(Some(&key)).try_collect().await.map_err(|e| remote_err(f, "LIST", &key, e))?;
+    Ok(metas
+        .into_iter()
+        .map(|m| Listed {
+            name: m.location.filename().unwrap_or_default().to_string(),
+            young: m.last_modified.timestamp() > cutoff,
+            size: m.size,
+            key: m.location,
+        })
+        .collect())
+}
+
+fn chrono_now_minus(grace: Duration) -> i64 {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    now.as_secs() as i64 - grace.as_secs() as i64
+}
+
+/// Marks and sweeps. With `dry_run`, only counts.
+pub async fn gc(f: &Arc<Fetcher>, grace: Duration, dry_run: bool) -> Result<GcReport> {
+    let mut report = GcReport { dry_run, ..Default::default() };
+    // Mark snapshots.
+    let refs = f.remote.list_refs().await?;
+    report.refs = refs.len();
+    let mut snaps: HashSet<Hash> = HashSet::new();
+    let mut roots: HashSet<Hash> = HashSet::new();
+    let mut todo: Vec<Hash> = refs.iter().map(|(_, v)| v.snapshot).collect();
+    while let Some(id) = todo.pop() {
+        if !snaps.insert(id) {
+            continue;
+        }
+        let s = f.snapshot(id).await?;
+        roots.insert(s.root);
+        if let Some(stat) = s.stat {
+            roots.insert(stat);
+        }
+        todo.extend(s.parents);
+    }
+    // Mark objects: trees level by level (the roots' indexes carry the
+    // trees inline), manifests to their chunks.
+    let mut live: HashSet<Hash> = HashSet::new();
+    for r in &roots {
+        let _ = f.attach(*r).await?;
+    }
+    let mut level: Vec<Hash> = roots.iter().copied().collect();
+    let mut manifests = Vec::new();
+    while !level.is_empty() {
+        level.retain(|id| live.insert(*id));
+        let trees: Vec<_> = futures::stream::iter(level.iter().map(|id| {
+            let f = f.clone();
+            let id = *id;
+            async move {
+                match f.tree(id, "").await {
+                    Ok(t) => Ok(Some(t)),
+                    // A stat object or another non-tree root: a leaf.
+                    Err(Error::Corrupt { .. }) => Ok(None),
+                    Err(e) => Err(e),
+                }
+            }
+        }))
+        .buffered(CONCURRENCY)
+        .try_collect()
+        .await?;
+        let mut next = Vec::new();
+        for t in trees.into_iter().flatten() {
+            for e in t.entries {
+                match e.kind {
+                    Kind::Directory => next.push(e.id),
+                    Kind::Gitlink => {}
+                    _ if e.chunked => manifests.push(e.id),
+                    _ => {
+                        live.insert(e.id);
+                    }
+                }
+            }
+        }
+        level = next;
+    }
+    for m in manifests {
+        if !live.insert(m) {
+            continue;
+        }
+        let b = f.get(Space::Objects, m, "chunk manifest").await?;
+        let man = ChunkManifest::decode(&b).map_err(|e| Error::corrupt(m, "chunk manifest", "", e))?;
+        live.extend(man.chunks.iter().map(|(_, c)| *c));
+    }
+    report.snapshots_kept = snaps.len();
+    report.objects_kept = live.len();
+
+    let mut doomed: Vec<Vec<Path>> = Vec::new();
+    let take = |items: Vec<Listed>,
+                keep: &dyn Fn(&Listed) -> bool,
+                counter: &mut u64,
+                report_young: &mut u64,
+                bytes: &mut u64| {
+        let mut out = Vec::new();
+        for it in items {
+            if keep(&it) {
+                continue;
+            }
+            if it.young {
+                *report_young += 1;
+                continue;
+            }
+            *counter += 1;
+            *bytes += it.size;
+            out.push(it.key);
+        }
+        out
+    };
+    let parse = |it: &Listed| it.name.parse::<Hash>().ok();
+    // 1. Snapshots.
+    let listed = list(f, "snapshots", grace).await?;
+    let mut young = 0;
+    let mut bytes = 0;
+    let keep_snap = |it: &Listed| parse(it).is_some_and(|h| snaps.contains(&h));
+    doomed.push(take(listed, &keep_snap, &mut report.deleted_snapshots, &mut young, &mut bytes));
+    // 2. Indexes of trees no ref reaches; 3. packs no kept index names.
+    let indexes = list(f, "packs/index", grace).await?;
+    let mut kept_packs: HashSet<Hash> = HashSet::new();
+    for it in &indexes {
+        let keep = parse(it).is_some_and(|h| live.contains(&h));
+        if keep || it.young {
+            if let Ok(r) = f.remote.object_store().get(&it.key).await {
+                if let Ok(b) = r.bytes().await {
+                    if let Ok(idx) = PackIndex::decode(&b) {
+                        kept_packs.extend(idx.packs.iter().map(|p| p.id));
+                    }
+                }
+            }
+        }
+    }
+    let keep_index = |it: &Listed| parse(it).is_some_and(|h| live.contains(&h));
+    doomed.push(take(indexes, &keep_index, &mut report.deleted_indexes, &mut young, &mut bytes));
+    let packs: Vec<Listed> =
+        list(f, "packs", grace).await?.into_iter().filter(|it| !it.key.as_ref().contains("/index/")).collect();
+    let keep_pack = |it: &Listed| parse(it).is_some_and(|h| kept_packs.contains(&h));
+    doomed.push(take(packs, &keep_pack, &mut report.deleted_packs, &mut young, &mut bytes));
+    // 4. Objects: trees, then manifests, then the rest. The kind is read
+    // from the magic of objects about to go (cache or store).
+    let objects = list(f, "objects", grace).await?;
+    let keep_obj = |it: &Listed| parse(it).is_some_and(|h| live.contains(&h));
+    let dead = take(objects, &keep_obj, &mut report.deleted_objects, &mut young, &mut bytes);
+    let mut by_rank: [Vec<Path>; 3] = Default::default();
+    for key in dead {
+        let rank = match f.remote.object_store().get_range(&key, 0..4).await {
+            Ok(m) if &m[..] == b"MADT" => 0,
+            Ok(m) if &m[..] == b"MADM" => 1,
+            _ => 2,
+        };
+        by_rank[rank].push(key);
+    }
+    doomed.extend(by_rank);
+    report.spared_young = young;
+    report.bytes_freed = bytes;
+    if !dry_run {
+        for batch in doomed {
+            let stream = futures::stream::iter(batch.into_iter().map(Ok)).boxed();
+            f.remote
+                .object_store()
+                .delete_stream(stream)
+                .try_collect::<Vec<_>>()
+                .await
+                .map_err(|e| remote_err(f, "DELETE", &f.remote.key(""), e))?;
+        }
+    }
+    Ok(report)
+}
