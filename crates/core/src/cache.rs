@@ -110,6 +110,11 @@ impl DiskCache {
         &self.root
     }
 
+    /// Where the entry for `id` lives (it may be absent).
+    pub fn entry_path(&self, id: &Hash) -> PathBuf {
+        self.path(id)
+    }
+
     fn path(&self, id: &Hash) -> PathBuf {
         let hex = id.to_hex();
         self.root.join("objects").join(&hex[..2]).join(hex)

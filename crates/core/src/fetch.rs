@@ -70,6 +70,11 @@ pub enum Attach {
     Undecodable {
         detail: String,
     },
+    /// The index is there but its packs were deleted (`mado gc`).
+    Swept {
+        missing: usize,
+        packs: usize,
+    },
 }
 
 #[derive(Default, Debug)]
@@ -179,6 +184,40 @@ impl Fetcher {
     /// The local pointer: where a copy of `tree`'s index is kept.
     pub fn local_pointer(&self, tree: &Hash) -> PathBuf {
         self.cache.root().join("packs").join("index").join(tree.to_hex())
+    }
+
+    /// HEADs every attached pack (one round trip); those missing are marked
+    /// bad, so reads go per object without trying them. Returns (missing, total).
+    pub async fn check_packs(&self) -> Result<(usize, usize)> {
+        let packs: Vec<Hash> = {
+            let set = self.packs.read().expect("packs lock");
+            let mut v: Vec<Hash> = set.members.values().map(|(p, _)| p.id).collect();
+            v.sort();
+            v.dedup();
+            v
+        };
+        let heads = packs.iter().map(|id| async move {
+            let key = self.remote.key(&pack_key(id));
+            match self.remote.object_store().head(&key).await {
+                Ok(_) => Ok(None),
+                Err(object_store::Error::NotFound { .. }) => Ok(Some(*id)),
+                Err(e) => Err(Error::Remote {
+                    url: self.remote.url().to_string(),
+                    op: "HEAD",
+                    key: key.to_string(),
+                    hint: "check that the remote is up".into(),
+                    source: Box::new(e),
+                }),
+            }
+        });
+        let mut missing = 0;
+        for r in futures::future::join_all(heads).await {
+            if let Some(id) = r? {
+                missing += 1;
+                self.bad_packs.lock().expect("bad packs lock").insert(id);
+            }
+        }
+        Ok((missing, packs.len()))
     }
 
     /// Finds and attaches the pack index of `tree`: the local pointer
@@ -470,10 +509,13 @@ impl Fetcher {
             return Ok(b);
         }
         let m = self.manifest(e, path).await?;
-        let parts: Vec<Bytes> = futures::stream::iter(m.chunks.iter().map(|(_, id)| {
+        // Owned ids and path: futures that borrow across a stream trip up
+        // the compiler's Send checks when spawned.
+        let ids: Vec<Hash> = m.chunks.iter().map(|(_, id)| *id).collect();
+        let parts: Vec<Bytes> = futures::stream::iter(ids.into_iter().map(|id| {
             let me = self.clone();
-            let id = *id;
-            async move { me.get(Space::Objects, id, "chunk").await.map_err(|er| er.at_path(path)) }
+            let path = path.to_string();
+            async move { me.get(Space::Objects, id, "chunk").await.map_err(|er| er.at_path(&path)) }
         }))
         .buffered(CONCURRENCY)
         .try_collect()

@@ -12,6 +12,7 @@ pub mod gc;
 pub mod hash;
 pub mod import;
 pub mod materialize;
+pub mod mount;
 pub mod object;
 pub mod pack;
 pub mod publish;

@@ -10,7 +10,11 @@ mod init;
 mod log;
 mod ls;
 mod materialize;
+mod mount;
 mod pack;
+mod pack_status;
+mod stats;
+mod umount;
 
 use anyhow::Result;
 use clap::Subcommand;
@@ -29,6 +33,11 @@ pub enum Command {
     Pack(pack::PackArgs),
     Materialize(materialize::MaterializeArgs),
     Gc(gc::GcArgs),
+    Mount(mount::MountArgs),
+    Umount(umount::UmountArgs),
+    #[command(name = "pack-status")]
+    PackStatus(pack_status::PackStatusArgs),
+    Stats(stats::StatsArgs),
     #[command(subcommand)]
     Cache(cache::CacheCommand),
 }
@@ -44,6 +53,34 @@ pub async fn run(cmd: Command, ctx: &Ctx) -> Result<()> {
         Command::Pack(a) => pack::run(a, ctx).await,
         Command::Materialize(a) => materialize::run(a, ctx).await,
         Command::Gc(a) => gc::run(a, ctx).await,
+        Command::Mount(a) => mount::run(a, ctx).await,
+        Command::Umount(a) => umount::run(a, ctx).await,
+        Command::PackStatus(a) => pack_status::run(a, ctx).await,
+        Command::Stats(a) => stats::run(a, ctx).await,
         Command::Cache(c) => cache::run(c, ctx).await,
     }
+}
+
+/// Sends `op` to the daemon of the mount holding `dir` (default: the
+/// current directory).
+fn ask_daemon(dir: Option<std::path::PathBuf>, op: &str) -> Result<serde_json::Value> {
+    let dir = match dir {
+        Some(d) => d,
+        None => std::env::current_dir()?,
+    };
+    let Some((mp, sock)) = mado_mount::control::find_mount(&dir)? else {
+        return Err(mado_core::Error::User(format!(
+            "no mado mount at or above {}; start one with `mado mount REF DIR`",
+            dir.display()
+        ))
+        .into());
+    };
+    mado_mount::control::request(&sock, op).map_err(|e| {
+        mado_core::Error::User(format!(
+            "the daemon of {} does not answer ({e}); if it died, run `mado umount {}`",
+            mp.display(),
+            mp.display()
+        ))
+        .into()
+    })
 }

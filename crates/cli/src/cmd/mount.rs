@@ -1,0 +1,155 @@
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, FromRawFd};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use clap::Args;
+use mado_mount::daemon;
+
+use crate::ctx::Ctx;
+
+/// Mount a snapshot read-only with FUSE; content is fetched lazily.
+///
+/// Returns once the mount is ready (or says why it failed) and leaves a
+/// daemon serving it; --foreground stays attached instead. Directory
+/// listings and attributes come from the snapshot's trees with no network;
+/// the first read of a file in a packed subtree fetches its whole pack in
+/// one ranged GET. `mado pack-status DIR` and `mado stats DIR` ask the
+/// daemon; `mado umount DIR` ends it. A daemon that was killed leaves a
+/// disconnected mount: `mado umount DIR` (or mounting again) cleans it up.
+#[derive(Args)]
+pub struct MountArgs {
+    /// Ref name or snapshot id.
+    spec: String,
+    /// Mount point (an existing, empty directory).
+    dir: PathBuf,
+    /// Stay attached to the terminal instead of running as a daemon.
+    #[arg(long)]
+    foreground: bool,
+    /// Seconds a read may wait for the store before failing with EIO.
+    #[arg(long, default_value_t = 30, value_name = "SECONDS")]
+    read_timeout: u64,
+    /// Do not use FUSE passthrough for files already in the disk cache.
+    #[arg(long)]
+    no_passthrough: bool,
+    /// (internal) report readiness on this inherited file descriptor.
+    #[arg(long, hide = true)]
+    ready_fd: Option<i32>,
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct ReadyMsg {
+    ok: bool,
+    mountpoint: String,
+    snapshot: String,
+    status: serde_json::Value,
+    advisory: Option<String>,
+    error: Option<String>,
+}
+
+pub async fn run(a: MountArgs, ctx: &Ctx) -> Result<()> {
+    if !a.dir.is_dir() && !daemon::is_disconnected(&a.dir) {
+        return Err(mado_core::Error::User(format!("{} is not a directory; create it first", a.dir.display())).into());
+    }
+    if a.foreground {
+        return run_daemon(a, ctx);
+    }
+    // Re-run ourselves as the daemon, and wait on a pipe: the daemon writes
+    // one line when the mount is up, or the pipe closes if it dies.
+    let (mut r, w) = std::io::pipe().context("creating the readiness pipe")?;
+    rustix::io::fcntl_setfd(w.as_fd(), rustix::io::FdFlags::empty()).context("sharing the readiness pipe")?;
+    let mp = mado_mount::control::absolute(&a.dir)?;
+    let log = mado_mount::control::log_path(&mp)?;
+    let logf = std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+    let mut cmd = std::process::Command::new(std::env::current_exe()?);
+    cmd.arg("mount").arg(&a.spec).arg(&mp).arg("--foreground");
+    cmd.arg("--read-timeout").arg(a.read_timeout.to_string());
+    cmd.arg("--ready-fd").arg(std::os::fd::AsRawFd::as_raw_fd(&w).to_string());
+    if a.no_passthrough {
+        cmd.arg("--no-passthrough");
+    }
+    if ctx.verbose {
+        cmd.arg("--verbose");
+    }
+    use std::os::unix::process::CommandExt;
+    cmd.stdin(std::process::Stdio::null()).stdout(logf.try_clone()?).stderr(logf).process_group(0);
+    let child = cmd.spawn().context("starting the mount daemon")?;
+    drop(w);
+    let mut line = String::new();
+    r.read_to_string(&mut line).context("waiting for the mount daemon")?;
+    let msg: Option<ReadyMsg> = serde_json::from_str(line.trim()).ok();
+    match msg {
+        Some(m) if m.ok => {
+            ctx.step("mount is ready");
+            if ctx.json {
+                return ctx.print_json(&m);
+            }
+            println!("mounted {} ({}) at {} [daemon pid {}]", a.spec, &m.snapshot[..12], m.mountpoint, child.id());
+            if let Some(adv) = &m.advisory {
+                eprintln!("advisory: {adv}");
+            }
+            Ok(())
+        }
+        Some(m) => Err(mado_core::Error::User(m.error.unwrap_or_default()).into()),
+        None => {
+            let tail = std::fs::read_to_string(&log).unwrap_or_default();
+            Err(anyhow::anyhow!(
+                "the mount daemon exited before the mount was ready; its log ({}):\n{tail}",
+                log.display()
+            ))
+        }
+    }
+}
+
+fn run_daemon(a: MountArgs, ctx: &Ctx) -> Result<()> {
+    let fetcher = ctx.fetcher()?;
+    let opts = daemon::MountOptions {
+        spec: a.spec.clone(),
+        mountpoint: a.dir.clone(),
+        read_timeout: Duration::from_secs(a.read_timeout),
+        passthrough: !a.no_passthrough,
+    };
+    let ready_fd = a.ready_fd;
+    let mp = a.dir.display().to_string();
+    let report = move |r: std::result::Result<daemon::Ready, String>| {
+        let msg = match r {
+            Ok(ready) => ReadyMsg {
+                ok: true,
+                mountpoint: mp.clone(),
+                snapshot: ready.snapshot,
+                status: serde_json::to_value(&ready.attach).unwrap_or_default(),
+                advisory: ready.advisory,
+                error: None,
+            },
+            Err(e) => ReadyMsg {
+                ok: false,
+                mountpoint: mp.clone(),
+                snapshot: String::new(),
+                status: serde_json::Value::Null,
+                advisory: None,
+                error: Some(e),
+            },
+        };
+        let line = serde_json::to_string(&msg).unwrap_or_default();
+        match ready_fd {
+            Some(fd) => {
+                // SAFETY: the parent `mado mount` passed this descriptor
+                // (the write end of its readiness pipe) and nothing else in
+                // this process uses it; we take sole ownership here.
+                let mut f = unsafe { std::fs::File::from_raw_fd(fd) };
+                let _ = writeln!(f, "{line}");
+            }
+            None if msg.ok => {
+                eprintln!("mounted {} at {}", msg.snapshot, msg.mountpoint);
+                if let Some(a) = &msg.advisory {
+                    eprintln!("advisory: {a}");
+                }
+            }
+            None => {}
+        }
+    };
+    let handle = tokio::runtime::Handle::current();
+    tokio::task::block_in_place(|| daemon::run(opts, fetcher, &handle, report))?;
+    Ok(())
+}

@@ -1,0 +1,25 @@
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::Args;
+
+use crate::ctx::Ctx;
+
+/// Unmount a mado mount (the daemon then exits). Also cleans up a mount
+/// whose daemon was killed ("Transport endpoint is not connected").
+#[derive(Args)]
+pub struct UmountArgs {
+    /// The mount point.
+    dir: PathBuf,
+}
+
+pub async fn run(a: UmountArgs, _ctx: &Ctx) -> Result<()> {
+    mado_mount::daemon::unmount(&a.dir).map_err(|e| {
+        mado_core::Error::User(format!(
+            "cannot unmount {}: {e} (is it a mado mount? is a file in it still open?)",
+            a.dir.display()
+        ))
+    })?;
+    println!("unmounted {}", a.dir.display());
+    Ok(())
+}

@@ -1,0 +1,203 @@
+//! The mount daemon: opens a snapshot (resolving the ref, reading the
+//! snapshot and attaching its pack index together), loads its trees from
+//! the index, serves the control socket, mounts the FUSE filesystem and
+//! reports readiness; then waits, woken by the unmount or a signal.
+//!
+//! Recovery: a daemon killed with SIGKILL leaves its mount point
+//! disconnected ("Transport endpoint is not connected"). `mado umount DIR`
+//! and `mado mount` on the same DIR detect that and detach it lazily
+//! (`fusermount3 -uz`); the stale socket file is replaced.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use mado_core::fetch::{Attach, Fetcher};
+use mado_core::mount::SnapshotFs;
+use mado_core::{Error, Result};
+use serde_json::json;
+
+use crate::control;
+use crate::fs::MadoFs;
+
+pub struct MountOptions {
+    pub spec: String,
+    pub mountpoint: PathBuf,
+    pub read_timeout: Duration,
+    pub passthrough: bool,
+}
+
+/// What the daemon reports once the mount is up.
+pub struct Ready {
+    pub snapshot: String,
+    pub attach: Attach,
+    /// The advisory for a large tree served without packs.
+    pub advisory: Option<String>,
+}
+
+/// Is `p` a mount point whose daemon is gone?
+pub fn is_disconnected(p: &Path) -> bool {
+    matches!(std::fs::metadata(p), Err(e) if e.raw_os_error() == Some(rustix::io::Errno::NOTCONN.raw_os_error()))
+}
+
+/// Unmounts `p` (lazily if its daemon is gone).
+pub fn unmount(p: &Path) -> std::io::Result<()> {
+    let lazy = is_disconnected(p);
+    let mut c = std::process::Command::new("fusermount3");
+    c.arg(if lazy { "-uz" } else { "-u" }).arg(p);
+    let out = c.output()?;
+    if out.status.success() {
+        let _ = std::fs::remove_file(control::socket_path(&control::absolute(p)?)?);
+        return Ok(());
+    }
+    Err(std::io::Error::other(String::from_utf8_lossy(&out.stderr).trim().to_string()))
+}
+
+fn reason_text(a: &Attach) -> String {
+    match a {
+        Attach::Attached { mode, version, dirs, packs, members, via } => format!(
+            "prefetcher attached: {mode} packs (index v{version}), {dirs} directories, {packs} packs, {members} objects; discovered via {}",
+            match via {
+                mado_core::fetch::Discovery::LocalPointer => "local pointer",
+                mado_core::fetch::Discovery::DerivedPointer => "derived pointer",
+            }
+        ),
+        Attach::NoIndex => "no prefetcher: no pack index was built for this tree (run `mado pack --recursive`)".into(),
+        Attach::OtherTree { found } => {
+            format!("no prefetcher: the index found covers another tree ({}); run `mado pack --recursive`", &found[..12])
+        }
+        Attach::Undecodable { detail } => {
+            format!("no prefetcher: the pack index is undecodable ({detail}); run `mado pack --recursive`")
+        }
+        Attach::Swept { missing, packs } => format!(
+            "no prefetcher: the index's packs were swept ({missing} of {packs} missing); run `mado pack --recursive`"
+        ),
+    }
+}
+
+/// Runs a mount until it is unmounted. `ready` is called once: with the
+/// mount's description when it is up, or with the error that stopped it.
+pub fn run(
+    opts: MountOptions,
+    fetcher: Arc<Fetcher>,
+    rt: &tokio::runtime::Handle,
+    ready: impl FnOnce(std::result::Result<Ready, String>),
+) -> Result<()> {
+    let mp = control::absolute(&opts.mountpoint).map_err(Error::io("resolving the mount point"))?;
+    if is_disconnected(&mp) {
+        unmount(&mp).map_err(Error::io(format!("cleaning up the dead mount at {}", mp.display())))?;
+    }
+    let started = Instant::now();
+    let opened = rt.block_on(async {
+        let (id, snap, attach) = mado_core::resolve::open(&fetcher, &opts.spec).await?;
+        let mut core = SnapshotFs::new(fetcher.clone(), snap.root, snap.time);
+        core.read_timeout = opts.read_timeout;
+        let core = Arc::new(core);
+        let mut dirs = 0;
+        if matches!(attach, Attach::Attached { .. }) {
+            // Inline trees: no network.
+            dirs = core.preload_trees().await?;
+        }
+        Ok::<_, Error>((id, core, attach, dirs))
+    });
+    let (id, core, attach, dirs) = match opened {
+        Ok(v) => v,
+        Err(e) => {
+            let msg = e.to_string();
+            ready(Err(msg));
+            return Err(e);
+        }
+    };
+    let status = Arc::new(Mutex::new(attach.clone()));
+    let sock = control::socket_path(&mp).map_err(Error::io("placing the control socket"))?;
+    let _ = std::fs::remove_file(&sock);
+    let listener = {
+        let _g = rt.enter();
+        tokio::net::UnixListener::bind(&sock).map_err(Error::io(format!("binding {}", sock.display())))?
+    };
+    let fs = MadoFs::new(core.clone(), rt.clone(), opts.passthrough);
+    let passthrough = fs.passthrough_flag();
+    let answer = {
+        let (status, core, fetcher, spec) = (status.clone(), core.clone(), fetcher.clone(), opts.spec.clone());
+        let mp = mp.clone();
+        let snapshot = id.to_hex();
+        let passthrough = passthrough.clone();
+        Arc::new(move |op: &str| -> serde_json::Value {
+            match op {
+                "pack-status" => {
+                    let s = status.lock().expect("status lock").clone();
+                    json!({
+                        "mountpoint": mp, "ref": spec, "snapshot": snapshot,
+                        "attached": matches!(s, Attach::Attached { .. }),
+                        "status": s, "message": reason_text(&s),
+                    })
+                }
+                "stats" => json!({
+                    "mountpoint": mp, "ref": spec, "snapshot": snapshot,
+                    "uptime_ms": started.elapsed().as_millis() as u64,
+                    "remote": fetcher.remote.stats(),
+                    "packs": fetcher.stats(),
+                    "cache": fetcher.cache.stats(),
+                    "reads": core.reads(),
+                    "passthrough": passthrough.load(Relaxed),
+                }),
+                other => json!({ "error": format!("unknown op {other:?}") }),
+            }
+        })
+    };
+    rt.spawn(control::serve(listener, answer));
+    let config = {
+        let mut c = fuser::Config::default();
+        c.mount_options = vec![
+            fuser::MountOption::FSName("mado".into()),
+            fuser::MountOption::Subtype("mado".into()),
+            fuser::MountOption::RO,
+            fuser::MountOption::DefaultPermissions,
+            fuser::MountOption::NoAtime,
+        ];
+        c.n_threads = Some(4);
+        c
+    };
+    let session = match fuser::spawn_mount(fs, &mp, &config) {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = std::fs::remove_file(&sock);
+            let msg = format!("mounting at {}: {e} (is fuse3 installed and /dev/fuse usable?)", mp.display());
+            ready(Err(msg.clone()));
+            return Err(Error::User(msg));
+        }
+    };
+    let advisory = match &attach {
+        Attach::Attached { .. } => None,
+        _ => Some("cold reads are per-file — run mado pack --recursive".to_string()),
+    };
+    let _ = dirs;
+    ready(Ok(Ready { snapshot: id.to_hex(), attach: attach.clone(), advisory }));
+    // After the mount is up: are the index's packs still there?
+    if matches!(attach, Attach::Attached { .. }) {
+        let (status, fetcher) = (status.clone(), fetcher.clone());
+        rt.spawn(async move {
+            if let Ok((missing, packs)) = fetcher.check_packs().await {
+                if missing > 0 {
+                    *status.lock().expect("status lock") = Attach::Swept { missing, packs };
+                }
+            }
+        });
+    }
+    // Wait for the unmount, or a signal asking us to unmount.
+    let mp2 = mp.clone();
+    rt.spawn(async move {
+        use tokio::signal::unix::{signal, SignalKind};
+        if let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+            let _ = unmount(&mp2);
+        }
+    });
+    let r = session.join();
+    let _ = std::fs::remove_file(&sock);
+    r.map_err(Error::io("FUSE session"))
+}

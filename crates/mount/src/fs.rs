@@ -1,0 +1,306 @@
+//! The fuser adapter: translates kernel requests into calls on
+//! [`SnapshotFs`] and its results into replies; errors become errnos here
+//! and nowhere else.
+//!
+//! Requests that can be answered from memory (lookup, getattr, readdir of a
+//! loaded tree) are answered on the FUSE thread. Anything that may wait on
+//! the network is moved, with its reply, to a tokio task, so a slow fetch
+//! never blocks other requests; the task is woken when its fetch completes.
+//! Content is immutable, so entries and attributes get long timeouts and
+//! open files keep the page cache; a file whose blob is in the disk cache
+//! is opened in passthrough mode when the kernel allows it, so reads go
+//! straight to the cache file.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, UNIX_EPOCH};
+
+use fuser::{
+    BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty,
+    ReplyEntry, ReplyOpen, Request,
+};
+use mado_core::mount::{Attr, NodeKind, OpenFile, SnapshotFs, ROOT_INO};
+use mado_core::Error;
+
+/// Kernel cache timeout for entries and attributes: content never changes.
+const TTL: Duration = Duration::from_secs(24 * 3600);
+
+pub struct MadoFs {
+    core: Arc<SnapshotFs>,
+    rt: tokio::runtime::Handle,
+    handles: Arc<Mutex<HashMap<u64, Arc<OpenFile>>>>,
+    backing: Arc<Mutex<HashMap<u64, BackingId>>>,
+    next_fh: Arc<AtomicU64>,
+    want_passthrough: bool,
+    passthrough: Arc<AtomicBool>,
+    uid: u32,
+    gid: u32,
+}
+
+/// The one place errors become errnos.
+fn errno(e: &Error) -> Errno {
+    match e {
+        Error::NotFound(_) => Errno::ENOENT,
+        Error::User(m) if m.contains("not a directory") => Errno::ENOTDIR,
+        Error::User(m) if m.contains("not a regular file") => Errno::EISDIR,
+        Error::User(_) => Errno::EINVAL,
+        _ => Errno::EIO,
+    }
+}
+
+impl MadoFs {
+    pub fn new(core: Arc<SnapshotFs>, rt: tokio::runtime::Handle, want_passthrough: bool) -> MadoFs {
+        MadoFs {
+            core,
+            rt,
+            handles: Default::default(),
+            backing: Default::default(),
+            next_fh: Arc::new(AtomicU64::new(1)),
+            want_passthrough,
+            passthrough: Arc::new(AtomicBool::new(false)),
+            uid: rustix::process::getuid().as_raw(),
+            gid: rustix::process::getgid().as_raw(),
+        }
+    }
+
+    /// Whether the kernel accepted passthrough (known after init).
+    pub fn passthrough_flag(&self) -> Arc<AtomicBool> {
+        self.passthrough.clone()
+    }
+
+    fn owner(&self) -> Owner {
+        Owner { uid: self.uid, gid: self.gid }
+    }
+}
+
+/// Who owns every node: the user running the daemon.
+#[derive(Clone, Copy)]
+struct Owner {
+    uid: u32,
+    gid: u32,
+}
+
+impl Owner {
+    fn attr(self, a: &Attr) -> FileAttr {
+        let t = UNIX_EPOCH + Duration::from_secs(a.mtime.max(0) as u64);
+        FileAttr {
+            ino: INodeNo(a.ino),
+            size: a.size,
+            blocks: a.size.div_ceil(512),
+            atime: t,
+            mtime: t,
+            ctime: t,
+            crtime: t,
+            kind: match a.kind {
+                NodeKind::Dir => FileType::Directory,
+                NodeKind::File => FileType::RegularFile,
+                NodeKind::Symlink => FileType::Symlink,
+            },
+            perm: a.perm,
+            nlink: a.nlink,
+            uid: self.uid,
+            gid: self.gid,
+            rdev: 0,
+            blksize: 4096,
+            flags: 0,
+        }
+    }
+
+    /// `.`, `..` and the entries, with attributes.
+    fn dir_entries(self, core: &SnapshotFs, ino: u64, list: Vec<(Vec<u8>, Attr)>) -> Vec<(Vec<u8>, FileAttr)> {
+        let mut out = Vec::with_capacity(list.len() + 2);
+        if let Ok(a) = core.getattr(ino) {
+            out.push((b".".to_vec(), self.attr(&a)));
+        }
+        if let Ok(a) = core.getattr(if ino == ROOT_INO { ROOT_INO } else { core.parent_of(ino) }) {
+            out.push((b"..".to_vec(), self.attr(&a)));
+        }
+        out.extend(list.into_iter().map(|(n, a)| (n, self.attr(&a))));
+        out
+    }
+}
+
+fn fill_plus(mut reply: ReplyDirectoryPlus, entries: Vec<(Vec<u8>, FileAttr)>, offset: u64) {
+    for (i, (name, attr)) in entries.into_iter().enumerate().skip(offset as usize) {
+        if reply.add(attr.ino, (i + 1) as u64, OsStr::from_bytes(&name), &TTL, &attr, Generation(0)) {
+            break;
+        }
+    }
+    reply.ok();
+}
+
+fn fill(mut reply: ReplyDirectory, entries: Vec<(Vec<u8>, FileAttr)>, offset: u64) {
+    for (i, (name, attr)) in entries.into_iter().enumerate().skip(offset as usize) {
+        if reply.add(attr.ino, (i + 1) as u64, attr.kind, OsStr::from_bytes(&name)) {
+            break;
+        }
+    }
+    reply.ok();
+}
+
+impl Filesystem for MadoFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let _ = config.add_capabilities(
+            InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_PARALLEL_DIROPS | InitFlags::FUSE_CACHE_SYMLINKS,
+        );
+        let _ = config.set_max_readahead(1 << 20);
+        if self.want_passthrough
+            && config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
+            && config.set_max_stack_depth(1).is_ok()
+        {
+            self.passthrough.store(true, Relaxed);
+        }
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        if let Some(r) = self.core.lookup_now(parent.0, name.as_bytes()) {
+            return match r {
+                Ok(a) => reply.entry(&TTL, &self.owner().attr(&a), Generation(0)),
+                Err(e) => reply.error(errno(&e)),
+            };
+        }
+        let (core, owner) = (self.core.clone(), self.owner());
+        let name = name.as_bytes().to_vec();
+        self.rt.spawn(async move {
+            match core.lookup(parent.0, &name).await {
+                Ok(a) => reply.entry(&TTL, &owner.attr(&a), Generation(0)),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.core.getattr(ino.0) {
+            Ok(a) => reply.attr(&TTL, &self.owner().attr(&a)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        let core = self.core.clone();
+        self.rt.spawn(async move {
+            match core.readlink(ino.0).await {
+                Ok(t) => reply.data(&t),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let core = self.core.clone();
+        let handles = self.handles.clone();
+        let backing = self.backing.clone();
+        let fh = self.next_fh.fetch_add(1, Relaxed);
+        let passthrough = self.passthrough.load(Relaxed);
+        self.rt.spawn(async move {
+            let f = match core.open(ino.0).await {
+                Ok(f) => f,
+                Err(e) => return reply.error(errno(&e)),
+            };
+            if passthrough {
+                if let OpenFile::Whole { cache_path: Some(p), .. } = &f {
+                    // The cache entry was verified as it was read in.
+                    if let Ok(file) = std::fs::File::open(p) {
+                        if let Ok(id) = reply.open_backing(&file) {
+                            // No FOPEN_KEEP_CACHE here: with it, the kernel
+                            // fails every read of a passthrough file (EIO).
+                            reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &id);
+                            backing.lock().expect("backing lock").insert(fh, id);
+                            return;
+                        }
+                    }
+                }
+            }
+            handles.lock().expect("handles lock").insert(fh, Arc::new(f));
+            reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE);
+        });
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let Some(f) = self.handles.lock().expect("handles lock").get(&fh.0).cloned() else {
+            return reply.error(Errno::EBADF);
+        };
+        if let OpenFile::Whole { data, .. } = &*f {
+            let start = (offset as usize).min(data.len());
+            let end = (start + size as usize).min(data.len());
+            return reply.data(&data[start..end]);
+        }
+        let core = self.core.clone();
+        self.rt.spawn(async move {
+            match core.read(&f, offset, size).await {
+                Ok(b) => reply.data(&b),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.handles.lock().expect("handles lock").remove(&fh.0);
+        self.backing.lock().expect("backing lock").remove(&fh.0);
+        reply.ok();
+    }
+
+    fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_CACHE_DIR);
+    }
+
+    fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, reply: ReplyDirectory) {
+        if let Some(r) = self.core.readdir_now(ino.0) {
+            return match r {
+                Ok(list) => fill(reply, self.owner().dir_entries(&self.core, ino.0, list), offset),
+                Err(e) => reply.error(errno(&e)),
+            };
+        }
+        let (core, owner) = (self.core.clone(), self.owner());
+        self.rt.spawn(async move {
+            match core.readdir(ino.0).await {
+                Ok(list) => fill(reply, owner.dir_entries(&core, ino.0, list), offset),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn readdirplus(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, reply: ReplyDirectoryPlus) {
+        if let Some(r) = self.core.readdir_now(ino.0) {
+            return match r {
+                Ok(list) => fill_plus(reply, self.owner().dir_entries(&self.core, ino.0, list), offset),
+                Err(e) => reply.error(errno(&e)),
+            };
+        }
+        let (core, owner) = (self.core.clone(), self.owner());
+        self.rt.spawn(async move {
+            match core.readdir(ino.0).await {
+                Ok(list) => fill_plus(reply, owner.dir_entries(&core, ino.0, list), offset),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn access(&self, _req: &Request, _ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
+        reply.ok();
+    }
+}
