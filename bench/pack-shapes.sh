@@ -46,8 +46,15 @@ echo "| mode | GETs | of which ranged | bytes down | wall | modeled GETs (\`mado
 echo "|---|---|---|---|---|---|"
 walk unpacked "–"
 "$mado" pack --per-dir --json > "$work/v1.json"
-v1=$(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(f"{r[\"model_gets_packed\"]} ({r[\"packs\"]} packs, {r[\"members\"]} packed, {r[\"unpacked_objects\"]} alone); unpacked model {r[\"model_gets_unpacked\"]}")' "$work/v1.json")
+model() {  # pack report JSON -> the modeled-GETs cell
+  python3 - "$1" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+print(f"{r['model_gets_packed']} ({r['packs']} packs, {r['members']} packed, {r['unpacked_objects']} alone; unpacked model {r['model_gets_unpacked']}; built in {r['build_ms']} ms)")
+PY
+}
+v1=$(model "$work/v1.json")
 walk "v1 per-dir" "$v1"
 "$mado" pack --recursive --json > "$work/v2.json"
-v2=$(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(f"{r[\"model_gets_packed\"]} ({r[\"packs\"]} packs, {r[\"members\"]} packed, {r[\"unpacked_objects\"]} alone); built in {r[\"build_ms\"]} ms")' "$work/v2.json")
+v2=$(model "$work/v2.json")
 walk "v2 recursive" "$v2"

@@ -11,7 +11,7 @@ trap '"$MADO_ROOT/scripts/minio.sh" stop "$state"; rm -rf "$state"' EXIT
 "$MADO_ROOT/scripts/minio.sh" start "$state" >/dev/null
 # shellcheck disable=SC1091
 source "$state/env"
-export MADO_REQUIRE_S3=1
+export MADO_REQUIRE_S3=1 MADO_REQUIRE_FUSE=1
 echo "MinIO at $AWS_ENDPOINT_URL (bucket ${MADO_TEST_S3_URL#s3://})" >&2
 
 cd "$MADO_ROOT"

@@ -39,7 +39,11 @@ fn main() {
     let ctx = ctx::Ctx::new(cli.verbose, cli.json);
     let result = rt.block_on(cmd::run(cli.cmd, &ctx));
     ctx.finish();
-    if let Err(e) = result {
-        std::process::exit(ctx::report_error(&e));
-    }
+    let code = match result {
+        Ok(()) => 0,
+        Err(e) => ctx::report_error(&e),
+    };
+    // Exit now: dropping the runtime would wait for blocking threads, and
+    // one may be stuck on a store that stalls (its reader already got EIO).
+    std::process::exit(code);
 }

@@ -24,6 +24,9 @@ use crate::object::{ChunkManifest, Entry, Kind, Tree};
 use crate::store::Space;
 
 pub const ROOT_INO: u64 = 1;
+
+/// A directory listing: names with attributes.
+pub type DirList = Vec<(Vec<u8>, Attr)>;
 /// Default bound on one read's wait for the network.
 pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -185,7 +188,7 @@ impl SnapshotFs {
     }
 
     /// Entries of a directory with their attributes (for READDIRPLUS).
-    pub fn readdir_now(&self, ino: u64) -> Option<Result<Vec<(Vec<u8>, Attr)>>> {
+    pub fn readdir_now(&self, ino: u64) -> Option<Result<DirList>> {
         let e = match self.entry(ino) {
             Ok(e) => e,
             Err(e) => return Some(Err(e)),
@@ -194,11 +197,11 @@ impl SnapshotFs {
         Some(Ok(self.list(ino, &t)))
     }
 
-    fn list(&self, ino: u64, t: &Tree) -> Vec<(Vec<u8>, Attr)> {
+    fn list(&self, ino: u64, t: &Tree) -> DirList {
         t.entries.iter().map(|c| (c.name.clone(), self.attr(self.ino_for(ino, c), c))).collect()
     }
 
-    pub async fn readdir(&self, ino: u64) -> Result<Vec<(Vec<u8>, Attr)>> {
+    pub async fn readdir(&self, ino: u64) -> Result<DirList> {
         let e = self.entry(ino)?;
         let t = self.tree_of(&e).await?;
         Ok(self.list(ino, &t))
@@ -306,7 +309,7 @@ impl SnapshotFs {
                 .flat_map(|t| t.entries.iter().filter(|c| c.kind == Kind::Directory).cloned())
                 .filter(|c| self.tree_now(c).is_none())
                 .collect();
-            level.sort_by(|a, b| a.id.cmp(&b.id));
+            level.sort_by_key(|e| e.id);
             level.dedup_by(|a, b| a.id == b.id);
         }
         Ok(n)

@@ -94,14 +94,16 @@ pub fn run(
         let mut core = SnapshotFs::new(fetcher.clone(), snap.root, snap.time);
         core.read_timeout = opts.read_timeout;
         let core = Arc::new(core);
-        let mut dirs = 0;
         if matches!(attach, Attach::Attached { .. }) {
             // Inline trees: no network.
-            dirs = core.preload_trees().await?;
+            core.preload_trees().await?;
+        } else {
+            // At least the root, so the first `ls` needs no round trip.
+            core.readdir(mado_core::mount::ROOT_INO).await?;
         }
-        Ok::<_, Error>((id, core, attach, dirs))
+        Ok::<_, Error>((id, core, attach))
     });
-    let (id, core, attach, dirs) = match opened {
+    let (id, core, attach) = match opened {
         Ok(v) => v,
         Err(e) => {
             let msg = e.to_string();
@@ -172,7 +174,7 @@ pub fn run(
         Attach::Attached { .. } => None,
         _ => Some("cold reads are per-file — run mado pack --recursive".to_string()),
     };
-    let _ = dirs;
+
     ready(Ok(Ready { snapshot: id.to_hex(), attach: attach.clone(), advisory }));
     // After the mount is up: are the index's packs still there?
     if matches!(attach, Attach::Attached { .. }) {

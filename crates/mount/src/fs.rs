@@ -111,7 +111,7 @@ impl Owner {
     }
 
     /// `.`, `..` and the entries, with attributes.
-    fn dir_entries(self, core: &SnapshotFs, ino: u64, list: Vec<(Vec<u8>, Attr)>) -> Vec<(Vec<u8>, FileAttr)> {
+    fn dir_entries(self, core: &SnapshotFs, ino: u64, list: mado_core::mount::DirList) -> Vec<(Vec<u8>, FileAttr)> {
         let mut out = Vec::with_capacity(list.len() + 2);
         if let Ok(a) = core.getattr(ino) {
             out.push((b".".to_vec(), self.attr(&a)));

@@ -1,0 +1,395 @@
+//! Real FUSE mounts through the `mado` binary. Skipped where FUSE is not
+//! usable, unless MADO_REQUIRE_FUSE=1 (set by `make test`).
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::*;
+use proptest::prelude::*;
+
+fn fuse_usable() -> bool {
+    let ok = Path::new("/dev/fuse").exists()
+        && std::process::Command::new("fusermount3").arg("-V").output().is_ok_and(|o| o.status.success());
+    if !ok && std::env::var("MADO_REQUIRE_FUSE").as_deref() == Ok("1") {
+        panic!("MADO_REQUIRE_FUSE=1 but FUSE is not usable (need /dev/fuse and fusermount3 from Debian's fuse3)");
+    }
+    if !ok {
+        eprintln!("skipping: FUSE is not usable here");
+    }
+    ok
+}
+
+/// A mount that is always unmounted, even when the test fails.
+struct Mounted<'a> {
+    m: &'a Mado,
+    dir: PathBuf,
+    stderr: String,
+}
+
+impl Drop for Mounted<'_> {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("fusermount3").arg("-uz").arg(&self.dir).output();
+    }
+}
+
+fn mount<'a>(m: &'a Mado, spec: &str, name: &str, extra: &[&str], env: &[(&str, &str)]) -> Mounted<'a> {
+    let dir = m.dir.path().join(name);
+    // Fails harmlessly on a mount point whose daemon was killed.
+    let _ = std::fs::create_dir_all(&dir);
+    let mut args = vec!["mount", spec, dir.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let mut c = m.cmd(&args);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let o = c.output().unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(o.status.success(), "mount failed: {stderr}");
+    Mounted { m, dir, stderr }
+}
+
+impl Mounted<'_> {
+    fn stats(&self) -> serde_json::Value {
+        self.m.json(&["stats", self.dir.to_str().unwrap()])
+    }
+    fn gets(&self) -> u64 {
+        let s = self.stats();
+        s["remote"]["gets"].as_u64().unwrap() + s["remote"]["ranged_gets"].as_u64().unwrap()
+    }
+    fn status(&self) -> serde_json::Value {
+        self.m.json(&["pack-status", self.dir.to_str().unwrap()])
+    }
+}
+
+/// Content, kind and exec bit of everything under `root` (a mount is
+/// read-only, so its write bits differ from a checkout's by design).
+fn assert_same_content(a: &Path, b: &Path) {
+    let (x, y) = (snapshot_dir(a), snapshot_dir(b));
+    assert_eq!(x.keys().collect::<Vec<_>>(), y.keys().collect::<Vec<_>>(), "different paths");
+    for (k, v) in &x {
+        let w = &y[k];
+        let name = String::from_utf8_lossy(k);
+        assert_eq!(v.0, w.0, "{name}: kind");
+        assert_eq!(v.1 & 0o100, w.1 & 0o100, "{name}: exec bit");
+        assert!(v.2 == w.2, "{name}: content");
+    }
+}
+
+fn walk_and_read(dir: &Path) -> u64 {
+    let mut n = 0;
+    for e in std::fs::read_dir(dir).unwrap() {
+        let e = e.unwrap();
+        let t = e.file_type().unwrap();
+        if t.is_dir() {
+            n += walk_and_read(&e.path());
+        } else if t.is_file() {
+            std::fs::read(e.path()).unwrap();
+            n += 1;
+        }
+    }
+    n
+}
+
+#[test]
+fn mounted_snapshot_equals_git_clone() {
+    if !fuse_usable() {
+        return;
+    }
+    let m = Mado::local();
+    let repo = fixture_repo(m.dir.path());
+    m.ok(&["import-git", repo.to_str().unwrap()]);
+    let clone = m.dir.path().join("clone");
+    git(m.dir.path(), &["clone", "-q", repo.to_str().unwrap(), clone.to_str().unwrap()]);
+    std::fs::remove_dir_all(m.cache_dir().join("objects")).unwrap();
+    let mnt = mount(&m, "main", "mnt", &[], &[]);
+    assert_same_content(&clone, &mnt.dir);
+    assert_eq!(std::fs::read_link(mnt.dir.join("src/escape")).unwrap(), Path::new("../../../../../etc/passwd"));
+    assert!(std::fs::metadata(mnt.dir.join("run.sh")).unwrap().permissions().mode() & 0o111 != 0);
+    // Read-only.
+    assert!(std::fs::write(mnt.dir.join("new"), b"x").is_err());
+    // Warm: a second mount reads everything from the cache, no GET at all
+    // after it is up (passthrough serves the cached blobs).
+    drop(mnt);
+    let mnt = mount(&m, "main", "mnt2", &[], &[]);
+    let before = mnt.gets();
+    assert_same_content(&clone, &mnt.dir);
+    assert_eq!(mnt.gets(), before);
+}
+
+/// 300 small files in one directory, next to other content.
+fn dense_repo(parent: &Path) -> PathBuf {
+    let repo = fixture_repo(parent);
+    for i in 0..300 {
+        std::fs::create_dir_all(repo.join("dense")).unwrap();
+        std::fs::write(repo.join(format!("dense/f{i:03}.txt")), format!("file {i}\n").repeat(i % 7 + 1)).unwrap();
+    }
+    git(&repo, &["add", "-A"]);
+    git(&repo, &["commit", "-qm", "dense"]);
+    repo
+}
+
+#[test]
+fn cold_walk_of_a_packed_subtree_is_one_get() {
+    if !fuse_usable() {
+        return;
+    }
+    let m = Mado::local();
+    let repo = dense_repo(m.dir.path());
+    m.ok(&["import-git", repo.to_str().unwrap()]);
+    let _ = std::fs::remove_dir_all(m.cache_dir());
+    let mnt = mount(&m, "main", "mnt", &[], &[]);
+    assert_eq!(mnt.status()["status"]["via"], "derived-pointer");
+    let before = mnt.gets();
+    assert_eq!(walk_and_read(&mnt.dir.join("dense")), 300);
+    let s = mnt.stats();
+    assert_eq!(mnt.gets() - before, 1, "one ranged GET for the whole subtree: {s}");
+    assert_eq!(s["remote"]["ranged_gets"], 1);
+}
+
+#[test]
+fn cold_walk_of_an_unpacked_subtree_is_one_get_per_file() {
+    if !fuse_usable() {
+        return;
+    }
+    let m = Mado::local();
+    let repo = dense_repo(m.dir.path());
+    m.ok(&["import-git", repo.to_str().unwrap(), "--no-packs"]);
+    let _ = std::fs::remove_dir_all(m.cache_dir());
+    let mnt = mount(&m, "main", "mnt", &[], &[]);
+    assert!(mnt.stderr.contains("cold reads are per-file — run mado pack --recursive"), "{}", mnt.stderr);
+    assert_eq!(mnt.status()["status"]["state"], "no-index");
+    let before = mnt.gets();
+    assert_eq!(walk_and_read(&mnt.dir.join("dense")), 300);
+    // One per file, plus the directory's own tree.
+    assert_eq!(mnt.gets() - before, 300 + 1);
+}
+
+fn index_files(m: &Mado) -> Vec<PathBuf> {
+    std::fs::read_dir(m.store_dir().join("packs/index")).unwrap().map(|e| e.unwrap().path()).collect()
+}
+
+#[test]
+fn pack_status_reports_each_reason() {
+    if !fuse_usable() {
+        return;
+    }
+    let m = Mado::local();
+    let repo = fixture_repo(m.dir.path());
+    m.ok(&["import-git", repo.to_str().unwrap()]);
+    let local_pointers = m.cache_dir().join("packs/index");
+
+    // Attached, via the local pointer (the import kept a copy).
+    let s = mount(&m, "main", "a", &[], &[]).status();
+    assert_eq!((s["attached"].clone(), s["status"]["via"].clone()), (true.into(), "local-pointer".into()), "{s}");
+    assert_eq!(s["status"]["mode"], "recursive");
+    assert_eq!(s["status"]["version"], 1);
+    assert!(s["status"]["dirs"].as_u64().unwrap() >= 4);
+    assert!(s["message"].as_str().unwrap().contains("local pointer"));
+
+    // Attached, via the derived pointer.
+    std::fs::remove_dir_all(&local_pointers).unwrap();
+    let s = mount(&m, "main", "b", &[], &[]).status();
+    assert_eq!(s["status"]["via"], "derived-pointer", "{s}");
+
+    // Undecodable.
+    std::fs::remove_dir_all(&local_pointers).unwrap();
+    let idx = index_files(&m).pop().unwrap();
+    let good = std::fs::read(&idx).unwrap();
+    std::fs::write(&idx, b"MADI\x01not an index").unwrap();
+    let s = mount(&m, "main", "c", &[], &[]).status();
+    assert_eq!(s["status"]["state"], "undecodable", "{s}");
+
+    // Index for another tree: a second commit's index under the first's key.
+    std::fs::write(&idx, &good).unwrap();
+    std::fs::write(repo.join("README.md"), "changed\n").unwrap();
+    git(&repo, &["commit", "-qam", "second"]);
+    m.ok(&["import-git", repo.to_str().unwrap(), "--ref", "second"]);
+    std::fs::remove_dir_all(&local_pointers).unwrap();
+    let other = index_files(&m).into_iter().find(|p| *p != idx).unwrap();
+    std::fs::copy(&other, &idx).unwrap();
+    let s = mount(&m, "main", "d", &[], &[]).status();
+    assert_eq!(s["status"]["state"], "other-tree", "{s}");
+
+    // No index built.
+    std::fs::remove_file(&idx).unwrap();
+    let s = mount(&m, "main", "e", &[], &[]).status();
+    assert_eq!(s["status"]["state"], "no-index", "{s}");
+
+    // Swept: the index is found (local pointer) but its packs are gone.
+    std::fs::write(&idx, &good).unwrap();
+    let _ = mount(&m, "main", "f", &[], &[]).status(); // brings the local pointer back
+    for d in std::fs::read_dir(m.store_dir().join("packs")).unwrap() {
+        let d = d.unwrap().path();
+        if d.file_name().unwrap() != "index" {
+            std::fs::remove_dir_all(d).unwrap();
+        }
+    }
+    let mnt = mount(&m, "main", "g", &[], &[]);
+    // The pack check runs right after the mount is up (one round trip).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let s = loop {
+        let s = mnt.status();
+        if s["status"]["state"] == "swept" || Instant::now() > deadline {
+            break s;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(s["status"]["state"], "swept", "{s}");
+    assert!(s["message"].as_str().unwrap().contains("swept"));
+    // And reads still work, per object.
+    assert_eq!(std::fs::read(mnt.dir.join("src/lib.rs")).unwrap(), b"pub fn f() {}\n");
+
+    // Outside any mount: a user error with a hint.
+    let err = m.fails(&["pack-status", m.dir.path().to_str().unwrap()], 1);
+    assert!(err.contains("no mado mount"), "{err}");
+}
+
+#[test]
+fn a_stalled_store_gives_eio_in_bounded_time_and_other_files_still_serve() {
+    if !fuse_usable() {
+        return;
+    }
+    let m = Mado::local();
+    let repo = fixture_repo(m.dir.path());
+    m.ok(&["import-git", repo.to_str().unwrap(), "--no-packs"]);
+    let _ = std::fs::remove_dir_all(m.cache_dir());
+    // The object behind src/lib.rs becomes a FIFO with no writer: reading
+    // it from the store blocks forever, like a server that never answers.
+    let id = mado_core::Hash::of(b"pub fn f() {}\n").to_hex();
+    let obj = m.store_dir().join("objects").join(&id[..2]).join(&id);
+    std::fs::remove_file(&obj).unwrap();
+    let st = std::process::Command::new("mkfifo").arg(&obj).status().unwrap();
+    assert!(st.success());
+    let mnt = mount(&m, "main", "mnt", &["--read-timeout", "2"], &[]);
+    let t = Instant::now();
+    let err = std::fs::read(mnt.dir.join("src/lib.rs")).unwrap_err();
+    let took = t.elapsed();
+    assert_eq!(err.raw_os_error(), Some(5), "EIO: {err}");
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+    assert_eq!(std::fs::read(mnt.dir.join("README.md")).unwrap(), b"# fixture\n");
+}
+
+#[test]
+fn a_killed_daemon_leaves_a_mount_that_umount_and_mount_clean_up() {
+    if !fuse_usable() {
+        return;
+    }
+    let m = Mado::local();
+    let repo = fixture_repo(m.dir.path());
+    m.ok(&["import-git", repo.to_str().unwrap()]);
+    for recover_with_mount in [false, true] {
+        let mnt = mount(&m, "main", "mnt", &["--json"], &[]);
+        let pid = std::process::Command::new("pgrep")
+            .args(["-f", &format!("mount main {} --foreground", mnt.dir.display())])
+            .output()
+            .unwrap();
+        let pid = String::from_utf8_lossy(&pid.stdout).lines().next().unwrap().trim().to_string();
+        std::process::Command::new("kill").args(["-9", &pid]).status().unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        let err = std::fs::metadata(&mnt.dir).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(107), "ENOTCONN: {err}");
+        if recover_with_mount {
+            let again = mount(&m, "main", "mnt", &[], &[]);
+            assert_eq!(std::fs::read(again.dir.join("README.md")).unwrap(), b"# fixture\n");
+            m.ok(&["umount", again.dir.to_str().unwrap()]);
+        } else {
+            m.ok(&["umount", mnt.dir.to_str().unwrap()]);
+            assert!(std::fs::read_dir(&mnt.dir).unwrap().next().is_none());
+        }
+    }
+}
+
+/// Paths of a checkout, for the property test.
+fn all_paths(root: &Path) -> Vec<PathBuf> {
+    let mut v = vec![PathBuf::new()];
+    for (k, _) in snapshot_dir(root) {
+        v.push(PathBuf::from(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(&k)));
+    }
+    v.push(PathBuf::from("no/such/path"));
+    v.push(PathBuf::from("src/nothing"));
+    v
+}
+
+#[derive(Debug, PartialEq)]
+enum Answer {
+    Meta { dir: bool, file: bool, link: bool, len: u64, exec: bool },
+    Bytes(Vec<u8>),
+    Names(Vec<String>),
+    Err(Option<i32>),
+}
+
+fn ask(root: &Path, op: u8, rel: &Path, offset: u64, size: usize) -> Answer {
+    use std::io::{Read, Seek, SeekFrom};
+    let p = root.join(rel);
+    let r = (|| -> std::io::Result<Answer> {
+        Ok(match op % 3 {
+            0 => {
+                let m = std::fs::symlink_metadata(&p)?;
+                Answer::Meta {
+                    dir: m.is_dir(),
+                    file: m.is_file(),
+                    link: m.file_type().is_symlink(),
+                    len: if m.is_dir() { 0 } else { m.len() },
+                    exec: m.is_file() && m.permissions().mode() & 0o100 != 0,
+                }
+            }
+            1 => {
+                let mut f = std::fs::File::open(&p)?;
+                f.seek(SeekFrom::Start(offset))?;
+                let mut buf = vec![0; size];
+                let mut got = 0;
+                while got < size {
+                    let n = f.read(&mut buf[got..])?;
+                    if n == 0 {
+                        break;
+                    }
+                    got += n;
+                }
+                buf.truncate(got);
+                Answer::Bytes(buf)
+            }
+            _ => {
+                let mut names: Vec<String> = std::fs::read_dir(&p)?
+                    .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+                    .collect::<Result<_, _>>()?;
+                names.sort();
+                Answer::Names(names)
+            }
+        })
+    })();
+    r.unwrap_or_else(|e| Answer::Err(e.raw_os_error()))
+}
+
+#[test]
+fn mount_answers_like_a_plain_checkout() {
+    if !fuse_usable() {
+        return;
+    }
+    let m = Mado::local();
+    let repo = fixture_repo(m.dir.path());
+    m.ok(&["import-git", repo.to_str().unwrap()]);
+    let co = m.dir.path().join("co");
+    m.ok(&["checkout", "main", co.to_str().unwrap()]);
+    let _ = std::fs::remove_dir_all(m.cache_dir().join("objects"));
+    let mnt = mount(&m, "main", "mnt", &["--no-passthrough"], &[]);
+    let paths = all_paths(&co);
+    let n = paths.len();
+    let mut runner = proptest::test_runner::TestRunner::new(proptest::test_runner::Config {
+        cases: 400,
+        failure_persistence: None,
+        ..Default::default()
+    });
+    let big = 5u64 << 20;
+    runner
+        .run(&(0..n, any::<u8>(), 0..big + 100, 0usize..70_000), |(i, op, offset, size)| {
+            let rel = &paths[i];
+            let want = ask(&co, op, rel, offset, size);
+            let got = ask(&mnt.dir, op, rel, offset, size);
+            prop_assert_eq!(got, want, "{:?} op {} at {} size {}", rel, op % 3, offset, size);
+            Ok(())
+        })
+        .unwrap();
+}
