@@ -167,13 +167,20 @@ fn second_pack_run_uploads_nothing() {
     assert_eq!(second["bytes_uploaded"], 0, "{second}");
     assert_eq!(second["remote"]["puts"], 0, "{second}");
     assert_eq!(second["index_uploaded"], false);
-    // Per-directory packs are a different index, built and published too.
+    // Per-directory packs are a different index, built and published too;
+    // from a fresh cache, the trees come inline with the v2 index.
+    wipe_cache(&m);
     let v1 = m.json(&["pack", "--per-dir"]);
     assert_eq!(v1["mode"], "per-dir");
     assert!(v1["packs"].as_u64().unwrap() > 1);
     wipe_cache(&m);
     let mat = m.json(&["materialize", "vendor"]);
     assert_eq!(mat["attach"]["mode"], "per-dir");
+    // And back to v2, with the v1 index attached (its trees inline).
+    wipe_cache(&m);
+    let v2 = m.json(&["pack", "--recursive"]);
+    assert_eq!(v2["mode"], "recursive");
+    assert_eq!(v2["packs_uploaded"], 0, "the v2 packs are still there: {v2}");
 }
 
 /// Corrupts the one pack of the import in the local store with `damage`,

@@ -220,6 +220,11 @@ impl Fetcher {
         Ok((missing, packs.len()))
     }
 
+    /// A tree that came inline with an attached index, if any.
+    pub fn inline_tree(&self, id: &Hash) -> Option<Arc<Vec<u8>>> {
+        self.packs.read().expect("packs lock").trees.get(id).cloned()
+    }
+
     /// Finds and attaches the pack index of `tree`: the local pointer
     /// first, else the derived pointer in the store (one GET), which is
     /// then kept as the local pointer.

@@ -404,7 +404,7 @@ pub async fn publish(
                 continue;
             }
             let opts = crate::publish::PackOptions { index_check: crate::publish::IndexCheck::KnownAbsent, ..opts };
-            pack_reports.push(crate::publish::publish_packs(remote, cache, root, opts).await?);
+            pack_reports.push(crate::publish::publish_packs(remote, cache, root, opts, None).await?);
         }
     }
     let mut parent: Option<(Hash, Snapshot)> = current.as_ref().map(|(v, _, s)| (v.snapshot, s.clone()));

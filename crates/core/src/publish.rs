@@ -80,20 +80,24 @@ async fn exists(remote: &Remote, key: &object_store::path::Path) -> Result<bool>
 }
 
 /// Builds `tree`'s packs from objects in the disk cache and publishes them.
+///
+/// `inline` (the fetcher that brought the tree in, if any) supplies trees
+/// that arrived inline with a pack index and so are not in the cache.
 pub async fn publish_packs(
     remote: &Remote,
     cache: &Arc<DiskCache>,
     tree: Hash,
     opts: PackOptions,
+    inline: Option<Arc<crate::fetch::Fetcher>>,
 ) -> Result<PackReport> {
     let started = Instant::now();
     let (tx, mut rx) = tokio::sync::mpsc::channel::<(Hash, Vec<u8>)>(2);
     let c = cache.clone();
     let builder = tokio::task::spawn_blocking(move || {
         let src = |id: &Hash| {
-            c.get(id).ok_or_else(|| {
-                Error::User(format!("object {id} is not in the disk cache; run `mado materialize` first"))
-            })
+            c.get(id).or_else(|| inline.as_ref().and_then(|f| f.inline_tree(id)).map(|t| (*t).clone())).ok_or_else(
+                || Error::User(format!("object {id} is not in the disk cache; run `mado materialize` first")),
+            )
         };
         build(tree, opts.mode, opts.cap, &src, &mut |id, bytes| {
             tx.blocking_send((id, bytes)).map_err(|_| Error::User("pack upload stopped".into()))
