@@ -178,6 +178,23 @@ fn write_entry(root: &OwnedFd, path: &[u8], kind: Kind, data: &[u8], force: bool
     Ok(())
 }
 
+/// Sets the modification time of each `(path, seconds, nanoseconds)`
+/// beneath `dest` without following symlinks (a symlink's own time is
+/// set). The empty path is `dest` itself.
+pub fn set_mtimes(dest: &Path, items: &[(Vec<u8>, i64, u32)]) -> Result<()> {
+    let root = rustix::fs::open(dest, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
+        .map_err(|e| Error::Io { context: format!("opening {}", dest.display()), source: e.into() })?;
+    for (path, secs, nanos) in items {
+        let (parent, name) = if path.is_empty() { (&b""[..], &b"."[..]) } else { split_parent(path) };
+        let pfd = open_dir_beneath(&root, parent)?;
+        let t = rustix::fs::Timespec { tv_sec: *secs, tv_nsec: *nanos as _ };
+        let times = rustix::fs::Timestamps { last_access: t, last_modification: t };
+        rustix::fs::utimensat(&pfd, OsStr::from_bytes(name), &times, AtFlags::SYMLINK_NOFOLLOW)
+            .map_err(io_at(path, "setting the mtime of"))?;
+    }
+    Ok(())
+}
+
 fn is_empty_dir(p: &Path) -> Result<bool> {
     match std::fs::read_dir(p) {
         Ok(mut it) => Ok(it.next().is_none()),

@@ -116,17 +116,13 @@ fn join(dir: &str, name: &[u8]) -> String {
 }
 
 impl Walker<'_, '_> {
-    fn put(&self, id: &Hash, bytes: &[u8]) -> Result<()> {
-        self.cache.put(id, bytes)
-    }
-
     /// Stages the git tree `id` at `path`; returns the mado tree id. With
     /// `check_only`, validates names and reads no blobs.
     fn walk(&mut self, id: gix::ObjectId, path: &str, check_only: bool) -> Result<Hash> {
         let tree = self.repo.find_tree(id).map_err(git_err(format!("reading tree {path:?}")))?;
         let decoded = tree.decode().map_err(|e| Error::Git(format!("decoding tree {path:?}: {e}")))?;
         let mut entries = Vec::with_capacity(decoded.entries.len());
-        let mut children = Vec::new();
+
         for e in &decoded.entries {
             let name: &[u8] = e.filename.as_ref();
             let p = join(path, name);
@@ -163,16 +159,12 @@ impl Walker<'_, '_> {
                             (k, self.convert(&blob.data, &p)?.into())
                         }
                     };
-                    self.staged.files += 1;
-                    self.staged.bytes += data.len() as u64;
-                    (self.progress)(self.staged.files);
+                    (self.progress)(self.staged.files + 1);
                     let (id, chunked) = self.store_content(&data)?;
                     Entry { name: name.to_vec(), kind: k, chunked, size: data.len() as u64, id }
                 }
             };
-            if entry.kind != Kind::Gitlink {
-                children.push(entry.id);
-            }
+
             entries.push(entry);
         }
         if check_only {
@@ -191,11 +183,8 @@ impl Walker<'_, '_> {
         }
         let tree = Tree::normalized(entries)
             .map_err(|e| Error::UnsafePath { path: path.to_string(), reason: e.to_string() })?;
-        let enc = tree.encode();
-        let id = Hash::of(&enc);
-        self.put(&id, &enc)?;
-        self.staged.trees.insert(id, (Bytes::from(enc), children));
-        Ok(id)
+
+        self.staged.tree(self.cache, &tree)
     }
 
     /// What `git clone` writes for this blob at this path.
@@ -221,20 +210,40 @@ impl Walker<'_, '_> {
     }
 
     fn store_content(&mut self, data: &[u8]) -> Result<(Hash, bool)> {
+        self.staged.content(self.cache, data)
+    }
+}
+
+impl Staged {
+    /// Stores a file's content in the cache (split if large); returns its
+    /// id and whether it is chunked.
+    pub fn content(&mut self, cache: &DiskCache, data: &[u8]) -> Result<(Hash, bool)> {
+        self.files += 1;
+        self.bytes += data.len() as u64;
         match split(data) {
             Split::Whole { id } => {
-                self.put(&id, data)?;
+                cache.put(&id, data)?;
                 Ok((id, false))
             }
             Split::Chunked { encoded, id, chunks, .. } => {
                 for (cid, piece) in &chunks {
-                    self.put(cid, piece)?;
+                    cache.put(cid, piece)?;
                 }
-                self.put(&id, &encoded)?;
-                self.staged.manifests.insert(id, chunks.iter().map(|(h, _)| *h).collect());
+                cache.put(&id, &encoded)?;
+                self.manifests.insert(id, chunks.iter().map(|(h, _)| *h).collect());
                 Ok((id, true))
             }
         }
+    }
+
+    /// Stores a tree in the cache and remembers its children for upload.
+    pub fn tree(&mut self, cache: &DiskCache, tree: &Tree) -> Result<Hash> {
+        let enc = tree.encode();
+        let id = Hash::of(&enc);
+        cache.put(&id, &enc)?;
+        let children = tree.entries.iter().filter(|e| e.kind != Kind::Gitlink).map(|e| e.id).collect();
+        self.trees.insert(id, (Bytes::from(enc), children));
+        Ok(id)
     }
 }
 

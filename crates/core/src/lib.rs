@@ -18,6 +18,7 @@ pub mod pack;
 pub mod publish;
 pub mod resolve;
 pub mod store;
+pub mod workspace;
 
 pub use error::{Error, Result};
 pub use hash::Hash;

@@ -26,6 +26,12 @@ struct LogEntry {
     message: String,
 }
 
+impl LogArgs {
+    pub fn for_ref(spec: String) -> LogArgs {
+        LogArgs { spec, max: None }
+    }
+}
+
 pub async fn run(a: LogArgs, ctx: &Ctx) -> Result<()> {
     let remote = ctx.remote()?;
     let fetcher = ctx.fetcher()?;

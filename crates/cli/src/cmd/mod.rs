@@ -15,6 +15,7 @@ mod pack;
 mod pack_status;
 mod stats;
 mod umount;
+mod ws;
 
 use anyhow::Result;
 use clap::Subcommand;
@@ -39,6 +40,8 @@ pub enum Command {
     PackStatus(pack_status::PackStatusArgs),
     Stats(stats::StatsArgs),
     #[command(subcommand)]
+    Ws(ws::WsCommand),
+    #[command(subcommand)]
     Cache(cache::CacheCommand),
 }
 
@@ -57,6 +60,7 @@ pub async fn run(cmd: Command, ctx: &Ctx) -> Result<()> {
         Command::Umount(a) => umount::run(a, ctx).await,
         Command::PackStatus(a) => pack_status::run(a, ctx).await,
         Command::Stats(a) => stats::run(a, ctx).await,
+        Command::Ws(c) => ws::run(c, ctx).await,
         Command::Cache(c) => cache::run(c, ctx).await,
     }
 }

@@ -54,7 +54,7 @@ pub struct OpenOptions {
 pub enum RefVersion {
     /// S3 and friends: the ETag (and version) of the ref object.
     Conditional { e_tag: Option<String>, version: Option<String> },
-    /// Local store: the value itself, compared under a file lock.
+    /// Local store: the hash of the bytes, compared under a file lock.
     Local(Hash),
 }
 
@@ -256,74 +256,98 @@ impl Remote {
         Ok(self.key(&format!("refs/{name}")))
     }
 
-    /// Reads a ref: its value and the version to hand to [`Remote::cas_ref`].
-    pub async fn read_ref(&self, name: &str) -> Result<Option<(RefValue, RefVersion)>> {
-        let key = self.ref_key(name)?;
-        let r = match self.store.get_opts(&key, GetOptions::default()).await {
+    /// Reads a small mutable object (a ref, a lease) and the version to
+    /// hand to [`Remote::cas_put`].
+    pub async fn read_versioned(&self, key: &Path) -> Result<Option<(Bytes, RefVersion)>> {
+        let r = match self.store.get_opts(key, GetOptions::default()).await {
             Ok(r) => r,
             Err(object_store::Error::NotFound { .. }) => return Ok(None),
-            Err(e) => return Err(self.remote_err("GET", &key, e)),
+            Err(e) => return Err(self.remote_err("GET", key, e)),
         };
         let (e_tag, version) = (r.meta.e_tag.clone(), r.meta.version.clone());
-        let bytes = r.bytes().await.map_err(|e| self.remote_err("GET", &key, e))?;
-        let value = RefValue::decode(&bytes).map_err(|e| Error::Corrupt {
-            id: Hash::of(&bytes),
-            what: "ref",
-            path: name.to_string(),
-            detail: e.to_string(),
-        })?;
+        let bytes = r.bytes().await.map_err(|e| self.remote_err("GET", key, e))?;
         let version = match self.local_root {
-            Some(_) => RefVersion::Local(value.snapshot),
+            Some(_) => RefVersion::Local(Hash::of(&bytes)),
             None => RefVersion::Conditional { e_tag, version },
         };
-        Ok(Some((value, version)))
+        Ok(Some((bytes, version)))
     }
 
-    /// Moves ref `name` to `new` if it is still at `expected` (`None`: the
-    /// ref must not exist). One conditional PUT on S3; on the local store
+    /// Writes `bytes` at `key` if the object is still at `expected` (`None`:
+    /// it must not exist). One conditional PUT on S3; on the local store
     /// the compare and the write happen under an exclusive flock, so two
-    /// processes can never both win.
-    pub async fn cas_ref(&self, name: &str, expected: Option<&RefVersion>, new: RefValue) -> Result<RefVersion> {
-        let key = self.ref_key(name)?;
-        let payload = PutPayload::from(new.encode());
+    /// processes can never both win. A lost race returns `Ok(Err(current))`.
+    pub async fn cas_put(
+        &self,
+        key: &Path,
+        expected: Option<&RefVersion>,
+        bytes: Vec<u8>,
+    ) -> Result<std::result::Result<RefVersion, Option<Bytes>>> {
+        let new_local = Hash::of(&bytes);
+        let payload = PutPayload::from(bytes);
         if let Some(root) = &self.local_root {
-            let lock_path = root.join("locks").join("refs").join(format!("{}.lock", name.replace('/', "%2F")));
+            let lock_path = root.join("locks").join(format!("{}.lock", key.as_ref().replace('/', "%2F")));
             let _lock = crate::fetch::lock_file(lock_path).await?;
-            let current = self.read_ref(name).await?.map(|(v, _)| v.snapshot);
-            let want = expected.map(|v| match v {
-                RefVersion::Local(h) => Ok(*h),
-                RefVersion::Conditional { .. } => Err(Error::User("ref version from another store".into())),
-            });
-            let want = want.transpose()?;
-            if current != want {
-                return Err(Error::RefMoved {
-                    name: name.to_string(),
-                    expected: want.map_or("absent".into(), |h| h.short()),
-                    found: current.map_or("absent".into(), |h| h.short()),
-                });
+            let current = self.read_versioned(key).await?;
+            let matches = match (expected, &current) {
+                (None, None) => true,
+                (Some(RefVersion::Local(want)), Some((_, RefVersion::Local(have)))) => want == have,
+                (Some(RefVersion::Conditional { .. }), _) => {
+                    return Err(Error::User("a version read from another store".into()))
+                }
+                _ => false,
+            };
+            if !matches {
+                return Ok(Err(current.map(|(b, _)| b)));
             }
-            self.store.put(&key, payload).await.map_err(|e| self.remote_err("PUT", &key, e))?;
-            return Ok(RefVersion::Local(new.snapshot));
+            self.store.put(key, payload).await.map_err(|e| self.remote_err("PUT", key, e))?;
+            return Ok(Ok(RefVersion::Local(new_local)));
         }
         let mode = match expected {
             None => PutMode::Create,
             Some(RefVersion::Conditional { e_tag, version }) => {
                 PutMode::Update(UpdateVersion { e_tag: e_tag.clone(), version: version.clone() })
             }
-            Some(RefVersion::Local(_)) => return Err(Error::User("ref version from another store".into())),
+            Some(RefVersion::Local(_)) => return Err(Error::User("a version read from another store".into())),
         };
         let opts = PutOptions { mode, ..Default::default() };
-        match self.store.put_opts(&key, payload, opts).await {
-            Ok(r) => Ok(RefVersion::Conditional { e_tag: r.e_tag, version: r.version }),
+        match self.store.put_opts(key, payload, opts).await {
+            Ok(r) => Ok(Ok(RefVersion::Conditional { e_tag: r.e_tag, version: r.version })),
             Err(object_store::Error::Precondition { .. }) | Err(object_store::Error::AlreadyExists { .. }) => {
-                let found = self.read_ref(name).await?.map_or("absent".into(), |(v, _)| v.snapshot.short());
-                Err(Error::RefMoved {
-                    name: name.to_string(),
-                    expected: if expected.is_some() { "the version read".into() } else { "absent".into() },
-                    found,
-                })
+                Ok(Err(self.read_versioned(key).await?.map(|(b, _)| b)))
             }
-            Err(e) => Err(self.remote_err("PUT", &key, e)),
+            Err(e) => Err(self.remote_err("PUT", key, e)),
+        }
+    }
+
+    /// Reads a ref: its value and the version to hand to [`Remote::cas_ref`].
+    pub async fn read_ref(&self, name: &str) -> Result<Option<(RefValue, RefVersion)>> {
+        let key = self.ref_key(name)?;
+        let Some((bytes, version)) = self.read_versioned(&key).await? else { return Ok(None) };
+        let value = RefValue::decode(&bytes).map_err(|e| Error::Corrupt {
+            id: Hash::of(&bytes),
+            what: "ref",
+            path: name.to_string(),
+            detail: e.to_string(),
+        })?;
+        Ok(Some((value, version)))
+    }
+
+    /// Moves ref `name` to `new` if it is still at `expected` (`None`: the
+    /// ref must not exist); see [`Remote::cas_put`].
+    pub async fn cas_ref(&self, name: &str, expected: Option<&RefVersion>, new: RefValue) -> Result<RefVersion> {
+        let key = self.ref_key(name)?;
+        match self.cas_put(&key, expected, new.encode()).await? {
+            Ok(v) => Ok(v),
+            Err(found) => Err(Error::RefMoved {
+                name: name.to_string(),
+                expected: if expected.is_some() { "the version read".into() } else { "absent".into() },
+                found: match found.map(|b| RefValue::decode(&b)) {
+                    Some(Ok(v)) => v.snapshot.short(),
+                    Some(Err(_)) => "undecodable".into(),
+                    None => "absent".into(),
+                },
+            }),
         }
     }
 

@@ -1,0 +1,182 @@
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::{Args, Subcommand};
+use mado_core::workspace;
+
+use crate::ctx::Ctx;
+
+/// Workspaces: a named, checkpointed working copy that can be resumed,
+/// byte for byte (content, exec bits, symlinks, mtimes), on any machine.
+#[derive(Subcommand)]
+pub enum WsCommand {
+    /// Create workspace NAME from a snapshot and check it out into a plain
+    /// directory (materialized through packs).
+    Create(CreateArgs),
+    /// Upload what changed in the working copy, as a new snapshot whose
+    /// parent is the previous checkpoint, and move `ws/NAME` with
+    /// compare-and-swap under the workspace's single-writer lease.
+    Checkpoint(CheckpointArgs),
+    /// Restore a workspace's latest checkpoint into DIR (content, exec
+    /// bits, symlinks and mtimes), taking its lease when free.
+    Resume(ResumeArgs),
+    /// List the workspaces in the store.
+    List,
+    /// Show a workspace's checkpoints, newest first.
+    Log(NameArg),
+    /// Delete a workspace's ref and lease (working copies are left alone;
+    /// `mado gc` reclaims what nothing else reaches).
+    Rm(NameArg),
+}
+
+#[derive(Args)]
+pub struct CreateArgs {
+    name: String,
+    /// Ref name or snapshot id to start from.
+    #[arg(long, default_value = "main", value_name = "REF")]
+    from: String,
+    /// The working copy: a new or empty directory.
+    #[arg(long, value_name = "DIR")]
+    dir: PathBuf,
+}
+
+#[derive(Args)]
+pub struct CheckpointArgs {
+    /// Workspace name (default: the working copy around the current directory).
+    name: Option<String>,
+    #[arg(short, long, default_value = "checkpoint")]
+    message: String,
+    /// The working copy (default: found from the current directory).
+    #[arg(long, value_name = "DIR")]
+    dir: Option<PathBuf>,
+    /// Take the lease even though another holder had it, once it has expired.
+    #[arg(long)]
+    steal: bool,
+}
+
+#[derive(Args)]
+pub struct ResumeArgs {
+    name: String,
+    /// Where to restore it: a new or empty directory.
+    dir: PathBuf,
+    /// Take the lease once it has expired, even if another holder had it.
+    #[arg(long)]
+    steal: bool,
+}
+
+#[derive(Args)]
+pub struct NameArg {
+    name: String,
+}
+
+fn progress(ctx: &Ctx, what: &str) -> (indicatif::ProgressBar, impl Fn(u64, u64) + Sync) {
+    let pb = ctx.progress(Some(0), what);
+    let pb2 = pb.clone();
+    (pb, move |d, t| {
+        pb2.set_length(t);
+        pb2.set_position(d);
+    })
+}
+
+fn print_resume(ctx: &Ctx, verb: &str, r: &workspace::ResumeReport) -> Result<()> {
+    if let Some(w) = &r.lease_warning {
+        eprintln!("warning: {w}");
+    }
+    if ctx.json {
+        return ctx.print_json(r);
+    }
+    println!(
+        "{verb} workspace {} at {} in {}: {} files, {} mtimes restored",
+        r.workspace,
+        &r.snapshot[..12],
+        r.dir,
+        r.files,
+        r.mtimes_restored
+    );
+    Ok(())
+}
+
+pub async fn run(c: WsCommand, ctx: &Ctx) -> Result<()> {
+    let fetcher = ctx.fetcher()?;
+    match c {
+        WsCommand::Create(a) => {
+            let (pb, p) = progress(ctx, "checking out");
+            let r = workspace::create(&fetcher, &a.name, &a.from, &a.dir, &p).await;
+            pb.finish_and_clear();
+            print_resume(ctx, "created", &r?)
+        }
+        WsCommand::Resume(a) => {
+            let (pb, p) = progress(ctx, "restoring");
+            let r = workspace::resume(&fetcher, &a.name, &a.dir, a.steal, &p).await;
+            pb.finish_and_clear();
+            print_resume(ctx, "resumed", &r?)
+        }
+        WsCommand::Checkpoint(a) => {
+            let start = match a.dir {
+                Some(d) => d,
+                None => std::env::current_dir()?,
+            };
+            let dir = workspace::find_working_copy(&start).ok_or_else(|| {
+                mado_core::Error::User(format!(
+                    "{} is not inside a workspace; pass --dir, or create one with `mado ws create`",
+                    start.display()
+                ))
+            })?;
+            if let Some(n) = &a.name {
+                let st = workspace::load_state(&dir)?;
+                if &st.name != n {
+                    return Err(mado_core::Error::User(format!(
+                        "{} is a working copy of workspace {}, not {n}",
+                        dir.display(),
+                        st.name
+                    ))
+                    .into());
+                }
+            }
+            let r = workspace::checkpoint(&fetcher, &dir, &a.message, a.steal).await?;
+            ctx.step(format!("read {} files, {} unchanged by the stat cache", r.files_read, r.files_unchanged));
+            if ctx.json {
+                #[derive(serde::Serialize)]
+                struct Out<'a> {
+                    #[serde(flatten)]
+                    r: &'a workspace::CheckpointReport,
+                    remote: mado_core::store::Stats,
+                }
+                return ctx.print_json(&Out { r: &r, remote: fetcher.remote.stats() });
+            }
+            if r.unchanged {
+                println!("workspace {}: nothing changed since {}", r.workspace, &r.snapshot[..12]);
+            } else {
+                println!(
+                    "workspace {} -> {}: uploaded {} objects ({} trees, {} bytes), {} packs",
+                    r.workspace,
+                    &r.snapshot[..12],
+                    r.upload.objects_uploaded,
+                    r.upload.trees_uploaded,
+                    r.upload.bytes_uploaded,
+                    r.packs_uploaded
+                );
+            }
+            Ok(())
+        }
+        WsCommand::List => {
+            let l = workspace::list(&fetcher).await?;
+            if ctx.json {
+                return ctx.print_json(&l);
+            }
+            for w in l {
+                println!("{:<24} {}  {}", w.name, &w.snapshot[..12], w.message.lines().next().unwrap_or(""));
+            }
+            Ok(())
+        }
+        WsCommand::Log(a) => {
+            let args = super::log::LogArgs::for_ref(format!("ws/{}", a.name));
+            super::log::run(args, ctx).await
+        }
+        WsCommand::Rm(a) => {
+            workspace::remove(&fetcher.remote, &a.name).await?;
+            println!("removed workspace {} (working copies are untouched)", a.name);
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,230 @@
+//! Workspaces through the `mado` binary: checkpoint and resume byte for
+//! byte (mtimes included), dedup across workspaces, single-writer leases,
+//! and crash safety at every step of a checkpoint.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use common::*;
+
+/// Everything a resume must restore: kind, mode, content or target, mtime.
+fn full_state(root: &Path) -> BTreeMap<Vec<u8>, (char, u32, Vec<u8>, SystemTime)> {
+    snapshot_dir(root)
+        .into_iter()
+        .filter(|(k, _)| !k.starts_with(b".mado"))
+        .map(|(k, (kind, mode, data))| {
+            let p = root.join(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(&k));
+            let mtime = std::fs::symlink_metadata(&p).unwrap().modified().unwrap();
+            (k, (kind, mode & 0o100, data, mtime))
+        })
+        .collect()
+}
+
+fn assert_same_state(a: &Path, b: &Path) {
+    let (x, y) = (full_state(a), full_state(b));
+    let names =
+        |m: &BTreeMap<Vec<u8>, _>| m.keys().map(|k| String::from_utf8_lossy(k).into_owned()).collect::<Vec<_>>();
+    assert_eq!(names(&x), names(&y));
+    for (k, v) in &x {
+        let w = &y[k];
+        let n = String::from_utf8_lossy(k);
+        assert_eq!((v.0, v.1), (w.0, w.1), "{n}: kind or exec bit");
+        assert!(v.2 == w.2, "{n}: content");
+        assert_eq!(v.3, w.3, "{n}: mtime");
+    }
+    // The root directory's own mtime too.
+    assert_eq!(std::fs::metadata(a).unwrap().modified().unwrap(), std::fs::metadata(b).unwrap().modified().unwrap());
+}
+
+fn set_mtime(p: &Path, secs: u64) {
+    let f = std::fs::File::options().write(true).open(p).unwrap();
+    f.set_modified(SystemTime::UNIX_EPOCH + Duration::from_secs(secs)).unwrap();
+}
+
+/// The edits of the issue: add, modify, delete, rename, chmod, symlink,
+/// an old mtime.
+fn edit(dir: &Path) {
+    std::fs::write(dir.join("added.txt"), "new file\n").unwrap();
+    std::fs::write(dir.join("README.md"), "# modified\n").unwrap();
+    std::fs::remove_file(dir.join("empty")).unwrap();
+    std::fs::rename(dir.join("src/lib.rs"), dir.join("src/renamed.rs")).unwrap();
+    std::fs::set_permissions(dir.join("win.bat"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::os::unix::fs::symlink("src/renamed.rs", dir.join("newlink")).unwrap();
+    set_mtime(&dir.join("src/deep/er/still.txt"), 1_000_000_000);
+}
+
+fn setup(m: &Mado) -> PathBuf {
+    let repo = fixture_repo(m.dir.path());
+    m.ok(&["import-git", repo.to_str().unwrap()]);
+    repo
+}
+
+fn checkpoint_resume_round_trip(m: &Mado) {
+    setup(m);
+    let w1 = m.dir.path().join("w1");
+    m.ok(&["ws", "create", "agent", "--from", "main", "--dir", w1.to_str().unwrap()]);
+    edit(&w1);
+    let cp = m.json(&["ws", "checkpoint", "--dir", w1.to_str().unwrap(), "-m", "edits"]);
+    assert_eq!(cp["unchanged"], false, "{cp}");
+    // Elsewhere, from an empty cache.
+    std::fs::remove_dir_all(m.cache_dir()).unwrap();
+    let w2 = m.dir.path().join("w2");
+    let r = m.json(&["ws", "resume", "agent", w2.to_str().unwrap()]);
+    assert!(r["lease_warning"].is_string(), "w1 holds the lease: {r}");
+    assert_same_state(&w1, &w2);
+    // Nothing changed: a checkpoint is a no-op that reads no file.
+    let again = m.json(&["ws", "checkpoint", "--dir", w1.to_str().unwrap()]);
+    assert_eq!(again["unchanged"], true, "{again}");
+    assert_eq!(again["files_read"], 0, "the stat cache recognised every file: {again}");
+    let log = m.json(&["ws", "log", "agent"]);
+    assert_eq!(log.as_array().unwrap().len(), 2);
+    assert_eq!(log[0]["message"], "edits");
+    let list = m.json(&["ws", "list"]);
+    assert_eq!(list[0]["name"], "agent");
+}
+
+#[test]
+fn checkpoint_resume_round_trip_minio() {
+    if let Some(base) = s3_base() {
+        checkpoint_resume_round_trip(&Mado::s3(&base));
+    }
+}
+
+#[test]
+fn checkpoint_resume_round_trip_local() {
+    checkpoint_resume_round_trip(&Mado::local());
+}
+
+#[test]
+fn same_edits_in_two_workspaces_share_every_file_and_tree_minio() {
+    let Some(base) = s3_base() else { return };
+    let m = Mado::s3(&base);
+    setup(&m);
+    let (a, b) = (m.dir.path().join("a"), m.dir.path().join("b"));
+    m.ok(&["ws", "create", "one", "--dir", a.to_str().unwrap()]);
+    m.ok(&["ws", "create", "two", "--dir", b.to_str().unwrap()]);
+    edit(&a);
+    edit(&b);
+    let first = m.json(&["ws", "checkpoint", "--dir", a.to_str().unwrap()]);
+    assert!(first["upload"]["trees_uploaded"].as_u64().unwrap() >= 1, "{first}");
+    let second = m.json(&["ws", "checkpoint", "--dir", b.to_str().unwrap()]);
+    // No file and no tree: only the stat object (different mtimes) and the
+    // snapshot are new.
+    assert_eq!(second["upload"]["trees_uploaded"], 0, "{second}");
+    assert!(second["upload"]["objects_uploaded"].as_u64().unwrap() <= 1, "{second}");
+    assert_eq!(second["packs_uploaded"], 0, "{second}");
+}
+
+#[test]
+fn two_writers_one_wins_the_other_gets_the_lease_error_minio() {
+    let Some(base) = s3_base() else { return };
+    let m = Mado::s3(&base);
+    setup(&m);
+    let (a, b) = (m.dir.path().join("a"), m.dir.path().join("b"));
+    m.ok(&["ws", "create", "shared", "--dir", a.to_str().unwrap()]);
+    m.ok(&["ws", "resume", "shared", b.to_str().unwrap()]);
+    std::fs::write(a.join("from-a.txt"), "a\n").unwrap();
+    std::fs::write(b.join("from-b.txt"), "b\n").unwrap();
+    let run = |d: &Path| {
+        m.cmd(&["ws", "checkpoint", "--dir", d.to_str().unwrap(), "--json"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (pa, pb) = (run(&a), run(&b));
+    let (oa, ob) = (pa.wait_with_output().unwrap(), pb.wait_with_output().unwrap());
+    assert!(oa.status.success(), "{}", String::from_utf8_lossy(&oa.stderr));
+    assert_eq!(ob.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&ob.stderr);
+    assert!(err.contains("leased by") && err.contains(&a.display().to_string()), "{err}");
+    // Nothing lost: the winner's checkpoint resumes, the loser's edit is
+    // still in its working copy.
+    let c = m.dir.path().join("c");
+    m.ok(&["ws", "resume", "shared", c.to_str().unwrap()]);
+    assert_eq!(std::fs::read(c.join("from-a.txt")).unwrap(), b"a\n");
+    assert_eq!(std::fs::read(b.join("from-b.txt")).unwrap(), b"b\n");
+}
+
+#[test]
+fn expired_leases_need_steal_and_live_ones_cannot_be_stolen() {
+    let m = Mado::local();
+    setup(&m);
+    let a = m.dir.path().join("a");
+    m.ok(&["ws", "create", "w", "--dir", a.to_str().unwrap()]);
+    let lease = m.store_dir().join("leases/ws/w");
+    let write_lease = |expires: i64| {
+        let mut b = b"MADL\x01".to_vec();
+        b.push(5);
+        b.extend_from_slice(b"other");
+        b.extend_from_slice(&expires.to_le_bytes());
+        std::fs::write(&lease, b).unwrap();
+    };
+    std::fs::write(a.join("x"), "x").unwrap();
+    let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_secs() as i64;
+    write_lease(now + 600);
+    let err = m.fails(&["ws", "checkpoint", "--dir", a.to_str().unwrap()], 1);
+    assert!(err.contains("leased by other until"), "{err}");
+    let err = m.fails(&["ws", "checkpoint", "--dir", a.to_str().unwrap(), "--steal"], 1);
+    assert!(err.contains("leased by other until"), "a live lease is not stolen: {err}");
+    write_lease(now - 10);
+    let err = m.fails(&["ws", "checkpoint", "--dir", a.to_str().unwrap()], 1);
+    assert!(err.contains("expired") && err.contains("--steal"), "{err}");
+    m.ok(&["ws", "checkpoint", "--dir", a.to_str().unwrap(), "--steal"]);
+}
+
+#[test]
+fn a_checkpoint_killed_at_any_step_leaves_a_whole_snapshot() {
+    for point in
+        ["checkpoint-after-objects", "checkpoint-after-packs", "checkpoint-after-snapshot", "checkpoint-after-ref"]
+    {
+        let m = Mado::local();
+        setup(&m);
+        let w = m.dir.path().join("w");
+        m.ok(&["ws", "create", "crash", "--dir", w.to_str().unwrap()]);
+        let before = m.dir.path().join("before");
+        m.ok(&["ws", "resume", "crash", before.to_str().unwrap()]);
+        edit(&w);
+        let o =
+            m.cmd(&["ws", "checkpoint", "--dir", w.to_str().unwrap()]).env("MADO_FAILPOINT", point).output().unwrap();
+        assert!(!o.status.success(), "{point}: the failpoint must kill the checkpoint");
+        // A fresh resume sees the old snapshot or the whole new one.
+        std::fs::remove_dir_all(m.cache_dir()).unwrap();
+        let r = m.dir.path().join("after");
+        m.ok(&["ws", "resume", "crash", r.to_str().unwrap()]);
+        let moved = point == "checkpoint-after-ref";
+        if moved {
+            assert_same_state(&w, &r);
+        } else {
+            assert_eq!(
+                full_state(&before).keys().collect::<Vec<_>>(),
+                full_state(&r).keys().collect::<Vec<_>>(),
+                "{point}"
+            );
+        }
+        // The next checkpoint succeeds and resumes whole.
+        std::fs::write(w.join("later.txt"), "later\n").unwrap();
+        m.ok(&["ws", "checkpoint", "--dir", w.to_str().unwrap()]);
+        std::fs::remove_dir_all(m.cache_dir()).unwrap();
+        let r2 = m.dir.path().join("after2");
+        m.ok(&["ws", "resume", "crash", r2.to_str().unwrap()]);
+        assert_same_state(&w, &r2);
+    }
+}
+
+#[test]
+fn the_stat_cache_rereads_only_changed_files() {
+    let m = Mado::local();
+    setup(&m);
+    let w = m.dir.path().join("w");
+    m.ok(&["ws", "create", "sc", "--dir", w.to_str().unwrap()]);
+    std::thread::sleep(Duration::from_millis(20));
+    std::fs::write(w.join("README.md"), "# changed\n").unwrap();
+    let cp = m.json(&["ws", "checkpoint", "--dir", w.to_str().unwrap()]);
+    assert_eq!(cp["files_read"], 1, "{cp}");
+    assert!(cp["files_unchanged"].as_u64().unwrap() >= 8, "{cp}");
+}

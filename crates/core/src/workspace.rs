@@ -1,0 +1,631 @@
+//! Workspaces: a ref `ws/<name>`, a single-writer lease, and a local
+//! working copy (a plain directory; read-write mounts come later).
+//!
+//! - **Checkpoint**: walk the working copy (unchanged files are recognised
+//!   by a stat cache, as git's index does, not re-read), stage new content
+//!   and trees in the disk cache, upload what the store lacks (closure
+//!   order), the stat object, the packs, the snapshot, and last move the
+//!   ref with compare-and-swap. Killed at any step, the ref is at the old
+//!   snapshot or at a complete new one.
+//! - **Mtimes live outside trees**, in a per-snapshot stat object, so two
+//!   workspaces with the same content share every tree.
+//! - **Lease**: `leases/ws/<name>`, holder and expiry, taken and renewed by
+//!   conditional PUT. Another holder's lease is an error naming it and its
+//!   expiry; `--steal` takes an expired one.
+//! - **Resume**: check the snapshot out (through packs, many reads in
+//!   flight) and restore every mtime, so a build tool sees nothing to redo.
+
+use std::collections::BTreeMap;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+use crate::cache::DiskCache;
+use crate::codec::{put_bytes, put_varint, DecodeError, Reader};
+use crate::error::{Error, Result};
+use crate::fetch::Fetcher;
+use crate::hash::Hash;
+use crate::import::{upload_closure, Staged, UploadReport};
+use crate::object::{check_ref_name, Entry, Kind, RefValue, Snapshot, Tree};
+use crate::store::{Remote, Space};
+
+/// The folder inside a working copy that holds mado's state for it.
+pub const STATE_DIR: &str = ".mado";
+/// How long a lease lasts without renewal (each checkpoint renews it).
+pub const LEASE_SECS: i64 = 15 * 60;
+
+const STAT_MAGIC: &[u8; 4] = b"MADF";
+const LEASE_MAGIC: &[u8; 4] = b"MADL";
+
+/// Per-snapshot file times: (path, seconds, nanoseconds), sorted by path.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StatObject {
+    pub entries: Vec<(Vec<u8>, i64, u32)>,
+}
+
+impl StatObject {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(16 + self.entries.len() * 24);
+        out.extend_from_slice(STAT_MAGIC);
+        out.push(1);
+        put_varint(&mut out, self.entries.len() as u64);
+        for (p, s, n) in &self.entries {
+            put_bytes(&mut out, p);
+            out.extend_from_slice(&s.to_le_bytes());
+            put_varint(&mut out, *n as u64);
+        }
+        out
+    }
+
+    pub fn decode(buf: &[u8]) -> Result<StatObject, DecodeError> {
+        let mut r = Reader::new(buf);
+        r.magic(STAT_MAGIC)?;
+        r.version("stat object", 1)?;
+        let n = r.count(10)?;
+        let mut entries = Vec::with_capacity(n);
+        for _ in 0..n {
+            let p = r.bytes()?.to_vec();
+            if p.split(|c| *c == b'/').any(|seg| seg == b".." || seg == b".") || p.starts_with(b"/") || p.contains(&0) {
+                return Err(DecodeError::Invalid(format!("bad path {:?}", String::from_utf8_lossy(&p))));
+            }
+            let s = r.i64_le()?;
+            let nanos = r.varint()?;
+            if nanos >= 1_000_000_000 {
+                return Err(DecodeError::Invalid("nanoseconds out of range".into()));
+            }
+            entries.push((p, s, nanos as u32));
+        }
+        r.finish()?;
+        Ok(StatObject { entries })
+    }
+}
+
+/// A workspace lease.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lease {
+    pub holder: String,
+    /// Seconds since the epoch.
+    pub expires: i64,
+}
+
+impl Lease {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = LEASE_MAGIC.to_vec();
+        out.push(1);
+        put_bytes(&mut out, self.holder.as_bytes());
+        out.extend_from_slice(&self.expires.to_le_bytes());
+        out
+    }
+    pub fn decode(buf: &[u8]) -> Result<Lease, DecodeError> {
+        let mut r = Reader::new(buf);
+        r.magic(LEASE_MAGIC)?;
+        r.version("lease", 1)?;
+        let holder = String::from_utf8(r.bytes()?.to_vec()).map_err(|_| DecodeError::Invalid("holder".into()))?;
+        let expires = r.i64_le()?;
+        r.finish()?;
+        Ok(Lease { holder, expires })
+    }
+}
+
+fn now() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
+}
+
+fn ws_ref(name: &str) -> Result<String> {
+    let r = format!("ws/{name}");
+    check_ref_name(&r).map_err(Error::User)?;
+    Ok(r)
+}
+
+/// Fault injection for crash tests: `MADO_FAILPOINT=<name>` aborts the
+/// process at that point, as a crash would.
+fn failpoint(name: &str) {
+    if std::env::var("MADO_FAILPOINT").as_deref() == Ok(name) {
+        eprintln!("failpoint {name}: aborting");
+        std::process::abort();
+    }
+}
+
+/// Takes or renews the lease of workspace `name` for `holder`.
+pub async fn take_lease(remote: &Remote, name: &str, holder: &str, steal: bool) -> Result<()> {
+    let key = remote.key(&format!("leases/{}", ws_ref(name)?));
+    for _ in 0..3 {
+        let cur = remote.read_versioned(&key).await?;
+        let expected = match &cur {
+            None => None,
+            Some((bytes, ver)) => {
+                let l = Lease::decode(bytes).ok();
+                match l {
+                    Some(l) if l.holder == holder => Some(ver.clone()),
+                    Some(l) if l.expires > now() => {
+                        return Err(Error::User(format!(
+                            "workspace {name} is leased by {} until {} (unix time; {} s from now); wait for it, or once it has expired run again with --steal",
+                            l.holder,
+                            l.expires,
+                            l.expires - now()
+                        )))
+                    }
+                    Some(l) if !steal => {
+                        return Err(Error::User(format!(
+                            "workspace {name} is leased by {}, expired at {} (unix time); run again with --steal to take it",
+                            l.holder, l.expires
+                        )))
+                    }
+                    _ => Some(ver.clone()),
+                }
+            }
+        };
+        let lease = Lease { holder: holder.to_string(), expires: now() + LEASE_SECS };
+        if remote.cas_put(&key, expected.as_ref(), lease.encode()).await?.is_ok() {
+            return Ok(());
+        }
+    }
+    Err(Error::User(format!("workspace {name}: the lease kept changing under us; try again")))
+}
+
+/// The working copy's state (`DIR/.mado/workspace.json`).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct LocalState {
+    pub name: String,
+    pub remote: String,
+    /// The snapshot the working copy was last checked out or checkpointed at.
+    pub head: String,
+    /// This working copy's lease holder id.
+    pub holder: String,
+}
+
+/// One stat-cache row: what a file looked like when its id was known.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+struct StatRow {
+    size: u64,
+    mtime_ns: i128,
+    ctime_ns: i128,
+    ino: u64,
+    id: String,
+    chunked: bool,
+}
+
+#[derive(Default, Serialize, Deserialize)]
+struct StatCache {
+    /// When the cache was written: a file changed within the same tick
+    /// could look unchanged ("racy"), so rows at or after it are re-read.
+    written_ns: i128,
+    rows: BTreeMap<String, StatRow>,
+}
+
+fn state_dir(dir: &Path) -> PathBuf {
+    dir.join(STATE_DIR)
+}
+
+/// The working copy holding `start` (it or an ancestor has `.mado/`).
+pub fn find_working_copy(start: &Path) -> Option<PathBuf> {
+    let mut p = std::path::absolute(start).ok()?;
+    loop {
+        if state_dir(&p).join("workspace.json").is_file() {
+            return Some(p);
+        }
+        if !p.pop() {
+            return None;
+        }
+    }
+}
+
+pub fn load_state(dir: &Path) -> Result<LocalState> {
+    let p = state_dir(dir).join("workspace.json");
+    let text = std::fs::read_to_string(&p).map_err(|_| {
+        Error::User(format!(
+            "{} is not a mado workspace (no {}); create one with `mado ws create`",
+            dir.display(),
+            p.display()
+        ))
+    })?;
+    serde_json::from_str(&text).map_err(|e| Error::User(format!("{}: {e}", p.display())))
+}
+
+fn save_state(dir: &Path, s: &LocalState) -> Result<()> {
+    let d = state_dir(dir);
+    std::fs::create_dir_all(&d).map_err(Error::io(format!("creating {}", d.display())))?;
+    let text = serde_json::to_string_pretty(s).unwrap_or_default();
+    crate::fetch::save_atomic(&d.join("workspace.json"), text.as_bytes());
+    Ok(())
+}
+
+fn ns(t: std::io::Result<SystemTime>) -> i128 {
+    t.ok().and_then(|t| t.duration_since(UNIX_EPOCH).ok()).map(|d| d.as_nanos() as i128).unwrap_or(0)
+}
+
+fn key_of(rel: &[u8]) -> String {
+    // Paths as lossless strings: hex for anything that is not UTF-8.
+    match std::str::from_utf8(rel) {
+        Ok(s) => format!("u:{s}"),
+        Err(_) => format!("x:{}", rel.iter().map(|b| format!("{b:02x}")).collect::<String>()),
+    }
+}
+
+fn load_statcache(dir: &Path) -> StatCache {
+    std::fs::read(state_dir(dir).join("statcache.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default()
+}
+
+fn save_statcache(dir: &Path, c: &StatCache) {
+    if let Ok(b) = serde_json::to_vec(c) {
+        crate::fetch::save_atomic(&state_dir(dir).join("statcache.json"), &b);
+    }
+}
+
+/// What walking a working copy produced.
+struct Walked {
+    root: Hash,
+    stat: StatObject,
+    files_read: u64,
+    files_unchanged: u64,
+}
+
+/// Walks `dir` (skipping `.mado`), staging changed content and all trees.
+fn walk(dir: &Path, cache: &DiskCache, staged: &mut Staged, sc: &StatCache, new_sc: &mut StatCache) -> Result<Walked> {
+    let mut w = Walked { root: Hash([0; 32]), stat: StatObject::default(), files_read: 0, files_unchanged: 0 };
+    let root_meta = std::fs::symlink_metadata(dir).map_err(Error::io(format!("reading {}", dir.display())))?;
+    w.stat.entries.push((Vec::new(), root_meta.mtime(), root_meta.mtime_nsec() as u32));
+    w.root = walk_dir(dir, &[], cache, staged, sc, new_sc, &mut w)?;
+    w.stat.entries.sort();
+    Ok(w)
+}
+
+fn walk_dir(
+    abs: &Path,
+    rel: &[u8],
+    cache: &DiskCache,
+    staged: &mut Staged,
+    sc: &StatCache,
+    new_sc: &mut StatCache,
+    w: &mut Walked,
+) -> Result<Hash> {
+    let mut entries = Vec::new();
+    let rd = std::fs::read_dir(abs).map_err(Error::io(format!("reading {}", abs.display())))?;
+    for de in rd {
+        let de = de.map_err(Error::io(format!("reading {}", abs.display())))?;
+        let name = de.file_name().as_bytes().to_vec();
+        if rel.is_empty() && name == STATE_DIR.as_bytes() {
+            continue;
+        }
+        let p = de.path();
+        let r = if rel.is_empty() { name.clone() } else { [rel, b"/", &name].concat() };
+        let m = std::fs::symlink_metadata(&p).map_err(Error::io(format!("reading {}", p.display())))?;
+        w.stat.entries.push((r.clone(), m.mtime(), m.mtime_nsec() as u32));
+        let ft = m.file_type();
+        let entry = if ft.is_dir() {
+            let id = walk_dir(&p, &r, cache, staged, sc, new_sc, w)?;
+            Entry { name, kind: Kind::Directory, chunked: false, size: 0, id }
+        } else if ft.is_symlink() {
+            let target = std::fs::read_link(&p).map_err(Error::io(format!("reading {}", p.display())))?;
+            let t = target.as_os_str().as_bytes();
+            let (id, _) = staged.content(cache, t)?;
+            Entry { name, kind: Kind::Symlink, chunked: false, size: t.len() as u64, id }
+        } else if ft.is_file() {
+            let kind = if m.permissions().mode() & 0o111 != 0 { Kind::Executable } else { Kind::File };
+            let key = key_of(&r);
+            let mtime_ns = ns(m.modified());
+            let row_now = |id: Hash, chunked: bool| StatRow {
+                size: m.len(),
+                mtime_ns,
+                ctime_ns: m.ctime() as i128 * 1_000_000_000 + m.ctime_nsec() as i128,
+                ino: m.ino(),
+                id: id.to_hex(),
+                chunked,
+            };
+            let cached = sc.rows.get(&key).filter(|row| {
+                let fresh = row_now(Hash([0; 32]), row.chunked);
+                row.size == fresh.size
+                    && row.mtime_ns == fresh.mtime_ns
+                    && row.ctime_ns == fresh.ctime_ns
+                    && row.ino == fresh.ino
+                    && row.mtime_ns < sc.written_ns
+            });
+            let (id, chunked) = match cached.and_then(|row| row.id.parse::<Hash>().ok().map(|h| (h, row.chunked))) {
+                Some(v) => {
+                    w.files_unchanged += 1;
+                    v
+                }
+                None => {
+                    let data = std::fs::read(&p).map_err(Error::io(format!("reading {}", p.display())))?;
+                    w.files_read += 1;
+                    staged.content(cache, &data)?
+                }
+            };
+            new_sc.rows.insert(key, row_now(id, chunked));
+            Entry { name, kind, chunked, size: m.len(), id }
+        } else {
+            // Sockets, FIFOs, devices: not source. Skipped.
+            continue;
+        };
+        entries.push(entry);
+    }
+    let tree = Tree::normalized(entries)
+        .map_err(|e| Error::UnsafePath { path: String::from_utf8_lossy(rel).into_owned(), reason: e.to_string() })?;
+    staged.tree(cache, &tree)
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct CheckpointReport {
+    pub workspace: String,
+    pub snapshot: String,
+    pub parent: String,
+    /// Nothing changed since the last checkpoint: no new snapshot.
+    pub unchanged: bool,
+    pub files_read: u64,
+    pub files_unchanged: u64,
+    pub upload: UploadReport,
+    pub packs_uploaded: u64,
+}
+
+fn author() -> String {
+    let user = std::env::var("USER").unwrap_or_else(|_| "mado".into());
+    let host = std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_string()).unwrap_or_default();
+    format!("{user}@{host}")
+}
+
+/// Checkpoints the working copy at `dir`.
+pub async fn checkpoint(fetcher: &Arc<Fetcher>, dir: &Path, message: &str, steal: bool) -> Result<CheckpointReport> {
+    let mut st = load_state(dir)?;
+    let remote = &fetcher.remote;
+    let cache = fetcher.cache.clone();
+    let refname = ws_ref(&st.name)?;
+    // The lease and the ref go together: one round trip.
+    let (lease, cur) = futures::join!(take_lease(remote, &st.name, &st.holder, steal), remote.read_ref(&refname));
+    lease?;
+    let (cur, ver) = cur?.ok_or_else(|| Error::NotFound(format!("workspace {} has no ref {refname}", st.name)))?;
+    let dir2 = dir.to_path_buf();
+    let c2 = cache.clone();
+    let (staged, walked, new_sc) = tokio::task::spawn_blocking(move || {
+        let mut staged = Staged::default();
+        let sc = load_statcache(&dir2);
+        let mut new_sc = StatCache { written_ns: ns(Ok(SystemTime::now())), rows: BTreeMap::new() };
+        let w = walk(&dir2, &c2, &mut staged, &sc, &mut new_sc)?;
+        Ok::<_, Error>((staged, w, new_sc))
+    })
+    .await
+    .map_err(|e| Error::Io { context: "walking the workspace".into(), source: std::io::Error::other(e) })??;
+    let stat_bytes = walked.stat.encode();
+    let stat_id = Hash::of(&stat_bytes);
+    cache.put(&stat_id, &stat_bytes)?;
+    let parent_snap = fetcher.snapshot(cur.snapshot).await?;
+    let mut report = CheckpointReport {
+        workspace: st.name.clone(),
+        parent: cur.snapshot.to_hex(),
+        files_read: walked.files_read,
+        files_unchanged: walked.files_unchanged,
+        ..Default::default()
+    };
+    if parent_snap.root == walked.root && parent_snap.stat == Some(stat_id) {
+        save_statcache(dir, &new_sc);
+        report.snapshot = cur.snapshot.to_hex();
+        report.unchanged = true;
+        return Ok(report);
+    }
+    // Objects and trees (what the store lacks), and the stat object.
+    report.upload = upload_closure(remote, &cache, &staged, &[walked.root, stat_id]).await?;
+    failpoint("checkpoint-after-objects");
+    // Packs for the new tree (unchanged packs are found by HEAD, not sent).
+    if parent_snap.root != walked.root {
+        let opts = crate::publish::PackOptions {
+            mode: crate::pack::Mode::Recursive,
+            cap: crate::pack::DEFAULT_MAX_PACK_BYTES,
+            index_check: crate::publish::IndexCheck::KnownAbsent,
+        };
+        let p = crate::publish::publish_packs(remote, &cache, walked.root, opts, Some(fetcher.clone())).await?;
+        report.packs_uploaded = p.packs_uploaded;
+    }
+    failpoint("checkpoint-after-packs");
+    let snap = Snapshot {
+        root: walked.root,
+        parents: vec![cur.snapshot],
+        time: now(),
+        author: author(),
+        message: message.to_string(),
+        source: format!("ws:{}", st.name),
+        stat: Some(stat_id),
+    };
+    let enc = snap.encode();
+    let sid = Hash::of(&enc);
+    cache.put(&sid, &enc)?;
+    remote.put_object(Space::Snapshots, &sid, Bytes::from(enc)).await?;
+    failpoint("checkpoint-after-snapshot");
+    remote.cas_ref(&refname, Some(&ver), RefValue { snapshot: sid, root: walked.root }).await?;
+    failpoint("checkpoint-after-ref");
+    st.head = sid.to_hex();
+    save_state(dir, &st)?;
+    save_statcache(dir, &new_sc);
+    report.snapshot = sid.to_hex();
+    Ok(report)
+}
+
+fn holder_id(dir: &Path) -> String {
+    let host = std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_string()).unwrap_or_default();
+    format!(
+        "{}@{host}:{}:{:08x}",
+        std::env::var("USER").unwrap_or_else(|_| "mado".into()),
+        dir.display(),
+        rand::random::<u32>()
+    )
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ResumeReport {
+    pub workspace: String,
+    pub snapshot: String,
+    pub dir: String,
+    pub files: u64,
+    pub mtimes_restored: u64,
+    /// Set when another working copy holds the lease: this copy can be
+    /// read, but its checkpoints will be refused until the lease is free.
+    pub lease_warning: Option<String>,
+}
+
+/// Checks out `snapshot` into `dir` and records the working copy.
+async fn materialize_into(
+    fetcher: &Arc<Fetcher>,
+    name: &str,
+    snapshot: Hash,
+    dir: &Path,
+    steal: bool,
+    progress: &(dyn Fn(u64, u64) + Sync),
+) -> Result<ResumeReport> {
+    let snap = fetcher.snapshot(snapshot).await?;
+    let (attach, stat) = futures::join!(fetcher.attach(snap.root), async {
+        match snap.stat {
+            Some(id) => {
+                let b = fetcher.get(Space::Objects, id, "stat object").await?;
+                StatObject::decode(&b).map(Some).map_err(|e| Error::corrupt(id, "stat object", "", e))
+            }
+            None => Ok(None),
+        }
+    });
+    attach?;
+    let stat = stat?;
+    let co =
+        crate::checkout::checkout(fetcher, snap.root, dir, crate::checkout::CheckoutOptions { force: false, progress })
+            .await?;
+    let mut report = ResumeReport {
+        workspace: name.to_string(),
+        snapshot: snapshot.to_hex(),
+        dir: dir.display().to_string(),
+        files: co.files + co.symlinks,
+        ..Default::default()
+    };
+    let holder = holder_id(dir);
+    if let Err(e) = take_lease(&fetcher.remote, name, &holder, steal).await {
+        if !matches!(e, Error::User(_)) {
+            return Err(e);
+        }
+        report.lease_warning = Some(e.to_string());
+    }
+    // State first: creating `.mado/` touches the root's mtime, which is
+    // restored next.
+    save_state(
+        dir,
+        &LocalState {
+            name: name.to_string(),
+            remote: fetcher.remote.url().to_string(),
+            head: snapshot.to_hex(),
+            holder,
+        },
+    )?;
+    if let Some(stat) = &stat {
+        crate::checkout::set_mtimes(dir, &stat.entries)?;
+        report.mtimes_restored = stat.entries.len() as u64;
+    }
+    // Seed the stat cache from what was just written.
+    let dir2 = dir.to_path_buf();
+    let c2 = fetcher.cache.clone();
+    tokio::task::spawn_blocking(move || {
+        let mut staged = Staged::default();
+        let mut sc = StatCache::default();
+        let _ = walk(&dir2, &c2, &mut staged, &StatCache::default(), &mut sc);
+        sc.written_ns = ns(Ok(SystemTime::now()));
+        save_statcache(&dir2, &sc);
+    })
+    .await
+    .map_err(|e| Error::Io { context: "stat cache".into(), source: std::io::Error::other(e) })?;
+    Ok(report)
+}
+
+/// `ws create`: a new workspace from `spec`, materialized into `dir`.
+pub async fn create(
+    fetcher: &Arc<Fetcher>,
+    name: &str,
+    spec: &str,
+    dir: &Path,
+    progress: &(dyn Fn(u64, u64) + Sync),
+) -> Result<ResumeReport> {
+    let refname = ws_ref(name)?;
+    let r = crate::resolve::resolve(&fetcher.remote, spec).await?;
+    let root = match r.root {
+        Some(root) => root,
+        None => fetcher.snapshot(r.snapshot).await?.root,
+    };
+    fetcher.remote.cas_ref(&refname, None, RefValue { snapshot: r.snapshot, root }).await.map_err(|e| match e {
+        Error::RefMoved { .. } => Error::User(format!(
+            "workspace {name} already exists; use `mado ws resume {name} DIR` to get a working copy"
+        )),
+        e => e,
+    })?;
+    materialize_into(fetcher, name, r.snapshot, dir, false, progress).await
+}
+
+/// `ws resume`: the workspace's latest checkpoint into `dir`, byte for byte.
+pub async fn resume(
+    fetcher: &Arc<Fetcher>,
+    name: &str,
+    dir: &Path,
+    steal: bool,
+    progress: &(dyn Fn(u64, u64) + Sync),
+) -> Result<ResumeReport> {
+    let refname = ws_ref(name)?;
+    let (v, _) = fetcher
+        .remote
+        .read_ref(&refname)
+        .await?
+        .ok_or_else(|| Error::NotFound(format!("no workspace named {name}; see `mado ws list`")))?;
+    materialize_into(fetcher, name, v.snapshot, dir, steal, progress).await
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct WsInfo {
+    pub name: String,
+    pub snapshot: String,
+    pub time: i64,
+    pub message: String,
+}
+
+/// Every workspace in the store.
+pub async fn list(fetcher: &Arc<Fetcher>) -> Result<Vec<WsInfo>> {
+    let mut out = Vec::new();
+    for (name, v) in fetcher.remote.list_refs().await? {
+        let Some(ws) = name.strip_prefix("ws/") else { continue };
+        let s = fetcher.snapshot(v.snapshot).await?;
+        out.push(WsInfo { name: ws.to_string(), snapshot: v.snapshot.to_hex(), time: s.time, message: s.message });
+    }
+    Ok(out)
+}
+
+/// Deletes the workspace's ref and lease (working copies are left alone).
+pub async fn remove(remote: &Remote, name: &str) -> Result<()> {
+    let refname = ws_ref(name)?;
+    if remote.read_ref(&refname).await?.is_none() {
+        return Err(Error::NotFound(format!("no workspace named {name}")));
+    }
+    remote.delete_ref(&refname).await?;
+    let key = remote.key(&format!("leases/{refname}"));
+    let _ = object_store::ObjectStoreExt::delete(&**remote.object_store(), &key).await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_object_golden_and_hostile() {
+        let s = StatObject { entries: vec![(b"".to_vec(), 5, 0), (b"a/b".to_vec(), 1_700_000_000, 123)] };
+        let enc = s.encode();
+        let hex: String = enc.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(hex, "4d4144460102000500000000000000000003612f6200f153650000000007b");
+        assert_eq!(StatObject::decode(&enc).unwrap(), s);
+        for bad in [&b"../x"[..], b"/etc", b"a/../b", b"a\0"] {
+            let t = StatObject { entries: vec![(bad.to_vec(), 0, 0)] };
+            assert!(StatObject::decode(&t.encode()).is_err(), "{bad:?}");
+        }
+        for cut in 0..enc.len() {
+            assert!(StatObject::decode(&enc[..cut]).is_err());
+        }
+        let l = Lease { holder: "me".into(), expires: 9 };
+        assert_eq!(Lease::decode(&l.encode()).unwrap(), l);
+    }
+}
