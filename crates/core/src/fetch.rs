@@ -27,7 +27,6 @@ use futures::future::{BoxFuture, FutureExt, Shared};
 use futures::{StreamExt, TryStreamExt};
 use object_store::{GetOptions, GetRange, ObjectStoreExt};
 use serde::Serialize;
-use tokio::sync::watch;
 
 use crate::cache::DiskCache;
 use crate::error::{Error, Result};
@@ -101,15 +100,41 @@ struct PackSet {
     trees: HashMap<Hash, Arc<Vec<u8>>>,
 }
 
-#[derive(Clone, Default)]
-struct PackProgress {
-    done: usize,
-    finished: bool,
+/// One pack being downloaded. Each waiter parks on its own member: the
+/// arrival of member `i` wakes only the readers of member `i` (a shared
+/// broadcast would wake every reader on every member, O(n²) for a pack).
+#[derive(Default)]
+struct PackFlight {
+    state: Mutex<FlightState>,
 }
 
-struct PackFlight {
-    progress: watch::Sender<PackProgress>,
-    data: Mutex<HashMap<usize, Bytes>>,
+#[derive(Default)]
+struct FlightState {
+    finished: bool,
+    data: HashMap<usize, Bytes>,
+    waiters: HashMap<usize, Vec<tokio::sync::oneshot::Sender<()>>>,
+}
+
+impl PackFlight {
+    fn arrived(&self, i: usize, b: Option<Bytes>) {
+        let mut s = self.state.lock().expect("flight lock");
+        if let Some(b) = b {
+            s.data.insert(i, b);
+        }
+        for w in s.waiters.remove(&i).unwrap_or_default() {
+            let _ = w.send(());
+        }
+    }
+
+    fn finish(&self) {
+        let mut s = self.state.lock().expect("flight lock");
+        s.finished = true;
+        for (_, ws) in s.waiters.drain() {
+            for w in ws {
+                let _ = w.send(());
+            }
+        }
+    }
 }
 
 pub struct Fetcher {
@@ -344,8 +369,7 @@ impl Fetcher {
             let mut map = self.pack_flights.lock().expect("pack flights lock");
             map.entry(pack.id)
                 .or_insert_with(|| {
-                    let (tx, _) = watch::channel(PackProgress::default());
-                    let f = Arc::new(PackFlight { progress: tx, data: Mutex::new(HashMap::new()) });
+                    let f = Arc::new(PackFlight::default());
                     let me = self.clone();
                     let (pack, f2) = (pack.clone(), f.clone());
                     tokio::spawn(async move { me.run_pack(pack, f2).await });
@@ -353,13 +377,27 @@ impl Fetcher {
                 })
                 .clone()
         };
-        let mut rx = flight.progress.subscribe();
-        let state = rx.wait_for(|s| s.done > i || s.finished).await.ok()?.clone();
-        let got = flight.data.lock().expect("pack data lock").get(&i).cloned();
+        let parked = {
+            let mut s = flight.state.lock().expect("flight lock");
+            if s.data.contains_key(&i) || s.finished {
+                None
+            } else {
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                s.waiters.entry(i).or_default().push(tx);
+                Some(rx)
+            }
+        };
+        if let Some(rx) = parked {
+            let _ = rx.await;
+        }
+        let (got, finished) = {
+            let s = flight.state.lock().expect("flight lock");
+            (s.data.get(&i).cloned(), s.finished)
+        };
         match got {
             Some(b) => {
                 self.counters.members_from_packs.fetch_add(1, Relaxed);
-                if !state.finished {
+                if !finished {
                     self.counters.members_early.fetch_add(1, Relaxed);
                 }
                 Some(b)
@@ -400,7 +438,7 @@ impl Fetcher {
 
     /// Downloads and explodes one pack (one ranged GET of its body).
     async fn run_pack(self: Arc<Self>, pack: Arc<PackEntry>, flight: Arc<PackFlight>) {
-        let finish = |flight: &PackFlight| flight.progress.send_modify(|s| s.finished = true);
+        let finish = |flight: &PackFlight| flight.finish();
         // One process at a time per pack; the loser then finds the cache full.
         let lock_path = self.cache.root().join("packs").join("locks").join(format!("{}.lock", pack.id.to_hex()));
         // Without the lock (an unwritable cache) we may fetch twice: still correct.
@@ -449,15 +487,15 @@ impl Fetcher {
                 match decode_member(m, &buf[start..end]) {
                     Ok(raw) => {
                         let _ = self.cache.put(&m.id, &raw);
-                        flight.data.lock().expect("pack data lock").insert(next, Bytes::from(raw));
+                        flight.arrived(next, Some(Bytes::from(raw)));
                     }
                     Err(e) => {
                         bad += 1;
                         self.warn(format!("pack {}: member {} is bad ({e}); skipped", pack.id, m.id));
+                        flight.arrived(next, None);
                     }
                 }
                 next += 1;
-                flight.progress.send_modify(|s| s.done = next);
             }
         }
         if bad > 0 {
