@@ -227,4 +227,16 @@ fn the_stat_cache_rereads_only_changed_files() {
     let cp = m.json(&["ws", "checkpoint", "--dir", w.to_str().unwrap()]);
     assert_eq!(cp["files_read"], 1, "{cp}");
     assert!(cp["files_unchanged"].as_u64().unwrap() >= 8, "{cp}");
+    // The upload follows the change: one small delta pack, not the 5 MiB
+    // pack holding the rest of the tree.
+    assert_eq!(cp["packs_uploaded"], 1, "{cp}");
+    assert!(cp["remote"]["bytes_up"].as_u64().unwrap() < 50_000, "{cp}");
+    // A cold resume reads through the base pack and the delta pack.
+    std::fs::remove_dir_all(m.cache_dir()).unwrap();
+    let r = m.dir.path().join("r");
+    let out = m.cmd(&["ws", "resume", "sc", r.to_str().unwrap(), "--verbose"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("2 exploded"), "{err}");
+    assert_eq!(std::fs::read(r.join("README.md")).unwrap(), b"# changed\n");
 }

@@ -254,11 +254,20 @@ impl Fetcher {
     /// first, else the derived pointer in the store (one GET), which is
     /// then kept as the local pointer.
     pub async fn attach(&self, tree: Hash) -> Result<Attach> {
+        Ok(match self.locate(tree).await? {
+            Ok((idx, via)) => self.install(idx, via),
+            Err(reason) => reason,
+        })
+    }
+
+    /// Finds the index of `tree` without attaching it (the local pointer,
+    /// else the derived one); `Err` holds why there is none.
+    pub async fn locate(&self, tree: Hash) -> Result<std::result::Result<(PackIndex, Discovery), Attach>> {
         let local = self.local_pointer(&tree);
         if let Ok(bytes) = std::fs::read(&local) {
             if let Ok(idx) = PackIndex::decode(&bytes) {
                 if idx.tree == tree {
-                    return Ok(self.install(idx, Discovery::LocalPointer));
+                    return Ok(Ok((idx, Discovery::LocalPointer)));
                 }
             }
             // A bad local copy: drop it and ask the store.
@@ -268,9 +277,9 @@ impl Fetcher {
         let bytes = match self.remote.object_store().get(&key).await {
             Ok(r) => match r.bytes().await {
                 Ok(b) => b,
-                Err(e) => return Ok(Attach::Undecodable { detail: format!("reading {key}: {e}") }),
+                Err(e) => return Ok(Err(Attach::Undecodable { detail: format!("reading {key}: {e}") })),
             },
-            Err(object_store::Error::NotFound { .. }) => return Ok(Attach::NoIndex),
+            Err(object_store::Error::NotFound { .. }) => return Ok(Err(Attach::NoIndex)),
             Err(e) => {
                 return Err(Error::Remote {
                     url: self.remote.url().to_string(),
@@ -283,13 +292,13 @@ impl Fetcher {
         };
         let idx = match PackIndex::decode(&bytes) {
             Ok(i) => i,
-            Err(e) => return Ok(Attach::Undecodable { detail: e.to_string() }),
+            Err(e) => return Ok(Err(Attach::Undecodable { detail: e.to_string() })),
         };
         if idx.tree != tree {
-            return Ok(Attach::OtherTree { found: idx.tree.to_hex() });
+            return Ok(Err(Attach::OtherTree { found: idx.tree.to_hex() }));
         }
         save_atomic(&local, &bytes);
-        Ok(self.install(idx, Discovery::DerivedPointer))
+        Ok(Ok((idx, Discovery::DerivedPointer)))
     }
 
     fn install(&self, idx: PackIndex, via: Discovery) -> Attach {

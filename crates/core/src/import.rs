@@ -375,7 +375,7 @@ pub async fn publish(
     let roots: Vec<Hash> = revs.iter().map(|r| r.root).collect();
     let index_probe = async {
         let mut out = Vec::new();
-        if let Some(p) = packs {
+        if let Some(p) = &packs {
             let heads = roots.iter().map(|r| async move {
                 let key = remote.key(&crate::fetch::index_key(r));
                 match remote.object_store().head(&key).await {
@@ -406,13 +406,14 @@ pub async fn publish(
     // Packs for each tip whose index is not published yet, built from what
     // this import just put in the disk cache: no GET.
     let mut pack_reports = Vec::new();
-    if let Some(opts) = packs {
+    if let Some(opts) = &packs {
         let mut done = HashSet::new();
         for (root, present) in indexed {
             if present || !done.insert(root) {
                 continue;
             }
-            let opts = crate::publish::PackOptions { index_check: crate::publish::IndexCheck::KnownAbsent, ..opts };
+            let opts =
+                crate::publish::PackOptions { index_check: crate::publish::IndexCheck::KnownAbsent, ..opts.clone() };
             pack_reports.push(crate::publish::publish_packs(remote, cache, root, opts, None).await?);
         }
     }

@@ -487,6 +487,67 @@ fn plan_per_dir(d: &Dir, groups: &mut Vec<Vec<Unit>>) {
     }
 }
 
+/// Builds packs for `tree` incrementally on top of `base` (the index of the
+/// tree it was derived from, e.g. the previous checkpoint): members already
+/// in one of `base`'s packs stay there, and only new members go into new
+/// packs (of at most `cap`, in walk order). The resulting index lists the
+/// base packs still used, then the new ones. Upload follows the change,
+/// not the tree; `mado pack` rebuilds compactly when wanted.
+pub fn build_delta(
+    tree: Hash,
+    cap: u64,
+    base: &PackIndex,
+    src: &Source<'_>,
+    emit: &mut dyn FnMut(Hash, Vec<u8>) -> Result<()>,
+) -> Result<Built> {
+    let mut w = Walk { src, trees: Vec::new(), seen_trees: HashSet::new(), dirs: 0, cap, unpacked: 0 };
+    let root = w.dir(tree)?;
+    let mut all = Vec::new();
+    flatten(&root, &mut all);
+    let in_base: std::collections::HashMap<Hash, usize> =
+        base.packs.iter().enumerate().flat_map(|(pi, p)| p.members.iter().map(move |m| (m.id, pi))).collect();
+    let mut used = vec![false; base.packs.len()];
+    let mut seen = HashSet::new();
+    let mut fresh: Vec<(Hash, MemberKind)> = Vec::new();
+    for (id, kind) in all {
+        if !seen.insert(id) {
+            continue;
+        }
+        match in_base.get(&id) {
+            Some(pi) => used[*pi] = true,
+            None => fresh.push((id, kind)),
+        }
+    }
+    let mut packs: Vec<PackEntry> = base.packs.iter().zip(&used).filter(|(_, u)| **u).map(|(p, _)| p.clone()).collect();
+    let mut group: Vec<(Hash, MemberKind, Vec<u8>)> = Vec::new();
+    let mut bytes = 0u64;
+    let mut flush = |group: &mut Vec<(Hash, MemberKind, Vec<u8>)>, packs: &mut Vec<PackEntry>| -> Result<()> {
+        if group.is_empty() {
+            return Ok(());
+        }
+        let members: Vec<(Hash, MemberKind, &[u8])> = group.iter().map(|(h, k, d)| (*h, *k, d.as_slice())).collect();
+        let (b, entry) = build_pack(&members);
+        emit(entry.id, b)?;
+        packs.push(entry);
+        group.clear();
+        Ok(())
+    };
+    for (id, kind) in fresh {
+        let data = src(&id)?;
+        if bytes + data.len() as u64 > cap && !group.is_empty() {
+            flush(&mut group, &mut packs)?;
+            bytes = 0;
+        }
+        bytes += data.len() as u64;
+        group.push((id, kind, data));
+    }
+    flush(&mut group, &mut packs)?;
+    Ok(Built {
+        index: PackIndex { tree, mode: Mode::Recursive, dirs: w.dirs, packs, trees: w.trees },
+        unpacked: w.unpacked,
+    })
+}
+
 /// Builds the packs for `tree`, handing each (id, bytes) to `emit` as it is
 /// made (so at most one pack is in memory), and returns the index.
 pub fn build(
@@ -627,6 +688,33 @@ mod tests {
         let (a, _) = build_all(&m, root, Mode::Recursive, 4096);
         let (b, _) = build_all(&m, root, Mode::Recursive, 4096);
         assert_eq!(a.index.encode(), b.index.encode());
+    }
+
+    #[test]
+    fn delta_packs_reuse_the_base_and_pack_only_new_members() {
+        let mut m = Mem::default();
+        let root = thin(&mut m);
+        let (base, _) = build_all(&m, root, Mode::Recursive, DEFAULT_MAX_PACK_BYTES);
+        // Change one file: a new root with one new blob.
+        let t = Tree::decode(&m.0[&root]).unwrap();
+        let mut entries = t.entries.clone();
+        let readme = entries.iter_mut().find(|e| e.name == b"README").unwrap();
+        let new = m.file("README", b"changed".to_vec());
+        *readme = new;
+        let root2 = m.dir("", entries).id;
+        let mut emitted = Vec::new();
+        let src = |id: &Hash| m.0.get(id).cloned().ok_or_else(|| Error::NotFound(id.to_hex()));
+        let d = build_delta(root2, DEFAULT_MAX_PACK_BYTES, &base.index, &src, &mut |id, b| {
+            emitted.push((id, b.len()));
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(emitted.len(), 1, "one new pack");
+        assert_eq!(d.index.packs.len(), 2, "the base pack and the new one");
+        assert_eq!(d.index.packs[1].members.len(), 1);
+        assert!(emitted[0].1 < 200, "only the new member: {} bytes", emitted[0].1);
+        assert_eq!(d.index.packs[0], base.index.packs[0]);
+        assert_eq!(d.index.tree, root2);
     }
 
     /// If this fails, the pack encoding changed: bump PACK_VERSION.

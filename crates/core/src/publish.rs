@@ -24,11 +24,14 @@ use crate::hash::Hash;
 use crate::pack::{build, Mode};
 use crate::store::Remote;
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct PackOptions {
     pub mode: Mode,
     pub cap: u64,
     pub index_check: IndexCheck,
+    /// Build on top of this index (a checkpoint's parent): only new
+    /// members are packed and uploaded.
+    pub base: Option<std::sync::Arc<crate::pack::PackIndex>>,
 }
 
 /// How to decide whether the index must be written.
@@ -99,9 +102,11 @@ pub async fn publish_packs(
                 || Error::User(format!("object {id} is not in the disk cache; run `mado materialize` first")),
             )
         };
-        build(tree, opts.mode, opts.cap, &src, &mut |id, bytes| {
-            tx.blocking_send((id, bytes)).map_err(|_| Error::User("pack upload stopped".into()))
-        })
+        let mut emit = |id, bytes| tx.blocking_send((id, bytes)).map_err(|_| Error::User("pack upload stopped".into()));
+        match &opts.base {
+            Some(base) => crate::pack::build_delta(tree, opts.cap, base, &src, &mut emit),
+            None => build(tree, opts.mode, opts.cap, &src, &mut emit),
+        }
     });
     let uploads = futures::stream::poll_fn(|cx| rx.poll_recv(cx))
         .map(|(id, bytes)| async move {

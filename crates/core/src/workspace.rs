@@ -412,12 +412,15 @@ pub async fn checkpoint(fetcher: &Arc<Fetcher>, dir: &Path, message: &str, steal
     // Objects and trees (what the store lacks), and the stat object.
     report.upload = upload_closure(remote, &cache, &staged, &[walked.root, stat_id]).await?;
     failpoint("checkpoint-after-objects");
-    // Packs for the new tree (unchanged packs are found by HEAD, not sent).
+    // Packs for the new tree, on top of the parent's: only new content is
+    // packed and uploaded, so the cost follows the change.
     if parent_snap.root != walked.root {
+        let base = fetcher.locate(parent_snap.root).await?.ok().map(|(idx, _)| Arc::new(idx));
         let opts = crate::publish::PackOptions {
             mode: crate::pack::Mode::Recursive,
             cap: crate::pack::DEFAULT_MAX_PACK_BYTES,
             index_check: crate::publish::IndexCheck::KnownAbsent,
+            base,
         };
         let p = crate::publish::publish_packs(remote, &cache, walked.root, opts, Some(fetcher.clone())).await?;
         report.packs_uploaded = p.packs_uploaded;

@@ -49,6 +49,7 @@ pub async fn run(a: ImportGitArgs, ctx: &Ctx) -> Result<()> {
             mode: mado_core::pack::Mode::Recursive,
             cap: a.max_pack_bytes,
             index_check: mado_core::publish::IndexCheck::KnownAbsent,
+            base: None,
         }),
         Arc::new(move |n| pb2.set_position(n)),
     )
