@@ -83,7 +83,15 @@ fn print_resume(ctx: &Ctx, verb: &str, r: &workspace::ResumeReport) -> Result<()
         eprintln!("warning: {w}");
     }
     if ctx.json {
-        return ctx.print_json(r);
+        #[derive(serde::Serialize)]
+        struct Out<'a> {
+            #[serde(flatten)]
+            r: &'a workspace::ResumeReport,
+            remote: mado_core::store::Stats,
+            packs: mado_core::fetch::FetchStats,
+        }
+        let f = ctx.fetcher()?;
+        return ctx.print_json(&Out { r, remote: f.remote.stats(), packs: f.stats() });
     }
     println!(
         "{verb} workspace {} at {} in {}: {} files, {} mtimes restored",
