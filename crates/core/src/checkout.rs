@@ -34,6 +34,9 @@ pub struct CheckoutReport {
     pub symlinks: u64,
     pub dirs: u64,
     pub bytes: u64,
+    /// Every regular file written, with its tree entry (for stat caches).
+    #[serde(skip)]
+    pub written: Vec<(Vec<u8>, Entry)>,
 }
 
 pub struct CheckoutOptions<'a> {
@@ -262,7 +265,7 @@ pub async fn checkout(
     // File contents, many in flight; each written as soon as it arrives.
     let total = files.len() as u64;
     let done = std::sync::atomic::AtomicU64::new(0);
-    let results: Vec<(Kind, u64)> = futures::stream::iter(files.into_iter().map(|(p, e)| {
+    let results: Vec<(Kind, u64, Vec<u8>, Entry)> = futures::stream::iter(files.into_iter().map(|(p, e)| {
         let f = fetcher.clone();
         let root_fd = root_fd.clone();
         let done = &done;
@@ -271,22 +274,23 @@ pub async fn checkout(
             let kind = e.kind;
             let force = opts.force;
             let n = data.len() as u64;
-            tokio::task::spawn_blocking(move || write_entry(&root_fd, &p, kind, &data, force))
+            let p = tokio::task::spawn_blocking(move || write_entry(&root_fd, &p, kind, &data, force).map(|()| p))
                 .await
                 .map_err(|er| Error::Io { context: "write task".into(), source: std::io::Error::other(er) })??;
             (opts.progress)(done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1, total);
-            Ok::<_, Error>((kind, n))
+            Ok::<_, Error>((kind, n, p, e))
         }
     }))
     .buffer_unordered(CONCURRENCY)
     .try_collect()
     .await?;
-    for (kind, n) in results {
+    for (kind, n, p, e) in results {
         if kind == Kind::Symlink {
             report.symlinks += 1;
         } else {
             report.files += 1;
             report.bytes += n;
+            report.written.push((p, e));
         }
     }
     Ok(report)

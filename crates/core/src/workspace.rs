@@ -524,14 +524,28 @@ async fn materialize_into(
         crate::checkout::set_mtimes(dir, &stat.entries)?;
         report.mtimes_restored = stat.entries.len() as u64;
     }
-    // Seed the stat cache from what was just written.
+    // Seed the stat cache from what was just written: the ids are known,
+    // so a stat per file is enough (no re-reading).
     let dir2 = dir.to_path_buf();
-    let c2 = fetcher.cache.clone();
+    let written = co.written;
     tokio::task::spawn_blocking(move || {
-        let mut staged = Staged::default();
-        let mut sc = StatCache::default();
-        let _ = walk(&dir2, &c2, &mut staged, &StatCache::default(), &mut sc);
-        sc.written_ns = ns(Ok(SystemTime::now()));
+        let mut sc = StatCache { written_ns: ns(Ok(SystemTime::now())), rows: BTreeMap::new() };
+        for (rel, e) in written {
+            let p = dir2.join(std::ffi::OsStr::from_bytes(&rel));
+            if let Ok(m) = std::fs::symlink_metadata(&p) {
+                sc.rows.insert(
+                    key_of(&rel),
+                    StatRow {
+                        size: m.len(),
+                        mtime_ns: ns(m.modified()),
+                        ctime_ns: m.ctime() as i128 * 1_000_000_000 + m.ctime_nsec() as i128,
+                        ino: m.ino(),
+                        id: e.id.to_hex(),
+                        chunked: e.chunked,
+                    },
+                );
+            }
+        }
         save_statcache(&dir2, &sc);
     })
     .await
