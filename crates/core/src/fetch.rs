@@ -480,6 +480,9 @@ impl Fetcher {
         let base = pack.header_len;
         let mut next = 0usize;
         let mut bad = 0usize;
+        // Cache writes run on the blocking pool, off this task: waiters are
+        // handed their member from memory the moment it has verified.
+        let mut writes = Vec::new();
         while next < pack.members.len() {
             let chunk = match stream.next().await {
                 Some(Ok(c)) => c,
@@ -487,6 +490,7 @@ impl Fetcher {
                 None => return Err(format!("truncated: {} of {} body bytes", buf.len(), pack.size - base)),
             };
             buf.extend_from_slice(&chunk);
+            let mut batch: Vec<(Hash, Bytes)> = Vec::new();
             while next < pack.members.len() {
                 let m = &pack.members[next];
                 let (start, end) = ((m.offset - base) as usize, (m.offset - base + m.stored_len) as usize);
@@ -495,8 +499,9 @@ impl Fetcher {
                 }
                 match decode_member(m, &buf[start..end]) {
                     Ok(raw) => {
-                        let _ = self.cache.put(&m.id, &raw);
-                        flight.arrived(next, Some(Bytes::from(raw)));
+                        let b = Bytes::from(raw);
+                        flight.arrived(next, Some(b.clone()));
+                        batch.push((m.id, b));
                     }
                     Err(e) => {
                         bad += 1;
@@ -506,6 +511,21 @@ impl Fetcher {
                 }
                 next += 1;
             }
+            if !batch.is_empty() {
+                let cache = self.cache.clone();
+                writes.push(tokio::task::spawn_blocking(move || {
+                    for (id, b) in batch {
+                        let _ = cache.put(&id, &b);
+                    }
+                }));
+            }
+            // Let the readers just woken run now: a task woken from this
+            // worker waits in its LIFO slot until this task yields.
+            tokio::task::yield_now().await;
+        }
+        // The pack's flock is held until every member is in the cache.
+        for w in writes {
+            let _ = w.await;
         }
         if bad > 0 {
             return Err(format!("{bad} bad members"));
