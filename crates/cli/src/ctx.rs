@@ -141,6 +141,13 @@ impl Ctx {
         Ok(self.fetcher.get_or_init(|| f).clone())
     }
 
+    /// Waits for pack downloads still writing to the cache.
+    pub async fn drain_fetches(&self) {
+        if let Some(f) = self.fetcher.get() {
+            f.drain().await;
+        }
+    }
+
     /// Prints the fetcher's warnings (each names a pack) on stderr.
     pub fn flush_warnings(&self) {
         if let Some(f) = self.fetcher.get() {

@@ -144,6 +144,9 @@ pub struct Fetcher {
     packs: RwLock<PackSet>,
     pack_flights: Mutex<HashMap<Hash, Arc<PackFlight>>>,
     bad_packs: Mutex<HashSet<Hash>>,
+    /// Pack downloads in progress (their cache writes may outlive the
+    /// reads they served): awaited by [`Fetcher::drain`].
+    pack_tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     warnings: Mutex<Vec<String>>,
     pub counters: FetchCounters,
 }
@@ -182,6 +185,7 @@ impl Fetcher {
             packs: RwLock::new(PackSet::default()),
             pack_flights: Mutex::new(HashMap::new()),
             bad_packs: Mutex::new(HashSet::new()),
+            pack_tasks: Mutex::new(Vec::new()),
             warnings: Mutex::new(Vec::new()),
             counters: FetchCounters::default(),
         })
@@ -194,6 +198,20 @@ impl Fetcher {
             members_from_packs: c.members_from_packs.load(Relaxed),
             members_early: c.members_early.load(Relaxed),
             pack_failures: c.pack_failures.load(Relaxed),
+        }
+    }
+
+    /// Waits until every pack download started so far has finished writing
+    /// its members to the cache (call before the process exits).
+    pub async fn drain(&self) {
+        loop {
+            let tasks = std::mem::take(&mut *self.pack_tasks.lock().expect("pack tasks lock"));
+            if tasks.is_empty() {
+                return;
+            }
+            for t in tasks {
+                let _ = t.await;
+            }
         }
     }
 
@@ -381,7 +399,8 @@ impl Fetcher {
                     let f = Arc::new(PackFlight::default());
                     let me = self.clone();
                     let (pack, f2) = (pack.clone(), f.clone());
-                    tokio::spawn(async move { me.run_pack(pack, f2).await });
+                    let task = tokio::spawn(async move { me.run_pack(pack, f2).await });
+                    self.pack_tasks.lock().expect("pack tasks lock").push(task);
                     f
                 })
                 .clone()

@@ -46,6 +46,13 @@ pub enum Command {
 }
 
 pub async fn run(cmd: Command, ctx: &Ctx) -> Result<()> {
+    let r = dispatch(cmd, ctx).await;
+    // Pack downloads finish writing the cache before the process exits.
+    ctx.drain_fetches().await;
+    r
+}
+
+async fn dispatch(cmd: Command, ctx: &Ctx) -> Result<()> {
     match cmd {
         Command::Init(a) => init::run(a, ctx).await,
         Command::ImportGit(a) => import_git::run(a, ctx).await,
