@@ -240,18 +240,8 @@ impl Fetcher {
             v
         };
         let heads = packs.iter().map(|id| async move {
-            let key = self.remote.key(&pack_key(id));
-            match self.remote.object_store().head(&key).await {
-                Ok(_) => Ok(None),
-                Err(object_store::Error::NotFound { .. }) => Ok(Some(*id)),
-                Err(e) => Err(Error::Remote {
-                    url: self.remote.url().to_string(),
-                    op: "HEAD",
-                    key: key.to_string(),
-                    hint: "check that the remote is up".into(),
-                    source: Box::new(e),
-                }),
-            }
+            let present = self.remote.exists(&self.remote.key(&pack_key(id))).await?;
+            Ok::<_, Error>((!present).then_some(*id))
         });
         let mut missing = 0;
         for r in futures::future::join_all(heads).await {
@@ -298,15 +288,7 @@ impl Fetcher {
                 Err(e) => return Ok(Err(Attach::Undecodable { detail: format!("reading {key}: {e}") })),
             },
             Err(object_store::Error::NotFound { .. }) => return Ok(Err(Attach::NoIndex)),
-            Err(e) => {
-                return Err(Error::Remote {
-                    url: self.remote.url().to_string(),
-                    op: "GET",
-                    key: key.to_string(),
-                    hint: "check that the remote is up".into(),
-                    source: Box::new(e),
-                })
-            }
+            Err(e) => return Err(self.remote.remote_err("GET", &key, e)),
         };
         let idx = match PackIndex::decode(&bytes) {
             Ok(i) => i,

@@ -49,21 +49,16 @@ struct Listed {
     young: bool,
 }
 
-fn remote_err(f: &Fetcher, op: &'static str, key: &Path, e: object_store::Error) -> Error {
-    Error::Remote {
-        url: f.remote.url().to_string(),
-        op,
-        key: key.to_string(),
-        hint: "check that the remote is up".into(),
-        source: Box::new(e),
-    }
-}
-
 async fn list(f: &Fetcher, prefix: &str, grace: Duration) -> Result<Vec<Listed>> {
     let key = f.remote.key(prefix);
     let cutoff = chrono_now_minus(grace);
-    let metas: Vec<_> =
-        f.remote.object_store().list(Some(&key)).try_collect().await.map_err(|e| remote_err(f, "LIST", &key, e))?;
+    let metas: Vec<_> = f
+        .remote
+        .object_store()
+        .list(Some(&key))
+        .try_collect()
+        .await
+        .map_err(|e| f.remote.remote_err("LIST", &key, e))?;
     Ok(metas
         .into_iter()
         .map(|m| Listed {
@@ -225,7 +220,7 @@ pub async fn gc(f: &Arc<Fetcher>, grace: Duration, dry_run: bool) -> Result<GcRe
                 .delete_stream(stream)
                 .try_collect::<Vec<_>>()
                 .await
-                .map_err(|e| remote_err(f, "DELETE", &f.remote.key(""), e))?;
+                .map_err(|e| f.remote.remote_err("DELETE", &f.remote.key(""), e))?;
         }
     }
     Ok(report)

@@ -17,7 +17,6 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
-use object_store::ObjectStoreExt;
 
 use crate::cache::DiskCache;
 use crate::chunk::{split, Split};
@@ -377,18 +376,7 @@ pub async fn publish(
         let mut out = Vec::new();
         if let Some(p) = &packs {
             let heads = roots.iter().map(|r| async move {
-                let key = remote.key(&crate::fetch::index_key(r));
-                match remote.object_store().head(&key).await {
-                    Ok(_) => Ok((*r, true)),
-                    Err(object_store::Error::NotFound { .. }) => Ok((*r, false)),
-                    Err(e) => Err(Error::Remote {
-                        url: remote.url().to_string(),
-                        op: "HEAD",
-                        key: key.to_string(),
-                        hint: "check that the remote is up".into(),
-                        source: Box::new(e),
-                    }),
-                }
+                remote.exists(&remote.key(&crate::fetch::index_key(r))).await.map(|present| (*r, present))
             });
             for r in futures::future::join_all(heads).await {
                 out.push(r?);

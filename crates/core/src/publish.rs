@@ -64,24 +64,6 @@ pub struct PackReport {
     pub model_gets_packed: u64,
 }
 
-fn remote_err(remote: &Remote, op: &'static str, key: &object_store::path::Path, e: object_store::Error) -> Error {
-    Error::Remote {
-        url: remote.url().to_string(),
-        op,
-        key: key.to_string(),
-        hint: "check that the remote is up and writable".into(),
-        source: Box::new(e),
-    }
-}
-
-async fn exists(remote: &Remote, key: &object_store::path::Path) -> Result<bool> {
-    match remote.object_store().head(key).await {
-        Ok(_) => Ok(true),
-        Err(object_store::Error::NotFound { .. }) => Ok(false),
-        Err(e) => Err(remote_err(remote, "HEAD", key, e)),
-    }
-}
-
 /// Builds `tree`'s packs from objects in the disk cache and publishes them.
 ///
 /// `inline` (the fetcher that brought the tree in, if any) supplies trees
@@ -111,7 +93,7 @@ pub async fn publish_packs(
     let uploads = futures::stream::poll_fn(|cx| rx.poll_recv(cx))
         .map(|(id, bytes)| async move {
             let key = remote.key(&pack_key(&id));
-            if exists(remote, &key).await? {
+            if remote.exists(&key).await? {
                 return Ok::<u64, Error>(0);
             }
             let n = bytes.len() as u64;
@@ -119,7 +101,7 @@ pub async fn publish_packs(
                 .object_store()
                 .put(&key, PutPayload::from(bytes))
                 .await
-                .map_err(|e| remote_err(remote, "PUT", &key, e))?;
+                .map_err(|e| remote.remote_err("PUT", &key, e))?;
             Ok(n)
         })
         .buffer_unordered(4)
@@ -142,7 +124,7 @@ pub async fn publish_packs(
         match remote.object_store().get(&key).await {
             Ok(r) => r.bytes().await.map(|b| b[..] == enc[..]).unwrap_or(false),
             Err(object_store::Error::NotFound { .. }) => false,
-            Err(e) => return Err(remote_err(remote, "GET", &key, e)),
+            Err(e) => return Err(remote.remote_err("GET", &key, e)),
         }
     } else {
         false
@@ -152,7 +134,7 @@ pub async fn publish_packs(
             .object_store()
             .put(&key, PutPayload::from(Bytes::from(enc.clone())))
             .await
-            .map_err(|e| remote_err(remote, "PUT", &key, e))?;
+            .map_err(|e| remote.remote_err("PUT", &key, e))?;
         report.index_uploaded = true;
         report.bytes_uploaded += enc.len() as u64;
     }

@@ -180,7 +180,8 @@ impl Remote {
         self.key(&format!("{dir}/{}/{hex}", &hex[..2]))
     }
 
-    fn remote_err(&self, op: &'static str, key: &Path, e: object_store::Error) -> Error {
+    /// The error for a failed request, with the URL, the key and a hint.
+    pub fn remote_err(&self, op: &'static str, key: &Path, e: object_store::Error) -> Error {
         let hint = match &e {
             object_store::Error::Generic { .. } if self.local_root.is_none() => {
                 "check that the endpoint (AWS_ENDPOINT_URL) is up and reachable, the bucket exists and the credentials are right"
@@ -224,11 +225,15 @@ impl Remote {
 
     /// HEAD: is the object in the store?
     pub async fn has_object(&self, space: Space, id: &Hash) -> Result<bool> {
-        let key = self.object_key(space, id);
-        match self.store.head(&key).await {
+        self.exists(&self.object_key(space, id)).await
+    }
+
+    /// HEAD of any key: present or not.
+    pub async fn exists(&self, key: &Path) -> Result<bool> {
+        match self.store.head(key).await {
             Ok(_) => Ok(true),
             Err(object_store::Error::NotFound { .. }) => Ok(false),
-            Err(e) => Err(self.remote_err("HEAD", &key, e)),
+            Err(e) => Err(self.remote_err("HEAD", key, e)),
         }
     }
 
