@@ -633,7 +633,7 @@ mod tests {
         let s = StatObject { entries: vec![(b"".to_vec(), 5, 0), (b"a/b".to_vec(), 1_700_000_000, 123)] };
         let enc = s.encode();
         let hex: String = enc.iter().map(|b| format!("{b:02x}")).collect();
-        assert_eq!(hex, "4d4144460102000500000000000000000003612f6200f153650000000007b");
+        assert_eq!(hex, "4d41444601020005000000000000000003612f6200f15365000000007b");
         assert_eq!(StatObject::decode(&enc).unwrap(), s);
         for bad in [&b"../x"[..], b"/etc", b"a/../b", b"a\0"] {
             let t = StatObject { entries: vec![(bad.to_vec(), 0, 0)] };
