@@ -147,6 +147,9 @@ pub struct Fetcher {
     /// Pack downloads in progress (their cache writes may outlive the
     /// reads they served): awaited by [`Fetcher::drain`].
     pack_tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// Bounds concurrent cache-write batches from pack explodes: unbounded,
+    /// dozens of packs writing at once thrash the disk.
+    write_permits: Arc<tokio::sync::Semaphore>,
     warnings: Mutex<Vec<String>>,
     pub counters: FetchCounters,
 }
@@ -186,6 +189,9 @@ impl Fetcher {
             pack_flights: Mutex::new(HashMap::new()),
             bad_packs: Mutex::new(HashSet::new()),
             pack_tasks: Mutex::new(Vec::new()),
+            write_permits: Arc::new(tokio::sync::Semaphore::new(
+                std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2),
+            )),
             warnings: Mutex::new(Vec::new()),
             counters: FetchCounters::default(),
         })
@@ -514,10 +520,14 @@ impl Fetcher {
             }
             if !batch.is_empty() {
                 let cache = self.cache.clone();
+                // Readers were already handed their members; waiting here
+                // only slows the download, never a reader.
+                let permit = self.write_permits.clone().acquire_owned().await.ok();
                 writes.push(tokio::task::spawn_blocking(move || {
                     for (id, b) in batch {
                         let _ = cache.put(&id, &b);
                     }
+                    drop(permit);
                 }));
             }
             // Let the readers just woken run now: a task woken from this
