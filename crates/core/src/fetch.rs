@@ -37,6 +37,11 @@ use crate::store::{Remote, Space, CONCURRENCY};
 
 type Flight = Shared<BoxFuture<'static, Result<Bytes, Arc<Error>>>>;
 
+/// A batch of exploded members goes to the disk cache once it holds this
+/// many bytes or members (or the pack ends).
+const WRITE_BATCH_BYTES: usize = 1 << 20;
+const WRITE_BATCH_MEMBERS: usize = 256;
+
 /// How the index of an attached tree was found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -490,6 +495,8 @@ impl Fetcher {
         // Cache writes run on the blocking pool, off this task: waiters are
         // handed their member from memory the moment it has verified.
         let mut writes = Vec::new();
+        let mut batch: Vec<(Hash, Bytes)> = Vec::new();
+        let mut batch_bytes = 0usize;
         while next < pack.members.len() {
             let chunk = match stream.next().await {
                 Some(Ok(c)) => c,
@@ -497,7 +504,6 @@ impl Fetcher {
                 None => return Err(format!("truncated: {} of {} body bytes", buf.len(), pack.size - base)),
             };
             buf.extend_from_slice(&chunk);
-            let mut batch: Vec<(Hash, Bytes)> = Vec::new();
             while next < pack.members.len() {
                 let m = &pack.members[next];
                 let (start, end) = ((m.offset - base) as usize, (m.offset - base + m.stored_len) as usize);
@@ -508,6 +514,7 @@ impl Fetcher {
                     Ok(raw) => {
                         let b = Bytes::from(raw);
                         flight.arrived(next, Some(b.clone()));
+                        batch_bytes += b.len();
                         batch.push((m.id, b));
                     }
                     Err(e) => {
@@ -518,7 +525,12 @@ impl Fetcher {
                 }
                 next += 1;
             }
-            if !batch.is_empty() {
+            // Writes go in batches (the store streams in small chunks; a
+            // blocking task per chunk costs more than the writes).
+            let last = next == pack.members.len();
+            if !batch.is_empty() && (last || batch_bytes >= WRITE_BATCH_BYTES || batch.len() >= WRITE_BATCH_MEMBERS) {
+                let batch = std::mem::take(&mut batch);
+                batch_bytes = 0;
                 let cache = self.cache.clone();
                 // Readers were already handed their members; waiting here
                 // only slows the download, never a reader.
