@@ -95,5 +95,7 @@ pub async fn materialize(
     .buffer_unordered(CONCURRENCY * 4)
     .try_collect()
     .await?;
+    // "In the cache" means written, not just read: wait for pack explodes.
+    fetcher.drain().await;
     Ok(MaterializeReport { files: total, dirs, bytes: bytes.iter().sum() })
 }
