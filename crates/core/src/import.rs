@@ -141,10 +141,7 @@ impl Walker<'_, '_> {
                     id[..raw.len().min(32)].copy_from_slice(&raw[..raw.len().min(32)]);
                     Entry { name: name.to_vec(), kind: Kind::Gitlink, chunked: false, size: 0, id: Hash(id) }
                 }
-                kind if check_only => {
-                    let _ = kind;
-                    continue;
-                }
+                _ if check_only => continue,
                 kind => {
                     let blob = self.repo.find_blob(oid).map_err(git_err(format!("reading blob {p:?}")))?;
                     let (k, data): (Kind, std::borrow::Cow<'_, [u8]>) = match kind {
@@ -374,14 +371,13 @@ pub async fn publish(
     let roots: Vec<Hash> = revs.iter().map(|r| r.root).collect();
     let index_probe = async {
         let mut out = Vec::new();
-        if let Some(p) = &packs {
+        if packs.is_some() {
             let heads = roots.iter().map(|r| async move {
                 remote.exists(&remote.key(&crate::fetch::index_key(r))).await.map(|present| (*r, present))
             });
             for r in futures::future::join_all(heads).await {
                 out.push(r?);
             }
-            let _ = p;
         }
         Ok::<_, Error>(out)
     };
