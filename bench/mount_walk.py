@@ -21,6 +21,17 @@ def sh(*args, env=None, cwd=None):
     return r.stdout
 
 
+def settle():
+    """Flush dirty pages and drop the page cache before a timed run, so one
+    run's writeback does not land in the next one's time."""
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+    except OSError:
+        pass  # not root: flushing alone still removes most of the skew
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=5)
@@ -57,6 +68,7 @@ def main():
                     mnt = os.path.join(work, "mnt")
                     os.makedirs(mnt, exist_ok=True)
                     e = dict(env, MADO_INJECT_RTT_MS=str(rtt))
+                    settle()
                     sh(mado, "mount", "main", mnt, env=e)
                     try:
                         before = json.loads(sh(mado, "stats", mnt, "--json", env=env))["remote"]

@@ -21,6 +21,17 @@ def sh(*args, env=None):
     return r.stdout
 
 
+def settle():
+    """Flush dirty pages and drop the page cache before a timed run, so one
+    run's writeback does not land in the next one's time."""
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+    except OSError:
+        pass  # not root: flushing alone still removes most of the skew
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=5)
@@ -63,6 +74,7 @@ def main():
             for run in range(a.runs):
                 shutil.rmtree(os.path.join(home, ".cache", "mado"), ignore_errors=True)
                 dest = os.path.join(work, f"r{rtt}-{run}")
+                settle()
                 t0 = time.perf_counter()
                 out = json.loads(sh(mado, "ws", "resume", "bench", dest, "--json", env=dict(env, MADO_INJECT_RTT_MS=str(rtt))))
                 times.append(time.perf_counter() - t0)

@@ -73,6 +73,11 @@ fn checkpoint_resume_round_trip(m: &Mado) {
     // Elsewhere, from an empty cache.
     std::fs::remove_dir_all(m.cache_dir()).unwrap();
     let w2 = m.dir.path().join("w2");
+    // A non-empty target is refused before anything is taken.
+    let busy = m.dir.path().join("busy");
+    std::fs::create_dir_all(&busy).unwrap();
+    std::fs::write(busy.join("x"), "x").unwrap();
+    assert!(m.fails(&["ws", "resume", "agent", busy.to_str().unwrap()], 1).contains("not empty"));
     let r = m.json(&["ws", "resume", "agent", w2.to_str().unwrap()]);
     assert!(r["lease_warning"].is_string(), "w1 holds the lease: {r}");
     assert_same_state(&w1, &w2);

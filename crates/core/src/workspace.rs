@@ -476,12 +476,31 @@ async fn materialize_into(
     fetcher: &Arc<Fetcher>,
     name: &str,
     snapshot: Hash,
+    root: Hash,
     dir: &Path,
     steal: bool,
     progress: &(dyn Fn(u64, u64) + Sync),
 ) -> Result<ResumeReport> {
-    let snap = fetcher.snapshot(snapshot).await?;
-    let (attach, stat) = futures::join!(fetcher.attach(snap.root), async {
+    // The lease is taken alongside the checkout: refuse a non-empty target
+    // first, so a failed resume does not hold the lease for nothing.
+    if !crate::checkout::is_empty_dir(dir)? {
+        return Err(Error::User(format!("{} is not empty; resume into a new or empty directory", dir.display())));
+    }
+    // Round trips: the snapshot and the pack index together (the ref named
+    // the root); then the packs, the stat object and the lease together.
+    let (snap, attach) = futures::join!(fetcher.snapshot(snapshot), fetcher.attach(root));
+    let snap = snap?;
+    attach?;
+    if snap.root != root {
+        return Err(Error::Corrupt {
+            id: snapshot,
+            what: "snapshot",
+            path: name.to_string(),
+            detail: "the workspace ref names a different root tree than its snapshot".into(),
+        });
+    }
+    let holder = holder_id(dir);
+    let stat_fut = async {
         match snap.stat {
             Some(id) => {
                 let b = fetcher.get(Space::Objects, id, "stat object").await?;
@@ -489,12 +508,12 @@ async fn materialize_into(
             }
             None => Ok(None),
         }
-    });
-    attach?;
+    };
+    let co_fut =
+        crate::checkout::checkout(fetcher, snap.root, dir, crate::checkout::CheckoutOptions { force: false, progress });
+    let (stat, co, lease) = futures::join!(stat_fut, co_fut, take_lease(&fetcher.remote, name, &holder, steal));
     let stat = stat?;
-    let co =
-        crate::checkout::checkout(fetcher, snap.root, dir, crate::checkout::CheckoutOptions { force: false, progress })
-            .await?;
+    let co = co?;
     let mut report = ResumeReport {
         workspace: name.to_string(),
         snapshot: snapshot.to_hex(),
@@ -502,8 +521,7 @@ async fn materialize_into(
         files: co.files + co.symlinks,
         ..Default::default()
     };
-    let holder = holder_id(dir);
-    if let Err(e) = take_lease(&fetcher.remote, name, &holder, steal).await {
+    if let Err(e) = lease {
         if !matches!(e, Error::User(_)) {
             return Err(e);
         }
@@ -573,7 +591,7 @@ pub async fn create(
         )),
         e => e,
     })?;
-    materialize_into(fetcher, name, r.snapshot, dir, false, progress).await
+    materialize_into(fetcher, name, r.snapshot, root, dir, false, progress).await
 }
 
 /// `ws resume`: the workspace's latest checkpoint into `dir`, byte for byte.
@@ -590,7 +608,7 @@ pub async fn resume(
         .read_ref(&refname)
         .await?
         .ok_or_else(|| Error::NotFound(format!("no workspace named {name}; see `mado ws list`")))?;
-    materialize_into(fetcher, name, v.snapshot, dir, steal, progress).await
+    materialize_into(fetcher, name, v.snapshot, v.root, dir, steal, progress).await
 }
 
 #[derive(Clone, Debug, Serialize)]
