@@ -11,25 +11,8 @@ time of the walk, time to the first file, and GETs during the walk.
 """
 import argparse, json, os, shutil, statistics, subprocess, sys, tempfile, time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def sh(*args, env=None, cwd=None):
-    r = subprocess.run(args, env=env, cwd=cwd, capture_output=True, text=True)
-    if r.returncode != 0:
-        sys.exit(f"{' '.join(args)} failed:\n{r.stderr}")
-    return r.stdout
-
-
-def settle():
-    """Flush dirty pages and drop the page cache before a timed run, so one
-    run's writeback does not land in the next one's time."""
-    os.sync()
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-    except OSError:
-        pass  # not root: flushing alone still removes most of the skew
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import clean_env, release_mado, settle, sh  # noqa: E402
 
 
 def main():
@@ -38,9 +21,7 @@ def main():
     ap.add_argument("--rtts", default="0,20,50")
     ap.add_argument("--files", type=int, default=300)
     a = ap.parse_args()
-    target = os.environ.get("CARGO_TARGET_DIR", os.path.expanduser("~/.cache/mado-build/target"))
-    sh("cargo", "build", "-q", "--release", "-p", "mado", cwd=ROOT)
-    mado = os.path.join(target, "release", "mado")
+    mado = release_mado()
     work = tempfile.mkdtemp(prefix="mado-walk-")
     try:
         repo = os.path.join(work, "repo")
@@ -56,9 +37,7 @@ def main():
         rows = []
         for packed in (True, False):
             home = os.path.join(work, "home-packed" if packed else "home-unpacked")
-            env = dict(os.environ, HOME=home, MADO_REMOTE_ADDR=f"file://{home}/store")
-            for k in ("XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "MADO_CACHE_DIR", "MADO_CONFIG"):
-                env.pop(k, None)
+            env = clean_env(home, f"file://{home}/store")
             os.makedirs(home)
             sh(mado, "import-git", repo, *([] if packed else ["--no-packs"]), env=env)
             for rtt in [int(x) for x in a.rtts.split(",")]:

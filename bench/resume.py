@@ -9,27 +9,10 @@ writing every file and restoring every mtime. Prints a markdown table.
 
     bench/resume.py [--runs N] [--rtts 0,20,50] [--files 2000]
 """
-import argparse, json, os, shutil, statistics, subprocess, sys, tempfile, time
+import argparse, json, os, shutil, statistics, sys, tempfile, time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def sh(*args, env=None):
-    r = subprocess.run(args, env=env, capture_output=True, text=True)
-    if r.returncode != 0:
-        sys.exit(f"{' '.join(args)} failed:\n{r.stderr}")
-    return r.stdout
-
-
-def settle():
-    """Flush dirty pages and drop the page cache before a timed run, so one
-    run's writeback does not land in the next one's time."""
-    os.sync()
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-    except OSError:
-        pass  # not root: flushing alone still removes most of the skew
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import clean_env, release_mado, settle, sh  # noqa: E402
 
 
 def main():
@@ -38,16 +21,12 @@ def main():
     ap.add_argument("--rtts", default="0,20,50")
     ap.add_argument("--files", type=int, default=2000)
     a = ap.parse_args()
-    target = os.environ.get("CARGO_TARGET_DIR", os.path.expanduser("~/.cache/mado-build/target"))
-    subprocess.run(["cargo", "build", "-q", "--release", "-p", "mado"], cwd=ROOT, check=True)
-    mado = os.path.join(target, "release", "mado")
+    mado = release_mado()
     work = tempfile.mkdtemp(prefix="mado-resume-")
     try:
         home = os.path.join(work, "home")
         os.makedirs(home)
-        env = dict(os.environ, HOME=home, MADO_REMOTE_ADDR=f"file://{work}/store")
-        for k in ("XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "MADO_CACHE_DIR", "MADO_CONFIG"):
-            env.pop(k, None)
+        env = clean_env(home, f"file://{work}/store")
         # A base snapshot (one file), then a workspace holding the N files.
         repo = os.path.join(work, "repo")
         os.makedirs(repo)

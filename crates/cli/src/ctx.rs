@@ -179,6 +179,17 @@ impl Ctx {
         pb
     }
 
+    /// A progress bar and a `(done, total)` callback that drives it, for core
+    /// functions that report progress.
+    pub fn progress_counter(&self, what: &str) -> (ProgressBar, impl Fn(u64, u64) + Sync) {
+        let pb = self.progress(Some(0), what);
+        let pb2 = pb.clone();
+        (pb, move |done, total| {
+            pb2.set_length(total);
+            pb2.set_position(done);
+        })
+    }
+
     /// Prints a JSON value on stdout.
     pub fn print_json(&self, v: &impl serde::Serialize) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(v)?);

@@ -28,12 +28,7 @@ pub async fn run(a: CheckoutArgs, ctx: &Ctx) -> Result<()> {
     let fetcher = ctx.fetcher()?;
     let (id, snap, attach) = mado_core::resolve::open(&fetcher, &a.spec).await?;
     ctx.step(format!("resolved {} to {}; packs: {attach:?}", a.spec, id.short()));
-    let pb = ctx.progress(Some(0), "checking out");
-    let pb2 = pb.clone();
-    let progress = move |done: u64, total: u64| {
-        pb2.set_length(total);
-        pb2.set_position(done);
-    };
+    let (pb, progress) = ctx.progress_counter("checking out");
     let report = mado_core::checkout::checkout(
         &fetcher,
         snap.root,

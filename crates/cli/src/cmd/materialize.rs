@@ -23,13 +23,8 @@ pub async fn run(a: MaterializeArgs, ctx: &Ctx) -> Result<()> {
     let fetcher = ctx.fetcher()?;
     let (id, snap, attach) = mado_core::resolve::open(&fetcher, &a.spec).await?;
     ctx.step(format!("opened {} ({}); packs: {attach:?}", a.spec, id.short()));
-    let pb = ctx.progress(Some(0), "materializing");
-    let pb2 = pb.clone();
-    let r = mado_core::materialize::materialize(&fetcher, snap.root, &a.path, &move |d, t| {
-        pb2.set_length(t);
-        pb2.set_position(d);
-    })
-    .await;
+    let (pb, progress) = ctx.progress_counter("materializing");
+    let r = mado_core::materialize::materialize(&fetcher, snap.root, &a.path, &progress).await;
     pb.finish_and_clear();
     let r = r?;
     ctx.step(format!("{} files in the cache", r.files));

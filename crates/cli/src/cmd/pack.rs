@@ -36,13 +36,8 @@ pub async fn run(a: PackArgs, ctx: &Ctx) -> Result<()> {
     ctx.step(format!("opened {}; existing packs: {attach:?}", a.spec));
     // The builder reads from the disk cache: bring the tree in first
     // (through any packs it already has).
-    let pb = ctx.progress(Some(0), "fetching content");
-    let pb2 = pb.clone();
-    let m = mado_core::materialize::materialize(&fetcher, snap.root, "", &move |d, t| {
-        pb2.set_length(t);
-        pb2.set_position(d);
-    })
-    .await;
+    let (pb, progress) = ctx.progress_counter("fetching content");
+    let m = mado_core::materialize::materialize(&fetcher, snap.root, "", &progress).await;
     pb.finish_and_clear();
     m?;
     ctx.step("content is in the disk cache");

@@ -69,15 +69,6 @@ pub struct NameArg {
     name: String,
 }
 
-fn progress(ctx: &Ctx, what: &str) -> (indicatif::ProgressBar, impl Fn(u64, u64) + Sync) {
-    let pb = ctx.progress(Some(0), what);
-    let pb2 = pb.clone();
-    (pb, move |d, t| {
-        pb2.set_length(t);
-        pb2.set_position(d);
-    })
-}
-
 fn print_resume(ctx: &Ctx, verb: &str, r: &workspace::ResumeReport) -> Result<()> {
     if let Some(w) = &r.lease_warning {
         eprintln!("warning: {w}");
@@ -108,13 +99,13 @@ pub async fn run(c: WsCommand, ctx: &Ctx) -> Result<()> {
     let fetcher = ctx.fetcher()?;
     match c {
         WsCommand::Create(a) => {
-            let (pb, p) = progress(ctx, "checking out");
+            let (pb, p) = ctx.progress_counter("checking out");
             let r = workspace::create(&fetcher, &a.name, &a.from, &a.dir, &p).await;
             pb.finish_and_clear();
             print_resume(ctx, "created", &r?)
         }
         WsCommand::Resume(a) => {
-            let (pb, p) = progress(ctx, "restoring");
+            let (pb, p) = ctx.progress_counter("restoring");
             let r = workspace::resume(&fetcher, &a.name, &a.dir, a.steal, &p).await;
             pb.finish_and_clear();
             print_resume(ctx, "resumed", &r?)

@@ -153,10 +153,6 @@ impl Remote {
         self.counters.stats()
     }
 
-    pub fn is_local(&self) -> bool {
-        self.local_root.is_some()
-    }
-
     /// The underlying (counted) object store, for layers that add their own keys.
     pub fn object_store(&self) -> &Arc<dyn ObjectStore> {
         &self.store
@@ -356,20 +352,7 @@ impl Remote {
         }
     }
 
-    /// Sets a ref to `new` whatever it was, retrying the CAS if it moves.
-    pub async fn set_ref(&self, name: &str, new: RefValue) -> Result<Option<Hash>> {
-        loop {
-            let cur = self.read_ref(name).await?;
-            let old = cur.as_ref().map(|(v, _)| v.snapshot);
-            match self.cas_ref(name, cur.as_ref().map(|(_, ver)| ver), new).await {
-                Ok(_) => return Ok(old),
-                Err(Error::RefMoved { .. }) => continue,
-                Err(e) => return Err(e),
-            }
-        }
-    }
-
-    /// All refs under `prefix` (e.g. `ws/`), with their values.
+    /// Every ref in the store, with its value, sorted by name.
     pub async fn list_refs(&self) -> Result<Vec<(String, RefValue)>> {
         let base = self.key("refs");
         let metas: Vec<_> =
