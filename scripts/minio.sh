@@ -23,7 +23,16 @@ start)
     sleep 0.2
   done
   curl -sf "http://127.0.0.1:$port/minio/health/live" >/dev/null || { echo "MinIO did not start; see $dir/minio.log" >&2; cat "$dir/minio.log" >&2; exit 1; }
-  curl -sf --aws-sigv4 "aws:amz:us-east-1:s3" -u "$user:$pass" -X PUT "http://127.0.0.1:$port/$bucket" >/dev/null
+  # Live is not ready: right after start MinIO may still refuse requests
+  # (503 while it initializes), so the bucket is created with a bounded retry.
+  made=""
+  for _ in $(seq 1 100); do
+    code=$(curl -s -o /dev/null -w '%{http_code}' --aws-sigv4 "aws:amz:us-east-1:s3" -u "$user:$pass" \
+      -X PUT "http://127.0.0.1:$port/$bucket" || true)
+    if [ "$code" = 200 ] || [ "$code" = 409 ]; then made=1; break; fi
+    sleep 0.2
+  done
+  [ -n "$made" ] || { echo "could not create bucket $bucket (last HTTP status $code); see $dir/minio.log" >&2; exit 1; }
   cat >"$dir/env" <<ENV
 export AWS_ENDPOINT_URL=http://127.0.0.1:$port
 export AWS_ACCESS_KEY_ID=$user
