@@ -10,18 +10,6 @@ use std::time::{Duration, Instant};
 use common::*;
 use proptest::prelude::*;
 
-fn fuse_usable() -> bool {
-    let ok = Path::new("/dev/fuse").exists()
-        && std::process::Command::new("fusermount3").arg("-V").output().is_ok_and(|o| o.status.success());
-    if !ok && std::env::var("MADO_REQUIRE_FUSE").as_deref() == Ok("1") {
-        panic!("MADO_REQUIRE_FUSE=1 but FUSE is not usable (need /dev/fuse and fusermount3 from Debian's fuse3)");
-    }
-    if !ok {
-        eprintln!("skipping: FUSE is not usable here");
-    }
-    ok
-}
-
 /// A mount that is always unmounted, even when the test fails.
 struct Mounted<'a> {
     m: &'a Mado,

@@ -4,64 +4,10 @@
 
 mod common;
 
-use std::collections::BTreeMap;
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, SystemTime};
 
 use common::*;
-
-/// Everything a resume must restore: kind, mode, content or target, mtime.
-fn full_state(root: &Path) -> BTreeMap<Vec<u8>, (char, u32, Vec<u8>, SystemTime)> {
-    snapshot_dir(root)
-        .into_iter()
-        .filter(|(k, _)| !k.starts_with(b".mado"))
-        .map(|(k, (kind, mode, data))| {
-            let p = root.join(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(&k));
-            let mtime = std::fs::symlink_metadata(&p).unwrap().modified().unwrap();
-            (k, (kind, mode & 0o100, data, mtime))
-        })
-        .collect()
-}
-
-fn assert_same_state(a: &Path, b: &Path) {
-    let (x, y) = (full_state(a), full_state(b));
-    let names =
-        |m: &BTreeMap<Vec<u8>, _>| m.keys().map(|k| String::from_utf8_lossy(k).into_owned()).collect::<Vec<_>>();
-    assert_eq!(names(&x), names(&y));
-    for (k, v) in &x {
-        let w = &y[k];
-        let n = String::from_utf8_lossy(k);
-        assert_eq!((v.0, v.1), (w.0, w.1), "{n}: kind or exec bit");
-        assert!(v.2 == w.2, "{n}: content");
-        assert_eq!(v.3, w.3, "{n}: mtime");
-    }
-    // The root directory's own mtime too.
-    assert_eq!(std::fs::metadata(a).unwrap().modified().unwrap(), std::fs::metadata(b).unwrap().modified().unwrap());
-}
-
-fn set_mtime(p: &Path, secs: u64) {
-    let f = std::fs::File::options().write(true).open(p).unwrap();
-    f.set_modified(SystemTime::UNIX_EPOCH + Duration::from_secs(secs)).unwrap();
-}
-
-/// The edits of the issue: add, modify, delete, rename, chmod, symlink,
-/// an old mtime.
-fn edit(dir: &Path) {
-    std::fs::write(dir.join("added.txt"), "new file\n").unwrap();
-    std::fs::write(dir.join("README.md"), "# modified\n").unwrap();
-    std::fs::remove_file(dir.join("empty")).unwrap();
-    std::fs::rename(dir.join("src/lib.rs"), dir.join("src/renamed.rs")).unwrap();
-    std::fs::set_permissions(dir.join("win.bat"), std::fs::Permissions::from_mode(0o755)).unwrap();
-    std::os::unix::fs::symlink("src/renamed.rs", dir.join("newlink")).unwrap();
-    set_mtime(&dir.join("src/deep/er/still.txt"), 1_000_000_000);
-}
-
-fn setup(m: &Mado) -> PathBuf {
-    let repo = fixture_repo(m.dir.path());
-    m.ok(&["import-git", repo.to_str().unwrap()]);
-    repo
-}
 
 fn checkpoint_resume_round_trip(m: &Mado) {
     setup(m);
@@ -70,6 +16,8 @@ fn checkpoint_resume_round_trip(m: &Mado) {
     edit(&w1);
     let cp = m.json(&["ws", "checkpoint", "--dir", w1.to_str().unwrap(), "-m", "edits"]);
     assert_eq!(cp["unchanged"], false, "{cp}");
+    // The submodule's empty directory goes back as the gitlink it was.
+    assert!(m.ok(&["ls", "ws/agent", "vendor"]).contains("gitlink"), "the gitlink is kept");
     // Elsewhere, from an empty cache.
     std::fs::remove_dir_all(m.cache_dir()).unwrap();
     let w2 = m.dir.path().join("w2");

@@ -34,7 +34,8 @@ pub struct CheckoutReport {
     pub symlinks: u64,
     pub dirs: u64,
     pub bytes: u64,
-    /// Every regular file written, with its tree entry (for stat caches).
+    /// Every regular file written and every gitlink (checked out as an
+    /// empty directory), with its tree entry (for stat caches).
     #[serde(skip)]
     pub written: Vec<(Vec<u8>, Entry)>,
 }
@@ -254,6 +255,9 @@ pub async fn checkout(
                         report.dirs += 1;
                         if e.kind == Kind::Directory {
                             next.push((p, e.id));
+                        } else {
+                            // Kept so a working copy can write it back.
+                            report.written.push((p, e));
                         }
                     }
                     _ => files.push((p, e)),

@@ -47,6 +47,10 @@ pub enum Error {
     #[error("git: {0}")]
     Git(String),
 
+    /// A filesystem operation refused, with the errno a mount answers.
+    #[error("{what}: {}", std::io::Error::from_raw_os_error(*errno))]
+    Fs { errno: i32, what: String },
+
     #[error("{context}: {source}")]
     Io {
         context: String,
@@ -76,6 +80,11 @@ impl Error {
     /// True for errors caused by what the user asked for (exit code 1).
     pub fn is_user_error(&self) -> bool {
         matches!(self, Error::NotFound(_) | Error::User(_) | Error::RefMoved { .. } | Error::UnsafePath { .. })
+    }
+
+    /// A refused filesystem operation (`errno` as in libc).
+    pub fn fs(errno: rustix::io::Errno, what: impl Into<String>) -> Error {
+        Error::Fs { errno: errno.raw_os_error(), what: what.into() }
     }
 
     /// Adds the path an object was needed for, if the error names none yet.

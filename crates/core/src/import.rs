@@ -244,7 +244,7 @@ impl Staged {
 }
 
 /// What an upload did.
-#[derive(Debug, Default, Clone, serde::Serialize)]
+#[derive(Debug, Default, Clone, serde::Serialize, serde::Deserialize)]
 pub struct UploadReport {
     pub objects_uploaded: u64,
     pub bytes_uploaded: u64,

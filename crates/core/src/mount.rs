@@ -1,27 +1,46 @@
-//! A snapshot as a read-only filesystem, with no FUSE in it: inodes,
-//! attributes, directory listings and reads, answered from trees held in
-//! memory and content read through the fetcher (so through packs). The
-//! FUSE adapter (crates/mount) only translates.
+//! A snapshot as a filesystem, with no FUSE in it: inodes, attributes,
+//! directory listings, reads and, for a workspace, writes. The FUSE
+//! adapter (crates/mount) only translates.
 //!
-//! Trees come inline with the pack index when one is attached, so lookup,
-//! getattr and readdir need no network after the mount is up. Content is
-//! immutable: attributes can be cached by the kernel for a long time.
+//! **Read-only** ([`SnapshotFs::new`]): trees come inline with the pack
+//! index when one is attached, so lookup, getattr and readdir need no
+//! network after the mount is up; content is read through the fetcher (so
+//! through packs) and is immutable.
+//!
+//! **Read-write** ([`SnapshotFs::writable`]), for a workspace: the snapshot
+//! is the lazy lower layer and a local folder is the upper layer. Nodes
+//! live in memory; a directory stays a bare tree id until something looks
+//! into it. A file is copied up (its content written to `upper/<n>`) on the
+//! first open for writing or truncate; created files live there from the
+//! start. Every change clears the "clean" tree id of the directories above
+//! it, so a checkpoint ([`SnapshotFs::build`]) re-hashes only files written
+//! since the last one and re-encodes only the directories on their paths:
+//! its cost follows the changes, not the tree. Mtimes are kept per node
+//! and go to the snapshot's stat object, never into trees.
+//!
 //! A read that cannot finish within `read_timeout` fails (EIO) rather than
 //! hanging its caller; other files keep being served.
 
-use std::collections::HashMap;
-use std::path::PathBuf;
-use std::sync::{Arc, Mutex, RwLock};
-use std::time::Duration;
+use std::collections::{BTreeMap, HashMap};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use futures::TryStreamExt;
+use futures::{StreamExt, TryStreamExt};
+use rustix::io::Errno;
+use serde::{Deserialize, Serialize};
 
+use crate::cache::DiskCache;
 use crate::error::{Error, Result};
 use crate::fetch::Fetcher;
 use crate::hash::Hash;
-use crate::object::{ChunkManifest, Entry, Kind, Tree};
+use crate::import::Staged;
+use crate::object::{check_name, ChunkManifest, Entry, Kind, Tree};
 use crate::store::Space;
+use crate::workspace::StatObject;
 
 pub const ROOT_INO: u64 = 1;
 
@@ -44,8 +63,9 @@ pub struct Attr {
     pub size: u64,
     pub perm: u16,
     pub nlink: u32,
-    /// Seconds since the epoch: the snapshot's time for every node.
+    /// Seconds since the epoch and nanoseconds.
     pub mtime: i64,
+    pub mtime_ns: u32,
 }
 
 /// An open file: its content source.
@@ -54,22 +74,174 @@ pub enum OpenFile {
     Whole { data: Bytes, cache_path: Option<PathBuf> },
     /// A chunked file: chunks are read as ranges are asked for.
     Chunked { entry: Entry, manifest: ChunkManifest, starts: Vec<u64> },
+    /// A file of the upper layer, read (and written) in place.
+    Upper { file: std::fs::File, ino: u64, writable: bool },
 }
 
-struct Inodes {
-    /// Index `ino - 1`: the entry (the root is a synthetic directory).
-    nodes: Vec<Entry>,
-    by_name: HashMap<(u64, Vec<u8>), u64>,
+/// What a node holds.
+#[derive(Clone, Debug)]
+enum Body {
+    /// A directory. `clean` is its tree id while nothing below changed;
+    /// `children` is `None` until something looks into it (then `clean`
+    /// is always set). `origin` is its path in the base snapshot, where
+    /// the mtimes of an unexpanded subtree are found.
+    Dir { clean: Option<Hash>, origin: Option<Vec<u8>>, children: Option<BTreeMap<Vec<u8>, u64>> },
+    /// A file, symlink or gitlink of the lower layer, untouched.
+    Lower(Entry),
+    /// A file of the upper layer (`upper/<blob>`); `clean` is its id and
+    /// chunking while its content is known.
+    Upper { blob: u64, size: u64, clean: Option<(Hash, bool)> },
+    /// A symlink made here.
+    Link(Vec<u8>),
+}
+
+#[derive(Clone, Debug)]
+struct Node {
+    /// 0 once unlinked.
+    parent: u64,
+    name: Vec<u8>,
+    perm: u16,
+    mtime: (i64, u32),
+    /// Bumped on every content change (a checkpoint hashing a file keeps
+    /// its id only if nothing wrote meanwhile).
+    version: u64,
+    body: Body,
+}
+
+struct State {
+    /// Index `ino - 1`.
+    nodes: Vec<Node>,
+    next_blob: u64,
+}
+
+impl State {
+    fn get(&self, ino: u64) -> Result<&Node> {
+        ino.checked_sub(1)
+            .and_then(|i| self.nodes.get(i as usize))
+            .ok_or_else(|| Error::NotFound(format!("inode {ino}")))
+    }
+
+    fn get_mut(&mut self, ino: u64) -> Result<&mut Node> {
+        ino.checked_sub(1)
+            .and_then(|i| self.nodes.get_mut(i as usize))
+            .ok_or_else(|| Error::NotFound(format!("inode {ino}")))
+    }
+
+    fn push(&mut self, n: Node) -> u64 {
+        self.nodes.push(n);
+        self.nodes.len() as u64
+    }
+
+    /// The children of a loaded directory; `Ok(None)` if not loaded yet.
+    fn children(&self, ino: u64) -> Result<Option<&BTreeMap<Vec<u8>, u64>>> {
+        static EMPTY: BTreeMap<Vec<u8>, u64> = BTreeMap::new();
+        match &self.get(ino)?.body {
+            Body::Dir { children, .. } => Ok(children.as_ref()),
+            Body::Lower(e) if e.kind == Kind::Gitlink => Ok(Some(&EMPTY)),
+            _ => Err(Error::fs(Errno::NOTDIR, "not a directory")),
+        }
+    }
+
+    fn child(&self, parent: u64, name: &[u8]) -> Result<u64> {
+        let ch = self.children(parent)?.ok_or_else(|| Error::NotFound("directory not loaded".into()))?;
+        ch.get(name).copied().ok_or_else(|| Error::NotFound(String::from_utf8_lossy(name).into_owned()))
+    }
+
+    fn children_mut(&mut self, ino: u64) -> Result<&mut BTreeMap<Vec<u8>, u64>> {
+        match &mut self.get_mut(ino)?.body {
+            Body::Dir { children: Some(c), .. } => Ok(c),
+            Body::Lower(e) if e.kind == Kind::Gitlink => {
+                Err(Error::fs(Errno::PERM, "a submodule's directory cannot be changed"))
+            }
+            _ => Err(Error::fs(Errno::NOTDIR, "not a directory")),
+        }
+    }
+
+    /// Marks `ino` and every directory above it as changed. Clean
+    /// directories only ever sit below clean ones, so this stops at the
+    /// first directory already changed.
+    fn dirty(&mut self, mut ino: u64) {
+        loop {
+            let Ok(n) = self.get_mut(ino) else { return };
+            n.version += 1;
+            if let Body::Dir { clean, .. } = &mut n.body {
+                if clean.is_none() && ino != ROOT_INO {
+                    // Already changed: its ancestors are too.
+                    return;
+                }
+                *clean = None;
+            }
+            if ino == ROOT_INO || n.parent == 0 {
+                return;
+            }
+            ino = n.parent;
+        }
+    }
+
+    /// A directory whose entries changed: new mtime, changed tree.
+    fn touch_dir(&mut self, ino: u64) {
+        if let Ok(n) = self.get_mut(ino) {
+            n.mtime = now();
+        }
+        self.dirty(ino);
+    }
+
+    fn is_ancestor(&self, a: u64, mut b: u64) -> bool {
+        loop {
+            if a == b {
+                return true;
+            }
+            match self.get(b) {
+                Ok(n) if b != ROOT_INO && n.parent != 0 => b = n.parent,
+                _ => return false,
+            }
+        }
+    }
+}
+
+/// The upper layer of a read-write mount.
+struct Upper {
+    dir: PathBuf,
+    /// Mtimes of the base snapshot by path (origins refer to it).
+    base_stat: BTreeMap<Vec<u8>, (i64, u32)>,
+    base_stat_id: Option<Hash>,
+    /// Woken on every change (the daemon saves the state when woken).
+    changed: Arc<tokio::sync::Notify>,
+    changes: AtomicU64,
 }
 
 pub struct SnapshotFs {
     fetcher: Arc<Fetcher>,
+    root: Hash,
     time: i64,
-    inodes: RwLock<Inodes>,
+    state: RwLock<State>,
     trees: RwLock<HashMap<Hash, Arc<Tree>>>,
-    pub read_timeout: Duration,
+    upper: Option<RwLock<Upper>>,
+    /// Bound on one read's wait for the network, in milliseconds.
+    read_timeout_ms: AtomicU64,
     /// Reads served (for stats).
-    reads: Mutex<u64>,
+    reads: AtomicU64,
+}
+
+/// What a checkpoint of a read-write mount staged.
+#[derive(Debug)]
+pub struct Built {
+    pub root: Hash,
+    pub stat: StatObject,
+    /// Files hashed because they were written since the last checkpoint.
+    pub files_read: u64,
+    /// Files of the upper layer whose id was already known.
+    pub files_unchanged: u64,
+    /// Directories re-encoded.
+    pub trees_built: u64,
+}
+
+/// Attributes a caller may set (`None`: leave as is).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SetAttr {
+    pub size: Option<u64>,
+    pub mode: Option<u32>,
+    pub mtime: Option<(i64, u32)>,
 }
 
 fn timeout_err(what: &str, t: Duration) -> Error {
@@ -79,16 +251,77 @@ fn timeout_err(what: &str, t: Duration) -> Error {
     }
 }
 
+fn now() -> (i64, u32) {
+    let d = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    (d.as_secs() as i64, d.subsec_nanos())
+}
+
+fn join(dir: &[u8], name: &[u8]) -> Vec<u8> {
+    if dir.is_empty() {
+        name.to_vec()
+    } else {
+        [dir, b"/", name].concat()
+    }
+}
+
+fn read_only() -> Error {
+    Error::fs(Errno::ROFS, "the snapshot is mounted read-only")
+}
+
+fn file_kind(perm: u16) -> Kind {
+    if perm & 0o111 != 0 {
+        Kind::Executable
+    } else {
+        Kind::File
+    }
+}
+
 impl SnapshotFs {
+    /// The read-only filesystem of tree `root`.
     pub fn new(fetcher: Arc<Fetcher>, root: Hash, time: i64) -> SnapshotFs {
-        let root_entry = Entry { name: Vec::new(), kind: Kind::Directory, chunked: false, size: 0, id: root };
+        Self::with_state(fetcher, root, time, None, Self::fresh(root, (time, 0), 0o555))
+    }
+
+    /// A read-write filesystem over tree `root`, with its upper layer in
+    /// `upper_dir` and the mtimes of `base_stat` (the snapshot's stat object).
+    pub fn writable(
+        fetcher: Arc<Fetcher>,
+        root: Hash,
+        time: i64,
+        upper_dir: PathBuf,
+        base_stat: Option<(Hash, StatObject)>,
+    ) -> Result<SnapshotFs> {
+        std::fs::create_dir_all(&upper_dir).map_err(Error::io(format!("creating {}", upper_dir.display())))?;
+        let (id, map) = match base_stat {
+            Some((id, s)) => (Some(id), s.entries.into_iter().map(|(p, s, n)| (p, (s, n))).collect()),
+            None => (None, BTreeMap::new()),
+        };
+        let mtime = map.get(&Vec::new()).copied().unwrap_or((time, 0));
+        let upper = Upper {
+            dir: upper_dir,
+            base_stat: map,
+            base_stat_id: id,
+            changed: Arc::new(tokio::sync::Notify::new()),
+            changes: AtomicU64::new(0),
+        };
+        Ok(Self::with_state(fetcher, root, time, Some(upper), Self::fresh(root, mtime, 0o755)))
+    }
+
+    fn fresh(root: Hash, mtime: (i64, u32), perm: u16) -> State {
+        let body = Body::Dir { clean: Some(root), origin: Some(Vec::new()), children: None };
+        State { nodes: vec![Node { parent: ROOT_INO, name: Vec::new(), perm, mtime, version: 0, body }], next_blob: 1 }
+    }
+
+    fn with_state(fetcher: Arc<Fetcher>, root: Hash, time: i64, upper: Option<Upper>, st: State) -> SnapshotFs {
         SnapshotFs {
             fetcher,
+            root,
             time,
-            inodes: RwLock::new(Inodes { nodes: vec![root_entry], by_name: HashMap::new() }),
+            state: RwLock::new(st),
             trees: RwLock::new(HashMap::new()),
-            read_timeout: DEFAULT_READ_TIMEOUT,
-            reads: Mutex::new(0),
+            upper: upper.map(RwLock::new),
+            read_timeout_ms: AtomicU64::new(DEFAULT_READ_TIMEOUT.as_millis() as u64),
+            reads: AtomicU64::new(0),
         }
     }
 
@@ -96,142 +329,236 @@ impl SnapshotFs {
         &self.fetcher
     }
 
+    pub fn set_read_timeout(&self, t: Duration) {
+        self.read_timeout_ms.store(t.as_millis() as u64, Relaxed);
+    }
+
+    fn read_timeout(&self) -> Duration {
+        Duration::from_millis(self.read_timeout_ms.load(Relaxed))
+    }
+
+    pub fn is_writable(&self) -> bool {
+        self.upper.is_some()
+    }
+
     pub fn reads(&self) -> u64 {
-        *self.reads.lock().expect("reads lock")
+        self.reads.load(Relaxed)
     }
 
-    fn entry(&self, ino: u64) -> Result<Entry> {
-        let i = self.inodes.read().expect("inodes lock");
-        ino.checked_sub(1)
-            .and_then(|i2| i.nodes.get(i2 as usize))
-            .cloned()
-            .ok_or_else(|| Error::NotFound(format!("inode {ino}")))
+    /// Woken on every change of a read-write mount.
+    pub fn change_notifier(&self) -> Option<Arc<tokio::sync::Notify>> {
+        self.upper.as_ref().map(|u| u.read().expect("upper lock").changed.clone())
     }
 
-    fn attr(&self, ino: u64, e: &Entry) -> Attr {
-        let (kind, perm, size, nlink) = match e.kind {
-            Kind::Directory | Kind::Gitlink => (NodeKind::Dir, 0o555, 0, 2),
-            Kind::File => (NodeKind::File, 0o444, e.size, 1),
-            Kind::Executable => (NodeKind::File, 0o555, e.size, 1),
-            Kind::Symlink => (NodeKind::Symlink, 0o777, e.size, 1),
+    /// Changes since the mount started (0 when read-only).
+    pub fn changes(&self) -> u64 {
+        self.upper.as_ref().map(|u| u.read().expect("upper lock").changes.load(Relaxed)).unwrap_or(0)
+    }
+
+    fn changed(&self) {
+        if let Some(u) = &self.upper {
+            let u = u.read().expect("upper lock");
+            u.changes.fetch_add(1, Relaxed);
+            u.changed.notify_one();
+        }
+    }
+
+    fn upper_dir(&self) -> Result<PathBuf> {
+        Ok(self.upper.as_ref().ok_or_else(read_only)?.read().expect("upper lock").dir.clone())
+    }
+
+    fn blob_path(&self, blob: u64) -> Result<PathBuf> {
+        Ok(self.upper_dir()?.join(blob.to_string()))
+    }
+
+    fn st(&self) -> std::sync::RwLockReadGuard<'_, State> {
+        self.state.read().expect("state lock")
+    }
+
+    fn st_mut(&self) -> std::sync::RwLockWriteGuard<'_, State> {
+        self.state.write().expect("state lock")
+    }
+
+    fn attr_of(&self, ino: u64, n: &Node) -> Attr {
+        let (kind, size, nlink) = match &n.body {
+            Body::Dir { .. } => (NodeKind::Dir, 0, 2),
+            Body::Lower(e) => match e.kind {
+                Kind::Directory | Kind::Gitlink => (NodeKind::Dir, 0, 2),
+                Kind::Symlink => (NodeKind::Symlink, e.size, 1),
+                Kind::File | Kind::Executable => (NodeKind::File, e.size, 1),
+            },
+            Body::Upper { size, .. } => (NodeKind::File, *size, 1),
+            Body::Link(t) => (NodeKind::Symlink, t.len() as u64, 1),
         };
-        Attr { ino, kind, size, perm, nlink, mtime: self.time }
+        let perm = if kind == NodeKind::Symlink { 0o777 } else { n.perm };
+        Attr { ino, kind, size, perm, nlink, mtime: n.mtime.0, mtime_ns: n.mtime.1 }
     }
 
-    fn ino_for(&self, parent: u64, e: &Entry) -> u64 {
-        let key = (parent, e.name.clone());
-        if let Some(ino) = self.inodes.read().expect("inodes lock").by_name.get(&key) {
-            return *ino;
-        }
-        let mut i = self.inodes.write().expect("inodes lock");
-        if let Some(ino) = i.by_name.get(&key) {
-            return *ino;
-        }
-        i.nodes.push(e.clone());
-        let ino = i.nodes.len() as u64;
-        i.by_name.insert(key, ino);
-        ino
-    }
-
-    /// The tree of a directory entry, if already in memory.
-    fn tree_now(&self, e: &Entry) -> Option<Arc<Tree>> {
-        match e.kind {
-            Kind::Gitlink => Some(Arc::new(Tree::default())),
-            _ => self.trees.read().expect("trees lock").get(&e.id).cloned(),
+    /// The permission bits a lower entry shows.
+    fn perm_of(&self, k: Kind) -> u16 {
+        let ro = self.upper.is_none();
+        match (k, ro) {
+            (Kind::File, true) => 0o444,
+            (Kind::File, false) => 0o644,
+            (Kind::Symlink, _) => 0o777,
+            (_, true) => 0o555,
+            (_, false) => 0o755,
         }
     }
 
-    async fn tree_of(&self, e: &Entry) -> Result<Arc<Tree>> {
-        if let Some(t) = self.tree_now(e) {
+    fn base_mtime(&self, origin: &[u8]) -> (i64, u32) {
+        self.upper
+            .as_ref()
+            .and_then(|u| u.read().expect("upper lock").base_stat.get(origin).copied())
+            .unwrap_or((self.time, 0))
+    }
+
+    /// The tree of a directory, if already in memory.
+    fn tree_now(&self, id: &Hash) -> Option<Arc<Tree>> {
+        self.trees.read().expect("trees lock").get(id).cloned()
+    }
+
+    async fn tree_by_id(&self, id: Hash, name: &str) -> Result<Arc<Tree>> {
+        if let Some(t) = self.tree_now(&id) {
             return Ok(t);
         }
-        if e.kind != Kind::Directory {
-            return Err(Error::User("not a directory".into()));
-        }
-        let name = String::from_utf8_lossy(&e.name).into_owned();
-        let fut = self.fetcher.tree(e.id, &name);
-        let t = tokio::time::timeout(self.read_timeout, fut)
-            .await
-            .map_err(|_| timeout_err("reading a directory", self.read_timeout))??;
+        let t = self.timed("reading a directory", self.fetcher.tree(id, name)).await?;
         let t = Arc::new(t);
-        self.trees.write().expect("trees lock").insert(e.id, t.clone());
+        self.trees.write().expect("trees lock").insert(id, t.clone());
         Ok(t)
     }
 
+    /// Fills in the children of directory `ino` from `tree`.
+    fn expand(&self, st: &mut State, ino: u64, tree: &Tree) {
+        let Ok(n) = st.get(ino) else { return };
+        let Body::Dir { children: None, origin, .. } = &n.body else { return };
+        let origin = origin.clone();
+        let mut kids = BTreeMap::new();
+        for e in &tree.entries {
+            let o = origin.as_ref().map(|o| join(o, &e.name));
+            let mtime = o.as_deref().map(|o| self.base_mtime(o)).unwrap_or((self.time, 0));
+            let body = match e.kind {
+                Kind::Directory => Body::Dir { clean: Some(e.id), origin: o, children: None },
+                _ => Body::Lower(e.clone()),
+            };
+            let node = Node { parent: ino, name: e.name.clone(), perm: self.perm_of(e.kind), mtime, version: 0, body };
+            kids.insert(e.name.clone(), st.push(node));
+        }
+        if let Ok(Node { body: Body::Dir { children, .. }, .. }) = st.get_mut(ino) {
+            *children = Some(kids);
+        }
+    }
+
+    /// Loads directory `ino`'s children if its tree is in memory:
+    /// `None` when it must be fetched first.
+    fn load_now(&self, ino: u64) -> Option<Result<()>> {
+        let id = {
+            let st = self.st();
+            match st.children(ino) {
+                Err(e) => return Some(Err(e)),
+                Ok(Some(_)) => return Some(Ok(())),
+                Ok(None) => match &st.get(ino).map(|n| &n.body) {
+                    Ok(Body::Dir { clean: Some(id), .. }) => *id,
+                    _ => return Some(Err(Error::NotFound(format!("inode {ino}")))),
+                },
+            }
+        };
+        let t = self.tree_now(&id)?;
+        let mut st = self.st_mut();
+        self.expand(&mut st, ino, &t);
+        Some(Ok(()))
+    }
+
+    /// Loads directory `ino`'s children, fetching its tree if needed.
+    async fn load(&self, ino: u64) -> Result<()> {
+        loop {
+            if let Some(r) = self.load_now(ino) {
+                return r;
+            }
+            let (id, name) = {
+                let st = self.st();
+                let n = st.get(ino)?;
+                match &n.body {
+                    Body::Dir { clean: Some(id), .. } => (*id, String::from_utf8_lossy(&n.name).into_owned()),
+                    _ => return Err(Error::NotFound(format!("inode {ino}"))),
+                }
+            };
+            self.tree_by_id(id, &name).await?;
+        }
+    }
+
     pub fn getattr(&self, ino: u64) -> Result<Attr> {
-        Ok(self.attr(ino, &self.entry(ino)?))
+        let st = self.st();
+        Ok(self.attr_of(ino, st.get(ino)?))
+    }
+
+    fn lookup_loaded(&self, parent: u64, name: &[u8]) -> Result<Attr> {
+        let st = self.st();
+        let ino = st.child(parent, name)?;
+        Ok(self.attr_of(ino, st.get(ino)?))
     }
 
     /// Lookup without waiting: `None` when the parent's tree is not in memory.
     pub fn lookup_now(&self, parent: u64, name: &[u8]) -> Option<Result<Attr>> {
-        let pe = match self.entry(parent) {
-            Ok(e) => e,
-            Err(e) => return Some(Err(e)),
-        };
-        if !matches!(pe.kind, Kind::Directory | Kind::Gitlink) {
-            return Some(Err(Error::User("not a directory".into())));
-        }
-        let t = self.tree_now(&pe)?;
-        Some(self.lookup_in(parent, &t, name))
-    }
-
-    fn lookup_in(&self, parent: u64, t: &Tree, name: &[u8]) -> Result<Attr> {
-        let e = t.get(name).ok_or_else(|| Error::NotFound(String::from_utf8_lossy(name).into_owned()))?;
-        let ino = self.ino_for(parent, e);
-        Ok(self.attr(ino, e))
+        Some(self.load_now(parent)?.and_then(|_| self.lookup_loaded(parent, name)))
     }
 
     pub async fn lookup(&self, parent: u64, name: &[u8]) -> Result<Attr> {
-        let pe = self.entry(parent)?;
-        let t = self.tree_of(&pe).await?;
-        self.lookup_in(parent, &t, name)
+        self.load(parent).await?;
+        self.lookup_loaded(parent, name)
+    }
+
+    fn list(&self, ino: u64) -> Result<DirList> {
+        let st = self.st();
+        let ch = st.children(ino)?.ok_or_else(|| Error::NotFound("directory not loaded".into()))?;
+        ch.iter().map(|(name, c)| Ok((name.clone(), self.attr_of(*c, st.get(*c)?)))).collect()
     }
 
     /// Entries of a directory with their attributes (for READDIRPLUS).
     pub fn readdir_now(&self, ino: u64) -> Option<Result<DirList>> {
-        let e = match self.entry(ino) {
-            Ok(e) => e,
-            Err(e) => return Some(Err(e)),
-        };
-        let t = self.tree_now(&e)?;
-        Some(Ok(self.list(ino, &t)))
-    }
-
-    fn list(&self, ino: u64, t: &Tree) -> DirList {
-        t.entries.iter().map(|c| (c.name.clone(), self.attr(self.ino_for(ino, c), c))).collect()
+        Some(self.load_now(ino)?.and_then(|_| self.list(ino)))
     }
 
     pub async fn readdir(&self, ino: u64) -> Result<DirList> {
-        let e = self.entry(ino)?;
-        let t = self.tree_of(&e).await?;
-        Ok(self.list(ino, &t))
+        self.load(ino).await?;
+        self.list(ino)
     }
 
     /// The parent inode of a directory (for `..`).
     pub fn parent_of(&self, ino: u64) -> u64 {
-        let i = self.inodes.read().expect("inodes lock");
-        i.by_name.iter().find(|(_, v)| **v == ino).map(|((p, _), _)| *p).unwrap_or(ROOT_INO)
+        self.st().get(ino).map(|n| n.parent).ok().filter(|p| *p != 0).unwrap_or(ROOT_INO)
     }
 
     async fn timed<T>(&self, what: &str, fut: impl std::future::Future<Output = Result<T>>) -> Result<T> {
-        tokio::time::timeout(self.read_timeout, fut).await.map_err(|_| timeout_err(what, self.read_timeout))?
+        let t = self.read_timeout();
+        tokio::time::timeout(t, fut).await.map_err(|_| timeout_err(what, t))?
     }
 
     pub async fn readlink(&self, ino: u64) -> Result<Bytes> {
-        let e = self.entry(ino)?;
-        if e.kind != Kind::Symlink {
-            return Err(Error::User("not a symlink".into()));
+        let body = self.st().get(ino)?.body.clone();
+        match body {
+            Body::Link(t) => Ok(Bytes::from(t)),
+            Body::Lower(e) if e.kind == Kind::Symlink => {
+                self.timed("reading a symlink", self.fetcher.content(&e, "")).await
+            }
+            _ => Err(Error::fs(Errno::INVAL, "not a symlink")),
         }
-        self.timed("reading a symlink", self.fetcher.content(&e, "")).await
     }
 
-    /// Opens a file: brings its content in (through its pack on a cold
-    /// read), so reads of a whole blob need no further request.
+    /// Opens a file for reading: brings its content in (through its pack
+    /// on a cold read), so reads of a whole blob need no further request.
     pub async fn open(&self, ino: u64) -> Result<OpenFile> {
-        let e = self.entry(ino)?;
-        if !matches!(e.kind, Kind::File | Kind::Executable) {
-            return Err(Error::User("not a regular file".into()));
-        }
+        let body = self.st().get(ino)?.body.clone();
+        let e = match body {
+            Body::Upper { blob, .. } => {
+                let p = self.blob_path(blob)?;
+                let file = std::fs::File::open(&p).map_err(Error::io(format!("opening {}", p.display())))?;
+                return Ok(OpenFile::Upper { file, ino, writable: false });
+            }
+            Body::Lower(e) if matches!(e.kind, Kind::File | Kind::Executable) => e,
+            Body::Dir { .. } | Body::Lower(_) => return Err(Error::fs(Errno::ISDIR, "not a regular file")),
+            Body::Link(_) => return Err(Error::fs(Errno::LOOP, "a symlink")),
+        };
         let path = String::from_utf8_lossy(&e.name).into_owned();
         if e.chunked {
             let manifest = self.timed("opening a file", self.fetcher.manifest(&e, &path)).await?;
@@ -249,15 +576,70 @@ impl SnapshotFs {
         Ok(OpenFile::Whole { data, cache_path })
     }
 
+    /// Opens a file for writing (copying it up first).
+    pub async fn open_for_write(&self, ino: u64) -> Result<OpenFile> {
+        let blob = self.copy_up(ino).await?;
+        let p = self.blob_path(blob)?;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&p)
+            .map_err(Error::io(format!("opening {}", p.display())))?;
+        Ok(OpenFile::Upper { file, ino, writable: true })
+    }
+
+    /// Makes `ino` a file of the upper layer; returns its blob number.
+    async fn copy_up(&self, ino: u64) -> Result<u64> {
+        if self.upper.is_none() {
+            return Err(read_only());
+        }
+        let e = match self.st().get(ino)?.body.clone() {
+            Body::Upper { blob, .. } => return Ok(blob),
+            Body::Lower(e) if matches!(e.kind, Kind::File | Kind::Executable) => e,
+            Body::Dir { .. } | Body::Lower(_) => return Err(Error::fs(Errno::ISDIR, "not a regular file")),
+            Body::Link(_) => return Err(Error::fs(Errno::LOOP, "a symlink")),
+        };
+        let name = String::from_utf8_lossy(&e.name).into_owned();
+        let data = self.timed("copying a file up", self.fetcher.content(&e, &name)).await?;
+        let blob = self.new_blob()?;
+        let p = self.blob_path(blob)?;
+        std::fs::write(&p, &data).map_err(Error::io(format!("writing {}", p.display())))?;
+        let mut st = self.st_mut();
+        let n = st.get_mut(ino)?;
+        match &n.body {
+            Body::Lower(cur) if cur.id == e.id => {
+                n.body = Body::Upper { blob, size: data.len() as u64, clean: Some((e.id, e.chunked)) };
+                drop(st);
+                self.changed();
+                Ok(blob)
+            }
+            Body::Upper { blob: b, .. } => {
+                // Another open copied it up first.
+                let b = *b;
+                drop(st);
+                let _ = std::fs::remove_file(&p);
+                Ok(b)
+            }
+            _ => Err(Error::fs(Errno::NOENT, "the file changed while it was being copied up")),
+        }
+    }
+
+    fn new_blob(&self) -> Result<u64> {
+        let mut st = self.st_mut();
+        st.next_blob += 1;
+        Ok(st.next_blob - 1)
+    }
+
     /// `size` bytes at `offset` of an open file (fewer at the end).
     pub async fn read(&self, f: &OpenFile, offset: u64, size: u32) -> Result<Bytes> {
-        *self.reads.lock().expect("reads lock") += 1;
+        self.reads.fetch_add(1, Relaxed);
         match f {
             OpenFile::Whole { data, .. } => {
                 let start = (offset as usize).min(data.len());
                 let end = (start + size as usize).min(data.len());
                 Ok(data.slice(start..end))
             }
+            OpenFile::Upper { file, .. } => read_upper(file, offset, size),
             OpenFile::Chunked { entry, manifest, starts } => {
                 let end = (offset + size as u64).min(manifest.size);
                 if offset >= end {
@@ -292,28 +674,637 @@ impl SnapshotFs {
         }
     }
 
+    /// Writes `data` at `offset` of a file opened for writing.
+    pub fn write(&self, f: &OpenFile, offset: u64, data: &[u8]) -> Result<u32> {
+        let OpenFile::Upper { file, ino, writable: true } = f else {
+            return Err(Error::fs(Errno::BADF, "the file is not open for writing"));
+        };
+        file.write_all_at(data, offset).map_err(Error::io("writing to the upper layer"))?;
+        let mut st = self.st_mut();
+        let n = st.get_mut(*ino)?;
+        if let Body::Upper { size, clean, .. } = &mut n.body {
+            *size = (*size).max(offset + data.len() as u64);
+            *clean = None;
+        }
+        n.mtime = now();
+        st.dirty(*ino);
+        drop(st);
+        self.changed();
+        Ok(data.len() as u32)
+    }
+
+    /// chmod, truncate and utimes.
+    pub async fn setattr(&self, ino: u64, a: SetAttr) -> Result<Attr> {
+        if self.upper.is_none() {
+            return Err(read_only());
+        }
+        if let Some(size) = a.size {
+            let blob = self.copy_up(ino).await?;
+            let p = self.blob_path(blob)?;
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&p)
+                .map_err(Error::io(format!("opening {}", p.display())))?;
+            f.set_len(size).map_err(Error::io(format!("truncating {}", p.display())))?;
+            let mut st = self.st_mut();
+            let n = st.get_mut(ino)?;
+            if let Body::Upper { size: s, clean, .. } = &mut n.body {
+                *s = size;
+                *clean = None;
+            }
+            n.mtime = now();
+            st.dirty(ino);
+        }
+        {
+            let mut st = self.st_mut();
+            let n = st.get_mut(ino)?;
+            if let Some(mode) = a.mode {
+                let before = n.perm & 0o111 != 0;
+                n.perm = (mode & 0o7777) as u16;
+                let is_file = matches!(&n.body, Body::Upper { .. })
+                    || matches!(&n.body, Body::Lower(e) if matches!(e.kind, Kind::File | Kind::Executable));
+                if is_file && before != (n.perm & 0o111 != 0) {
+                    // The exec bit is in the tree entry.
+                    st.dirty(ino);
+                }
+            }
+            if let Some(t) = a.mtime {
+                st.get_mut(ino)?.mtime = t;
+            }
+        }
+        self.changed();
+        self.getattr(ino)
+    }
+
+    /// Adds node `n` named `name` to directory `parent`.
+    async fn insert(&self, parent: u64, name: &[u8], n: impl FnOnce(u64) -> Node) -> Result<Attr> {
+        if self.upper.is_none() {
+            return Err(read_only());
+        }
+        check_name(name).map_err(|m| Error::fs(Errno::INVAL, m))?;
+        self.load(parent).await?;
+        let mut st = self.st_mut();
+        if st.children_mut(parent)?.contains_key(name) {
+            return Err(Error::fs(Errno::EXIST, String::from_utf8_lossy(name).into_owned()));
+        }
+        let ino = st.push(n(parent));
+        st.children_mut(parent)?.insert(name.to_vec(), ino);
+        st.touch_dir(parent);
+        let a = self.attr_of(ino, st.get(ino)?);
+        drop(st);
+        self.changed();
+        Ok(a)
+    }
+
+    /// Creates an empty file and opens it for writing.
+    pub async fn create(&self, parent: u64, name: &[u8], mode: u32) -> Result<(Attr, OpenFile)> {
+        let blob = self.new_blob()?;
+        let p = self.blob_path(blob)?;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&p)
+            .map_err(Error::io(format!("creating {}", p.display())))?;
+        let node = |parent| Node {
+            parent,
+            name: name.to_vec(),
+            perm: (mode & 0o7777) as u16,
+            mtime: now(),
+            version: 0,
+            body: Body::Upper { blob, size: 0, clean: None },
+        };
+        match self.insert(parent, name, node).await {
+            Ok(a) => Ok((a, OpenFile::Upper { file, ino: a.ino, writable: true })),
+            Err(e) => {
+                let _ = std::fs::remove_file(&p);
+                Err(e)
+            }
+        }
+    }
+
+    pub async fn mkdir(&self, parent: u64, name: &[u8], mode: u32) -> Result<Attr> {
+        let body = Body::Dir { clean: None, origin: None, children: Some(BTreeMap::new()) };
+        self.insert(parent, name, |parent| Node {
+            parent,
+            name: name.to_vec(),
+            perm: (mode & 0o7777) as u16,
+            mtime: now(),
+            version: 0,
+            body,
+        })
+        .await
+    }
+
+    pub async fn symlink(&self, parent: u64, name: &[u8], target: &[u8]) -> Result<Attr> {
+        if target.is_empty() || target.contains(&0) {
+            return Err(Error::fs(Errno::INVAL, "empty symlink target"));
+        }
+        let body = Body::Link(target.to_vec());
+        self.insert(parent, name, |parent| Node {
+            parent,
+            name: name.to_vec(),
+            perm: 0o777,
+            mtime: now(),
+            version: 0,
+            body,
+        })
+        .await
+    }
+
+    /// Detaches `ino` (already removed from its parent's children).
+    fn detach(&self, st: &mut State, ino: u64) -> Option<u64> {
+        let n = st.get_mut(ino).ok()?;
+        n.parent = 0;
+        match n.body {
+            Body::Upper { blob, .. } => Some(blob),
+            _ => None,
+        }
+    }
+
+    fn is_dir_body(b: &Body) -> bool {
+        matches!(b, Body::Dir { .. }) || matches!(b, Body::Lower(e) if e.kind == Kind::Gitlink)
+    }
+
+    pub async fn unlink(&self, parent: u64, name: &[u8]) -> Result<()> {
+        self.remove(parent, name, false).await
+    }
+
+    pub async fn rmdir(&self, parent: u64, name: &[u8]) -> Result<()> {
+        self.remove(parent, name, true).await
+    }
+
+    async fn remove(&self, parent: u64, name: &[u8], dir: bool) -> Result<()> {
+        if self.upper.is_none() {
+            return Err(read_only());
+        }
+        self.load(parent).await?;
+        let ino = self.st().child(parent, name)?;
+        if dir && matches!(self.st().get(ino)?.body, Body::Dir { .. }) {
+            self.load(ino).await?;
+        }
+        let mut st = self.st_mut();
+        let ino = st.child(parent, name)?;
+        let n = st.get(ino)?;
+        let is_dir = Self::is_dir_body(&n.body);
+        match (dir, is_dir) {
+            (true, false) => return Err(Error::fs(Errno::NOTDIR, "not a directory")),
+            (false, true) => return Err(Error::fs(Errno::ISDIR, "a directory")),
+            (true, true) if st.children(ino)?.is_some_and(|c| !c.is_empty()) => {
+                return Err(Error::fs(Errno::NOTEMPTY, "directory not empty"))
+            }
+            _ => {}
+        }
+        st.children_mut(parent)?.remove(name);
+        let blob = self.detach(&mut st, ino);
+        st.touch_dir(parent);
+        drop(st);
+        if let Some(b) = blob {
+            let _ = std::fs::remove_file(self.blob_path(b)?);
+        }
+        self.changed();
+        Ok(())
+    }
+
+    /// Moves `parent/name` to `new_parent/new_name`, replacing a file or an
+    /// empty directory there (unless `no_replace`).
+    pub async fn rename(
+        &self,
+        parent: u64,
+        name: &[u8],
+        new_parent: u64,
+        new_name: &[u8],
+        no_replace: bool,
+    ) -> Result<()> {
+        if self.upper.is_none() {
+            return Err(read_only());
+        }
+        check_name(new_name).map_err(|m| Error::fs(Errno::INVAL, m))?;
+        self.load(parent).await?;
+        self.load(new_parent).await?;
+        let target = self.st().child(new_parent, new_name).ok();
+        if let Some(t) = target {
+            if matches!(self.st().get(t)?.body, Body::Dir { .. }) {
+                self.load(t).await?;
+            }
+        }
+        let mut st = self.st_mut();
+        let src = st.child(parent, name)?;
+        let src_dir = Self::is_dir_body(&st.get(src)?.body);
+        if src_dir && st.is_ancestor(src, new_parent) {
+            return Err(Error::fs(Errno::INVAL, "cannot move a directory into itself"));
+        }
+        let mut blob = None;
+        if let Ok(t) = st.child(new_parent, new_name) {
+            if t == src {
+                return Ok(());
+            }
+            if no_replace {
+                return Err(Error::fs(Errno::EXIST, String::from_utf8_lossy(new_name).into_owned()));
+            }
+            let t_dir = Self::is_dir_body(&st.get(t)?.body);
+            match (src_dir, t_dir) {
+                (true, false) => return Err(Error::fs(Errno::NOTDIR, "not a directory")),
+                (false, true) => return Err(Error::fs(Errno::ISDIR, "a directory")),
+                (true, true) if st.children(t)?.is_some_and(|c| !c.is_empty()) => {
+                    return Err(Error::fs(Errno::NOTEMPTY, "directory not empty"))
+                }
+                _ => {}
+            }
+            st.children_mut(new_parent)?.remove(new_name);
+            blob = self.detach(&mut st, t);
+        }
+        st.children_mut(parent)?.remove(name);
+        st.children_mut(new_parent)?.insert(new_name.to_vec(), src);
+        let n = st.get_mut(src)?;
+        n.parent = new_parent;
+        n.name = new_name.to_vec();
+        st.touch_dir(parent);
+        st.touch_dir(new_parent);
+        drop(st);
+        if let Some(b) = blob {
+            let _ = std::fs::remove_file(self.blob_path(b)?);
+        }
+        self.changed();
+        Ok(())
+    }
+
     /// Loads every tree of the snapshot into memory (from the attached
     /// index, or fetched level by level), so metadata needs no network.
     pub async fn preload_trees(&self) -> Result<usize> {
-        let root = self.entry(ROOT_INO)?;
-        let mut level = vec![root];
+        let mut level = vec![self.root];
         let mut n = 0;
         while !level.is_empty() {
-            let trees: Vec<Arc<Tree>> = futures::stream::iter(level.iter().map(|e| self.tree_of(e)))
+            let trees: Vec<Arc<Tree>> = futures::stream::iter(level.iter().map(|id| self.tree_by_id(*id, "")))
                 .buffered(crate::store::CONCURRENCY)
                 .try_collect()
                 .await?;
             n += trees.len();
             level = trees
                 .iter()
-                .flat_map(|t| t.entries.iter().filter(|c| c.kind == Kind::Directory).cloned())
-                .filter(|c| self.tree_now(c).is_none())
+                .flat_map(|t| t.entries.iter().filter(|c| c.kind == Kind::Directory).map(|c| c.id))
+                .filter(|id| self.tree_now(id).is_none())
                 .collect();
-            level.sort_by_key(|e| e.id);
-            level.dedup_by(|a, b| a.id == b.id);
+            level.sort();
+            level.dedup();
         }
         Ok(n)
     }
+
+    /// Whether a checkpoint needs every tree in memory first: when the
+    /// base snapshot had no stat object, unexpanded subtrees' paths are
+    /// listed from their trees (once; later checkpoints have one).
+    pub fn needs_trees_for_build(&self) -> bool {
+        self.upper.as_ref().is_some_and(|u| u.read().expect("upper lock").base_stat_id.is_none())
+    }
+
+    /// Stages a checkpoint of a read-write mount: hashes the files written
+    /// since the last one, re-encodes the directories above them, and lists
+    /// every path's mtime. Blocking (reads upper files): call it from a
+    /// blocking thread.
+    pub fn build(&self, cache: &DiskCache, staged: &mut Staged) -> Result<Built> {
+        let upper_dir = self.upper_dir()?;
+        // Hash changed files without holding the lock.
+        let dirty: Vec<(u64, u64, u64)> = {
+            let st = self.st();
+            let mut out = Vec::new();
+            let mut stack = vec![ROOT_INO];
+            while let Some(ino) = stack.pop() {
+                let n = st.get(ino)?;
+                match &n.body {
+                    Body::Dir { children: Some(c), clean: None, .. } => stack.extend(c.values()),
+                    Body::Upper { blob, clean: None, .. } => out.push((ino, *blob, n.version)),
+                    _ => {}
+                }
+            }
+            out
+        };
+        let mut hashed = Vec::with_capacity(dirty.len());
+        for (ino, blob, version) in &dirty {
+            let p = upper_dir.join(blob.to_string());
+            let data = std::fs::read(&p).map_err(Error::io(format!("reading {}", p.display())))?;
+            hashed.push((*ino, *version, staged.content(cache, &data)?));
+        }
+        let mut st = self.st_mut();
+        let mut kept = 0;
+        for (ino, version, id) in hashed {
+            let n = st.get_mut(ino)?;
+            if n.version == version {
+                if let Body::Upper { clean, .. } = &mut n.body {
+                    *clean = Some(id);
+                    kept += 1;
+                }
+            }
+        }
+        let mut b = Built {
+            root: self.root,
+            stat: StatObject::default(),
+            files_read: dirty.len() as u64,
+            files_unchanged: 0,
+            trees_built: 0,
+        };
+        let root = self.build_node(&mut st, ROOT_INO, &[], cache, staged, &upper_dir, &mut b)?;
+        b.root = root.id;
+        // Files hashed above were counted again as known.
+        b.files_unchanged -= kept;
+        b.stat.entries.sort();
+        Ok(b)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn build_node(
+        &self,
+        st: &mut State,
+        ino: u64,
+        path: &[u8],
+        cache: &DiskCache,
+        staged: &mut Staged,
+        upper_dir: &Path,
+        b: &mut Built,
+    ) -> Result<Entry> {
+        let n = st.get(ino)?.clone();
+        b.stat.entries.push((path.to_vec(), n.mtime.0, n.mtime.1));
+        let entry = |kind, chunked, size, id| Entry { name: n.name.clone(), kind, chunked, size, id };
+        Ok(match &n.body {
+            Body::Dir { clean, origin, children: None } => {
+                let id = clean.ok_or_else(|| Error::User("an unloaded directory without a tree".into()))?;
+                self.carry_stat(origin.as_deref(), id, path, &mut b.stat)?;
+                entry(Kind::Directory, false, 0, id)
+            }
+            Body::Dir { clean, children: Some(ch), .. } => {
+                let mut entries = Vec::with_capacity(ch.len());
+                for (name, c) in ch {
+                    entries.push(self.build_node(st, *c, &join(path, name), cache, staged, upper_dir, b)?);
+                }
+                let id = match clean {
+                    Some(id) => *id,
+                    None => {
+                        let tree = Tree::normalized(entries).map_err(|e| Error::UnsafePath {
+                            path: String::from_utf8_lossy(path).into_owned(),
+                            reason: e.to_string(),
+                        })?;
+                        b.trees_built += 1;
+                        let id = staged.tree(cache, &tree)?;
+                        if let Body::Dir { clean, .. } = &mut st.get_mut(ino)?.body {
+                            *clean = Some(id);
+                        }
+                        id
+                    }
+                };
+                entry(Kind::Directory, false, 0, id)
+            }
+            Body::Lower(e) if matches!(e.kind, Kind::File | Kind::Executable) => {
+                entry(file_kind(n.perm), e.chunked, e.size, e.id)
+            }
+            Body::Lower(e) => entry(e.kind, e.chunked, e.size, e.id),
+            Body::Upper { clean: Some((id, chunked)), size, .. } => {
+                b.files_unchanged += 1;
+                entry(file_kind(n.perm), *chunked, *size, *id)
+            }
+            Body::Upper { blob, clean: None, .. } => {
+                // Written while the checkpoint was hashing: hash it now.
+                let p = upper_dir.join(blob.to_string());
+                let data = std::fs::read(&p).map_err(Error::io(format!("reading {}", p.display())))?;
+                b.files_read += 1;
+                let (id, chunked) = staged.content(cache, &data)?;
+                if let Body::Upper { clean, .. } = &mut st.get_mut(ino)?.body {
+                    *clean = Some((id, chunked));
+                }
+                entry(file_kind(n.perm), chunked, data.len() as u64, id)
+            }
+            Body::Link(t) => {
+                let (id, _) = staged.content(cache, t)?;
+                entry(Kind::Symlink, false, t.len() as u64, id)
+            }
+        })
+    }
+
+    /// The mtimes of an unexpanded subtree now at `path`: from the base
+    /// stat object under its origin, or the snapshot's time for each path
+    /// of its trees when the base had none.
+    fn carry_stat(&self, origin: Option<&[u8]>, tree: Hash, path: &[u8], out: &mut StatObject) -> Result<()> {
+        let u = self.upper.as_ref().ok_or_else(read_only)?.read().expect("upper lock");
+        if let (Some(_), Some(o)) = (u.base_stat_id, origin) {
+            let prefix = if o.is_empty() { Vec::new() } else { [o, b"/"].concat() };
+            for (k, (s, ns)) in u.base_stat.range(prefix.clone()..) {
+                if !k.starts_with(&prefix) {
+                    break;
+                }
+                if k.is_empty() {
+                    continue;
+                }
+                out.entries.push((join(path, &k[prefix.len()..]), *s, *ns));
+            }
+            return Ok(());
+        }
+        list_tree_paths(self, tree, path, out)
+    }
+
+    /// After a checkpoint: the new snapshot becomes the base, so origins
+    /// are the paths of now and the stat object is the one just written.
+    pub fn rebase(&self, stat_id: Hash, stat: &StatObject) {
+        let Some(u) = &self.upper else { return };
+        let mut st = self.st_mut();
+        let mut stack = vec![(ROOT_INO, Vec::new())];
+        while let Some((ino, path)) = stack.pop() {
+            let Ok(n) = st.get_mut(ino) else { continue };
+            if let Body::Dir { origin, children, .. } = &mut n.body {
+                *origin = Some(path.clone());
+                if let Some(c) = children {
+                    stack.extend(c.iter().map(|(name, c)| (*c, join(&path, name))));
+                }
+            }
+        }
+        let mut u = u.write().expect("upper lock");
+        u.base_stat = stat.entries.iter().map(|(p, s, n)| (p.clone(), (*s, *n))).collect();
+        u.base_stat_id = Some(stat_id);
+    }
 }
 
-use futures::StreamExt;
+/// Lists the paths of tree `id` (already in memory) with the snapshot time.
+fn list_tree_paths(fs: &SnapshotFs, id: Hash, path: &[u8], out: &mut StatObject) -> Result<()> {
+    let t = fs.tree_now(&id).ok_or_else(|| Error::User(format!("tree {id} is not loaded")))?;
+    for e in &t.entries {
+        let p = join(path, &e.name);
+        out.entries.push((p.clone(), fs.time, 0));
+        if e.kind == Kind::Directory {
+            list_tree_paths(fs, e.id, &p, out)?;
+        }
+    }
+    Ok(())
+}
+
+fn read_upper(file: &std::fs::File, offset: u64, size: u32) -> Result<Bytes> {
+    let mut buf = vec![0u8; size as usize];
+    let mut got = 0;
+    while got < buf.len() {
+        match file.read_at(&mut buf[got..], offset + got as u64) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(Error::io("reading the upper layer")(e)),
+        }
+    }
+    buf.truncate(got);
+    Ok(Bytes::from(buf))
+}
+
+// ---- The saved state of a read-write mount (`overlay.json`) ----
+
+#[derive(Serialize, Deserialize)]
+struct SavedState {
+    version: u32,
+    root: String,
+    time: i64,
+    base_stat: Option<String>,
+    next_blob: u64,
+    tree: SavedNode,
+}
+
+#[derive(Serialize, Deserialize)]
+struct SavedNode {
+    name: Vec<u8>,
+    perm: u16,
+    mtime: (i64, u32),
+    body: SavedBody,
+}
+
+#[derive(Serialize, Deserialize)]
+enum SavedBody {
+    Dir { clean: Option<String>, origin: Option<Vec<u8>>, children: Option<Vec<SavedNode>> },
+    Lower { kind: String, chunked: bool, size: u64, id: String },
+    Upper { blob: u64, size: u64 },
+    Link(Vec<u8>),
+}
+
+fn kind_from_label(s: &str) -> Option<Kind> {
+    [Kind::File, Kind::Executable, Kind::Symlink, Kind::Directory, Kind::Gitlink].into_iter().find(|k| k.label() == s)
+}
+
+fn parse_hash(s: &str) -> Result<Hash> {
+    s.parse().map_err(|_| Error::User(format!("bad id {s:?} in a saved mount state")))
+}
+
+impl SnapshotFs {
+    /// The state of a read-write mount, for [`SnapshotFs::load_state`].
+    pub fn save_state(&self) -> Result<Vec<u8>> {
+        let u = self.upper.as_ref().ok_or_else(read_only)?.read().expect("upper lock");
+        let st = self.st();
+        fn save(st: &State, ino: u64) -> Result<SavedNode> {
+            let n = st.get(ino)?;
+            let body = match &n.body {
+                Body::Dir { clean, origin, children } => SavedBody::Dir {
+                    clean: clean.map(|h| h.to_hex()),
+                    origin: origin.clone(),
+                    children: match children {
+                        Some(c) => Some(c.values().map(|c| save(st, *c)).collect::<Result<_>>()?),
+                        None => None,
+                    },
+                },
+                Body::Lower(e) => SavedBody::Lower {
+                    kind: e.kind.label().into(),
+                    chunked: e.chunked,
+                    size: e.size,
+                    id: e.id.to_hex(),
+                },
+                Body::Upper { blob, size, .. } => SavedBody::Upper { blob: *blob, size: *size },
+                Body::Link(t) => SavedBody::Link(t.clone()),
+            };
+            Ok(SavedNode { name: n.name.clone(), perm: n.perm, mtime: n.mtime, body })
+        }
+        let s = SavedState {
+            version: 1,
+            root: self.root.to_hex(),
+            time: self.time,
+            base_stat: u.base_stat_id.map(|h| h.to_hex()),
+            next_blob: st.next_blob,
+            tree: save(&st, ROOT_INO)?,
+        };
+        serde_json::to_vec(&s).map_err(|e| Error::User(format!("saving the mount state: {e}")))
+    }
+
+    /// The base stat object id a saved state refers to (to fetch it
+    /// before [`SnapshotFs::load_state`]).
+    pub fn saved_base_stat(bytes: &[u8]) -> Result<Option<Hash>> {
+        let s: SavedState = serde_json::from_slice(bytes)
+            .map_err(|e| Error::User(format!("the saved mount state is unreadable: {e}")))?;
+        s.base_stat.as_deref().map(parse_hash).transpose()
+    }
+
+    /// Restores a read-write mount from its saved state. Files of the
+    /// upper layer are re-hashed at the next checkpoint (a crash may have
+    /// come between a write and the last save).
+    pub fn load_state(
+        fetcher: Arc<Fetcher>,
+        bytes: &[u8],
+        upper_dir: PathBuf,
+        base_stat: Option<(Hash, StatObject)>,
+    ) -> Result<SnapshotFs> {
+        let s: SavedState = serde_json::from_slice(bytes)
+            .map_err(|e| Error::User(format!("the saved mount state is unreadable: {e}")))?;
+        let root = parse_hash(&s.root)?;
+        let fs = SnapshotFs::writable(fetcher, root, s.time, upper_dir, base_stat)?;
+        let mut st = State { nodes: Vec::new(), next_blob: s.next_blob };
+        fn load(st: &mut State, parent: u64, n: SavedNode) -> Result<u64> {
+            let (body, kids) = match n.body {
+                SavedBody::Dir { clean, origin, children } => {
+                    let clean = clean.as_deref().map(parse_hash).transpose()?;
+                    if children.is_none() && clean.is_none() {
+                        return Err(Error::User("saved mount state: an unloaded directory without a tree".into()));
+                    }
+                    let has = children.is_some();
+                    (Body::Dir { clean, origin, children: has.then(BTreeMap::new) }, children)
+                }
+                SavedBody::Lower { kind, chunked, size, id } => {
+                    let kind = kind_from_label(&kind)
+                        .ok_or_else(|| Error::User(format!("saved mount state: unknown kind {kind}")))?;
+                    let e = Entry { name: n.name.clone(), kind, chunked, size, id: parse_hash(&id)? };
+                    (Body::Lower(e), None)
+                }
+                SavedBody::Upper { blob, size } => (Body::Upper { blob, size, clean: None }, None),
+                SavedBody::Link(t) => (Body::Link(t), None),
+            };
+            let ino = st.push(Node { parent, name: n.name, perm: n.perm, mtime: n.mtime, version: 0, body });
+            if parent == 0 {
+                st.get_mut(ino)?.parent = ino;
+            }
+            let mut map = BTreeMap::new();
+            for k in kids.into_iter().flatten() {
+                check_name(&k.name).map_err(|m| Error::User(format!("saved mount state: {m}")))?;
+                let name = k.name.clone();
+                map.insert(name, load(st, ino, k)?);
+            }
+            if let Body::Dir { children: Some(c), .. } = &mut st.get_mut(ino)?.body {
+                *c = map;
+            }
+            Ok(ino)
+        }
+        load(&mut st, 0, s.tree)?;
+        // Every directory above an upper file is rebuilt at the next
+        // checkpoint.
+        let holders: Vec<u64> = (1..=st.nodes.len() as u64)
+            .filter(|i| matches!(st.nodes[*i as usize - 1].body, Body::Upper { .. }))
+            .map(|i| st.nodes[i as usize - 1].parent)
+            .collect();
+        for h in holders {
+            mark_dirty_up(&mut st, h);
+        }
+        *fs.state.write().expect("state lock") = st;
+        Ok(fs)
+    }
+}
+
+/// Clears `clean` on `ino` and every directory above it (no early stop).
+fn mark_dirty_up(st: &mut State, mut ino: u64) {
+    loop {
+        let Ok(n) = st.get_mut(ino) else { return };
+        if let Body::Dir { clean, .. } = &mut n.body {
+            *clean = None;
+        }
+        if ino == ROOT_INO || n.parent == 0 {
+            return;
+        }
+        ino = n.parent;
+    }
+}

@@ -31,6 +31,7 @@ use crate::error::{Error, Result};
 use crate::fetch::Fetcher;
 use crate::hash::Hash;
 use crate::import::{upload_closure, Staged, UploadReport};
+use crate::mount::SnapshotFs;
 use crate::object::{check_ref_name, Entry, Kind, RefValue, Snapshot, Tree};
 use crate::store::{Remote, Space};
 
@@ -188,6 +189,10 @@ struct StatRow {
     ino: u64,
     id: String,
     chunked: bool,
+    /// A gitlink, checked out as an empty directory: written back as the
+    /// gitlink while the directory stays empty.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    gitlink: bool,
 }
 
 #[derive(Default, Serialize, Deserialize)]
@@ -216,7 +221,14 @@ pub fn find_working_copy(start: &Path) -> Option<PathBuf> {
 }
 
 pub fn load_state(dir: &Path) -> Result<LocalState> {
-    let p = state_dir(dir).join("workspace.json");
+    load_state_at(&state_dir(dir))
+}
+
+/// Loads the state kept in folder `sd` (a working copy's `.mado`, or a
+/// mounted workspace's folder in the cache).
+pub fn load_state_at(sd: &Path) -> Result<LocalState> {
+    let dir = sd.parent().unwrap_or(sd);
+    let p = sd.join("workspace.json");
     let text = std::fs::read_to_string(&p).map_err(|_| {
         Error::User(format!(
             "{} is not a mado workspace (no {}); create one with `mado ws create`",
@@ -228,8 +240,11 @@ pub fn load_state(dir: &Path) -> Result<LocalState> {
 }
 
 fn save_state(dir: &Path, s: &LocalState) -> Result<()> {
-    let d = state_dir(dir);
-    std::fs::create_dir_all(&d).map_err(Error::io(format!("creating {}", d.display())))?;
+    save_state_at(&state_dir(dir), s)
+}
+
+fn save_state_at(d: &Path, s: &LocalState) -> Result<()> {
+    std::fs::create_dir_all(d).map_err(Error::io(format!("creating {}", d.display())))?;
     let text = serde_json::to_string_pretty(s).unwrap_or_default();
     crate::fetch::save_atomic(&d.join("workspace.json"), text.as_bytes());
     Ok(())
@@ -266,11 +281,21 @@ struct Walked {
     stat: StatObject,
     files_read: u64,
     files_unchanged: u64,
+    trees_built: Option<u64>,
+    /// The plain directory's new stat cache.
+    statcache: Option<StatCache>,
 }
 
 /// Walks `dir` (skipping `.mado`), staging changed content and all trees.
 fn walk(dir: &Path, cache: &DiskCache, staged: &mut Staged, sc: &StatCache, new_sc: &mut StatCache) -> Result<Walked> {
-    let mut w = Walked { root: Hash([0; 32]), stat: StatObject::default(), files_read: 0, files_unchanged: 0 };
+    let mut w = Walked {
+        root: Hash([0; 32]),
+        stat: StatObject::default(),
+        files_read: 0,
+        files_unchanged: 0,
+        trees_built: None,
+        statcache: None,
+    };
     let root_meta = std::fs::symlink_metadata(dir).map_err(Error::io(format!("reading {}", dir.display())))?;
     w.stat.entries.push((Vec::new(), root_meta.mtime(), root_meta.mtime_nsec() as u32));
     w.root = walk_dir(dir, &[], cache, staged, sc, new_sc, &mut w)?;
@@ -300,7 +325,16 @@ fn walk_dir(
         let m = std::fs::symlink_metadata(&p).map_err(Error::io(format!("reading {}", p.display())))?;
         w.stat.entries.push((r.clone(), m.mtime(), m.mtime_nsec() as u32));
         let ft = m.file_type();
-        let entry = if ft.is_dir() {
+        let key = key_of(&r);
+        let gitlink = sc.rows.get(&key).filter(|row| row.gitlink && ft.is_dir());
+        let entry = if let Some(row) = gitlink.filter(|_| crate::checkout::is_empty_dir(&p).unwrap_or(false)) {
+            new_sc.rows.insert(key, row.clone());
+            let id = row
+                .id
+                .parse()
+                .map_err(|_| Error::User(format!("bad gitlink id in the stat cache for {}", p.display())))?;
+            Entry { name, kind: Kind::Gitlink, chunked: false, size: 0, id }
+        } else if ft.is_dir() {
             let id = walk_dir(&p, &r, cache, staged, sc, new_sc, w)?;
             Entry { name, kind: Kind::Directory, chunked: false, size: 0, id }
         } else if ft.is_symlink() {
@@ -310,7 +344,6 @@ fn walk_dir(
             Entry { name, kind: Kind::Symlink, chunked: false, size: t.len() as u64, id }
         } else if ft.is_file() {
             let kind = if m.permissions().mode() & 0o111 != 0 { Kind::Executable } else { Kind::File };
-            let key = key_of(&r);
             let mtime_ns = ns(m.modified());
             let row_now = |id: Hash, chunked: bool| StatRow {
                 size: m.len(),
@@ -319,6 +352,7 @@ fn walk_dir(
                 ino: m.ino(),
                 id: id.to_hex(),
                 chunked,
+                gitlink: false,
             };
             let cached = sc.rows.get(&key).filter(|row| {
                 let fresh = row_now(Hash([0; 32]), row.chunked);
@@ -352,7 +386,7 @@ fn walk_dir(
     staged.tree(cache, &tree)
 }
 
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct CheckpointReport {
     pub workspace: String,
     pub snapshot: String,
@@ -361,6 +395,9 @@ pub struct CheckpointReport {
     pub unchanged: bool,
     pub files_read: u64,
     pub files_unchanged: u64,
+    /// Directories re-encoded (a mount knows; a plain directory re-encodes all).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trees_built: Option<u64>,
     pub upload: UploadReport,
     pub packs_uploaded: u64,
 }
@@ -371,9 +408,82 @@ fn author() -> String {
     format!("{user}@{host}")
 }
 
-/// Checkpoints the working copy at `dir`.
+/// Checkpoints the working copy at `dir` (a plain directory).
 pub async fn checkpoint(fetcher: &Arc<Fetcher>, dir: &Path, message: &str, steal: bool) -> Result<CheckpointReport> {
     let mut st = load_state(dir)?;
+    let dir2 = dir.to_path_buf();
+    let stage = move |cache: Arc<DiskCache>| {
+        let mut staged = Staged::default();
+        let sc = load_statcache(&dir2);
+        let mut new_sc = StatCache { written_ns: ns(Ok(SystemTime::now())), rows: BTreeMap::new() };
+        let mut w = walk(&dir2, &cache, &mut staged, &sc, &mut new_sc)?;
+        w.statcache = Some(new_sc);
+        Ok((staged, w))
+    };
+    let (report, walked, _) = commit(fetcher, &st, message, steal, stage).await?;
+    if !report.unchanged {
+        st.head = report.snapshot.clone();
+        save_state(dir, &st)?;
+    }
+    if let Some(sc) = &walked.statcache {
+        save_statcache(dir, sc);
+    }
+    Ok(report)
+}
+
+/// Checkpoints a read-write mount: only files written since the last
+/// checkpoint are hashed and only the directories above them re-encoded.
+pub async fn checkpoint_mount(
+    fetcher: &Arc<Fetcher>,
+    fs: &Arc<SnapshotFs>,
+    state_dir: &Path,
+    message: &str,
+    steal: bool,
+) -> Result<CheckpointReport> {
+    let mut st = load_state_at(state_dir)?;
+    if fs.needs_trees_for_build() {
+        fs.preload_trees().await?;
+    }
+    let fs2 = fs.clone();
+    let stage = move |cache: Arc<DiskCache>| {
+        let mut staged = Staged::default();
+        let b = fs2.build(&cache, &mut staged)?;
+        let w = Walked {
+            root: b.root,
+            stat: b.stat,
+            files_read: b.files_read,
+            files_unchanged: b.files_unchanged,
+            trees_built: Some(b.trees_built),
+            statcache: None,
+        };
+        Ok((staged, w))
+    };
+    let (report, walked, stat_id) = commit(fetcher, &st, message, steal, stage).await?;
+    if !report.unchanged {
+        fs.rebase(stat_id, &walked.stat);
+        st.head = report.snapshot.clone();
+        save_state_at(state_dir, &st)?;
+    }
+    save_mount_state(fs, state_dir)?;
+    Ok(report)
+}
+
+/// Writes a read-write mount's state (atomically) into its folder.
+pub fn save_mount_state(fs: &SnapshotFs, state_dir: &Path) -> Result<()> {
+    let bytes = fs.save_state()?;
+    crate::fetch::save_atomic(&state_dir.join("overlay.json"), &bytes);
+    Ok(())
+}
+
+/// The shared part of a checkpoint: lease and ref, `stage` (on a blocking
+/// thread), then objects, packs, snapshot and, last, the ref.
+async fn commit(
+    fetcher: &Arc<Fetcher>,
+    st: &LocalState,
+    message: &str,
+    steal: bool,
+    stage: impl FnOnce(Arc<DiskCache>) -> Result<(Staged, Walked)> + Send + 'static,
+) -> Result<(CheckpointReport, Walked, Hash)> {
     let remote = &fetcher.remote;
     let cache = fetcher.cache.clone();
     let refname = ws_ref(&st.name)?;
@@ -381,17 +491,10 @@ pub async fn checkpoint(fetcher: &Arc<Fetcher>, dir: &Path, message: &str, steal
     let (lease, cur) = futures::join!(take_lease(remote, &st.name, &st.holder, steal), remote.read_ref(&refname));
     lease?;
     let (cur, ver) = cur?.ok_or_else(|| Error::NotFound(format!("workspace {} has no ref {refname}", st.name)))?;
-    let dir2 = dir.to_path_buf();
     let c2 = cache.clone();
-    let (staged, walked, new_sc) = tokio::task::spawn_blocking(move || {
-        let mut staged = Staged::default();
-        let sc = load_statcache(&dir2);
-        let mut new_sc = StatCache { written_ns: ns(Ok(SystemTime::now())), rows: BTreeMap::new() };
-        let w = walk(&dir2, &c2, &mut staged, &sc, &mut new_sc)?;
-        Ok::<_, Error>((staged, w, new_sc))
-    })
-    .await
-    .map_err(|e| Error::Io { context: "walking the workspace".into(), source: std::io::Error::other(e) })??;
+    let (staged, walked) = tokio::task::spawn_blocking(move || stage(c2))
+        .await
+        .map_err(|e| Error::Io { context: "walking the workspace".into(), source: std::io::Error::other(e) })??;
     let stat_bytes = walked.stat.encode();
     let stat_id = Hash::of(&stat_bytes);
     cache.put(&stat_id, &stat_bytes)?;
@@ -401,13 +504,13 @@ pub async fn checkpoint(fetcher: &Arc<Fetcher>, dir: &Path, message: &str, steal
         parent: cur.snapshot.to_hex(),
         files_read: walked.files_read,
         files_unchanged: walked.files_unchanged,
+        trees_built: walked.trees_built,
         ..Default::default()
     };
     if parent_snap.root == walked.root && parent_snap.stat == Some(stat_id) {
-        save_statcache(dir, &new_sc);
         report.snapshot = cur.snapshot.to_hex();
         report.unchanged = true;
-        return Ok(report);
+        return Ok((report, walked, stat_id));
     }
     // Objects and trees (what the store lacks), and the stat object.
     report.upload = upload_closure(remote, &cache, &staged, &[walked.root, stat_id]).await?;
@@ -442,11 +545,8 @@ pub async fn checkpoint(fetcher: &Arc<Fetcher>, dir: &Path, message: &str, steal
     failpoint("checkpoint-after-snapshot");
     remote.cas_ref(&refname, Some(&ver), RefValue { snapshot: sid, root: walked.root }).await?;
     failpoint("checkpoint-after-ref");
-    st.head = sid.to_hex();
-    save_state(dir, &st)?;
-    save_statcache(dir, &new_sc);
     report.snapshot = sid.to_hex();
-    Ok(report)
+    Ok((report, walked, stat_id))
 }
 
 fn holder_id(dir: &Path) -> String {
@@ -560,6 +660,7 @@ async fn materialize_into(
                         ino: m.ino(),
                         id: e.id.to_hex(),
                         chunked: e.chunked,
+                        gitlink: e.kind == Kind::Gitlink,
                     },
                 );
             }
@@ -579,6 +680,121 @@ pub async fn create(
     dir: &Path,
     progress: &(dyn Fn(u64, u64) + Sync),
 ) -> Result<ResumeReport> {
+    if !crate::checkout::is_empty_dir(dir)? {
+        return Err(Error::User(format!("{} is not empty; create into a new or empty directory", dir.display())));
+    }
+    let (snapshot, root) = create_ref(fetcher, name, spec).await?;
+    materialize_into(fetcher, name, snapshot, root, dir, false, progress).await
+}
+
+/// A workspace opened for a read-write mount.
+pub struct MountedWorkspace {
+    pub fs: Arc<SnapshotFs>,
+    /// Where its state lives: `<cache>/workspaces/<key>/` (`workspace.json`,
+    /// `overlay.json` and the upper layer in `upper/`).
+    pub state_dir: PathBuf,
+    pub snapshot: Hash,
+    /// Uncheckpointed changes from an earlier mount were picked up.
+    pub reopened: bool,
+    pub lease_warning: Option<String>,
+    pub warnings: Vec<String>,
+}
+
+/// The folder holding the state of workspace `name` of `remote` when mounted.
+pub fn mount_state_dir(cache: &DiskCache, remote: &str, name: &str) -> PathBuf {
+    let key = blake3::hash(format!("{remote}\n{name}").as_bytes()).to_hex();
+    cache.root().join("workspaces").join(&key[..24])
+}
+
+/// Opens workspace `name` for a read-write mount at `mountpoint`. Round
+/// trips: the ref; the snapshot and the pack index together; the stat
+/// object and the lease together. Changes left by an earlier mount of the
+/// same checkpoint on this machine are picked up; changes on top of an
+/// older checkpoint are set aside (and named in a warning).
+pub async fn open_mount(
+    fetcher: &Arc<Fetcher>,
+    name: &str,
+    mountpoint: &Path,
+    steal: bool,
+) -> Result<MountedWorkspace> {
+    let refname = ws_ref(name)?;
+    let (v, _) = fetcher
+        .remote
+        .read_ref(&refname)
+        .await?
+        .ok_or_else(|| Error::NotFound(format!("no workspace named {name}; see `mado ws list`")))?;
+    let (snap, attach) = futures::join!(fetcher.snapshot(v.snapshot), fetcher.attach(v.root));
+    let snap = snap?;
+    attach?;
+    let sd = mount_state_dir(&fetcher.cache, fetcher.remote.url(), name);
+    let mut warnings = Vec::new();
+    let prev = load_state_at(&sd).ok();
+    let saved = std::fs::read(sd.join("overlay.json")).ok();
+    let reopen = match (&prev, &saved) {
+        (Some(p), Some(_)) if p.head == v.snapshot.to_hex() => true,
+        (Some(p), _) => {
+            let aside = sd.with_extension(format!("old-{}", now()));
+            let _ = std::fs::rename(&sd, &aside);
+            warnings.push(format!(
+                "local changes made on top of checkpoint {} were set aside in {} (the workspace is now at {})",
+                &p.head[..12.min(p.head.len())],
+                aside.display(),
+                &v.snapshot.to_hex()[..12]
+            ));
+            false
+        }
+        _ => false,
+    };
+    let holder = match (&prev, reopen) {
+        (Some(p), true) => p.holder.clone(),
+        _ => holder_id(mountpoint),
+    };
+    // The base stat object: the snapshot's, or the one the saved state
+    // was rebased on.
+    let base_id = match (&saved, reopen) {
+        (Some(b), true) => SnapshotFs::saved_base_stat(b)?,
+        _ => snap.stat,
+    };
+    let stat_fut = async {
+        match base_id {
+            Some(id) => {
+                let b = fetcher.get(Space::Objects, id, "stat object").await?;
+                StatObject::decode(&b).map(|s| Some((id, s))).map_err(|e| Error::corrupt(id, "stat object", "", e))
+            }
+            None => Ok(None),
+        }
+    };
+    let (stat, lease) = futures::join!(stat_fut, take_lease(&fetcher.remote, name, &holder, steal));
+    let stat = stat?;
+    let lease_warning = match lease {
+        Ok(()) => None,
+        Err(e @ Error::User(_)) => Some(e.to_string()),
+        Err(e) => return Err(e),
+    };
+    let upper = sd.join("upper");
+    let fs = match (&saved, reopen) {
+        (Some(b), true) => SnapshotFs::load_state(fetcher.clone(), b, upper, stat)?,
+        _ => {
+            let _ = std::fs::remove_dir_all(&upper);
+            SnapshotFs::writable(fetcher.clone(), v.root, snap.time, upper, stat)?
+        }
+    };
+    let fs = Arc::new(fs);
+    save_state_at(
+        &sd,
+        &LocalState {
+            name: name.to_string(),
+            remote: fetcher.remote.url().to_string(),
+            head: v.snapshot.to_hex(),
+            holder,
+        },
+    )?;
+    save_mount_state(&fs, &sd)?;
+    Ok(MountedWorkspace { fs, state_dir: sd, snapshot: v.snapshot, reopened: reopen, lease_warning, warnings })
+}
+
+/// Creates the ref of a new workspace from `spec`.
+pub async fn create_ref(fetcher: &Arc<Fetcher>, name: &str, spec: &str) -> Result<(Hash, Hash)> {
     let refname = ws_ref(name)?;
     let r = crate::resolve::resolve(&fetcher.remote, spec).await?;
     let root = match r.root {
@@ -591,7 +807,7 @@ pub async fn create(
         )),
         e => e,
     })?;
-    materialize_into(fetcher, name, r.snapshot, root, dir, false, progress).await
+    Ok((r.snapshot, root))
 }
 
 /// `ws resume`: the workspace's latest checkpoint into `dir`, byte for byte.

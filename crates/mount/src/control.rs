@@ -63,21 +63,30 @@ pub fn find_mount(dir: &Path) -> std::io::Result<Option<(PathBuf, PathBuf)>> {
 
 /// Sends one request and reads one answer (bounded waits).
 pub fn request(sock: &Path, op: &str) -> std::io::Result<serde_json::Value> {
+    request_with(sock, &serde_json::json!({ "op": op }), Duration::from_secs(10))
+}
+
+/// Sends request `req` (an object with at least `op`) and waits up to
+/// `wait` for the answer.
+pub fn request_with(sock: &Path, req: &serde_json::Value, wait: Duration) -> std::io::Result<serde_json::Value> {
     let mut s = UnixStream::connect(sock)?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    s.set_read_timeout(Some(wait))?;
     s.set_write_timeout(Some(Duration::from_secs(10)))?;
-    writeln!(s, "{}", serde_json::json!({ "op": op }))?;
+    writeln!(s, "{req}")?;
     let mut line = String::new();
     BufReader::new(s).read_line(&mut line)?;
     serde_json::from_str(&line).map_err(std::io::Error::other)
 }
 
-/// Serves requests until the listener is dropped; `answer` maps an op to
-/// its JSON answer.
-pub async fn serve(
-    listener: tokio::net::UnixListener,
-    answer: std::sync::Arc<dyn Fn(&str) -> serde_json::Value + Send + Sync>,
-) {
+/// Maps a request to its answer.
+pub type Answer = std::sync::Arc<
+    dyn Fn(serde_json::Value) -> std::pin::Pin<Box<dyn std::future::Future<Output = serde_json::Value> + Send>>
+        + Send
+        + Sync,
+>;
+
+/// Serves requests until the listener is dropped.
+pub async fn serve(listener: tokio::net::UnixListener, answer: Answer) {
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
     while let Ok((stream, _)) = listener.accept().await {
         let answer = answer.clone();
@@ -85,11 +94,8 @@ pub async fn serve(
             let (r, mut w) = stream.into_split();
             let mut lines = tokio::io::BufReader::new(r).lines();
             while let Ok(Some(line)) = lines.next_line().await {
-                let op = serde_json::from_str::<serde_json::Value>(&line)
-                    .ok()
-                    .and_then(|v| v["op"].as_str().map(str::to_string))
-                    .unwrap_or_default();
-                let mut out = answer(&op).to_string();
+                let req = serde_json::from_str::<serde_json::Value>(&line).unwrap_or_default();
+                let mut out = answer(req).await.to_string();
                 out.push('\n');
                 if w.write_all(out.as_bytes()).await.is_err() {
                     break;

@@ -22,10 +22,15 @@ use crate::control;
 use crate::fs::MadoFs;
 
 pub struct MountOptions {
+    /// A ref or snapshot id (read-only), or with `workspace` the workspace name.
     pub spec: String,
     pub mountpoint: PathBuf,
     pub read_timeout: Duration,
     pub passthrough: bool,
+    /// Mount workspace `spec` read-write.
+    pub workspace: bool,
+    /// With `workspace`: take its lease even though it expired under another holder.
+    pub steal: bool,
 }
 
 /// What the daemon reports once the mount is up.
@@ -34,6 +39,15 @@ pub struct Ready {
     pub attach: Attach,
     /// The advisory for a large tree served without packs.
     pub advisory: Option<String>,
+    /// Warnings for the user (a workspace's lease, set-aside changes).
+    pub warnings: Vec<String>,
+}
+
+/// A workspace being served read-write.
+struct Ws {
+    name: String,
+    state_dir: PathBuf,
+    reopened: bool,
 }
 
 /// Is `p` a mount point whose daemon is gone?
@@ -90,10 +104,20 @@ pub fn run(
     }
     let started = Instant::now();
     let opened = rt.block_on(async {
-        let (id, snap, attach) = mado_core::resolve::open(&fetcher, &opts.spec).await?;
-        let mut core = SnapshotFs::new(fetcher.clone(), snap.root, snap.time);
-        core.read_timeout = opts.read_timeout;
-        let core = Arc::new(core);
+        let (id, core, attach, ws, warnings) = if opts.workspace {
+            let m = mado_core::workspace::open_mount(&fetcher, &opts.spec, &mp, opts.steal).await?;
+            // The index was attached while opening: this only reads the status.
+            let root = fetcher.snapshot(m.snapshot).await?.root;
+            let attach = fetcher.attach(root).await?;
+            let mut warnings = m.warnings;
+            warnings.extend(m.lease_warning);
+            let ws = Ws { name: opts.spec.clone(), state_dir: m.state_dir, reopened: m.reopened };
+            (m.snapshot, m.fs, attach, Some(ws), warnings)
+        } else {
+            let (id, snap, attach) = mado_core::resolve::open(&fetcher, &opts.spec).await?;
+            (id, Arc::new(SnapshotFs::new(fetcher.clone(), snap.root, snap.time)), attach, None, Vec::new())
+        };
+        core.set_read_timeout(opts.read_timeout);
         if matches!(attach, Attach::Attached { .. }) {
             // Inline trees: no network.
             core.preload_trees().await?;
@@ -101,9 +125,9 @@ pub fn run(
             // At least the root, so the first `ls` needs no round trip.
             core.readdir(mado_core::mount::ROOT_INO).await?;
         }
-        Ok::<_, Error>((id, core, attach))
+        Ok::<_, Error>((id, core, attach, ws, warnings))
     });
-    let (id, core, attach) = match opened {
+    let (id, core, attach, ws, warnings) = match opened {
         Ok(v) => v,
         Err(e) => {
             let msg = e.to_string();
@@ -120,13 +144,46 @@ pub fn run(
     };
     let fs = MadoFs::new(core.clone(), rt.clone(), opts.passthrough);
     let passthrough = fs.passthrough_flag();
-    let answer = {
+    let ws = ws.map(Arc::new);
+    let answer: control::Answer = {
         let (status, core, fetcher, spec) = (status.clone(), core.clone(), fetcher.clone(), opts.spec.clone());
         let mp = mp.clone();
         let snapshot = id.to_hex();
         let passthrough = passthrough.clone();
-        Arc::new(move |op: &str| -> serde_json::Value {
-            match op {
+        let ws = ws.clone();
+        Arc::new(move |req: serde_json::Value| {
+            let op = req["op"].as_str().unwrap_or_default().to_string();
+            if op == "checkpoint" {
+                let (fetcher, core, ws) = (fetcher.clone(), core.clone(), ws.clone());
+                return Box::pin(async move {
+                    let Some(ws) = ws else {
+                        return json!({ "error": "this mount is a read-only snapshot, not a workspace" });
+                    };
+                    let message = req["message"].as_str().unwrap_or("checkpoint").to_string();
+                    let steal = req["steal"].as_bool().unwrap_or(false);
+                    // On a thread of its own: the checkpoint's future is not
+                    // Send (it borrows across its upload streams).
+                    let h = tokio::runtime::Handle::current();
+                    let before = fetcher.remote.stats();
+                    let f2 = fetcher.clone();
+                    let r = tokio::task::spawn_blocking(move || {
+                        h.block_on(mado_core::workspace::checkpoint_mount(
+                            &fetcher,
+                            &core,
+                            &ws.state_dir,
+                            &message,
+                            steal,
+                        ))
+                    })
+                    .await;
+                    match r {
+                        Ok(Ok(r)) => json!({ "ok": r, "remote": f2.remote.stats().since(&before) }),
+                        Ok(Err(e)) => json!({ "error": e.to_string(), "user_error": e.is_user_error() }),
+                        Err(e) => json!({ "error": format!("checkpoint task failed: {e}") }),
+                    }
+                });
+            }
+            let v = match op.as_str() {
                 "pack-status" => {
                     let s = status.lock().expect("status lock").clone();
                     json!({
@@ -138,14 +195,20 @@ pub fn run(
                 "stats" => json!({
                     "mountpoint": mp, "ref": spec, "snapshot": snapshot,
                     "uptime_ms": started.elapsed().as_millis() as u64,
+                    "pid": std::process::id(),
                     "remote": fetcher.remote.stats(),
                     "packs": fetcher.stats(),
                     "cache": fetcher.cache.stats(),
                     "reads": core.reads(),
                     "passthrough": passthrough.load(Relaxed),
+                    "workspace": ws.as_ref().map(|w| json!({
+                        "name": w.name, "state_dir": w.state_dir, "reopened": w.reopened,
+                        "changes": core.changes(),
+                    })),
                 }),
                 other => json!({ "error": format!("unknown op {other:?}") }),
-            }
+            };
+            Box::pin(async move { v })
         })
     };
     rt.spawn(control::serve(listener, answer));
@@ -154,10 +217,12 @@ pub fn run(
         c.mount_options = vec![
             fuser::MountOption::FSName("mado".into()),
             fuser::MountOption::Subtype("mado".into()),
-            fuser::MountOption::RO,
             fuser::MountOption::DefaultPermissions,
             fuser::MountOption::NoAtime,
         ];
+        if ws.is_none() {
+            c.mount_options.push(fuser::MountOption::RO);
+        }
         c.n_threads = Some(4);
         c
     };
@@ -175,7 +240,24 @@ pub fn run(
         _ => Some("cold reads are per-file — run mado pack --recursive".to_string()),
     };
 
-    ready(Ok(Ready { snapshot: id.to_hex(), attach: attach.clone(), advisory }));
+    ready(Ok(Ready { snapshot: id.to_hex(), attach: attach.clone(), advisory, warnings }));
+    // A workspace's state is saved soon after each change (woken by the
+    // change; the short sleep gathers a burst into one write), so a killed
+    // daemon loses at most the last moment's renames; file contents are
+    // already in the upper layer.
+    if let (Some(ws), Some(changed)) = (&ws, core.change_notifier()) {
+        let (ws, core) = (ws.clone(), core.clone());
+        rt.spawn(async move {
+            loop {
+                changed.notified().await;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                let (ws, core) = (ws.clone(), core.clone());
+                let _ =
+                    tokio::task::spawn_blocking(move || mado_core::workspace::save_mount_state(&core, &ws.state_dir))
+                        .await;
+            }
+        });
+    }
     // After the mount is up: are the index's packs still there?
     if matches!(attach, Attach::Attached { .. }) {
         let (status, fetcher) = (status.clone(), fetcher.clone());
@@ -201,5 +283,8 @@ pub fn run(
     });
     let r = session.join();
     let _ = std::fs::remove_file(&sock);
+    if let Some(ws) = &ws {
+        mado_core::workspace::save_mount_state(&core, &ws.state_dir)?;
+    }
     r.map_err(Error::io("FUSE session"))
 }

@@ -1,6 +1,8 @@
 //! The fuser adapter: translates kernel requests into calls on
 //! [`SnapshotFs`] and its results into replies; errors become errnos here
-//! and nowhere else.
+//! and nowhere else. The same adapter serves read-only snapshots and
+//! read-write workspaces (create, write, truncate, rename, unlink, mkdir,
+//! rmdir, symlink, chmod and utimes go to the core's upper layer).
 //!
 //! Requests that can be answered from memory (lookup, getattr, readdir of a
 //! loaded tree) are answered on the FUSE thread. Anything that may wait on
@@ -20,14 +22,18 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use fuser::{
     BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
-    KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty,
-    ReplyEntry, ReplyOpen, Request,
+    KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
+    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyWrite, Request, TimeOrNow, WriteFlags,
 };
-use mado_core::mount::{Attr, NodeKind, OpenFile, SnapshotFs, ROOT_INO};
+use mado_core::mount::{Attr, NodeKind, OpenFile, SetAttr, SnapshotFs, ROOT_INO};
 use mado_core::Error;
 
-/// Kernel cache timeout for entries and attributes: content never changes.
+/// Kernel cache timeout for entries and attributes of a snapshot: content
+/// never changes.
 const TTL: Duration = Duration::from_secs(24 * 3600);
+/// The same for a workspace: every change comes through this mount, but
+/// sizes change under writes, so attributes are asked for again soon.
+const RW_TTL: Duration = Duration::from_secs(1);
 
 pub struct MadoFs {
     core: Arc<SnapshotFs>,
@@ -39,11 +45,13 @@ pub struct MadoFs {
     passthrough: Arc<AtomicBool>,
     uid: u32,
     gid: u32,
+    ttl: Duration,
 }
 
 /// The one place errors become errnos.
 fn errno(e: &Error) -> Errno {
     match e {
+        Error::Fs { errno, .. } => Errno::from_i32(*errno),
         Error::NotFound(_) => Errno::ENOENT,
         Error::User(m) if m.contains("not a directory") => Errno::ENOTDIR,
         Error::User(m) if m.contains("not a regular file") => Errno::EISDIR,
@@ -55,7 +63,7 @@ fn errno(e: &Error) -> Errno {
 impl MadoFs {
     pub fn new(core: Arc<SnapshotFs>, rt: tokio::runtime::Handle, want_passthrough: bool) -> MadoFs {
         MadoFs {
-            core,
+            core: core.clone(),
             rt,
             handles: Default::default(),
             backing: Default::default(),
@@ -64,6 +72,7 @@ impl MadoFs {
             passthrough: Arc::new(AtomicBool::new(false)),
             uid: rustix::process::getuid().as_raw(),
             gid: rustix::process::getgid().as_raw(),
+            ttl: if core.is_writable() { RW_TTL } else { TTL },
         }
     }
 
@@ -74,6 +83,54 @@ impl MadoFs {
 
     fn owner(&self) -> Owner {
         Owner { uid: self.uid, gid: self.gid }
+    }
+
+    /// Answers `reply` with the entry `fut` yields, from a tokio task.
+    fn entry_later(
+        &self,
+        reply: ReplyEntry,
+        fut: impl std::future::Future<Output = mado_core::Result<Attr>> + Send + 'static,
+    ) {
+        let (owner, ttl) = (self.owner(), self.ttl);
+        self.rt.spawn(async move {
+            match fut.await {
+                Ok(a) => reply.entry(&ttl, &owner.attr(&a), Generation(0)),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    /// Answers `reply` with success or the error `fut` yields.
+    fn empty_later(
+        &self,
+        reply: ReplyEmpty,
+        fut: impl std::future::Future<Output = mado_core::Result<()>> + Send + 'static,
+    ) {
+        self.rt.spawn(async move {
+            match fut.await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+}
+
+fn time_of(t: TimeOrNow) -> (i64, u32) {
+    let t = match t {
+        TimeOrNow::SpecificTime(t) => t,
+        TimeOrNow::Now => std::time::SystemTime::now(),
+    };
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => (d.as_secs() as i64, d.subsec_nanos()),
+        Err(e) => {
+            let d = e.duration();
+            let (s, n) = (d.as_secs() as i64, d.subsec_nanos());
+            if n == 0 {
+                (-s, 0)
+            } else {
+                (-s - 1, 1_000_000_000 - n)
+            }
+        }
     }
 }
 
@@ -86,7 +143,7 @@ struct Owner {
 
 impl Owner {
     fn attr(self, a: &Attr) -> FileAttr {
-        let t = UNIX_EPOCH + Duration::from_secs(a.mtime.max(0) as u64);
+        let t = UNIX_EPOCH + Duration::new(a.mtime.max(0) as u64, a.mtime_ns);
         FileAttr {
             ino: INodeNo(a.ino),
             size: a.size,
@@ -124,9 +181,9 @@ impl Owner {
     }
 }
 
-fn fill_plus(mut reply: ReplyDirectoryPlus, entries: Vec<(Vec<u8>, FileAttr)>, offset: u64) {
+fn fill_plus(mut reply: ReplyDirectoryPlus, entries: Vec<(Vec<u8>, FileAttr)>, offset: u64, ttl: Duration) {
     for (i, (name, attr)) in entries.into_iter().enumerate().skip(offset as usize) {
-        if reply.add(attr.ino, (i + 1) as u64, OsStr::from_bytes(&name), &TTL, &attr, Generation(0)) {
+        if reply.add(attr.ino, (i + 1) as u64, OsStr::from_bytes(&name), &ttl, &attr, Generation(0)) {
             break;
         }
     }
@@ -160,23 +217,18 @@ impl Filesystem for MadoFs {
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         if let Some(r) = self.core.lookup_now(parent.0, name.as_bytes()) {
             return match r {
-                Ok(a) => reply.entry(&TTL, &self.owner().attr(&a), Generation(0)),
+                Ok(a) => reply.entry(&self.ttl, &self.owner().attr(&a), Generation(0)),
                 Err(e) => reply.error(errno(&e)),
             };
         }
-        let (core, owner) = (self.core.clone(), self.owner());
+        let core = self.core.clone();
         let name = name.as_bytes().to_vec();
-        self.rt.spawn(async move {
-            match core.lookup(parent.0, &name).await {
-                Ok(a) => reply.entry(&TTL, &owner.attr(&a), Generation(0)),
-                Err(e) => reply.error(errno(&e)),
-            }
-        });
+        self.entry_later(reply, async move { core.lookup(parent.0, &name).await });
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         match self.core.getattr(ino.0) {
-            Ok(a) => reply.attr(&TTL, &self.owner().attr(&a)),
+            Ok(a) => reply.attr(&self.ttl, &self.owner().attr(&a)),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -191,7 +243,31 @@ impl Filesystem for MadoFs {
         });
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let accmode = flags.0 & libc::O_ACCMODE;
+        if accmode != libc::O_RDONLY {
+            if !self.core.is_writable() {
+                return reply.error(Errno::EROFS);
+            }
+            let (core, handles, fh) = (self.core.clone(), self.handles.clone(), self.next_fh.fetch_add(1, Relaxed));
+            let trunc = flags.0 & libc::O_TRUNC != 0;
+            self.rt.spawn(async move {
+                let r = async {
+                    if trunc {
+                        core.setattr(ino.0, SetAttr { size: Some(0), ..Default::default() }).await?;
+                    }
+                    core.open_for_write(ino.0).await
+                };
+                match r.await {
+                    Ok(f) => {
+                        handles.lock().expect("handles lock").insert(fh, Arc::new(f));
+                        reply.opened(FileHandle(fh), FopenFlags::empty());
+                    }
+                    Err(e) => reply.error(errno(&e)),
+                }
+            });
+            return;
+        }
         let core = self.core.clone();
         let handles = self.handles.clone();
         let backing = self.backing.clone();
@@ -240,6 +316,13 @@ impl Filesystem for MadoFs {
             let end = (start + size as usize).min(data.len());
             return reply.data(&data[start..end]);
         }
+        if let OpenFile::Upper { .. } = &*f {
+            // A local file: no reason to leave this thread.
+            return match self.rt.block_on(self.core.read(&f, offset, size)) {
+                Ok(b) => reply.data(&b),
+                Err(e) => reply.error(errno(&e)),
+            };
+        }
         let core = self.core.clone();
         self.rt.spawn(async move {
             match core.read(&f, offset, size).await {
@@ -287,14 +370,14 @@ impl Filesystem for MadoFs {
     fn readdirplus(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, reply: ReplyDirectoryPlus) {
         if let Some(r) = self.core.readdir_now(ino.0) {
             return match r {
-                Ok(list) => fill_plus(reply, self.owner().dir_entries(&self.core, ino.0, list), offset),
+                Ok(list) => fill_plus(reply, self.owner().dir_entries(&self.core, ino.0, list), offset, self.ttl),
                 Err(e) => reply.error(errno(&e)),
             };
         }
-        let (core, owner) = (self.core.clone(), self.owner());
+        let (core, owner, ttl) = (self.core.clone(), self.owner(), self.ttl);
         self.rt.spawn(async move {
             match core.readdir(ino.0).await {
-                Ok(list) => fill_plus(reply, owner.dir_entries(&core, ino.0, list), offset),
+                Ok(list) => fill_plus(reply, owner.dir_entries(&core, ino.0, list), offset, ttl),
                 Err(e) => reply.error(errno(&e)),
             }
         });
@@ -302,5 +385,159 @@ impl Filesystem for MadoFs {
 
     fn access(&self, _req: &Request, _ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
         reply.ok();
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let Some(f) = self.handles.lock().expect("handles lock").get(&fh.0).cloned() else {
+            return reply.error(Errno::EBADF);
+        };
+        match self.core.write(&f, offset, data) {
+            Ok(n) => reply.written(n),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+        reply.ok();
+    }
+
+    fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+        let f = self.handles.lock().expect("handles lock").get(&fh.0).cloned();
+        if let Some(OpenFile::Upper { file, .. }) = f.as_deref() {
+            let r = if datasync { file.sync_data() } else { file.sync_all() };
+            if r.is_err() {
+                return reply.error(Errno::EIO);
+            }
+        }
+        reply.ok();
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        _uid: Option<u32>,
+        _gid: Option<u32>,
+        size: Option<u64>,
+        _atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<std::time::SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<std::time::SystemTime>,
+        _chgtime: Option<std::time::SystemTime>,
+        _bkuptime: Option<std::time::SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let a = SetAttr { size, mode, mtime: mtime.map(time_of) };
+        if a.size.is_none() && a.mode.is_none() && a.mtime.is_none() {
+            // atime, owners: not kept; answer with what is.
+            return self.getattr(_req, ino, None, reply);
+        }
+        let (core, owner, ttl) = (self.core.clone(), self.owner(), self.ttl);
+        self.rt.spawn(async move {
+            match core.setattr(ino.0, a).await {
+                Ok(a) => reply.attr(&ttl, &owner.attr(&a)),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn create(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
+        if mode & libc::S_IFMT != 0 && mode & libc::S_IFMT != libc::S_IFREG {
+            return reply.error(Errno::EPERM);
+        }
+        let (core, owner, ttl, handles) = (self.core.clone(), self.owner(), self.ttl, self.handles.clone());
+        let fh = self.next_fh.fetch_add(1, Relaxed);
+        let name = name.as_bytes().to_vec();
+        self.rt.spawn(async move {
+            match core.create(parent.0, &name, mode & !umask).await {
+                Ok((a, f)) => {
+                    handles.lock().expect("handles lock").insert(fh, Arc::new(f));
+                    reply.created(&ttl, &owner.attr(&a), Generation(0), FileHandle(fh), FopenFlags::empty());
+                }
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn mknod(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        _rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        // Devices, FIFOs and sockets are not source; regular files come
+        // through create.
+        reply.error(Errno::EPERM);
+    }
+
+    fn mkdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
+        let (core, name) = (self.core.clone(), name.as_bytes().to_vec());
+        self.entry_later(reply, async move { core.mkdir(parent.0, &name, mode & !umask).await });
+    }
+
+    fn symlink(&self, _req: &Request, parent: INodeNo, link_name: &OsStr, target: &std::path::Path, reply: ReplyEntry) {
+        let (core, name) = (self.core.clone(), link_name.as_bytes().to_vec());
+        let target = target.as_os_str().as_bytes().to_vec();
+        self.entry_later(reply, async move { core.symlink(parent.0, &name, &target).await });
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let (core, name) = (self.core.clone(), name.as_bytes().to_vec());
+        self.empty_later(reply, async move { core.unlink(parent.0, &name).await });
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let (core, name) = (self.core.clone(), name.as_bytes().to_vec());
+        self.empty_later(reply, async move { core.rmdir(parent.0, &name).await });
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        if flags.contains(RenameFlags::RENAME_EXCHANGE) {
+            return reply.error(Errno::EINVAL);
+        }
+        let no_replace = flags.contains(RenameFlags::RENAME_NOREPLACE);
+        let (core, name, newname) = (self.core.clone(), name.as_bytes().to_vec(), newname.as_bytes().to_vec());
+        self.empty_later(reply, async move { core.rename(parent.0, &name, newparent.0, &newname, no_replace).await });
+    }
+
+    fn link(&self, _req: &Request, _ino: INodeNo, _newparent: INodeNo, _newname: &OsStr, reply: ReplyEntry) {
+        // Trees have no hard links.
+        reply.error(Errno::EPERM);
     }
 }

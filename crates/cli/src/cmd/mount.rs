@@ -9,7 +9,8 @@ use mado_mount::daemon;
 
 use crate::ctx::Ctx;
 
-/// Mount a snapshot read-only with FUSE; content is fetched lazily.
+/// Mount a snapshot read-only with FUSE (or, with --workspace, a workspace
+/// read-write); content is fetched lazily.
 ///
 /// Returns once the mount is ready (or says why it failed) and leaves a
 /// daemon serving it; --foreground stays attached instead. Directory
@@ -18,9 +19,13 @@ use crate::ctx::Ctx;
 /// one ranged GET. `mado pack-status DIR` and `mado stats DIR` ask the
 /// daemon; `mado umount DIR` ends it. A daemon that was killed leaves a
 /// disconnected mount: `mado umount DIR` (or mounting again) cleans it up.
+///
+/// With --workspace, SPEC names a workspace (`mado ws create`): the mount
+/// is read-write, changes go to a local upper layer, and `mado ws
+/// checkpoint` inside it uploads only what changed.
 #[derive(Args)]
 pub struct MountArgs {
-    /// Ref name or snapshot id.
+    /// Ref name or snapshot id (with --workspace: the workspace name).
     spec: String,
     /// Mount point (an existing, empty directory).
     dir: PathBuf,
@@ -33,6 +38,12 @@ pub struct MountArgs {
     /// Do not use FUSE passthrough for files already in the disk cache.
     #[arg(long)]
     no_passthrough: bool,
+    /// Mount workspace SPEC read-write.
+    #[arg(long)]
+    workspace: bool,
+    /// With --workspace: take the lease even though another holder had it, once expired.
+    #[arg(long, requires = "workspace")]
+    steal: bool,
     /// (internal) report readiness on this inherited file descriptor.
     #[arg(long, hide = true)]
     ready_fd: Option<i32>,
@@ -46,6 +57,22 @@ struct ReadyMsg {
     status: serde_json::Value,
     advisory: Option<String>,
     error: Option<String>,
+    #[serde(default)]
+    warnings: Vec<String>,
+}
+
+/// The arguments that mount workspace `name` read-write at `dir`.
+pub fn workspace_args(name: &str, dir: PathBuf, steal: bool) -> MountArgs {
+    MountArgs {
+        spec: name.to_string(),
+        dir,
+        foreground: false,
+        read_timeout: 30,
+        no_passthrough: false,
+        workspace: true,
+        steal,
+        ready_fd: None,
+    }
 }
 
 pub async fn run(a: MountArgs, ctx: &Ctx) -> Result<()> {
@@ -69,6 +96,12 @@ pub async fn run(a: MountArgs, ctx: &Ctx) -> Result<()> {
     if a.no_passthrough {
         cmd.arg("--no-passthrough");
     }
+    if a.workspace {
+        cmd.arg("--workspace");
+    }
+    if a.steal {
+        cmd.arg("--steal");
+    }
     if ctx.verbose {
         cmd.arg("--verbose");
     }
@@ -85,7 +118,18 @@ pub async fn run(a: MountArgs, ctx: &Ctx) -> Result<()> {
             if ctx.json {
                 return ctx.print_json(&m);
             }
-            println!("mounted {} ({}) at {} [daemon pid {}]", a.spec, &m.snapshot[..12], m.mountpoint, child.id());
+            for w in &m.warnings {
+                eprintln!("warning: {w}");
+            }
+            let what = if a.workspace { "workspace " } else { "" };
+            let rw = if a.workspace { "read-write" } else { "read-only" };
+            println!(
+                "mounted {what}{} ({}) {rw} at {} [daemon pid {}]",
+                a.spec,
+                &m.snapshot[..12],
+                m.mountpoint,
+                child.id()
+            );
             if let Some(adv) = &m.advisory {
                 eprintln!("advisory: {adv}");
             }
@@ -109,6 +153,8 @@ fn run_daemon(a: MountArgs, ctx: &Ctx) -> Result<()> {
         mountpoint: a.dir.clone(),
         read_timeout: Duration::from_secs(a.read_timeout),
         passthrough: !a.no_passthrough,
+        workspace: a.workspace,
+        steal: a.steal,
     };
     let ready_fd = a.ready_fd;
     let mp = a.dir.display().to_string();
@@ -121,6 +167,7 @@ fn run_daemon(a: MountArgs, ctx: &Ctx) -> Result<()> {
                 status: serde_json::to_value(&ready.attach).unwrap_or_default(),
                 advisory: ready.advisory,
                 error: None,
+                warnings: ready.warnings,
             },
             Err(e) => ReadyMsg {
                 ok: false,
@@ -129,6 +176,7 @@ fn run_daemon(a: MountArgs, ctx: &Ctx) -> Result<()> {
                 status: serde_json::Value::Null,
                 advisory: None,
                 error: Some(e),
+                warnings: Vec::new(),
             },
         };
         let line = serde_json::to_string(&msg).unwrap_or_default();
@@ -141,6 +189,9 @@ fn run_daemon(a: MountArgs, ctx: &Ctx) -> Result<()> {
                 let _ = writeln!(f, "{line}");
             }
             None if msg.ok => {
+                for w in &msg.warnings {
+                    eprintln!("warning: {w}");
+                }
                 eprintln!("mounted {} at {}", msg.snapshot, msg.mountpoint);
                 if let Some(a) = &msg.advisory {
                     eprintln!("advisory: {a}");

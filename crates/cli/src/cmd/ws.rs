@@ -10,8 +10,9 @@ use crate::ctx::Ctx;
 /// byte for byte (content, exec bits, symlinks, mtimes), on any machine.
 #[derive(Subcommand)]
 pub enum WsCommand {
-    /// Create workspace NAME from a snapshot and check it out into a plain
-    /// directory (materialized through packs).
+    /// Create workspace NAME from a snapshot, as a read-write mount
+    /// (--mount: lazy, changes kept locally until checkpointed) or a plain
+    /// directory (--dir: materialized through packs, for machines without FUSE).
     Create(CreateArgs),
     /// Upload what changed in the working copy, as a new snapshot whose
     /// parent is the previous checkpoint, and move `ws/NAME` with
@@ -35,9 +36,12 @@ pub struct CreateArgs {
     /// Ref name or snapshot id to start from.
     #[arg(long, default_value = "main", value_name = "REF")]
     from: String,
-    /// The working copy: a new or empty directory.
+    /// The working copy as a plain directory: a new or empty directory.
+    #[arg(long, value_name = "DIR", required_unless_present = "mount", conflicts_with = "mount")]
+    dir: Option<PathBuf>,
+    /// The working copy as a read-write FUSE mount at DIR (an existing, empty directory).
     #[arg(long, value_name = "DIR")]
-    dir: PathBuf,
+    mount: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -57,8 +61,12 @@ pub struct CheckpointArgs {
 #[derive(Args)]
 pub struct ResumeArgs {
     name: String,
-    /// Where to restore it: a new or empty directory.
+    /// Where to restore it: a new or empty directory (with --mount: the mount point).
     dir: PathBuf,
+    /// Mount it read-write at DIR instead of materializing it; changes not
+    /// yet checkpointed by an earlier mount on this machine are kept.
+    #[arg(long)]
+    mount: bool,
     /// Take the lease once it has expired, even if another holder had it.
     #[arg(long)]
     steal: bool,
@@ -98,11 +106,25 @@ fn print_resume(ctx: &Ctx, verb: &str, r: &workspace::ResumeReport) -> Result<()
 pub async fn run(c: WsCommand, ctx: &Ctx) -> Result<()> {
     let fetcher = ctx.fetcher()?;
     match c {
+        WsCommand::Create(CreateArgs { name, from, mount: Some(mp), .. }) => {
+            if !mp.is_dir() {
+                return Err(
+                    mado_core::Error::User(format!("{} is not a directory; create it first", mp.display())).into()
+                );
+            }
+            workspace::create_ref(&fetcher, &name, &from).await?;
+            ctx.step("workspace ref created");
+            super::mount::run(super::mount::workspace_args(&name, mp, false), ctx).await
+        }
         WsCommand::Create(a) => {
+            let dir = a.dir.expect("clap requires --dir or --mount");
             let (pb, p) = ctx.progress_counter("checking out");
-            let r = workspace::create(&fetcher, &a.name, &a.from, &a.dir, &p).await;
+            let r = workspace::create(&fetcher, &a.name, &a.from, &dir, &p).await;
             pb.finish_and_clear();
             print_resume(ctx, "created", &r?)
+        }
+        WsCommand::Resume(a) if a.mount => {
+            super::mount::run(super::mount::workspace_args(&a.name, a.dir, a.steal), ctx).await
         }
         WsCommand::Resume(a) => {
             let (pb, p) = ctx.progress_counter("restoring");
@@ -111,52 +133,25 @@ pub async fn run(c: WsCommand, ctx: &Ctx) -> Result<()> {
             print_resume(ctx, "resumed", &r?)
         }
         WsCommand::Checkpoint(a) => {
-            let start = match a.dir {
+            let start = match a.dir.clone() {
                 Some(d) => d,
                 None => std::env::current_dir()?,
             };
-            let dir = workspace::find_working_copy(&start).ok_or_else(|| {
-                mado_core::Error::User(format!(
-                    "{} is not inside a workspace; pass --dir, or create one with `mado ws create`",
-                    start.display()
-                ))
-            })?;
-            if let Some(n) = &a.name {
-                let st = workspace::load_state(&dir)?;
-                if &st.name != n {
-                    return Err(mado_core::Error::User(format!(
-                        "{} is a working copy of workspace {}, not {n}",
-                        dir.display(),
-                        st.name
-                    ))
-                    .into());
-                }
-            }
-            let r = workspace::checkpoint(&fetcher, &dir, &a.message, a.steal).await?;
-            ctx.step(format!("read {} files, {} unchanged by the stat cache", r.files_read, r.files_unchanged));
-            if ctx.json {
-                #[derive(serde::Serialize)]
-                struct Out<'a> {
-                    #[serde(flatten)]
-                    r: &'a workspace::CheckpointReport,
-                    remote: mado_core::store::Stats,
-                }
-                return ctx.print_json(&Out { r: &r, remote: fetcher.remote.stats() });
-            }
-            if r.unchanged {
-                println!("workspace {}: nothing changed since {}", r.workspace, &r.snapshot[..12]);
+            // A mount around the directory first (a working copy's `.mado`
+            // is looked up through it, then above it).
+            let (r, remote) = if mado_mount::control::find_mount(&start)?.is_some() {
+                // The daemon did the work: its counts.
+                checkpoint_mount(&start, &a)?
             } else {
-                println!(
-                    "workspace {} -> {}: uploaded {} objects ({} trees, {} bytes), {} packs",
-                    r.workspace,
-                    &r.snapshot[..12],
-                    r.upload.objects_uploaded,
-                    r.upload.trees_uploaded,
-                    r.upload.bytes_uploaded,
-                    r.packs_uploaded
-                );
-            }
-            Ok(())
+                let dir = workspace::find_working_copy(&start).ok_or_else(|| {
+                    mado_core::Error::User(format!(
+                        "{} is not inside a workspace; pass --dir, or create one with `mado ws create`",
+                        start.display()
+                    ))
+                })?;
+                (checkpoint_dir(&fetcher, &dir, &a).await?, serde_json::to_value(fetcher.remote.stats())?)
+            };
+            print_checkpoint(ctx, &r, remote)
         }
         WsCommand::List => {
             let l = workspace::list(&fetcher).await?;
@@ -178,4 +173,86 @@ pub async fn run(c: WsCommand, ctx: &Ctx) -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// Checkpoints a plain-directory working copy.
+async fn checkpoint_dir(
+    fetcher: &std::sync::Arc<mado_core::fetch::Fetcher>,
+    dir: &std::path::Path,
+    a: &CheckpointArgs,
+) -> Result<workspace::CheckpointReport> {
+    if let Some(n) = &a.name {
+        let st = workspace::load_state(dir)?;
+        if &st.name != n {
+            return Err(mado_core::Error::User(format!(
+                "{} is a working copy of workspace {}, not {n}",
+                dir.display(),
+                st.name
+            ))
+            .into());
+        }
+    }
+    Ok(workspace::checkpoint(fetcher, dir, &a.message, a.steal).await?)
+}
+
+/// Asks the daemon of the workspace mount holding `start` to checkpoint.
+fn checkpoint_mount(
+    start: &std::path::Path,
+    a: &CheckpointArgs,
+) -> Result<(workspace::CheckpointReport, serde_json::Value)> {
+    let (mp, sock) = mado_mount::control::find_mount(start)?
+        .ok_or_else(|| mado_core::Error::User(format!("no mado mount at or above {}", start.display())))?;
+    let req = serde_json::json!({ "op": "checkpoint", "message": a.message, "steal": a.steal, "name": a.name });
+    let v = mado_mount::control::request_with(&sock, &req, std::time::Duration::from_secs(24 * 3600)).map_err(|e| {
+        mado_core::Error::User(format!(
+            "the daemon of {} does not answer ({e}); if it died, run `mado umount {}`",
+            mp.display(),
+            mp.display()
+        ))
+    })?;
+    if let Some(e) = v["error"].as_str() {
+        if v["user_error"].as_bool().unwrap_or(true) {
+            return Err(mado_core::Error::User(e.to_string()).into());
+        }
+        return Err(anyhow::anyhow!("{e}"));
+    }
+    let r: workspace::CheckpointReport = serde_json::from_value(v["ok"].clone())?;
+    if let Some(n) = &a.name {
+        if &r.workspace != n {
+            return Err(mado_core::Error::User(format!(
+                "{} is a mount of workspace {}, not {n}",
+                mp.display(),
+                r.workspace
+            ))
+            .into());
+        }
+    }
+    Ok((r, v["remote"].clone()))
+}
+
+fn print_checkpoint(ctx: &Ctx, r: &workspace::CheckpointReport, remote: serde_json::Value) -> Result<()> {
+    ctx.step(format!("read {} files, {} unchanged", r.files_read, r.files_unchanged));
+    if ctx.json {
+        #[derive(serde::Serialize)]
+        struct Out<'a> {
+            #[serde(flatten)]
+            r: &'a workspace::CheckpointReport,
+            remote: serde_json::Value,
+        }
+        return ctx.print_json(&Out { r, remote });
+    }
+    if r.unchanged {
+        println!("workspace {}: nothing changed since {}", r.workspace, &r.snapshot[..12]);
+    } else {
+        println!(
+            "workspace {} -> {}: uploaded {} objects ({} trees, {} bytes), {} packs",
+            r.workspace,
+            &r.snapshot[..12],
+            r.upload.objects_uploaded,
+            r.upload.trees_uploaded,
+            r.upload.bytes_uploaded,
+            r.packs_uploaded
+        );
+    }
+    Ok(())
 }

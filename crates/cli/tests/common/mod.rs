@@ -10,6 +10,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::time::{Duration, SystemTime};
 
 pub fn s3_base() -> Option<String> {
     match std::env::var("MADO_TEST_S3_URL") {
@@ -201,4 +202,71 @@ pub fn assert_same_tree(a: &Path, b: &Path) {
         assert_eq!(v.1, w.1, "{name}: mode {:o} vs {:o}", v.1, w.1);
         assert!(v.2 == w.2, "{name}: content differs ({} vs {} bytes)", v.2.len(), w.2.len());
     }
+}
+
+// ---- Workspaces ----
+
+/// Everything a resume must restore: kind, mode, content or target, mtime.
+pub fn full_state(root: &Path) -> BTreeMap<Vec<u8>, (char, u32, Vec<u8>, SystemTime)> {
+    snapshot_dir(root)
+        .into_iter()
+        .filter(|(k, _)| !k.starts_with(b".mado"))
+        .map(|(k, (kind, mode, data))| {
+            let p = root.join(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(&k));
+            let mtime = std::fs::symlink_metadata(&p).unwrap().modified().unwrap();
+            (k, (kind, mode & 0o100, data, mtime))
+        })
+        .collect()
+}
+
+pub fn assert_same_state(a: &Path, b: &Path) {
+    let (x, y) = (full_state(a), full_state(b));
+    let names =
+        |m: &BTreeMap<Vec<u8>, _>| m.keys().map(|k| String::from_utf8_lossy(k).into_owned()).collect::<Vec<_>>();
+    assert_eq!(names(&x), names(&y));
+    for (k, v) in &x {
+        let w = &y[k];
+        let n = String::from_utf8_lossy(k);
+        assert_eq!((v.0, v.1), (w.0, w.1), "{n}: kind or exec bit");
+        assert!(v.2 == w.2, "{n}: content");
+        assert_eq!(v.3, w.3, "{n}: mtime");
+    }
+    // The root directory's own mtime too.
+    assert_eq!(std::fs::metadata(a).unwrap().modified().unwrap(), std::fs::metadata(b).unwrap().modified().unwrap());
+}
+
+pub fn set_mtime(p: &Path, secs: u64) {
+    let f = std::fs::File::options().write(true).open(p).unwrap();
+    f.set_modified(SystemTime::UNIX_EPOCH + Duration::from_secs(secs)).unwrap();
+}
+
+/// The edits of the issue: add, modify, delete, rename, chmod, symlink,
+/// an old mtime.
+pub fn edit(dir: &Path) {
+    std::fs::write(dir.join("added.txt"), "new file\n").unwrap();
+    std::fs::write(dir.join("README.md"), "# modified\n").unwrap();
+    std::fs::remove_file(dir.join("empty")).unwrap();
+    std::fs::rename(dir.join("src/lib.rs"), dir.join("src/renamed.rs")).unwrap();
+    std::fs::set_permissions(dir.join("win.bat"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::os::unix::fs::symlink("src/renamed.rs", dir.join("newlink")).unwrap();
+    set_mtime(&dir.join("src/deep/er/still.txt"), 1_000_000_000);
+}
+
+pub fn setup(m: &Mado) -> PathBuf {
+    let repo = fixture_repo(m.dir.path());
+    m.ok(&["import-git", repo.to_str().unwrap()]);
+    repo
+}
+
+/// Whether FUSE mounts can run here (a panic under MADO_REQUIRE_FUSE=1 if not).
+pub fn fuse_usable() -> bool {
+    let ok = Path::new("/dev/fuse").exists()
+        && std::process::Command::new("fusermount3").arg("-V").output().is_ok_and(|o| o.status.success());
+    if !ok && std::env::var("MADO_REQUIRE_FUSE").as_deref() == Ok("1") {
+        panic!("MADO_REQUIRE_FUSE=1 but FUSE is not usable (need /dev/fuse and fusermount3 from Debian's fuse3)");
+    }
+    if !ok {
+        eprintln!("skipping: FUSE is not usable here");
+    }
+    ok
 }
