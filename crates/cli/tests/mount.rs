@@ -137,6 +137,45 @@ fn cold_walk_of_a_packed_subtree_is_one_get() {
     assert_eq!(s["remote"]["ranged_gets"], 1);
 }
 
+/// Readers racing over the same files of a cold pack: some opens find the
+/// content in memory before its cache file is written (cached mode), later
+/// ones find the cache file (passthrough). The kernel fails with EIO an
+/// inode open in both modes at once, so every handle of an inode must
+/// follow its first one. (The benchmark's concurrent readers found this.)
+#[test]
+fn concurrent_readers_of_a_cold_pack_never_see_eio() {
+    if !fuse_usable() {
+        return;
+    }
+    let m = Mado::local();
+    let repo = dense_repo(m.dir.path());
+    m.ok(&["import-git", repo.to_str().unwrap()]);
+    for round in 0..4 {
+        let _ = std::fs::remove_dir_all(m.cache_dir());
+        let mnt = mount(&m, "main", &format!("mnt{round}"), &[], &[]);
+        let before = mnt.gets();
+        let d = mnt.dir.join("dense");
+        let mut names: Vec<_> = std::fs::read_dir(&d).unwrap().map(|e| e.unwrap().path()).collect();
+        names.sort();
+        let errors = std::sync::atomic::AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            for i in 0..4 {
+                let (names, errors) = (&names, &errors);
+                s.spawn(move || {
+                    for j in 0..200 {
+                        if let Err(e) = std::fs::read(&names[(i * 40 + j) % names.len()]) {
+                            eprintln!("{e}");
+                            errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
+                    }
+                });
+            }
+        });
+        assert_eq!(errors.into_inner(), 0, "round {round}: reads failed");
+        assert_eq!(mnt.gets() - before, 1, "one ranged GET for all readers");
+    }
+}
+
 #[test]
 fn cold_walk_of_an_unpacked_subtree_is_one_get_per_file() {
     if !fuse_usable() {

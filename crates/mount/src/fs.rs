@@ -39,13 +39,24 @@ pub struct MadoFs {
     core: Arc<SnapshotFs>,
     rt: tokio::runtime::Handle,
     handles: Arc<Mutex<HashMap<u64, Arc<OpenFile>>>>,
-    backing: Arc<Mutex<HashMap<u64, BackingId>>>,
+    /// How each open inode is served. The kernel refuses (EIO) an inode
+    /// open in passthrough and caching mode at once, and wants one backing
+    /// file per inode, so every handle of an inode follows its first one.
+    io_modes: Arc<Mutex<HashMap<u64, (IoMode, u32)>>>,
     next_fh: Arc<AtomicU64>,
     want_passthrough: bool,
     passthrough: Arc<AtomicBool>,
     uid: u32,
     gid: u32,
     ttl: Duration,
+}
+
+/// How an open inode's reads are served.
+enum IoMode {
+    /// Straight from the cache file, by the kernel.
+    Passthrough(BackingId),
+    /// Through this process (and the page cache).
+    Cached,
 }
 
 /// The one place errors become errnos.
@@ -56,7 +67,11 @@ fn errno(e: &Error) -> Errno {
         Error::User(m) if m.contains("not a directory") => Errno::ENOTDIR,
         Error::User(m) if m.contains("not a regular file") => Errno::EISDIR,
         Error::User(_) => Errno::EINVAL,
-        _ => Errno::EIO,
+        e => {
+            // The caller only sees EIO: the daemon's log says why.
+            eprintln!("mado mount: EIO: {e}");
+            Errno::EIO
+        }
     }
 }
 
@@ -66,7 +81,7 @@ impl MadoFs {
             core: core.clone(),
             rt,
             handles: Default::default(),
-            backing: Default::default(),
+            io_modes: Default::default(),
             next_fh: Arc::new(AtomicU64::new(1)),
             want_passthrough,
             passthrough: Arc::new(AtomicBool::new(false)),
@@ -270,14 +285,27 @@ impl Filesystem for MadoFs {
         }
         let core = self.core.clone();
         let handles = self.handles.clone();
-        let backing = self.backing.clone();
+        let io_modes = self.io_modes.clone();
         let fh = self.next_fh.fetch_add(1, Relaxed);
-        let passthrough = self.passthrough.load(Relaxed);
+        // Not on a workspace: a later open for writing could not join a
+        // passthrough inode.
+        let passthrough = self.passthrough.load(Relaxed) && !core.is_writable();
         self.rt.spawn(async move {
             let f = match core.open(ino.0).await {
                 Ok(f) => f,
                 Err(e) => return reply.error(errno(&e)),
             };
+            let mut modes = io_modes.lock().expect("io modes lock");
+            if let Some((mode, n)) = modes.get_mut(&ino.0) {
+                *n += 1;
+                return match mode {
+                    IoMode::Passthrough(id) => reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), id),
+                    IoMode::Cached => {
+                        handles.lock().expect("handles lock").insert(fh, Arc::new(f));
+                        reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE)
+                    }
+                };
+            }
             if passthrough {
                 if let OpenFile::Whole { cache_path: Some(p), .. } = &f {
                     // The cache entry was verified as it was read in.
@@ -286,12 +314,13 @@ impl Filesystem for MadoFs {
                             // No FOPEN_KEEP_CACHE here: with it, the kernel
                             // fails every read of a passthrough file (EIO).
                             reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &id);
-                            backing.lock().expect("backing lock").insert(fh, id);
+                            modes.insert(ino.0, (IoMode::Passthrough(id), 1));
                             return;
                         }
                     }
                 }
             }
+            modes.insert(ino.0, (IoMode::Cached, 1));
             handles.lock().expect("handles lock").insert(fh, Arc::new(f));
             reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE);
         });
@@ -335,7 +364,7 @@ impl Filesystem for MadoFs {
     fn release(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
@@ -343,7 +372,13 @@ impl Filesystem for MadoFs {
         reply: ReplyEmpty,
     ) {
         self.handles.lock().expect("handles lock").remove(&fh.0);
-        self.backing.lock().expect("backing lock").remove(&fh.0);
+        let mut modes = self.io_modes.lock().expect("io modes lock");
+        if let Some((_, n)) = modes.get_mut(&ino.0) {
+            *n -= 1;
+            if *n == 0 {
+                modes.remove(&ino.0);
+            }
+        }
         reply.ok();
     }
 
