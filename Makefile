@@ -1,11 +1,17 @@
 # mado's entry points. Both install what they need if it is missing.
-.PHONY: demo test check fmt
+.PHONY: demo test check fmt bench bench-quick
 
 demo:   ## import this repository into the embedded local store and check it out
 	./scripts/demo.sh
 
 test:   ## the whole test suite, with a real MinIO server
 	./scripts/test.sh
+
+bench:  ## every benchmark scenario, mado and its peers, at RTT 0/20/50 ms: writes docs/BENCHMARKS.md and plots
+	./scripts/ensure-deps.sh --bench && . scripts/env.sh && python3 bench/run.py
+
+bench-quick:  ## a small, fast version of `make bench` (the test suite runs it)
+	./scripts/ensure-deps.sh --bench && . scripts/env.sh && python3 bench/run.py --quick --out "$${BENCH_OUT:-/tmp/mado-bench-quick/BENCHMARKS.md}"
 
 check:  ## formatting and lints
 	. scripts/env.sh && cargo fmt --all -- --check && cargo clippy --workspace --all-targets -- -D warnings

@@ -6,8 +6,19 @@
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
 
+want_minio=""; want_bench=""
+for a in "$@"; do
+  case "$a" in
+    --minio) want_minio=1 ;;
+    --bench) want_minio=1; want_bench=1 ;;
+    *) echo "usage: scripts/ensure-deps.sh [--minio] [--bench]" >&2; exit 2 ;;
+  esac
+done
+
+pkgs=(fuse3 libfuse3-dev pkg-config git curl)
+[ -n "$want_bench" ] && pkgs+=(rclone s3fs python3-matplotlib)
 need_pkgs=()
-for p in fuse3 libfuse3-dev pkg-config git curl; do
+for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || need_pkgs+=("$p")
 done
 if [ ${#need_pkgs[@]} -gt 0 ]; then
@@ -22,7 +33,7 @@ if ! command -v cargo >/dev/null; then
   exit 1
 fi
 
-if [ "${1:-}" = "--minio" ] && [ ! -x "$MADO_TOOLS_DIR/bin/minio" ]; then
+if [ -n "$want_minio" ] && [ ! -x "$MADO_TOOLS_DIR/bin/minio" ]; then
   if ! command -v go >/dev/null; then
     echo "error: go is needed to build MinIO (apt-get install golang, or put go on PATH)" >&2
     exit 1
@@ -32,4 +43,11 @@ if [ "${1:-}" = "--minio" ] && [ ! -x "$MADO_TOOLS_DIR/bin/minio" ]; then
   (cd /tmp && GOBIN="$MADO_TOOLS_DIR/bin.tmp" GOFLAGS=-mod=mod go install github.com/minio/minio@latest)
   mv "$MADO_TOOLS_DIR/bin.tmp/minio" "$MADO_TOOLS_DIR/bin/minio"
   rmdir "$MADO_TOOLS_DIR/bin.tmp" 2>/dev/null || true
+fi
+
+# The plots need matplotlib in the python3 on PATH (Debian's package serves
+# /usr/bin/python3; another python3 gets it from PyPI).
+if [ -n "$want_bench" ] && ! python3 -c 'import matplotlib' 2>/dev/null; then
+  echo "installing matplotlib for $(command -v python3)" >&2
+  python3 -m pip install -q matplotlib >/dev/null 2>&1 || echo "warning: matplotlib unavailable: the benchmark report will have no plots" >&2
 fi

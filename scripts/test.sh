@@ -4,7 +4,7 @@
 # MADO_REQUIRE_S3=1 turns a missing server into a failure, not a skip).
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
-"$MADO_ROOT/scripts/ensure-deps.sh" --minio
+"$MADO_ROOT/scripts/ensure-deps.sh" --bench
 
 state=$(mktemp -d "${TMPDIR:-/tmp}/mado-test.XXXXXX")
 trap '"$MADO_ROOT/scripts/minio.sh" stop "$state"; rm -rf "$state"' EXIT
@@ -19,3 +19,13 @@ cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -q -- -D warnings
 cargo build --workspace --all-targets
 cargo test --workspace -- --test-threads="${MADO_TEST_THREADS:-4}"
+
+# The benchmark harness, small and fast, as a smoke test: it must produce
+# the report and its plots (no timing is checked).
+bench_out="$state/bench/BENCHMARKS.md"
+python3 "$MADO_ROOT/bench/run.py" --quick --profile debug --out "$bench_out"
+grep -q "## mado against the best peer" "$bench_out"
+for s in a-dense b-dense c d e f-readers g h-dense; do
+  grep -q "bench-$s.png" "$bench_out" || { echo "bench smoke test: no plot for $s in $bench_out" >&2; exit 1; }
+done
+echo "bench smoke test: report and plots produced" >&2
