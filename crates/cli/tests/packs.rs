@@ -277,3 +277,37 @@ fn two_processes_fetch_a_pack_once() {
     }
     assert_eq!(ranged, 1, "the second process waits for the first and reads the cache");
 }
+
+/// A subtree walk takes only its span of a whole-tree (v2) pack: members
+/// are in path order, so the span is one ranged GET, and the rest of the
+/// pack stays in the store until something asks for it.
+#[test]
+fn a_small_subtree_of_a_big_pack_fetches_only_its_span() {
+    let m = Mado::local();
+    let repo = m.dir.path().join("repo");
+    for i in 0..40 {
+        let p = repo.join(format!("small/s{i:02}.txt"));
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, pseudo_random(2000, i)).unwrap();
+    }
+    for i in 0..400 {
+        let p = repo.join(format!("zbig/d{}/b{i:03}.bin", i % 10));
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, pseudo_random(8000, 1000 + i)).unwrap();
+    }
+    git(&repo, &["init", "-q", "-b", "main"]);
+    git(&repo, &["add", "-A"]);
+    git(&repo, &["commit", "-qm", "x"]);
+    let imp = m.json(&["import-git", repo.to_str().unwrap()]);
+    assert_eq!(imp["packs"][0]["packs"], 1, "one whole-tree pack: {imp}");
+    wipe_cache(&m);
+    let mat = m.json(&["materialize", "small"]);
+    assert_eq!(mat["files"], 40);
+    assert_eq!(mat["remote"]["ranged_gets"], 1, "{mat}");
+    let down = mat["remote"]["bytes_down"].as_u64().unwrap();
+    assert!(down < 200_000, "the small subtree's span only, not the 3.2 MB pack: {down} bytes");
+    // The rest comes when asked for, again in one ranged GET.
+    let big = m.json(&["materialize", "zbig"]);
+    assert_eq!(big["files"], 400);
+    assert_eq!(big["remote"]["ranged_gets"], 1, "{big}");
+}

@@ -156,8 +156,14 @@ pub struct Fetcher {
     /// dozens of packs writing at once thrash the disk.
     write_permits: Arc<tokio::sync::Semaphore>,
     warnings: Mutex<Vec<String>>,
+    /// What the current walk will read (see [`Fetcher::want`]).
+    wanted: RwLock<Option<Arc<HashSet<Hash>>>>,
     pub counters: FetchCounters,
 }
+
+/// A pack whose wanted members span less than this share of its body is
+/// fetched in that span only.
+const PARTIAL_PACK_SHARE: f64 = 0.5;
 
 /// Re-creates an error shared between waiters of one flight.
 fn unshare(e: Arc<Error>) -> Error {
@@ -198,8 +204,34 @@ impl Fetcher {
                 std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2),
             )),
             warnings: Mutex::new(Vec::new()),
+            wanted: RwLock::new(None),
             counters: FetchCounters::default(),
         })
+    }
+
+    /// Declares the objects a walk is about to read (`None`: no hint). A
+    /// pack started meanwhile is fetched only over the span of its members
+    /// that are wanted when that span is under half the pack, still in one
+    /// ranged GET: members are in path order, so a subtree is one span, and
+    /// a subtree walk does not pull the rest of a whole-tree (v2) pack.
+    pub fn want(&self, ids: Option<HashSet<Hash>>) {
+        *self.wanted.write().expect("wanted lock") = ids.map(Arc::new);
+    }
+
+    /// The member span of `pack` to fetch: all of it, or the wanted span.
+    fn span(&self, pack: &PackEntry) -> (usize, usize) {
+        let all = (0, pack.members.len().saturating_sub(1));
+        let Some(w) = self.wanted.read().expect("wanted lock").clone() else { return all };
+        let mut idx = pack.members.iter().enumerate().filter(|(_, m)| w.contains(&m.id)).map(|(i, _)| i);
+        let Some(lo) = idx.next() else { return all };
+        let hi = idx.last().unwrap_or(lo);
+        let (a, b) = (&pack.members[lo], &pack.members[hi]);
+        let span = (b.offset + b.stored_len - a.offset) as f64;
+        if span < PARTIAL_PACK_SHARE * (pack.size - pack.header_len) as f64 {
+            (lo, hi)
+        } else {
+            all
+        }
     }
 
     pub fn stats(&self) -> FetchStats {
@@ -464,12 +496,13 @@ impl Fetcher {
         let lock_path = self.cache.root().join("packs").join("locks").join(format!("{}.lock", pack.id.to_hex()));
         // Without the lock (an unwritable cache) we may fetch twice: still correct.
         let _lock = lock_file(lock_path).await.ok();
-        if pack.members.iter().all(|m| self.cache.contains(&m.id)) {
+        let (lo, hi) = self.span(&pack);
+        if pack.members.is_empty() || pack.members[lo..=hi].iter().all(|m| self.cache.contains(&m.id)) {
             finish(&flight);
             self.pack_flights.lock().expect("pack flights lock").remove(&pack.id);
             return;
         }
-        if let Err(e) = self.stream_pack(&pack, &flight).await {
+        if let Err(e) = self.stream_pack(&pack, &flight, lo, hi).await {
             self.counters.pack_failures.fetch_add(1, Relaxed);
             self.bad_packs.lock().expect("bad packs lock").insert(pack.id);
             self.warn(format!("pack {}: {e}; reading its objects one by one", pack.id));
@@ -480,31 +513,40 @@ impl Fetcher {
         self.pack_flights.lock().expect("pack flights lock").remove(&pack.id);
     }
 
-    async fn stream_pack(&self, pack: &PackEntry, flight: &PackFlight) -> std::result::Result<(), String> {
+    /// Streams members `lo..=hi` of `pack` (one ranged GET) into the cache.
+    async fn stream_pack(
+        &self,
+        pack: &PackEntry,
+        flight: &PackFlight,
+        lo: usize,
+        hi: usize,
+    ) -> std::result::Result<(), String> {
         let key = self.remote.key(&pack_key(&pack.id));
-        let opts = GetOptions { range: Some(GetRange::Bounded(pack.header_len..pack.size)), ..Default::default() };
+        let (first, last) = (&pack.members[lo], &pack.members[hi]);
+        let (base, end) = (first.offset, last.offset + last.stored_len);
+        let opts = GetOptions { range: Some(GetRange::Bounded(base..end)), ..Default::default() };
         let r = self.remote.object_store().get_opts(&key, opts).await.map_err(|e| match e {
             object_store::Error::NotFound { .. } => "missing from the store (swept?)".to_string(),
             e => format!("GET failed: {e}"),
         })?;
         let mut stream = r.into_stream();
         let mut buf: Vec<u8> = Vec::new();
-        let base = pack.header_len;
-        let mut next = 0usize;
+        let mut next = lo;
+        let stop = hi + 1;
         let mut bad = 0usize;
         // Cache writes run on the blocking pool, off this task: waiters are
         // handed their member from memory the moment it has verified.
         let mut writes = Vec::new();
         let mut batch: Vec<(Hash, Bytes)> = Vec::new();
         let mut batch_bytes = 0usize;
-        while next < pack.members.len() {
+        while next < stop {
             let chunk = match stream.next().await {
                 Some(Ok(c)) => c,
                 Some(Err(e)) => return Err(format!("read failed after {} bytes: {e}", buf.len())),
-                None => return Err(format!("truncated: {} of {} body bytes", buf.len(), pack.size - base)),
+                None => return Err(format!("truncated: {} of {} body bytes", buf.len(), end - base)),
             };
             buf.extend_from_slice(&chunk);
-            while next < pack.members.len() {
+            while next < stop {
                 let m = &pack.members[next];
                 let (start, end) = ((m.offset - base) as usize, (m.offset - base + m.stored_len) as usize);
                 if end > buf.len() {
@@ -527,7 +569,7 @@ impl Fetcher {
             }
             // Writes go in batches (the store streams in small chunks; a
             // blocking task per chunk costs more than the writes).
-            let last = next == pack.members.len();
+            let last = next == stop;
             if !batch.is_empty() && (last || batch_bytes >= WRITE_BATCH_BYTES || batch.len() >= WRITE_BATCH_MEMBERS) {
                 let batch = std::mem::take(&mut batch);
                 batch_bytes = 0;

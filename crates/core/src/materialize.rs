@@ -69,9 +69,11 @@ pub async fn materialize(
         Some(e) if e.kind.has_content() => (vec![(path.to_string(), e)], 0),
         Some(e) => return Err(Error::User(format!("{path} is a {}: nothing to materialize", e.kind.label()))),
     };
+    // A subtree's span of a larger pack is all that needs to come.
+    fetcher.want(Some(files.iter().map(|(_, e)| e.id).collect()));
     let total = files.len() as u64;
     let done = AtomicU64::new(0);
-    let bytes: Vec<u64> = futures::stream::iter(files.into_iter().map(|(p, e)| {
+    let bytes: Result<Vec<u64>> = futures::stream::iter(files.into_iter().map(|(p, e)| {
         let f = fetcher.clone();
         let done = &done;
         async move {
@@ -94,7 +96,9 @@ pub async fn materialize(
     }))
     .buffer_unordered(CONCURRENCY * 4)
     .try_collect()
-    .await?;
+    .await;
+    fetcher.want(None);
+    let bytes: Vec<u64> = bytes?;
     // "In the cache" means written, not just read: wait for pack explodes.
     fetcher.drain().await;
     Ok(MaterializeReport { files: total, dirs, bytes: bytes.iter().sum() })

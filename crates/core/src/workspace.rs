@@ -687,6 +687,17 @@ pub async fn create(
     materialize_into(fetcher, name, snapshot, root, dir, false, progress).await
 }
 
+/// The ref of workspace `name` (an error naming it when there is none).
+async fn read_ws_ref(fetcher: &Fetcher, name: &str) -> Result<RefValue> {
+    let refname = ws_ref(name)?;
+    let (v, _) = fetcher
+        .remote
+        .read_ref(&refname)
+        .await?
+        .ok_or_else(|| Error::NotFound(format!("no workspace named {name}; see `mado ws list`")))?;
+    Ok(v)
+}
+
 /// A workspace opened for a read-write mount.
 pub struct MountedWorkspace {
     pub fs: Arc<SnapshotFs>,
@@ -717,12 +728,7 @@ pub async fn open_mount(
     mountpoint: &Path,
     steal: bool,
 ) -> Result<MountedWorkspace> {
-    let refname = ws_ref(name)?;
-    let (v, _) = fetcher
-        .remote
-        .read_ref(&refname)
-        .await?
-        .ok_or_else(|| Error::NotFound(format!("no workspace named {name}; see `mado ws list`")))?;
+    let v = read_ws_ref(fetcher, name).await?;
     let (snap, attach) = futures::join!(fetcher.snapshot(v.snapshot), fetcher.attach(v.root));
     let snap = snap?;
     attach?;
@@ -818,12 +824,7 @@ pub async fn resume(
     steal: bool,
     progress: &(dyn Fn(u64, u64) + Sync),
 ) -> Result<ResumeReport> {
-    let refname = ws_ref(name)?;
-    let (v, _) = fetcher
-        .remote
-        .read_ref(&refname)
-        .await?
-        .ok_or_else(|| Error::NotFound(format!("no workspace named {name}; see `mado ws list`")))?;
+    let v = read_ws_ref(fetcher, name).await?;
     materialize_into(fetcher, name, v.snapshot, v.root, dir, steal, progress).await
 }
 

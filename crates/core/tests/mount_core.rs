@@ -106,6 +106,15 @@ async fn snapshot_fs_answers_like_the_files() {
     );
 }
 
+/// Imports the repository's HEAD without packs; returns its root tree.
+async fn import_head(remote: &Arc<Remote>, cache: &Arc<DiskCache>, repo: &std::path::Path) -> mado_core::Hash {
+    let rep =
+        mado_core::import::import_git(remote, cache.clone(), repo, vec!["HEAD".into()], "main", None, Arc::new(|_| {}))
+            .await
+            .unwrap();
+    rep.imported[0].root.parse().unwrap()
+}
+
 /// The read-write filesystem without FUSE: edits through the core API give
 /// exactly the tree git gives for the same edits (imported from a commit),
 /// a checkpoint re-hashes only what was written and re-encodes only the
@@ -126,18 +135,7 @@ async fn writable_fs_edits_build_the_tree_git_builds() {
     let remote =
         Arc::new(Remote::open(&format!("file://{}/store", t.path().display()), &OpenOptions::default()).unwrap());
     let cache = Arc::new(DiskCache::open(t.path().join("cache"), None).unwrap());
-    let rep = mado_core::import::import_git(
-        &remote,
-        cache.clone(),
-        &repo,
-        vec!["HEAD".into()],
-        "main",
-        None,
-        Arc::new(|_| {}),
-    )
-    .await
-    .unwrap();
-    let base: mado_core::Hash = rep.imported[0].root.parse().unwrap();
+    let base = import_head(&remote, &cache, &repo).await;
 
     let f = Fetcher::new(remote.clone(), cache.clone());
     let upper = t.path().join("upper");
@@ -182,18 +180,7 @@ async fn writable_fs_edits_build_the_tree_git_builds() {
     std::fs::write(repo.join("moved/a.rs"), b"fn").unwrap();
     git(&repo, &["add", "-A"]);
     git(&repo, &["commit", "-qm", "edits"]);
-    let rep2 = mado_core::import::import_git(
-        &remote,
-        cache.clone(),
-        &repo,
-        vec!["HEAD".into()],
-        "main",
-        None,
-        Arc::new(|_| {}),
-    )
-    .await
-    .unwrap();
-    let want: mado_core::Hash = rep2.imported[0].root.parse().unwrap();
+    let want = import_head(&remote, &cache, &repo).await;
 
     fs.preload_trees().await.unwrap();
     let mut staged = Staged::default();
