@@ -224,7 +224,7 @@ impl Fetcher {
         let Some(w) = self.wanted.read().expect("wanted lock").clone() else { return all };
         let mut idx = pack.members.iter().enumerate().filter(|(_, m)| w.contains(&m.id)).map(|(i, _)| i);
         let Some(lo) = idx.next() else { return all };
-        let hi = idx.last().unwrap_or(lo);
+        let hi = idx.next_back().unwrap_or(lo);
         let (a, b) = (&pack.members[lo], &pack.members[hi]);
         let span = (b.offset + b.stored_len - a.offset) as f64;
         if span < PARTIAL_PACK_SHARE * (pack.size - pack.header_len) as f64 {
