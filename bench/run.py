@@ -640,6 +640,59 @@ class Bench:
         # Ratio to the best peer, when there are peers.
         return out
 
+    def get(self, key, system, rtt):
+        return (self.results.get(key, {}).get(system, {}).get(rtt)) or {}
+
+    def summary(self):
+        """The brief's table: seed, goal and mado's figure from this run."""
+        def t(row):
+            return self.fmt_t(row).split(" (")[0] if row else "–"
+
+        def g(row):
+            return f"{row['gets']} GET" if "gets" in row else ""
+
+        hi = self.rtts[-1]
+        rows = []
+        for sub, label in (("dense", "dense"), ("thin", "thin (many small dirs)")):
+            at = 20 if 20 in self.rtts else hi
+            r = self.get(f"a-{sub}", "mado v2", at)
+            b = self.get(f"b-{sub}", "mado mount v2", at)
+            rows.append((f"{self.subtree_files[sub]}-file {label} subtree, cold walk, RTT {at} ms",
+                         SEED.get((f"a-{sub}", 20), "–"), GOAL.get((f"a-{sub}", 20), "–"),
+                         f"materialize {t(r)}, {g(r)}; mount {t(b)}, {g(b)}"))
+        r = self.get("b-dense300", "mado mount v2", hi)
+        rows.append((f"{self.subtree_files['dense300']}-file dense walk through the mount, RTT {hi} ms",
+                     SEED[("b-dense300", 50)], GOAL[("b-dense300", 50)], f"{t(r)}, {g(r)}"))
+        ttffs = [self.get(f"b-{s}", "mado mount v2", hi).get("ttff") for s in ("dense", "thin", "dense300")]
+        ttffs = [x for x in ttffs if x]
+        rows.append((f"time to first file of a pack, RTT {hi} ms", SEED[("ttff", 50)], GOAL[("ttff", 50)],
+                     " / ".join(f"{x * 1000:.1f} ms" for x in ttffs) + " (dense / thin / dense300)" if ttffs else "–"))
+        rows.append((f"resume {self.ws_files} × 1 KiB, RTT " + " / ".join(map(str, self.rtts)) + " ms",
+                     " / ".join(SEED.get(("c", r), "–") for r in self.rtts),
+                     " / ".join(GOAL.get(("c", r), "–") for r in self.rtts),
+                     " / ".join(t(self.get("c", "mado ws resume", r)) for r in self.rtts)))
+        d = self.get("d", "mado import-git", self.rtts[0])
+        rows.append((f"import-time pack build, {self.ws_files}-file tree", SEED[("d", None)], GOAL[("d", None)],
+                     f"{d.get('build_ms', 0):.0f} ms build (whole import {t(d)} at RTT {self.rtts[0]})" if d else "–"))
+        fg = self.results.get("f-fg", {})
+        most = [k for k in fg if k != "0 writers"]
+        base = self.get("f-fg", "0 writers", hi).get("p99_ms")
+        if base and most:
+            top = most[-1]
+            p = self.get("f-fg", top, hi).get("p99_ms", 0)
+            rows.append((f"foreground read p99 under {top}, RTT {hi} ms", SEED[("f-fg", 50)], GOAL[("f-fg", 50)],
+                         f"{p / base:.2f}× ({p:.1f} ms against {base:.1f} ms)"))
+        for mode in ("unpacked", "v2"):
+            r = self.get("g", f"mado {mode}", hi)
+            if r:
+                rows.append((f"cache capped at half the working set, second pass ({mode}), RTT {hi} ms",
+                             SEED[("g", None)], GOAL[("g", None)],
+                             f"{r.get('gets', '–')} GETs for W = {r.get('working_set')} files"))
+        out = ["## Summary against the brief", "",
+               "| case | seed 003 | goal | mado in this run |", "|---|---|---|---|"]
+        out += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
+        return out + [""]
+
     def ratios(self, sub):
         """mado v2 (mount and materialize) against the best peer, per RTT."""
         lines = []
@@ -711,6 +764,7 @@ class Bench:
              f"({self.subtree_files['dense300']} files), filler in `other/` — and a workspace tree of "
              f"{self.ws_files} × 1 KiB files. Whole-tree walks of real trees (Linux 6.1, an npm node_modules) "
              "are in the last section.", ""]
+        L += self.summary()
         L += ["## mado against the best peer", "",
               "| subtree | RTT ms | best peer | mado | mado mount |", "|---|---|---|---|---|"]
         L += self.ratios("dense") + self.ratios("thin") + [""]
@@ -749,6 +803,11 @@ class Bench:
             L += [open(notes).read()]
         with open(path, "w") as f:
             f.write("\n".join(L).rstrip() + "\n")
+        with open(os.path.join(outdir, "bench-results.json"), "w") as f:
+            json.dump({"elapsed": elapsed, "rtts": self.rtts, "runs": self.a.runs, "subtree_files": self.subtree_files,
+                       "ws_files": self.ws_files, "notes": self.notes, "argv": sys.argv[1:],
+                       "results": {k: {s: {str(r): row for r, row in by.items()} for s, by in v.items()}
+                                   for k, v in self.results.items()}}, f, indent=1)
         log("wrote", path, "and", len(pngs), "plots")
 
 
@@ -765,6 +824,7 @@ def main():
     ap.add_argument("--profile", default="release", choices=["release", "debug"])
     ap.add_argument("--only", default="a,b,c,d,e,f,g,h")
     ap.add_argument("--timeout", type=float)
+    ap.add_argument("--report-only", metavar="JSON", help="rewrite the report from a saved bench-results.json")
     a = ap.parse_args()
     a.runs = a.runs or (1 if a.quick else 5)
     a.timeout = a.timeout or (60 if a.quick else 300)
@@ -772,6 +832,17 @@ def main():
     b.rtts = [int(x) for x in (a.rtts or ("0,20" if a.quick else "0,20,50")).split(",")]
     b.skip = {}
     t0 = time.time()
+    if a.report_only:
+        saved = json.load(open(a.report_only))
+        b.rtts, b.subtree_files, b.ws_files, b.notes = saved["rtts"], saved["subtree_files"], saved["ws_files"], \
+            saved["notes"]
+        a.runs = saved["runs"]
+        b.results = {k: {s: {int(r): row for r, row in by.items()} for s, by in v.items()}
+                     for k, v in saved["results"].items()}
+        sys.argv = [sys.argv[0]] + saved["argv"]
+        b.report(a.out, saved.get("elapsed", 0))
+        shutil.rmtree(b.work, ignore_errors=True)
+        return
     interrupted = []
     signal.signal(signal.SIGTERM, lambda *_: interrupted.append(1) or sys.exit(1))
     try:
