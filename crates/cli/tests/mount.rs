@@ -173,6 +173,14 @@ fn concurrent_readers_of_a_cold_pack_never_see_eio() {
         });
         assert_eq!(errors.into_inner(), 0, "round {round}: reads failed");
         assert_eq!(mnt.gets() - before, 1, "one ranged GET for all readers");
+        // The daemon must be gone before the next round wipes the cache it
+        // may still be writing into.
+        let pid = mnt.stats()["pid"].as_u64().unwrap();
+        m.ok(&["umount", mnt.dir.to_str().unwrap()]);
+        let t = Instant::now();
+        while Path::new(&format!("/proc/{pid}")).exists() && t.elapsed() < Duration::from_secs(20) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 }
 
