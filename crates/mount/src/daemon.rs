@@ -55,6 +55,27 @@ pub fn is_disconnected(p: &Path) -> bool {
     matches!(std::fs::metadata(p), Err(e) if e.raw_os_error() == Some(rustix::io::Errno::NOTCONN.raw_os_error()))
 }
 
+/// Unmounts `p` and waits (at most `wait`) for its daemon to exit, so a
+/// workspace's last state is saved before this returns and a new mount of
+/// it starts from that state. Woken by the process's exit (a pidfd), not
+/// by polling.
+pub fn unmount_and_wait(p: &Path, wait: Duration) -> std::io::Result<()> {
+    let pid = control::absolute(p)
+        .and_then(|mp| control::socket_path(&mp))
+        .ok()
+        .and_then(|sock| control::request(&sock, "stats").ok())
+        .and_then(|v| v["pid"].as_u64())
+        .and_then(|pid| rustix::process::Pid::from_raw(pid as i32));
+    let pidfd = pid.and_then(|pid| rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).ok());
+    unmount(p)?;
+    if let Some(fd) = pidfd {
+        let mut fds = [rustix::event::PollFd::new(&fd, rustix::event::PollFlags::IN)];
+        let t = rustix::event::Timespec { tv_sec: wait.as_secs() as i64, tv_nsec: 0 };
+        let _ = rustix::event::poll(&mut fds, Some(&t));
+    }
+    Ok(())
+}
+
 /// Unmounts `p` (lazily if its daemon is gone).
 pub fn unmount(p: &Path) -> std::io::Result<()> {
     let lazy = is_disconnected(p);

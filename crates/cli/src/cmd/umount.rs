@@ -5,7 +5,8 @@ use clap::Args;
 
 use crate::ctx::Ctx;
 
-/// Unmount a mado mount (the daemon then exits). Also cleans up a mount
+/// Unmount a mado mount and wait for its daemon to exit (a workspace's
+/// state is saved by then). Also cleans up a mount
 /// whose daemon was killed ("Transport endpoint is not connected").
 #[derive(Args)]
 pub struct UmountArgs {
@@ -14,7 +15,7 @@ pub struct UmountArgs {
 }
 
 pub async fn run(a: UmountArgs, _ctx: &Ctx) -> Result<()> {
-    mado_mount::daemon::unmount(&a.dir).map_err(|e| {
+    mado_mount::daemon::unmount_and_wait(&a.dir, std::time::Duration::from_secs(30)).map_err(|e| {
         mado_core::Error::User(format!(
             "cannot unmount {}: {e} (is it a mado mount? is a file in it still open?)",
             a.dir.display()
