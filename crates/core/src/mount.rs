@@ -827,6 +827,20 @@ impl SnapshotFs {
         matches!(b, Body::Dir { .. }) || matches!(b, Body::Lower(e) if e.kind == Kind::Gitlink)
     }
 
+    /// Whether `ino` may go as a directory (`as_dir`: rmdir, or replaced by
+    /// a directory) or as a non-directory (unlink, or replaced by a file):
+    /// the kinds must agree and a directory must be empty (and loaded).
+    fn may_remove(st: &State, ino: u64, as_dir: bool) -> Result<()> {
+        match (as_dir, Self::is_dir_body(&st.get(ino)?.body)) {
+            (true, false) => Err(Error::fs(Errno::NOTDIR, "not a directory")),
+            (false, true) => Err(Error::fs(Errno::ISDIR, "a directory")),
+            (true, true) if st.children(ino)?.is_some_and(|c| !c.is_empty()) => {
+                Err(Error::fs(Errno::NOTEMPTY, "directory not empty"))
+            }
+            _ => Ok(()),
+        }
+    }
+
     pub async fn unlink(&self, parent: u64, name: &[u8]) -> Result<()> {
         self.remove(parent, name, false).await
     }
@@ -846,16 +860,7 @@ impl SnapshotFs {
         }
         let mut st = self.st_mut();
         let ino = st.child(parent, name)?;
-        let n = st.get(ino)?;
-        let is_dir = Self::is_dir_body(&n.body);
-        match (dir, is_dir) {
-            (true, false) => return Err(Error::fs(Errno::NOTDIR, "not a directory")),
-            (false, true) => return Err(Error::fs(Errno::ISDIR, "a directory")),
-            (true, true) if st.children(ino)?.is_some_and(|c| !c.is_empty()) => {
-                return Err(Error::fs(Errno::NOTEMPTY, "directory not empty"))
-            }
-            _ => {}
-        }
+        Self::may_remove(&st, ino, dir)?;
         st.children_mut(parent)?.remove(name);
         let blob = self.detach(&mut st, ino);
         st.touch_dir(parent);
@@ -903,15 +908,7 @@ impl SnapshotFs {
             if no_replace {
                 return Err(Error::fs(Errno::EXIST, String::from_utf8_lossy(new_name).into_owned()));
             }
-            let t_dir = Self::is_dir_body(&st.get(t)?.body);
-            match (src_dir, t_dir) {
-                (true, false) => return Err(Error::fs(Errno::NOTDIR, "not a directory")),
-                (false, true) => return Err(Error::fs(Errno::ISDIR, "a directory")),
-                (true, true) if st.children(t)?.is_some_and(|c| !c.is_empty()) => {
-                    return Err(Error::fs(Errno::NOTEMPTY, "directory not empty"))
-                }
-                _ => {}
-            }
+            Self::may_remove(&st, t, src_dir)?;
             st.children_mut(new_parent)?.remove(new_name);
             blob = self.detach(&mut st, t);
         }
@@ -1282,29 +1279,16 @@ impl SnapshotFs {
         }
         load(&mut st, 0, s.tree)?;
         // Every directory above an upper file is rebuilt at the next
-        // checkpoint.
+        // checkpoint. The saved state keeps "changed directories only
+        // below changed ones", so `dirty` may stop early here too.
         let holders: Vec<u64> = (1..=st.nodes.len() as u64)
             .filter(|i| matches!(st.nodes[*i as usize - 1].body, Body::Upper { .. }))
             .map(|i| st.nodes[i as usize - 1].parent)
             .collect();
         for h in holders {
-            mark_dirty_up(&mut st, h);
+            st.dirty(h);
         }
         *fs.state.write().expect("state lock") = st;
         Ok(fs)
-    }
-}
-
-/// Clears `clean` on `ino` and every directory above it (no early stop).
-fn mark_dirty_up(st: &mut State, mut ino: u64) {
-    loop {
-        let Ok(n) = st.get_mut(ino) else { return };
-        if let Body::Dir { clean, .. } = &mut n.body {
-            *clean = None;
-        }
-        if ino == ROOT_INO || n.parent == 0 {
-            return;
-        }
-        ino = n.parent;
     }
 }
