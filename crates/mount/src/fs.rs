@@ -51,6 +51,21 @@ pub struct MadoFs {
     ttl: Duration,
 }
 
+/// The open-file tables, for tasks that outlive a request.
+struct OpenFiles {
+    handles: Arc<Mutex<HashMap<u64, Arc<OpenFile>>>>,
+    io_modes: Arc<Mutex<HashMap<u64, (IoMode, u32)>>>,
+}
+
+impl OpenFiles {
+    /// Keeps `f` as handle `fh` of inode `ino`, served through this
+    /// process (counted, so `release` balances).
+    fn keep(&self, fh: u64, ino: u64, f: OpenFile) {
+        self.io_modes.lock().expect("io modes lock").entry(ino).or_insert((IoMode::Cached, 0)).1 += 1;
+        self.handles.lock().expect("handles lock").insert(fh, Arc::new(f));
+    }
+}
+
 /// How an open inode's reads are served.
 enum IoMode {
     /// Straight from the cache file, by the kernel.
@@ -64,8 +79,6 @@ fn errno(e: &Error) -> Errno {
     match e {
         Error::Fs { errno, .. } => Errno::from_i32(*errno),
         Error::NotFound(_) => Errno::ENOENT,
-        Error::User(m) if m.contains("not a directory") => Errno::ENOTDIR,
-        Error::User(m) if m.contains("not a regular file") => Errno::EISDIR,
         Error::User(_) => Errno::EINVAL,
         e => {
             // The caller only sees EIO: the daemon's log says why.
@@ -94,6 +107,10 @@ impl MadoFs {
     /// Whether the kernel accepted passthrough (known after init).
     pub fn passthrough_flag(&self) -> Arc<AtomicBool> {
         self.passthrough.clone()
+    }
+
+    fn open_files(&self) -> OpenFiles {
+        OpenFiles { handles: self.handles.clone(), io_modes: self.io_modes.clone() }
     }
 
     fn owner(&self) -> Owner {
@@ -264,7 +281,7 @@ impl Filesystem for MadoFs {
             if !self.core.is_writable() {
                 return reply.error(Errno::EROFS);
             }
-            let (core, handles, fh) = (self.core.clone(), self.handles.clone(), self.next_fh.fetch_add(1, Relaxed));
+            let (core, open, fh) = (self.core.clone(), self.open_files(), self.next_fh.fetch_add(1, Relaxed));
             let trunc = flags.0 & libc::O_TRUNC != 0;
             self.rt.spawn(async move {
                 let r = async {
@@ -275,7 +292,7 @@ impl Filesystem for MadoFs {
                 };
                 match r.await {
                     Ok(f) => {
-                        handles.lock().expect("handles lock").insert(fh, Arc::new(f));
+                        open.keep(fh, ino.0, f);
                         reply.opened(FileHandle(fh), FopenFlags::empty());
                     }
                     Err(e) => reply.error(errno(&e)),
@@ -503,13 +520,13 @@ impl Filesystem for MadoFs {
         if mode & libc::S_IFMT != 0 && mode & libc::S_IFMT != libc::S_IFREG {
             return reply.error(Errno::EPERM);
         }
-        let (core, owner, ttl, handles) = (self.core.clone(), self.owner(), self.ttl, self.handles.clone());
+        let (core, owner, ttl, open) = (self.core.clone(), self.owner(), self.ttl, self.open_files());
         let fh = self.next_fh.fetch_add(1, Relaxed);
         let name = name.as_bytes().to_vec();
         self.rt.spawn(async move {
             match core.create(parent.0, &name, mode & !umask).await {
                 Ok((a, f)) => {
-                    handles.lock().expect("handles lock").insert(fh, Arc::new(f));
+                    open.keep(fh, a.ino, f);
                     reply.created(&ttl, &owner.attr(&a), Generation(0), FileHandle(fh), FopenFlags::empty());
                 }
                 Err(e) => reply.error(errno(&e)),
