@@ -153,6 +153,9 @@ fn uncheckpointed_changes_survive_an_unmount_and_a_killed_daemon() {
     let err = m.fails(&["ws", "checkpoint", "--dir", other.to_str().unwrap()], 1);
     assert!(err.contains("leased by"), "{err}");
 
+    // Another workspace's name is refused before anything is uploaded.
+    let err = m.fails(&["ws", "checkpoint", "nope", "--dir", mnt.path()], 1);
+    assert!(err.contains("is a mount of workspace keep, not nope"), "{err}");
     let cp = mnt.checkpoint("kept");
     assert_eq!(cp["unchanged"], false, "{cp}");
     assert!(m.ok(&["ls", "ws/keep", "vendor2"]).contains("gitlink"), "the gitlink is kept");

@@ -175,11 +175,19 @@ pub fn run(
         Arc::new(move |req: serde_json::Value| {
             let op = req["op"].as_str().unwrap_or_default().to_string();
             if op == "checkpoint" {
-                let (fetcher, core, ws) = (fetcher.clone(), core.clone(), ws.clone());
+                let (fetcher, core, ws, mp) = (fetcher.clone(), core.clone(), ws.clone(), mp.clone());
                 return Box::pin(async move {
                     let Some(ws) = ws else {
                         return json!({ "error": "this mount is a read-only snapshot, not a workspace" });
                     };
+                    // Refused before anything is done: a checkpoint asked
+                    // for by name must be of this mount's workspace.
+                    if let Some(n) = req["name"].as_str().filter(|n| *n != ws.name) {
+                        return json!({
+                            "error": format!("{} is a mount of workspace {}, not {n}", mp.display(), ws.name),
+                            "user_error": true,
+                        });
+                    }
                     let message = req["message"].as_str().unwrap_or("checkpoint").to_string();
                     let steal = req["steal"].as_bool().unwrap_or(false);
                     // On a thread of its own: the checkpoint's future is not

@@ -79,14 +79,24 @@ fn ask_daemon(dir: Option<std::path::PathBuf>, op: &str) -> Result<serde_json::V
         Some(d) => d,
         None => std::env::current_dir()?,
     };
-    let Some((mp, sock)) = mado_mount::control::find_mount(&dir)? else {
+    ask_daemon_with(&dir, &serde_json::json!({ "op": op }), std::time::Duration::from_secs(10))
+}
+
+/// Sends request `req` to the daemon of the mount holding `dir`, waiting up
+/// to `wait` for its answer.
+fn ask_daemon_with(
+    dir: &std::path::Path,
+    req: &serde_json::Value,
+    wait: std::time::Duration,
+) -> Result<serde_json::Value> {
+    let Some((mp, sock)) = mado_mount::control::find_mount(dir)? else {
         return Err(mado_core::Error::User(format!(
             "no mado mount at or above {}; start one with `mado mount REF DIR`",
             dir.display()
         ))
         .into());
     };
-    mado_mount::control::request(&sock, op).map_err(|e| {
+    mado_mount::control::request_with(&sock, req, wait).map_err(|e| {
         mado_core::Error::User(format!(
             "the daemon of {} does not answer ({e}); if it died, run `mado umount {}`",
             mp.display(),

@@ -195,21 +195,14 @@ async fn checkpoint_dir(
     Ok(workspace::checkpoint(fetcher, dir, &a.message, a.steal).await?)
 }
 
-/// Asks the daemon of the workspace mount holding `start` to checkpoint.
+/// Asks the daemon of the workspace mount holding `start` to checkpoint
+/// (it refuses a `name` other than its workspace's before doing anything).
 fn checkpoint_mount(
     start: &std::path::Path,
     a: &CheckpointArgs,
 ) -> Result<(workspace::CheckpointReport, serde_json::Value)> {
-    let (mp, sock) = mado_mount::control::find_mount(start)?
-        .ok_or_else(|| mado_core::Error::User(format!("no mado mount at or above {}", start.display())))?;
     let req = serde_json::json!({ "op": "checkpoint", "message": a.message, "steal": a.steal, "name": a.name });
-    let v = mado_mount::control::request_with(&sock, &req, std::time::Duration::from_secs(24 * 3600)).map_err(|e| {
-        mado_core::Error::User(format!(
-            "the daemon of {} does not answer ({e}); if it died, run `mado umount {}`",
-            mp.display(),
-            mp.display()
-        ))
-    })?;
+    let v = super::ask_daemon_with(start, &req, std::time::Duration::from_secs(24 * 3600))?;
     if let Some(e) = v["error"].as_str() {
         if v["user_error"].as_bool().unwrap_or(true) {
             return Err(mado_core::Error::User(e.to_string()).into());
@@ -217,16 +210,6 @@ fn checkpoint_mount(
         return Err(anyhow::anyhow!("{e}"));
     }
     let r: workspace::CheckpointReport = serde_json::from_value(v["ok"].clone())?;
-    if let Some(n) = &a.name {
-        if &r.workspace != n {
-            return Err(mado_core::Error::User(format!(
-                "{} is a mount of workspace {}, not {n}",
-                mp.display(),
-                r.workspace
-            ))
-            .into());
-        }
-    }
     Ok((r, v["remote"].clone()))
 }
 
