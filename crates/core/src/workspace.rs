@@ -705,6 +705,8 @@ pub struct MountedWorkspace {
     /// `overlay.json` and the upper layer in `upper/`).
     pub state_dir: PathBuf,
     pub snapshot: Hash,
+    /// Whether (and how) its pack index was attached.
+    pub attach: crate::fetch::Attach,
     /// Uncheckpointed changes from an earlier mount were picked up.
     pub reopened: bool,
     pub lease_warning: Option<String>,
@@ -731,7 +733,7 @@ pub async fn open_mount(
     let v = read_ws_ref(fetcher, name).await?;
     let (snap, attach) = futures::join!(fetcher.snapshot(v.snapshot), fetcher.attach(v.root));
     let snap = snap?;
-    attach?;
+    let attach = attach?;
     let sd = mount_state_dir(&fetcher.cache, fetcher.remote.url(), name);
     let mut warnings = Vec::new();
     let prev = load_state_at(&sd).ok();
@@ -796,7 +798,7 @@ pub async fn open_mount(
         },
     )?;
     save_mount_state(&fs, &sd)?;
-    Ok(MountedWorkspace { fs, state_dir: sd, snapshot: v.snapshot, reopened: reopen, lease_warning, warnings })
+    Ok(MountedWorkspace { fs, state_dir: sd, snapshot: v.snapshot, attach, reopened: reopen, lease_warning, warnings })
 }
 
 /// Creates the ref of a new workspace from `spec`.

@@ -127,13 +127,10 @@ pub fn run(
     let opened = rt.block_on(async {
         let (id, core, attach, ws, warnings) = if opts.workspace {
             let m = mado_core::workspace::open_mount(&fetcher, &opts.spec, &mp, opts.steal).await?;
-            // The index was attached while opening: this only reads the status.
-            let root = fetcher.snapshot(m.snapshot).await?.root;
-            let attach = fetcher.attach(root).await?;
             let mut warnings = m.warnings;
             warnings.extend(m.lease_warning);
             let ws = Ws { name: opts.spec.clone(), state_dir: m.state_dir, reopened: m.reopened };
-            (m.snapshot, m.fs, attach, Some(ws), warnings)
+            (m.snapshot, m.fs, m.attach, Some(ws), warnings)
         } else {
             let (id, snap, attach) = mado_core::resolve::open(&fetcher, &opts.spec).await?;
             (id, Arc::new(SnapshotFs::new(fetcher.clone(), snap.root, snap.time)), attach, None, Vec::new())
