@@ -21,18 +21,3 @@ def settle():
             f.write("3\n")
     except OSError:
         pass  # not root: flushing alone still removes most of the skew
-
-
-def release_mado():
-    """Builds the release binary and returns its path."""
-    sh("cargo", "build", "-q", "--release", "-p", "mado", cwd=ROOT)
-    target = os.environ.get("CARGO_TARGET_DIR", os.path.expanduser("~/.cache/mado-build/target"))
-    return os.path.join(target, "release", "mado")
-
-
-def clean_env(home, remote):
-    """The environment for a hermetic mado: its own HOME and remote."""
-    env = dict(os.environ, HOME=home, MADO_REMOTE_ADDR=remote)
-    for k in ("XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "MADO_CACHE_DIR", "MADO_CONFIG"):
-        env.pop(k, None)
-    return env
