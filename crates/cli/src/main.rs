@@ -28,7 +28,27 @@ struct Cli {
 }
 
 fn main() {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            // --help and --version print to stdout and succeed; a usage
+            // error is the user's (exit 1), never "internal" (2).
+            let code = if e.use_stderr() { 1 } else { 0 };
+            let _ = e.print();
+            std::process::exit(code);
+        }
+    };
+    if !cli.cmd.is_mount_daemon() {
+        // `mado log | head -1`: a closed stdout ends the command quietly,
+        // as it does for git and cat (Rust ignores SIGPIPE, so every
+        // print would otherwise fail with EPIPE and panic). Not in the
+        // mount daemon, which must outlive a control client that hangs up.
+        // SAFETY: called before any other thread exists; SIG_DFL is a
+        // valid disposition for SIGPIPE.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

@@ -30,7 +30,8 @@ fn git_raw_tree(repo: &std::path::Path, entries: &[(&str, &[u8], &str)]) -> Stri
 
 #[test]
 fn hostile_git_trees_are_refused_at_import() {
-    for bad in [&b".."[..], b".git", b".GIT"] {
+    let long = vec![b'n'; 256];
+    for bad in [&b".."[..], b".git", b".GIT", b".mado", b".MaDo", &long] {
         let m = Mado::local();
         let repo = m.dir.path().join("repo");
         std::fs::create_dir_all(&repo).unwrap();
@@ -49,7 +50,8 @@ fn hostile_git_trees_are_refused_at_import() {
         let root = git_raw_tree(&repo, &[("40000", bad, &inner), ("100644", b"ok", &blob)]);
         let commit = git(&repo, &["commit-tree", &root, "-m", "evil"]);
         let err = m.fails(&["import-git", repo.to_str().unwrap(), "--rev", &commit], 1);
-        assert!(err.contains("unsafe path") && err.contains(&*String::from_utf8_lossy(bad)), "{err}");
+        let shown = String::from_utf8_lossy(&bad[..bad.len().min(32)]).into_owned();
+        assert!(err.contains("unsafe path") && err.contains(&shown), "{err}");
         // Nothing was published.
         assert!(m.fails(&["ls", "main"], 1).contains("no ref"));
     }
@@ -184,6 +186,13 @@ fn usage_errors_exit_1_with_a_hint() {
     assert!(m.fails(&["import-git", "/nonexistent/repo"], 1).contains("not a git repository"));
     let err = m.fails(&["init", "--remote", "ftp://x"], 1);
     assert!(err.contains("unsupported scheme"), "{err}");
+    // Usage errors (and a bare `mado`) are the user's: exit 1, not 2.
+    let o = m.cmd(&[]).output().unwrap();
+    assert_eq!(o.status.code(), Some(1), "bare mado");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("Usage"));
+    m.fails(&["ls", "--no-such-flag"], 1);
+    m.fails(&["no-such-command"], 1);
+    assert!(m.ok(&["--version"]).contains("mado"));
     for sub in ["init", "import-git", "log", "ls", "cat", "checkout", "cache"] {
         let out = m.ok(&[sub, "--help"]);
         assert!(out.len() > 80, "{sub} --help is too thin: {out}");
@@ -209,4 +218,72 @@ fn tree_entries_dedup_into_shared_objects() {
     }])
     .unwrap();
     assert_eq!(Tree::decode(&t.encode()).unwrap(), t);
+}
+
+/// A full disk under the cache: the checkout still succeeds (content is
+/// served from what was fetched) and the user is told once, not once per
+/// object, that nothing more is being cached.
+#[test]
+fn a_full_cache_disk_is_reported_once_and_the_checkout_still_succeeds() {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("skipping: mounting a small tmpfs needs root");
+        return;
+    }
+    let m = Mado::local();
+    let repo = fixture_repo(m.dir.path());
+    m.ok(&["import-git", repo.to_str().unwrap(), "--no-packs"]);
+    let small = m.dir.path().join("small-cache");
+    std::fs::create_dir_all(&small).unwrap();
+    let st = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs", small.to_str().unwrap()])
+        .status()
+        .unwrap();
+    assert!(st.success(), "mounting a tmpfs");
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+    let _u = Unmount(small.clone());
+    let co = m.dir.path().join("co");
+    let o = m.cmd(&["checkout", "main", co.to_str().unwrap()]).env("MADO_CACHE_DIR", &small).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert_eq!(err.matches("the disk cache at").count(), 1, "warned exactly once: {err}");
+    assert!(err.contains("is full"), "{err}");
+    let clone = m.dir.path().join("clone");
+    git(m.dir.path(), &["clone", "-q", repo.to_str().unwrap(), clone.to_str().unwrap()]);
+    assert_same_tree(&clone, &co);
+}
+
+/// `mado log | head -1`: a reader that hangs up ends the command quietly,
+/// with no panic (exit 101) and nothing on stderr.
+#[test]
+fn a_closed_stdout_ends_the_command_quietly() {
+    let m = Mado::local();
+    let repo = fixture_repo(m.dir.path());
+    for i in 0..40 {
+        std::fs::write(repo.join(format!("n{i}.txt")), format!("{i}\n")).unwrap();
+        git(&repo, &["add", "-A"]);
+        git(&repo, &["commit", "-qm", &format!("commit {i}")]);
+    }
+    let all: Vec<String> = (0..41).map(|i| if i == 0 { "HEAD".to_string() } else { format!("HEAD~{i}") }).collect();
+    let mut args = vec!["import-git", repo.to_str().unwrap(), "--no-packs"];
+    for r in &all {
+        args.push("--rev");
+        args.push(r);
+    }
+    m.ok(&args);
+    for cmd in [&["log", "main"][..], &["ls", "main"][..]] {
+        let mut child =
+            m.cmd(cmd).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+        // Read nothing and hang up, as `head -0` would.
+        drop(child.stdout.take());
+        let o = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!err.contains("panicked"), "{cmd:?}: {err}");
+        assert_ne!(o.status.code(), Some(101), "{cmd:?}: {err}");
+        assert!(err.is_empty(), "{cmd:?} printed on stderr: {err}");
+    }
 }

@@ -73,3 +73,37 @@ fn gc_sweeps_unreachable_snapshots_objects_and_packs() {
     git(&clone, &["checkout", "-q", "HEAD~1"]);
     assert_same_tree(&clone, &co);
 }
+
+/// A reachable tree that cannot be decoded stops gc before it deletes
+/// anything: what sits below it is unknown, so nothing may be swept.
+#[test]
+fn gc_fails_closed_on_an_undecodable_reachable_tree() {
+    let m = Mado::local();
+    let repo = fixture_repo(m.dir.path());
+    m.ok(&["import-git", repo.to_str().unwrap(), "--ref", "keep", "--no-packs"]);
+    std::fs::write(repo.join("only-in-b.txt"), "unique to b\n").unwrap();
+    git(&repo, &["add", "-A"]);
+    git(&repo, &["commit", "-qm", "b"]);
+    m.ok(&["import-git", repo.to_str().unwrap(), "--ref", "drop", "--no-packs"]);
+    std::fs::remove_file(m.store_dir().join("refs/drop")).unwrap();
+
+    // Rot the tree of `src/` (reachable from `keep`) in the store, and
+    // start from an empty cache so gc has to read it.
+    let objects = store_objects(&m.store_dir());
+    let src = objects
+        .iter()
+        .find_map(|(id, b)| {
+            let t = mado_core::object::Tree::decode(b).ok()?;
+            t.entries.iter().any(|e| e.name == b"lib.rs").then_some(*id)
+        })
+        .expect("the tree of src/");
+    let hex = src.to_hex();
+    std::fs::write(m.store_dir().join("objects").join(&hex[..2]).join(&hex), b"rotten").unwrap();
+    std::fs::remove_dir_all(m.cache_dir()).unwrap();
+
+    let before = count(&m.store_dir());
+    let err = m.fails(&["gc", "--grace", "0"], 2);
+    assert!(err.contains(&hex), "the error names the tree: {err}");
+    assert!(err.contains("deleted nothing"), "{err}");
+    assert_eq!(count(&m.store_dir()), before, "gc deleted something although it could not mark");
+}

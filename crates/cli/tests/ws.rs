@@ -26,9 +26,20 @@ fn checkpoint_resume_round_trip(m: &Mado) {
     std::fs::create_dir_all(&busy).unwrap();
     std::fs::write(busy.join("x"), "x").unwrap();
     assert!(m.fails(&["ws", "resume", "agent", busy.to_str().unwrap()], 1).contains("not empty"));
-    let r = m.json(&["ws", "resume", "agent", w2.to_str().unwrap()]);
-    assert!(r["lease_warning"].is_string(), "w1 holds the lease: {r}");
+    // w1 holds the lease: a resume is refused (exit 1, naming the holder
+    // and what to do) and leaves the target empty.
+    let err = m.fails(&["ws", "resume", "agent", w2.to_str().unwrap()], 1);
+    assert!(err.contains("leased by") && err.contains("w1") && err.contains("ws release"), "{err}");
+    assert!(!w2.exists() || std::fs::read_dir(&w2).unwrap().next().is_none(), "a refused resume left files");
+    // Released on w1, it is free at once (no --steal).
+    let rel = m.json(&["ws", "release", "--dir", w1.to_str().unwrap()]);
+    assert_eq!(rel["released"], true, "{rel}");
+    m.ok(&["ws", "resume", "agent", w2.to_str().unwrap()]);
     assert_same_state(&w1, &w2);
+    // Now w2 holds it: w1 cannot checkpoint until w2 lets go.
+    let err = m.fails(&["ws", "checkpoint", "--dir", w1.to_str().unwrap()], 1);
+    assert!(err.contains("leased by") && err.contains("w2"), "{err}");
+    m.ok(&["ws", "release", "--dir", w2.to_str().unwrap()]);
     // Nothing changed: a checkpoint is a no-op that reads no file.
     let again = m.json(&["ws", "checkpoint", "--dir", w1.to_str().unwrap()]);
     assert_eq!(again["unchanged"], true, "{again}");
@@ -79,7 +90,10 @@ fn two_writers_one_wins_the_other_gets_the_lease_error_minio() {
     setup(&m);
     let (a, b) = (m.dir.path().join("a"), m.dir.path().join("b"));
     m.ok(&["ws", "create", "shared", "--dir", a.to_str().unwrap()]);
+    // Both copies at the same head, the lease free: they race for it.
+    m.ok(&["ws", "release", "--dir", a.to_str().unwrap()]);
     m.ok(&["ws", "resume", "shared", b.to_str().unwrap()]);
+    m.ok(&["ws", "release", "--dir", b.to_str().unwrap()]);
     std::fs::write(a.join("from-a.txt"), "a\n").unwrap();
     std::fs::write(b.join("from-b.txt"), "b\n").unwrap();
     let run = |d: &Path| {
@@ -98,7 +112,7 @@ fn two_writers_one_wins_the_other_gets_the_lease_error_minio() {
     // Nothing lost: the winner's checkpoint resumes, the loser's edit is
     // still in its working copy.
     let c = m.dir.path().join("c");
-    m.ok(&["ws", "resume", "shared", c.to_str().unwrap()]);
+    m.ok(&["ws", "resume", "shared", c.to_str().unwrap(), "--read-only"]);
     assert_eq!(std::fs::read(c.join("from-a.txt")).unwrap(), b"a\n");
     assert_eq!(std::fs::read(b.join("from-b.txt")).unwrap(), b"b\n");
 }
@@ -140,7 +154,7 @@ fn a_checkpoint_killed_at_any_step_leaves_a_whole_snapshot() {
         let w = m.dir.path().join("w");
         m.ok(&["ws", "create", "crash", "--dir", w.to_str().unwrap()]);
         let before = m.dir.path().join("before");
-        m.ok(&["ws", "resume", "crash", before.to_str().unwrap()]);
+        m.ok(&["ws", "resume", "crash", before.to_str().unwrap(), "--read-only"]);
         edit(&w);
         let o =
             m.cmd(&["ws", "checkpoint", "--dir", w.to_str().unwrap()]).env("MADO_FAILPOINT", point).output().unwrap();
@@ -148,7 +162,7 @@ fn a_checkpoint_killed_at_any_step_leaves_a_whole_snapshot() {
         // A fresh resume sees the old snapshot or the whole new one.
         std::fs::remove_dir_all(m.cache_dir()).unwrap();
         let r = m.dir.path().join("after");
-        m.ok(&["ws", "resume", "crash", r.to_str().unwrap()]);
+        m.ok(&["ws", "resume", "crash", r.to_str().unwrap(), "--read-only"]);
         let moved = point == "checkpoint-after-ref";
         if moved {
             assert_same_state(&w, &r);
@@ -164,7 +178,7 @@ fn a_checkpoint_killed_at_any_step_leaves_a_whole_snapshot() {
         m.ok(&["ws", "checkpoint", "--dir", w.to_str().unwrap()]);
         std::fs::remove_dir_all(m.cache_dir()).unwrap();
         let r2 = m.dir.path().join("after2");
-        m.ok(&["ws", "resume", "crash", r2.to_str().unwrap()]);
+        m.ok(&["ws", "resume", "crash", r2.to_str().unwrap(), "--read-only"]);
         assert_same_state(&w, &r2);
     }
 }
@@ -187,9 +201,66 @@ fn the_stat_cache_rereads_only_changed_files() {
     // A cold resume reads through the base pack and the delta pack.
     std::fs::remove_dir_all(m.cache_dir()).unwrap();
     let r = m.dir.path().join("r");
-    let out = m.cmd(&["ws", "resume", "sc", r.to_str().unwrap(), "--verbose"]).output().unwrap();
+    let out = m.cmd(&["ws", "resume", "sc", r.to_str().unwrap(), "--verbose", "--read-only"]).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
     assert!(err.contains("2 exploded"), "{err}");
     assert_eq!(std::fs::read(r.join("README.md")).unwrap(), b"# changed\n");
+}
+
+/// Like a push that is not a fast-forward: a working copy whose base is
+/// older than the workspace's head does not silently drop the newer
+/// checkpoints (`--steal` takes a lease, it never discards work).
+#[test]
+fn a_stale_working_copy_does_not_overwrite_newer_checkpoints() {
+    let m = Mado::local();
+    setup(&m);
+    let (a, b) = (m.dir.path().join("a"), m.dir.path().join("b"));
+    m.ok(&["ws", "create", "st", "--dir", a.to_str().unwrap()]);
+    std::fs::write(a.join("c1.txt"), "c1\n").unwrap();
+    m.ok(&["ws", "checkpoint", "--dir", a.to_str().unwrap(), "-m", "c1"]);
+    m.ok(&["ws", "release", "--dir", a.to_str().unwrap()]);
+    m.ok(&["ws", "resume", "st", b.to_str().unwrap()]);
+    std::fs::write(b.join("c2.txt"), "c2\n").unwrap();
+    let c2 = m.json(&["ws", "checkpoint", "--dir", b.to_str().unwrap(), "-m", "c2"]);
+    m.ok(&["ws", "release", "--dir", b.to_str().unwrap()]);
+    // Back in A, still based on c1.
+    std::fs::write(a.join("c3.txt"), "c3\n").unwrap();
+    for extra in [&[][..], &["--steal"][..]] {
+        let mut args = vec!["ws", "checkpoint", "--dir", a.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let err = m.fails(&args, 1);
+        let c2_short = &c2["snapshot"].as_str().unwrap()[..12];
+        assert!(err.contains("moved to") && err.contains(c2_short) && err.contains("--force"), "{err}");
+    }
+    let head = m.json(&["ws", "list"])[0]["snapshot"].clone();
+    assert_eq!(head, c2["snapshot"], "the refused checkpoint moved the head");
+    // --force replaces the head with A's tree (c2 stays in the log).
+    m.ok(&["ws", "checkpoint", "--dir", a.to_str().unwrap(), "--force", "-m", "c3"]);
+    let log = m.json(&["ws", "log", "st"]);
+    assert_eq!(log[1]["message"], "c2", "{log}");
+}
+
+/// A checkpoint killed after its ref moved but before the working copy
+/// recorded its new head: the next checkpoint knows the head is its own.
+#[test]
+fn a_checkpoint_killed_after_the_ref_moved_is_not_taken_for_a_stale_copy() {
+    let m = Mado::local();
+    setup(&m);
+    let w = m.dir.path().join("w");
+    m.ok(&["ws", "create", "k", "--dir", w.to_str().unwrap()]);
+    std::fs::write(w.join("one.txt"), "1\n").unwrap();
+    let o = m
+        .cmd(&["ws", "checkpoint", "--dir", w.to_str().unwrap()])
+        .env("MADO_FAILPOINT", "checkpoint-after-ref")
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    std::fs::write(w.join("two.txt"), "2\n").unwrap();
+    let cp = m.json(&["ws", "checkpoint", "--dir", w.to_str().unwrap()]);
+    assert_eq!(cp["unchanged"], false, "{cp}");
+    let st: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(w.join(".mado/workspace.json")).unwrap()).unwrap();
+    assert_eq!(st["head"], cp["snapshot"], "{st}");
+    assert!(st.get("pending").is_none(), "{st}");
 }

@@ -93,8 +93,12 @@ fn a_mounted_workspace_checkpoints_what_a_plain_directory_would_and_resumes_iden
     // Elsewhere, from an empty cache: identical to the mount, mtimes too.
     let other_cache = m.dir.path().join("other-cache");
     let w2 = m.dir.path().join("w2");
-    let o =
-        m.cmd(&["ws", "resume", "mounted", w2.to_str().unwrap()]).env("MADO_CACHE_DIR", &other_cache).output().unwrap();
+    // The mount holds the lease: a copy elsewhere is read-only.
+    let o = m
+        .cmd(&["ws", "resume", "mounted", w2.to_str().unwrap(), "--read-only"])
+        .env("MADO_CACHE_DIR", &other_cache)
+        .output()
+        .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert_same_state(&mnt.dir, &w2);
 
@@ -144,14 +148,18 @@ fn uncheckpointed_changes_survive_an_unmount_and_a_killed_daemon() {
     assert_eq!(errno_of(std::fs::remove_dir(d.join("src2"))), Some(39), "ENOTEMPTY");
     assert_eq!(errno_of(std::fs::rename(d.join("src2"), d.join("src2/in"))), Some(22), "EINVAL");
 
-    // Another working copy can read, but not checkpoint, while the mount
-    // holds the lease.
+    // While the mount holds the lease, a resume elsewhere is refused,
+    // naming the holder, and leaves nothing behind; a --read-only copy can
+    // be made, but never checkpoints.
     let other = m.dir.path().join("other");
-    let r = m.json(&["ws", "resume", "keep", other.to_str().unwrap()]);
-    assert!(r["lease_warning"].as_str().unwrap().contains("mnt-keep"), "{r}");
+    let err = m.fails(&["ws", "resume", "keep", other.to_str().unwrap()], 1);
+    assert!(err.contains("leased by") && err.contains("mnt-keep"), "{err}");
+    assert!(!other.exists() || std::fs::read_dir(&other).unwrap().next().is_none(), "a refused resume left files");
+    let r = m.json(&["ws", "resume", "keep", other.to_str().unwrap(), "--read-only"]);
+    assert_eq!(r["read_only"], true, "{r}");
     std::fs::write(other.join("c.txt"), "c\n").unwrap();
     let err = m.fails(&["ws", "checkpoint", "--dir", other.to_str().unwrap()], 1);
-    assert!(err.contains("leased by"), "{err}");
+    assert!(err.contains("read-only"), "{err}");
 
     // Another workspace's name is refused before anything is uploaded.
     let err = m.fails(&["ws", "checkpoint", "nope", "--dir", mnt.path()], 1);
@@ -161,12 +169,20 @@ fn uncheckpointed_changes_survive_an_unmount_and_a_killed_daemon() {
     assert!(m.ok(&["ls", "ws/keep", "vendor2"]).contains("gitlink"), "the gitlink is kept");
     let w = m.dir.path().join("w");
     let o = m
-        .cmd(&["ws", "resume", "keep", w.to_str().unwrap()])
+        .cmd(&["ws", "resume", "keep", w.to_str().unwrap(), "--read-only"])
         .env("MADO_CACHE_DIR", m.dir.path().join("c2"))
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert_same_state(&mnt.dir, &w);
+    // A clean unmount releases the lease: a resume elsewhere takes it at
+    // once, with no --steal, and can checkpoint.
+    mnt.umount();
+    let w3 = m.dir.path().join("w3");
+    m.ok(&["ws", "resume", "keep", w3.to_str().unwrap()]);
+    std::fs::write(w3.join("after-umount.txt"), "x\n").unwrap();
+    let cp = m.json(&["ws", "checkpoint", "--dir", w3.to_str().unwrap()]);
+    assert_eq!(cp["unchanged"], false, "{cp}");
 }
 
 #[test]
@@ -183,4 +199,89 @@ fn a_read_only_snapshot_mount_refuses_writes_and_checkpoints() {
     assert_eq!(errno_of(std::fs::write(dir.join("x"), "x")), Some(30), "EROFS");
     let err = m.fails(&["ws", "checkpoint", "--dir", dir.to_str().unwrap()], 1);
     assert!(err.contains("read-only"), "{err}");
+}
+
+#[test]
+fn a_second_mount_and_a_non_empty_directory_are_refused() {
+    if !fuse_usable() {
+        return;
+    }
+    let m = Mado::local();
+    setup(&m);
+    let dir = m.dir.path().join("ro");
+    std::fs::create_dir_all(&dir).unwrap();
+    m.ok(&["mount", "main", dir.to_str().unwrap()]);
+    let _g = WsMount { m: &m, dir: dir.clone() };
+    let err = m.fails(&["mount", "main", dir.to_str().unwrap()], 1);
+    assert!(err.contains("already a mount point"), "{err}");
+    // One umount leaves no mount behind (no second daemon was stacked).
+    m.ok(&["umount", dir.to_str().unwrap()]);
+    assert!(std::fs::read_dir(&dir).unwrap().next().is_none(), "still mounted after one umount");
+    std::fs::write(dir.join("mine.txt"), "mine\n").unwrap();
+    let err = m.fails(&["mount", "main", dir.to_str().unwrap()], 1);
+    assert!(err.contains("not empty"), "{err}");
+    assert_eq!(std::fs::read(dir.join("mine.txt")).unwrap(), b"mine\n");
+}
+
+/// Two handles of one lower file: the reader opened it before the writer
+/// copied it up; reads of ranges the reader never read before return the
+/// written bytes, for a whole blob and for a chunked file.
+#[test]
+fn a_reader_sees_every_completed_write_through_another_handle() {
+    use std::os::unix::fs::FileExt;
+    if !fuse_usable() {
+        return;
+    }
+    let m = Mado::local();
+    setup(&m);
+    let mnt = create(&m, "coherent");
+    for (name, at) in [("README.md", 4u64), ("big.bin", 3 << 20)] {
+        let p = mnt.dir.join(name);
+        let reader = std::fs::File::open(&p).unwrap();
+        let mut first = [0u8; 2];
+        reader.read_exact_at(&mut first, 0).unwrap();
+        let writer = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+        writer.write_all_at(b"WRITTEN", at).unwrap();
+        drop(writer);
+        let mut got = [0u8; 7];
+        reader.read_exact_at(&mut got, at).unwrap();
+        assert_eq!(&got, b"WRITTEN", "{name}: the reader saw stale bytes");
+    }
+}
+
+/// A state that cannot be saved is not silent: `mado stats` names the
+/// failure and a checkpoint is refused until a save works again.
+#[test]
+fn a_failing_state_save_is_reported_and_blocks_checkpoints() {
+    if !fuse_usable() {
+        return;
+    }
+    let m = Mado::local();
+    setup(&m);
+    let mnt = create(&m, "nosave");
+    let st = m.json(&["stats", mnt.path()]);
+    let state_dir = std::path::PathBuf::from(st["workspace"]["state_dir"].as_str().unwrap());
+    // A directory where overlay.json goes: every save's rename fails.
+    let overlay = state_dir.join("overlay.json");
+    std::fs::remove_file(&overlay).unwrap();
+    std::fs::create_dir_all(overlay.join("blocker")).unwrap();
+    std::fs::write(mnt.dir.join("new.txt"), "new\n").unwrap();
+    let mut reported = serde_json::Value::Null;
+    for _ in 0..50 {
+        reported = m.json(&["stats", mnt.path()])["workspace"]["last_save_error"].clone();
+        if reported.is_string() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(reported.as_str().is_some_and(|e| e.contains("overlay.json")), "{reported}");
+    let err = m.fails(&["ws", "checkpoint", "--dir", mnt.path()], 1);
+    assert!(err.contains("cannot be saved"), "{err}");
+    // Fixed: the next change saves, and the checkpoint goes through.
+    std::fs::remove_dir_all(&overlay).unwrap();
+    std::fs::write(mnt.dir.join("new2.txt"), "new2\n").unwrap();
+    let cp = mnt.checkpoint("after the fix");
+    assert_eq!(cp["unchanged"], false, "{cp}");
+    let st = m.json(&["stats", mnt.path()]);
+    assert!(st["workspace"]["last_save_error"].is_null(), "{st}");
 }

@@ -31,6 +31,8 @@ pub struct DiskCache {
     /// Bytes stored, tracked only when capped (seeded by a scan at open).
     size: AtomicU64,
     evict_lock: Mutex<()>,
+    /// The "cache is full" warning was printed (once per process).
+    full_warned: std::sync::atomic::AtomicBool,
     pub counters: CacheCounters,
 }
 
@@ -98,8 +100,14 @@ impl DiskCache {
 
     pub fn open(root: PathBuf, cap: Option<u64>) -> Result<DiskCache> {
         fs::create_dir_all(root.join("objects")).map_err(Error::io(format!("creating cache {}", root.display())))?;
-        let c =
-            DiskCache { root, cap, size: AtomicU64::new(0), evict_lock: Mutex::new(()), counters: Default::default() };
+        let c = DiskCache {
+            root,
+            cap,
+            size: AtomicU64::new(0),
+            evict_lock: Mutex::new(()),
+            full_warned: Default::default(),
+            counters: Default::default(),
+        };
         if cap.is_some() {
             c.size.store(c.usage().bytes, Relaxed);
         }
@@ -183,6 +191,17 @@ impl DiskCache {
         };
         if let Err(e) = write(&tmp) {
             let _ = fs::remove_file(&tmp);
+            if matches!(e.raw_os_error(), Some(n) if n == rustix::io::Errno::NOSPC.raw_os_error() || n == rustix::io::Errno::DQUOT.raw_os_error())
+                && !self.full_warned.swap(true, Relaxed)
+            {
+                // Callers go on without the cache (a read still returns its
+                // bytes): say so once, not once per object.
+                eprintln!(
+                    "warning: the disk cache at {} is full ({e}); reads go on, but nothing more is cached \
+                     until space is freed (or set MADO_DISK_CACHE_MAX_BYTES to cap it)",
+                    self.root.display()
+                );
+            }
             return Err(Error::Io { context: format!("writing cache entry {}", p.display()), source: e });
         }
         self.counters.writes.fetch_add(1, Relaxed);

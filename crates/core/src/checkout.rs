@@ -199,7 +199,7 @@ pub fn set_mtimes(dest: &Path, items: &[(Vec<u8>, i64, u32)]) -> Result<()> {
     Ok(())
 }
 
-pub(crate) fn is_empty_dir(p: &Path) -> Result<bool> {
+pub fn is_empty_dir(p: &Path) -> Result<bool> {
     match std::fs::read_dir(p) {
         Ok(mut it) => Ok(it.next().is_none()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(true),

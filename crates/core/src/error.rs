@@ -44,6 +44,10 @@ pub enum Error {
         source: Box<object_store::Error>,
     },
 
+    /// A workspace's single-writer lease is held by another working copy.
+    #[error("{}", lease_message(name, holder, *expires, *expired))]
+    LeaseHeld { name: String, holder: String, expires: i64, expired: bool },
+
     #[error("git: {0}")]
     Git(String),
 
@@ -57,6 +61,42 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// Seconds since the epoch as local time (`2026-11-23 18:04:05 +01:00`).
+pub fn local_time(secs: i64) -> String {
+    match jiff::Timestamp::from_second(secs) {
+        Ok(t) => t.to_zoned(jiff::tz::TimeZone::system()).strftime("%Y-%m-%d %H:%M:%S %:z").to_string(),
+        Err(_) => format!("{secs} (unix time)"),
+    }
+}
+
+fn lease_message(name: &str, holder: &str, expires: i64, expired: bool) -> String {
+    let who = describe_holder(holder);
+    if expired {
+        format!(
+            "workspace {name} is leased by {who}; the lease expired at {}.\n  \
+             hint: run again with --steal to take it (its checkpoints stay), or `mado ws release {name}` on the holder",
+            local_time(expires)
+        )
+    } else {
+        format!(
+            "workspace {name} is leased by {who} until {}.\n  \
+             hint: `mado ws release {name}` (or unmount) on the holder; --steal once it has expired; \
+             or `mado ws resume --read-only` for a copy that will not checkpoint",
+            local_time(expires)
+        )
+    }
+}
+
+/// `user@host:/path:nonce` as "user on host (working copy /path)".
+fn describe_holder(h: &str) -> String {
+    let parsed = h.split_once('@').and_then(|(user, rest)| {
+        let (host, rest) = rest.split_once(':')?;
+        let (path, _nonce) = rest.rsplit_once(':')?;
+        Some(format!("{user} on {host} (working copy {path})"))
+    });
+    parsed.unwrap_or_else(|| h.to_string())
 }
 
 fn at(path: &str) -> String {
@@ -79,7 +119,14 @@ impl Error {
 
     /// True for errors caused by what the user asked for (exit code 1).
     pub fn is_user_error(&self) -> bool {
-        matches!(self, Error::NotFound(_) | Error::User(_) | Error::RefMoved { .. } | Error::UnsafePath { .. })
+        matches!(
+            self,
+            Error::NotFound(_)
+                | Error::User(_)
+                | Error::RefMoved { .. }
+                | Error::UnsafePath { .. }
+                | Error::LeaseHeld { .. }
+        )
     }
 
     /// A refused filesystem operation (`errno` as in libc).

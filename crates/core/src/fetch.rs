@@ -340,7 +340,7 @@ impl Fetcher {
         if idx.tree != tree {
             return Ok(Err(Attach::OtherTree { found: idx.tree.to_hex() }));
         }
-        save_atomic(&local, &bytes);
+        crate::fsutil::save_cache_file(&local, &bytes);
         Ok(Ok((idx, Discovery::DerivedPointer)))
     }
 
@@ -495,7 +495,7 @@ impl Fetcher {
         // One process at a time per pack; the loser then finds the cache full.
         let lock_path = self.cache.root().join("packs").join("locks").join(format!("{}.lock", pack.id.to_hex()));
         // Without the lock (an unwritable cache) we may fetch twice: still correct.
-        let _lock = lock_file(lock_path).await.ok();
+        let _lock = crate::fsutil::lock_file(lock_path).await.ok();
         let (lo, hi) = self.span(&pack);
         if pack.members.is_empty() || pack.members[lo..=hi].iter().all(|m| self.cache.contains(&m.id)) {
             finish(&flight);
@@ -696,36 +696,4 @@ impl Fetcher {
         }
         Ok(found)
     }
-}
-
-/// Writes `bytes` to `path` via a temp file and rename; best effort.
-pub(crate) fn save_atomic(path: &std::path::Path, bytes: &[u8]) {
-    if let Some(dir) = path.parent() {
-        let _ = std::fs::create_dir_all(dir);
-        let tmp = dir.join(format!(".tmp-{}-{}", std::process::id(), rand::random::<u64>()));
-        if std::fs::write(&tmp, bytes).is_ok() && std::fs::rename(&tmp, path).is_err() {
-            let _ = std::fs::remove_file(&tmp);
-        }
-    }
-}
-
-/// Takes an exclusive flock on `path` (created if missing), off the async
-/// threads; released when the returned file is dropped.
-pub(crate) async fn lock_file(path: PathBuf) -> Result<std::fs::File> {
-    tokio::task::spawn_blocking(move || {
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).map_err(Error::io(format!("creating {}", dir.display())))?;
-        }
-        let f = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .map_err(Error::io(format!("opening lock {}", path.display())))?;
-        rustix::fs::flock(&f, rustix::fs::FlockOperation::LockExclusive)
-            .map_err(|e| Error::Io { context: format!("locking {}", path.display()), source: e.into() })?;
-        Ok(f)
-    })
-    .await
-    .map_err(|e| Error::Io { context: "lock task".into(), source: std::io::Error::other(e) })?
 }

@@ -83,6 +83,7 @@ pub async fn gc(f: &Arc<Fetcher>, grace: Duration, dry_run: bool) -> Result<GcRe
     report.refs = refs.len();
     let mut snaps: HashSet<Hash> = HashSet::new();
     let mut roots: HashSet<Hash> = HashSet::new();
+    let mut stats: HashSet<Hash> = HashSet::new();
     let mut todo: Vec<Hash> = refs.iter().map(|(_, v)| v.snapshot).collect();
     while let Some(id) = todo.pop() {
         if !snaps.insert(id) {
@@ -91,13 +92,16 @@ pub async fn gc(f: &Arc<Fetcher>, grace: Duration, dry_run: bool) -> Result<GcRe
         let s = f.snapshot(id).await?;
         roots.insert(s.root);
         if let Some(stat) = s.stat {
-            roots.insert(stat);
+            stats.insert(stat);
         }
         todo.extend(s.parents);
     }
-    // Mark objects: trees level by level (the roots' indexes carry the
-    // trees inline), manifests to their chunks.
-    let mut live: HashSet<Hash> = HashSet::new();
+    // Mark objects: stat objects directly (they are leaves), trees level
+    // by level (the roots' indexes carry the trees inline), manifests to
+    // their chunks. Fail closed: a reachable tree that cannot be read or
+    // decoded stops gc before anything is deleted, since what it would
+    // have kept alive is unknown.
+    let mut live: HashSet<Hash> = stats;
     for r in &roots {
         let _ = f.attach(*r).await?;
     }
@@ -105,23 +109,19 @@ pub async fn gc(f: &Arc<Fetcher>, grace: Duration, dry_run: bool) -> Result<GcRe
     let mut manifests = Vec::new();
     while !level.is_empty() {
         level.retain(|id| live.insert(*id));
-        let trees: Vec<_> = futures::stream::iter(level.iter().map(|id| {
-            let f = f.clone();
-            let id = *id;
-            async move {
-                match f.tree(id, "").await {
-                    Ok(t) => Ok(Some(t)),
-                    // A stat object or another non-tree root: a leaf.
-                    Err(Error::Corrupt { .. }) => Ok(None),
-                    Err(e) => Err(e),
+        let trees: Vec<_> =
+            futures::stream::iter(level.iter().map(|id| {
+                let f = f.clone();
+                let id = *id;
+                async move {
+                    f.tree(id, "").await.map_err(|e| e.at_path("a reachable tree: gc stopped and deleted nothing"))
                 }
-            }
-        }))
-        .buffered(CONCURRENCY)
-        .try_collect()
-        .await?;
+            }))
+            .buffered(CONCURRENCY)
+            .try_collect()
+            .await?;
         let mut next = Vec::new();
-        for t in trees.into_iter().flatten() {
+        for t in trees {
             for e in t.entries {
                 match e.kind {
                     Kind::Directory => next.push(e.id),

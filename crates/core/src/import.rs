@@ -314,11 +314,18 @@ pub async fn upload_closure(
         report.objects_uploaded += sizes.len() as u64;
         report.bytes_uploaded += sizes.iter().sum::<u64>();
     }
-    // Trees deepest level first. A tree reachable at two depths must go in
-    // at the deepest: remove it from shallower levels.
-    let mut placed = HashSet::new();
-    for level in missing_levels.iter().rev() {
-        let batch: Vec<Hash> = level.iter().copied().filter(|id| placed.insert(*id)).collect();
+    // Trees by height: a tree goes up only once every missing tree below it
+    // is in the store, whatever depth it was first reached at (a subtree
+    // shared by two paths at different depths gets one height).
+    let mut missing_trees: Vec<Hash> = missing_levels.into_iter().flatten().collect();
+    missing_trees.sort();
+    missing_trees.dedup();
+    for (i, batch) in
+        tree_batches(&missing_trees, |id| staged.trees.get(id).map(|(_, k)| k.as_slice())).into_iter().enumerate()
+    {
+        if i > 0 {
+            crate::failpoint::hit("upload-between-tree-batches");
+        }
         let n: Vec<u64> = futures::stream::iter(batch.into_iter().map(|id| async move {
             let bytes = staged.trees[&id].0.clone();
             let n = bytes.len() as u64;
@@ -333,6 +340,45 @@ pub async fn upload_closure(
         report.bytes_uploaded += n.iter().sum::<u64>();
     }
     Ok(report)
+}
+
+/// Groups `trees` (the trees to upload) into batches by height: batch 0
+/// holds trees none of whose children is in `trees`, batch k trees whose
+/// highest child in `trees` is in batch k-1. Uploading batch after batch
+/// keeps the closure rule. Iterative, so a tree thousands of levels deep
+/// cannot overflow the stack.
+pub(crate) fn tree_batches<'a>(trees: &[Hash], kids: impl Fn(&Hash) -> Option<&'a [Hash]>) -> Vec<Vec<Hash>> {
+    let wanted: HashSet<Hash> = trees.iter().copied().collect();
+    let mut height: HashMap<Hash, usize> = HashMap::with_capacity(trees.len());
+    for start in trees {
+        if height.contains_key(start) {
+            continue;
+        }
+        // Post-order: (tree, children already pushed?).
+        let mut stack = vec![(*start, false)];
+        while let Some((id, expanded)) = stack.pop() {
+            if height.contains_key(&id) {
+                continue;
+            }
+            let children: Vec<Hash> = kids(&id).unwrap_or(&[]).iter().copied().filter(|k| wanted.contains(k)).collect();
+            if !expanded {
+                stack.push((id, true));
+                stack.extend(children.into_iter().filter(|k| !height.contains_key(k)).map(|k| (k, false)));
+                continue;
+            }
+            let h = children.iter().filter_map(|k| height.get(k)).map(|h| h + 1).max().unwrap_or(0);
+            height.insert(id, h);
+        }
+    }
+    let mut batches: Vec<Vec<Hash>> = Vec::new();
+    for id in trees {
+        let h = height[id];
+        if batches.len() <= h {
+            batches.resize_with(h + 1, Vec::new);
+        }
+        batches[h].push(*id);
+    }
+    batches
 }
 
 /// One imported commit.
@@ -496,4 +542,65 @@ pub async fn import_git(
         .await
         .map_err(|e| Error::Io { context: "import task".into(), source: std::io::Error::other(e) })??;
     publish(remote, &cache, &staged, &revs, ref_name, packs).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn h(n: u8) -> Hash {
+        Hash([n; 32])
+    }
+
+    /// Checks the closure rule on a batch plan: every tree's children
+    /// that are uploaded too sit in strictly earlier batches.
+    fn assert_closure(batches: &[Vec<Hash>], kids: &HashMap<Hash, Vec<Hash>>) {
+        let mut batch_of = HashMap::new();
+        for (i, b) in batches.iter().enumerate() {
+            for id in b {
+                assert!(batch_of.insert(*id, i).is_none(), "{id} planned twice");
+            }
+        }
+        for (id, b) in &batch_of {
+            for k in kids.get(id).into_iter().flatten() {
+                if let Some(kb) = batch_of.get(k) {
+                    assert!(kb < b, "{k} (batch {kb}) does not go before its parent {id} (batch {b})");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_subtree_at_two_depths_goes_before_both_parents() {
+        // root -> a -> b -> shared -> leaf; root -> shared (shallow).
+        let kids: HashMap<Hash, Vec<Hash>> =
+            [(h(1), vec![h(2), h(4)]), (h(2), vec![h(3)]), (h(3), vec![h(4)]), (h(4), vec![h(5)]), (h(5), vec![])]
+                .into_iter()
+                .collect();
+        let trees: Vec<Hash> = (1..=5).map(h).collect();
+        let batches = tree_batches(&trees, |id| kids.get(id).map(|v| v.as_slice()));
+        assert_closure(&batches, &kids);
+        assert_eq!(batches.len(), 5, "a chain of five trees needs five batches: {batches:?}");
+        assert_eq!(batches[0], vec![h(5)]);
+        assert_eq!(batches[4], vec![h(1)]);
+        // Children already in the store (not in `trees`) do not delay a parent.
+        let partial = tree_batches(&[h(1), h(2)], |id| kids.get(id).map(|v| v.as_slice()));
+        assert_eq!(partial, vec![vec![h(2)], vec![h(1)]]);
+    }
+
+    #[test]
+    fn deep_chains_do_not_overflow_the_stack() {
+        let n = 20_000u32;
+        let id = |i: u32| {
+            let mut b = [0u8; 32];
+            b[..4].copy_from_slice(&i.to_le_bytes());
+            Hash(b)
+        };
+        let kids: HashMap<Hash, Vec<Hash>> =
+            (0..n).map(|i| (id(i), if i + 1 < n { vec![id(i + 1)] } else { vec![] })).collect();
+        let trees: Vec<Hash> = (0..n).map(id).collect();
+        let batches = tree_batches(&trees, |x| kids.get(x).map(|v| v.as_slice()));
+        assert_eq!(batches.len(), n as usize);
+        assert_closure(&batches, &kids);
+    }
 }

@@ -71,9 +71,11 @@ pub struct Attr {
 /// An open file: its content source.
 pub enum OpenFile {
     /// A whole blob, with the cache file holding it (for passthrough).
-    Whole { data: Bytes, cache_path: Option<PathBuf> },
+    /// `ino` is set on a read-write mount, where the file may be copied up
+    /// and written through another handle while this one is open.
+    Whole { data: Bytes, cache_path: Option<PathBuf>, ino: Option<u64> },
     /// A chunked file: chunks are read as ranges are asked for.
-    Chunked { entry: Entry, manifest: ChunkManifest, starts: Vec<u64> },
+    Chunked { entry: Entry, manifest: ChunkManifest, starts: Vec<u64>, ino: Option<u64> },
     /// A file of the upper layer, read (and written) in place.
     Upper { file: std::fs::File, ino: u64, writable: bool },
 }
@@ -568,12 +570,13 @@ impl SnapshotFs {
                 starts.push(at);
                 at += len;
             }
-            return Ok(OpenFile::Chunked { entry: e, manifest, starts });
+            let ino = self.is_writable().then_some(ino);
+            return Ok(OpenFile::Chunked { entry: e, manifest, starts, ino });
         }
         let data = self.timed("opening a file", self.fetcher.content(&e, &path)).await?;
         let p = self.fetcher.cache.entry_path(&e.id);
         let cache_path = p.exists().then_some(p);
-        Ok(OpenFile::Whole { data, cache_path })
+        Ok(OpenFile::Whole { data, cache_path, ino: self.is_writable().then_some(ino) })
     }
 
     /// Opens a file for writing (copying it up first).
@@ -633,6 +636,20 @@ impl SnapshotFs {
     /// `size` bytes at `offset` of an open file (fewer at the end).
     pub async fn read(&self, f: &OpenFile, offset: u64, size: u32) -> Result<Bytes> {
         self.reads.fetch_add(1, Relaxed);
+        if let OpenFile::Whole { ino: Some(ino), .. } | OpenFile::Chunked { ino: Some(ino), .. } = f {
+            // Opened from the lower layer: once another handle copied the
+            // file up, its bytes are the upper file's (a reader sees every
+            // completed write).
+            let blob = match &self.st().get(*ino)?.body {
+                Body::Upper { blob, .. } => Some(*blob),
+                _ => None,
+            };
+            if let Some(blob) = blob {
+                let p = self.blob_path(blob)?;
+                let file = std::fs::File::open(&p).map_err(Error::io(format!("opening {}", p.display())))?;
+                return read_upper(&file, offset, size);
+            }
+        }
         match f {
             OpenFile::Whole { data, .. } => {
                 let start = (offset as usize).min(data.len());
@@ -640,7 +657,7 @@ impl SnapshotFs {
                 Ok(data.slice(start..end))
             }
             OpenFile::Upper { file, .. } => read_upper(file, offset, size),
-            OpenFile::Chunked { entry, manifest, starts } => {
+            OpenFile::Chunked { entry, manifest, starts, .. } => {
                 let end = (offset + size as u64).min(manifest.size);
                 if offset >= end {
                     return Ok(Bytes::new());
@@ -961,6 +978,13 @@ impl SnapshotFs {
     /// every path's mtime. Blocking (reads upper files): call it from a
     /// blocking thread.
     pub fn build(&self, cache: &DiskCache, staged: &mut Staged) -> Result<Built> {
+        self.build_with(cache, staged, || {})
+    }
+
+    /// [`SnapshotFs::build`], running `between` after the changed files were
+    /// hashed and before the tree is encoded (where other requests may
+    /// change the tree: tests put those changes there).
+    fn build_with(&self, cache: &DiskCache, staged: &mut Staged, between: impl FnOnce()) -> Result<Built> {
         let upper_dir = self.upper_dir()?;
         // Hash changed files without holding the lock.
         let dirty: Vec<(u64, u64, u64)> = {
@@ -983,14 +1007,18 @@ impl SnapshotFs {
             let data = std::fs::read(&p).map_err(Error::io(format!("reading {}", p.display())))?;
             hashed.push((*ino, *version, staged.content(cache, &data)?));
         }
+        between();
         let mut st = self.st_mut();
-        let mut kept = 0;
+        // Files hashed here are counted as read, not as unchanged, when the
+        // tree walk below meets them (if it still does: they may have been
+        // unlinked or renamed away meanwhile).
+        let mut fresh = std::collections::HashSet::new();
         for (ino, version, id) in hashed {
             let n = st.get_mut(ino)?;
             if n.version == version {
                 if let Body::Upper { clean, .. } = &mut n.body {
                     *clean = Some(id);
-                    kept += 1;
+                    fresh.insert(ino);
                 }
             }
         }
@@ -1001,10 +1029,8 @@ impl SnapshotFs {
             files_unchanged: 0,
             trees_built: 0,
         };
-        let root = self.build_node(&mut st, ROOT_INO, &[], cache, staged, &upper_dir, &mut b)?;
+        let root = self.build_node(&mut st, ROOT_INO, &[], cache, staged, &upper_dir, &fresh, &mut b)?;
         b.root = root.id;
-        // Files hashed above were counted again as known.
-        b.files_unchanged -= kept;
         b.stat.entries.sort();
         Ok(b)
     }
@@ -1018,6 +1044,7 @@ impl SnapshotFs {
         cache: &DiskCache,
         staged: &mut Staged,
         upper_dir: &Path,
+        fresh: &std::collections::HashSet<u64>,
         b: &mut Built,
     ) -> Result<Entry> {
         let n = st.get(ino)?.clone();
@@ -1032,7 +1059,7 @@ impl SnapshotFs {
             Body::Dir { clean, children: Some(ch), .. } => {
                 let mut entries = Vec::with_capacity(ch.len());
                 for (name, c) in ch {
-                    entries.push(self.build_node(st, *c, &join(path, name), cache, staged, upper_dir, b)?);
+                    entries.push(self.build_node(st, *c, &join(path, name), cache, staged, upper_dir, fresh, b)?);
                 }
                 let id = match clean {
                     Some(id) => *id,
@@ -1056,7 +1083,9 @@ impl SnapshotFs {
             }
             Body::Lower(e) => entry(e.kind, e.chunked, e.size, e.id),
             Body::Upper { clean: Some((id, chunked)), size, .. } => {
-                b.files_unchanged += 1;
+                if !fresh.contains(&ino) {
+                    b.files_unchanged += 1;
+                }
                 entry(file_kind(n.perm), *chunked, *size, *id)
             }
             Body::Upper { blob, clean: None, .. } => {
@@ -1290,5 +1319,44 @@ impl SnapshotFs {
         }
         *fs.state.write().expect("state lock") = st;
         Ok(fs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{OpenOptions, Remote};
+
+    /// A read-write filesystem over an empty tree, in `dir`.
+    fn empty_workspace(dir: &Path) -> (SnapshotFs, Arc<DiskCache>) {
+        let remote =
+            Arc::new(Remote::open(&format!("file://{}/store", dir.display()), &OpenOptions::default()).unwrap());
+        let cache = Arc::new(DiskCache::open(dir.join("cache"), None).unwrap());
+        let empty = Tree::normalized(Vec::new()).unwrap().encode();
+        let root = Hash::of(&empty);
+        cache.put(&root, &empty).unwrap();
+        let f = Fetcher::new(remote, cache.clone());
+        (SnapshotFs::writable(f, root, 0, dir.join("upper"), None).unwrap(), cache)
+    }
+
+    #[tokio::test]
+    async fn a_file_unlinked_while_a_checkpoint_hashes_it_is_counted_once() {
+        let d = tempfile::tempdir().unwrap();
+        let (fs, cache) = empty_workspace(d.path());
+        let (a, f) = fs.create(ROOT_INO, b"gone", 0o644).await.unwrap();
+        fs.write(&f, 0, b"hashed, then unlinked").unwrap();
+        let (_, g) = fs.create(ROOT_INO, b"kept", 0o644).await.unwrap();
+        fs.write(&g, 0, b"stays").unwrap();
+        let mut staged = Staged::default();
+        let unlink = || {
+            futures::executor::block_on(fs.unlink(ROOT_INO, b"gone")).unwrap();
+        };
+        let b = fs.build_with(&cache, &mut staged, unlink).unwrap();
+        assert!(fs.getattr(a.ino).is_ok());
+        assert_eq!(b.files_read, 2, "{b:?}");
+        assert_eq!(b.files_unchanged, 0, "{b:?}");
+        // Nothing changed since: the next build reads nothing and knows one file.
+        let b = fs.build(&cache, &mut Staged::default()).unwrap();
+        assert_eq!((b.files_read, b.files_unchanged, b.trees_built), (0, 1, 0), "{b:?}");
     }
 }

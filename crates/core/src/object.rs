@@ -98,8 +98,26 @@ pub fn check_name(name: &[u8]) -> Result<(), String> {
     if name.contains(&0) {
         return Err(format!("entry name {:?} contains NUL", String::from_utf8_lossy(name)));
     }
+    if name.len() > MAX_NAME_BYTES {
+        return Err(format!(
+            "entry name {:?}... is {} bytes long; filesystems allow at most {MAX_NAME_BYTES}",
+            String::from_utf8_lossy(&name[..32]),
+            name.len()
+        ));
+    }
+    if name.eq_ignore_ascii_case(b".mado") {
+        // A working copy's control folder: a tree that carried one could
+        // point `mado ws checkpoint` at another workspace.
+        return Err(format!(
+            "entry name {:?} is reserved for mado's working-copy state",
+            String::from_utf8_lossy(name)
+        ));
+    }
     Ok(())
 }
+
+/// The longest file name Linux filesystems accept (NAME_MAX).
+pub const MAX_NAME_BYTES: usize = 255;
 
 impl Tree {
     /// Sorts entries and checks names and uniqueness: the form every

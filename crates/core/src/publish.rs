@@ -19,7 +19,8 @@ use serde::Serialize;
 
 use crate::cache::DiskCache;
 use crate::error::{Error, Result};
-use crate::fetch::{index_key, pack_key, save_atomic};
+use crate::fetch::{index_key, pack_key};
+use crate::fsutil::save_cache_file;
 use crate::hash::Hash;
 use crate::pack::{build, Mode};
 use crate::store::Remote;
@@ -138,7 +139,7 @@ pub async fn publish_packs(
         report.index_uploaded = true;
         report.bytes_uploaded += enc.len() as u64;
     }
-    save_atomic(&cache.root().join("packs").join("index").join(tree.to_hex()), &enc);
+    save_cache_file(&cache.root().join("packs").join("index").join(tree.to_hex()), &enc);
     let members = idx.member_count();
     report.tree = tree.to_hex();
     report.mode = idx.mode.label().to_string();

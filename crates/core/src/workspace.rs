@@ -123,50 +123,65 @@ fn ws_ref(name: &str) -> Result<String> {
     Ok(r)
 }
 
-/// Fault injection for crash tests: `MADO_FAILPOINT=<name>` aborts the
-/// process at that point, as a crash would.
-fn failpoint(name: &str) {
-    if std::env::var("MADO_FAILPOINT").as_deref() == Ok(name) {
-        eprintln!("failpoint {name}: aborting");
-        std::process::abort();
-    }
-}
+use crate::failpoint::hit as failpoint;
 
-/// Takes or renews the lease of workspace `name` for `holder`.
+/// Takes or renews the lease of workspace `name` for `holder`. A lease
+/// another holder keeps is refused with [`Error::LeaseHeld`]; an expired
+/// one is taken only with `steal`; a released one is free.
 pub async fn take_lease(remote: &Remote, name: &str, holder: &str, steal: bool) -> Result<()> {
     let key = remote.key(&format!("leases/{}", ws_ref(name)?));
     for _ in 0..3 {
         let cur = remote.read_versioned(&key).await?;
         let expected = match &cur {
             None => None,
-            Some((bytes, ver)) => {
-                let l = Lease::decode(bytes).ok();
-                match l {
-                    Some(l) if l.holder == holder => Some(ver.clone()),
-                    Some(l) if l.expires > now() => {
-                        return Err(Error::User(format!(
-                            "workspace {name} is leased by {} until {} (unix time; {} s from now); wait for it, or once it has expired run again with --steal",
-                            l.holder,
-                            l.expires,
-                            l.expires - now()
-                        )))
-                    }
-                    Some(l) if !steal => {
-                        return Err(Error::User(format!(
-                            "workspace {name} is leased by {}, expired at {} (unix time); run again with --steal to take it",
-                            l.holder, l.expires
-                        )))
-                    }
-                    _ => Some(ver.clone()),
+            Some((bytes, ver)) => match Lease::decode(bytes).ok() {
+                Some(l) if l.holder == holder || l.holder.is_empty() => Some(ver.clone()),
+                Some(l) if l.expires > now() || !steal => {
+                    return Err(Error::LeaseHeld {
+                        name: name.to_string(),
+                        holder: l.holder,
+                        expires: l.expires,
+                        expired: l.expires <= now(),
+                    })
                 }
-            }
+                // Expired and stolen, or undecodable (overwritten).
+                _ => Some(ver.clone()),
+            },
         };
         let lease = Lease { holder: holder.to_string(), expires: now() + LEASE_SECS };
         if remote.cas_put(&key, expected.as_ref(), lease.encode()).await?.is_ok() {
             return Ok(());
         }
     }
+    Err(Error::User(format!(
+        "workspace {name}: the lease kept changing under us (another working copy is taking it); try again"
+    )))
+}
+
+/// Gives up `holder`'s lease of workspace `name`, so another working copy
+/// can take it at once (without --steal). Returns false when `holder` did
+/// not hold it (nothing is changed then).
+pub async fn release_lease(remote: &Remote, name: &str, holder: &str) -> Result<bool> {
+    let key = remote.key(&format!("leases/{}", ws_ref(name)?));
+    for _ in 0..3 {
+        let Some((bytes, ver)) = remote.read_versioned(&key).await? else { return Ok(false) };
+        match Lease::decode(&bytes) {
+            Ok(l) if l.holder == holder => {}
+            _ => return Ok(false),
+        }
+        let released = Lease { holder: String::new(), expires: 0 };
+        if remote.cas_put(&key, Some(&ver), released.encode()).await?.is_ok() {
+            return Ok(true);
+        }
+    }
     Err(Error::User(format!("workspace {name}: the lease kept changing under us; try again")))
+}
+
+/// Releases the lease a plain working copy at `dir` holds.
+pub async fn release(fetcher: &Arc<Fetcher>, dir: &Path) -> Result<(String, bool)> {
+    let st = load_state(dir)?;
+    let released = release_lease(&fetcher.remote, &st.name, &st.holder).await?;
+    Ok((st.name, released))
 }
 
 /// The working copy's state (`DIR/.mado/workspace.json`).
@@ -178,6 +193,14 @@ pub struct LocalState {
     pub head: String,
     /// This working copy's lease holder id.
     pub holder: String,
+    /// Resumed without the lease (`--read-only`): never checkpoints.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub read_only: bool,
+    /// The snapshot a checkpoint is moving the ref to, recorded before the
+    /// ref moves: if the process dies after the ref moved and before `head`
+    /// was saved, the next checkpoint knows the ref's new value is its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending: Option<String>,
 }
 
 /// One stat-cache row: what a file looked like when its id was known.
@@ -245,9 +268,8 @@ fn save_state(dir: &Path, s: &LocalState) -> Result<()> {
 
 fn save_state_at(d: &Path, s: &LocalState) -> Result<()> {
     std::fs::create_dir_all(d).map_err(Error::io(format!("creating {}", d.display())))?;
-    let text = serde_json::to_string_pretty(s).unwrap_or_default();
-    crate::fetch::save_atomic(&d.join("workspace.json"), text.as_bytes());
-    Ok(())
+    let text = serde_json::to_string_pretty(s).map_err(|e| Error::User(format!("encoding workspace.json: {e}")))?;
+    crate::fsutil::save_atomic(&d.join("workspace.json"), text.as_bytes())
 }
 
 fn ns(t: std::io::Result<SystemTime>) -> i128 {
@@ -271,7 +293,7 @@ fn load_statcache(dir: &Path) -> StatCache {
 
 fn save_statcache(dir: &Path, c: &StatCache) {
     if let Ok(b) = serde_json::to_vec(c) {
-        crate::fetch::save_atomic(&state_dir(dir).join("statcache.json"), &b);
+        crate::fsutil::save_cache_file(&state_dir(dir).join("statcache.json"), &b);
     }
 }
 
@@ -409,7 +431,12 @@ fn author() -> String {
 }
 
 /// Checkpoints the working copy at `dir` (a plain directory).
-pub async fn checkpoint(fetcher: &Arc<Fetcher>, dir: &Path, message: &str, steal: bool) -> Result<CheckpointReport> {
+pub async fn checkpoint(
+    fetcher: &Arc<Fetcher>,
+    dir: &Path,
+    message: &str,
+    lease: CheckpointLease,
+) -> Result<CheckpointReport> {
     let mut st = load_state(dir)?;
     let dir2 = dir.to_path_buf();
     let stage = move |cache: Arc<DiskCache>| {
@@ -420,15 +447,26 @@ pub async fn checkpoint(fetcher: &Arc<Fetcher>, dir: &Path, message: &str, steal
         w.statcache = Some(new_sc);
         Ok((staged, w))
     };
-    let (report, walked, _) = commit(fetcher, &st, message, steal, stage).await?;
-    if !report.unchanged {
+    let (report, walked, _) = commit(fetcher, &st, &state_dir(dir), message, lease, stage).await?;
+    if !report.unchanged || st.pending.is_some() {
         st.head = report.snapshot.clone();
+        st.pending = None;
         save_state(dir, &st)?;
     }
     if let Some(sc) = &walked.statcache {
         save_statcache(dir, sc);
     }
     Ok(report)
+}
+
+/// How a checkpoint treats the lease and the workspace's head.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CheckpointLease {
+    /// Take the lease even though another holder had it, once expired.
+    pub steal: bool,
+    /// Replace the workspace's head although it moved since this working
+    /// copy's base (the newer checkpoints stay in the log, not in the head).
+    pub force: bool,
 }
 
 /// Checkpoints a read-write mount: only files written since the last
@@ -438,9 +476,14 @@ pub async fn checkpoint_mount(
     fs: &Arc<SnapshotFs>,
     state_dir: &Path,
     message: &str,
-    steal: bool,
+    lease: CheckpointLease,
 ) -> Result<CheckpointReport> {
     let mut st = load_state_at(state_dir)?;
+    // A checkpoint is refused while the overlay cannot be saved: after a
+    // crash, what it would report as checkpointed could not be found again.
+    save_mount_state(fs, state_dir).map_err(|e| {
+        Error::User(format!("refusing to checkpoint: the workspace's state cannot be saved ({e}); free space or fix permissions under {}", state_dir.display()))
+    })?;
     if fs.needs_trees_for_build() {
         fs.preload_trees().await?;
     }
@@ -458,10 +501,11 @@ pub async fn checkpoint_mount(
         };
         Ok((staged, w))
     };
-    let (report, walked, stat_id) = commit(fetcher, &st, message, steal, stage).await?;
-    if !report.unchanged {
+    let (report, walked, stat_id) = commit(fetcher, &st, state_dir, message, lease, stage).await?;
+    if !report.unchanged || st.pending.is_some() {
         fs.rebase(stat_id, &walked.stat);
         st.head = report.snapshot.clone();
+        st.pending = None;
         save_state_at(state_dir, &st)?;
     }
     save_mount_state(fs, state_dir)?;
@@ -471,8 +515,7 @@ pub async fn checkpoint_mount(
 /// Writes a read-write mount's state (atomically) into its folder.
 pub fn save_mount_state(fs: &SnapshotFs, state_dir: &Path) -> Result<()> {
     let bytes = fs.save_state()?;
-    crate::fetch::save_atomic(&state_dir.join("overlay.json"), &bytes);
-    Ok(())
+    crate::fsutil::save_atomic(&state_dir.join("overlay.json"), &bytes)
 }
 
 /// The shared part of a checkpoint: lease and ref, `stage` (on a blocking
@@ -480,17 +523,41 @@ pub fn save_mount_state(fs: &SnapshotFs, state_dir: &Path) -> Result<()> {
 async fn commit(
     fetcher: &Arc<Fetcher>,
     st: &LocalState,
+    state_at: &Path,
     message: &str,
-    steal: bool,
+    opts: CheckpointLease,
     stage: impl FnOnce(Arc<DiskCache>) -> Result<(Staged, Walked)> + Send + 'static,
 ) -> Result<(CheckpointReport, Walked, Hash)> {
     let remote = &fetcher.remote;
     let cache = fetcher.cache.clone();
     let refname = ws_ref(&st.name)?;
+    if st.read_only {
+        return Err(Error::User(format!(
+            "this working copy of workspace {} was resumed --read-only and cannot checkpoint; \
+             resume it again without --read-only once its lease is free",
+            st.name
+        )));
+    }
     // The lease and the ref go together: one round trip.
-    let (lease, cur) = futures::join!(take_lease(remote, &st.name, &st.holder, steal), remote.read_ref(&refname));
+    let (lease, cur) = futures::join!(take_lease(remote, &st.name, &st.holder, opts.steal), remote.read_ref(&refname));
     lease?;
     let (cur, ver) = cur?.ok_or_else(|| Error::NotFound(format!("workspace {} has no ref {refname}", st.name)))?;
+    // Like a push that is not a fast-forward: the workspace moved on since
+    // this working copy's base (another copy checkpointed), and a
+    // checkpoint here would drop those changes from its head.
+    let ours = cur.snapshot.to_hex() == st.head || st.pending.as_deref() == Some(&cur.snapshot.to_hex());
+    if !ours && !opts.force {
+        let moved = fetcher.snapshot(cur.snapshot).await.ok();
+        let by =
+            moved.map(|s| format!(" (by {} at {})", s.author, crate::error::local_time(s.time))).unwrap_or_default();
+        return Err(Error::User(format!(
+            "workspace {} moved to {}{by} since this working copy's base {}; \
+             resume it elsewhere to continue from there, or `mado ws checkpoint --force` to replace it with this copy",
+            st.name,
+            &cur.snapshot.to_hex()[..12],
+            &st.head[..12.min(st.head.len())]
+        )));
+    }
     let c2 = cache.clone();
     let (staged, walked) = tokio::task::spawn_blocking(move || stage(c2))
         .await
@@ -543,6 +610,9 @@ async fn commit(
     cache.put(&sid, &enc)?;
     remote.put_object(Space::Snapshots, &sid, Bytes::from(enc)).await?;
     failpoint("checkpoint-after-snapshot");
+    let mut intent = st.clone();
+    intent.pending = Some(sid.to_hex());
+    save_state_at(state_at, &intent)?;
     remote.cas_ref(&refname, Some(&ver), RefValue { snapshot: sid, root: walked.root }).await?;
     failpoint("checkpoint-after-ref");
     report.snapshot = sid.to_hex();
@@ -566,9 +636,30 @@ pub struct ResumeReport {
     pub dir: String,
     pub files: u64,
     pub mtimes_restored: u64,
-    /// Set when another working copy holds the lease: this copy can be
-    /// read, but its checkpoints will be refused until the lease is free.
-    pub lease_warning: Option<String>,
+    /// Resumed without the lease (`--read-only`).
+    pub read_only: bool,
+}
+
+/// Whether a resume takes the workspace's lease.
+#[derive(Clone, Copy, Debug)]
+pub enum ResumeLease {
+    /// Take it (`steal`: even from an expired holder); refuse if held.
+    Take { steal: bool },
+    /// A copy that never checkpoints: no lease.
+    ReadOnly,
+}
+
+/// Removes everything inside `dir` (not following symlinks).
+fn empty_dir(dir: &Path) -> std::io::Result<()> {
+    for e in std::fs::read_dir(dir)? {
+        let e = e?;
+        if e.file_type()?.is_dir() {
+            std::fs::remove_dir_all(e.path())?;
+        } else {
+            std::fs::remove_file(e.path())?;
+        }
+    }
+    Ok(())
 }
 
 /// Checks out `snapshot` into `dir` and records the working copy.
@@ -578,7 +669,7 @@ async fn materialize_into(
     snapshot: Hash,
     root: Hash,
     dir: &Path,
-    steal: bool,
+    lease_mode: ResumeLease,
     progress: &(dyn Fn(u64, u64) + Sync),
 ) -> Result<ResumeReport> {
     // The lease is taken alongside the checkout: refuse a non-empty target
@@ -611,22 +702,36 @@ async fn materialize_into(
     };
     let co_fut =
         crate::checkout::checkout(fetcher, snap.root, dir, crate::checkout::CheckoutOptions { force: false, progress });
-    let (stat, co, lease) = futures::join!(stat_fut, co_fut, take_lease(&fetcher.remote, name, &holder, steal));
-    let stat = stat?;
-    let co = co?;
+    let lease_fut = async {
+        match lease_mode {
+            ResumeLease::Take { steal } => take_lease(&fetcher.remote, name, &holder, steal).await,
+            ResumeLease::ReadOnly => Ok(()),
+        }
+    };
+    let (stat, co, lease) = futures::join!(stat_fut, co_fut, lease_fut);
+    if let Err(e) = lease {
+        // No copy that looks like a working copy but cannot checkpoint:
+        // the directory was empty, so it is emptied again.
+        let _ = empty_dir(dir);
+        return Err(e);
+    }
+    let (stat, co) = match (stat, co) {
+        (Ok(s), Ok(c)) => (s, c),
+        (Err(e), _) | (_, Err(e)) => {
+            if let ResumeLease::Take { .. } = lease_mode {
+                let _ = release_lease(&fetcher.remote, name, &holder).await;
+            }
+            return Err(e);
+        }
+    };
     let mut report = ResumeReport {
         workspace: name.to_string(),
         snapshot: snapshot.to_hex(),
         dir: dir.display().to_string(),
         files: co.files + co.symlinks,
+        read_only: matches!(lease_mode, ResumeLease::ReadOnly),
         ..Default::default()
     };
-    if let Err(e) = lease {
-        if !matches!(e, Error::User(_)) {
-            return Err(e);
-        }
-        report.lease_warning = Some(e.to_string());
-    }
     // State first: creating `.mado/` touches the root's mtime, which is
     // restored next.
     save_state(
@@ -636,6 +741,8 @@ async fn materialize_into(
             remote: fetcher.remote.url().to_string(),
             head: snapshot.to_hex(),
             holder,
+            read_only: matches!(lease_mode, ResumeLease::ReadOnly),
+            pending: None,
         },
     )?;
     if let Some(stat) = &stat {
@@ -684,7 +791,7 @@ pub async fn create(
         return Err(Error::User(format!("{} is not empty; create into a new or empty directory", dir.display())));
     }
     let (snapshot, root) = create_ref(fetcher, name, spec).await?;
-    materialize_into(fetcher, name, snapshot, root, dir, false, progress).await
+    materialize_into(fetcher, name, snapshot, root, dir, ResumeLease::Take { steal: false }, progress).await
 }
 
 /// The ref of workspace `name` (an error naming it when there is none).
@@ -709,7 +816,8 @@ pub struct MountedWorkspace {
     pub attach: crate::fetch::Attach,
     /// Uncheckpointed changes from an earlier mount were picked up.
     pub reopened: bool,
-    pub lease_warning: Option<String>,
+    /// The lease holder id this mount took the lease as.
+    pub holder: String,
     pub warnings: Vec<String>,
 }
 
@@ -739,7 +847,7 @@ pub async fn open_mount(
     let prev = load_state_at(&sd).ok();
     let saved = std::fs::read(sd.join("overlay.json")).ok();
     let reopen = match (&prev, &saved) {
-        (Some(p), Some(_)) if p.head == v.snapshot.to_hex() => true,
+        (Some(p), Some(_)) if p.head == v.snapshot.to_hex() || p.pending == Some(v.snapshot.to_hex()) => true,
         (Some(p), _) => {
             let aside = sd.with_extension(format!("old-{}", now()));
             let _ = std::fs::rename(&sd, &aside);
@@ -774,11 +882,8 @@ pub async fn open_mount(
     };
     let (stat, lease) = futures::join!(stat_fut, take_lease(&fetcher.remote, name, &holder, steal));
     let stat = stat?;
-    let lease_warning = match lease {
-        Ok(()) => None,
-        Err(e @ Error::User(_)) => Some(e.to_string()),
-        Err(e) => return Err(e),
-    };
+    // A read-write mount without the lease could never checkpoint.
+    lease?;
     let upper = sd.join("upper");
     let fs = match (&saved, reopen) {
         (Some(b), true) => SnapshotFs::load_state(fetcher.clone(), b, upper, stat)?,
@@ -794,11 +899,13 @@ pub async fn open_mount(
             name: name.to_string(),
             remote: fetcher.remote.url().to_string(),
             head: v.snapshot.to_hex(),
-            holder,
+            holder: holder.clone(),
+            read_only: false,
+            pending: None,
         },
     )?;
     save_mount_state(&fs, &sd)?;
-    Ok(MountedWorkspace { fs, state_dir: sd, snapshot: v.snapshot, attach, reopened: reopen, lease_warning, warnings })
+    Ok(MountedWorkspace { fs, state_dir: sd, snapshot: v.snapshot, attach, reopened: reopen, holder, warnings })
 }
 
 /// Creates the ref of a new workspace from `spec`.
@@ -823,11 +930,11 @@ pub async fn resume(
     fetcher: &Arc<Fetcher>,
     name: &str,
     dir: &Path,
-    steal: bool,
+    lease: ResumeLease,
     progress: &(dyn Fn(u64, u64) + Sync),
 ) -> Result<ResumeReport> {
     let v = read_ws_ref(fetcher, name).await?;
-    materialize_into(fetcher, name, v.snapshot, v.root, dir, steal, progress).await
+    materialize_into(fetcher, name, v.snapshot, v.root, dir, lease, progress).await
 }
 
 #[derive(Clone, Debug, Serialize)]

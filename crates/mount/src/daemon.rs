@@ -48,6 +48,8 @@ struct Ws {
     name: String,
     state_dir: PathBuf,
     reopened: bool,
+    /// The lease holder id; the lease is released when the mount ends.
+    holder: String,
 }
 
 /// Is `p` a mount point whose daemon is gone?
@@ -127,9 +129,8 @@ pub fn run(
     let opened = rt.block_on(async {
         let (id, core, attach, ws, warnings) = if opts.workspace {
             let m = mado_core::workspace::open_mount(&fetcher, &opts.spec, &mp, opts.steal).await?;
-            let mut warnings = m.warnings;
-            warnings.extend(m.lease_warning);
-            let ws = Ws { name: opts.spec.clone(), state_dir: m.state_dir, reopened: m.reopened };
+            let warnings = m.warnings;
+            let ws = Ws { name: opts.spec.clone(), state_dir: m.state_dir, reopened: m.reopened, holder: m.holder };
             (m.snapshot, m.fs, m.attach, Some(ws), warnings)
         } else {
             let (id, snap, attach) = mado_core::resolve::open(&fetcher, &opts.spec).await?;
@@ -154,6 +155,8 @@ pub fn run(
         }
     };
     let status = Arc::new(Mutex::new(attach.clone()));
+    // The last failed save of a workspace's state (cleared by a good one).
+    let save_error: Arc<Mutex<Option<String>>> = Arc::default();
     let sock = control::socket_path(&mp).map_err(Error::io("placing the control socket"))?;
     let _ = std::fs::remove_file(&sock);
     let listener = {
@@ -169,10 +172,12 @@ pub fn run(
         let snapshot = id.to_hex();
         let passthrough = passthrough.clone();
         let ws = ws.clone();
+        let save_error = save_error.clone();
         Arc::new(move |req: serde_json::Value| {
             let op = req["op"].as_str().unwrap_or_default().to_string();
             if op == "checkpoint" {
                 let (fetcher, core, ws, mp) = (fetcher.clone(), core.clone(), ws.clone(), mp.clone());
+                let save_error = save_error.clone();
                 return Box::pin(async move {
                     let Some(ws) = ws else {
                         return json!({ "error": "this mount is a read-only snapshot, not a workspace" });
@@ -186,7 +191,10 @@ pub fn run(
                         });
                     }
                     let message = req["message"].as_str().unwrap_or("checkpoint").to_string();
-                    let steal = req["steal"].as_bool().unwrap_or(false);
+                    let lease = mado_core::workspace::CheckpointLease {
+                        steal: req["steal"].as_bool().unwrap_or(false),
+                        force: req["force"].as_bool().unwrap_or(false),
+                    };
                     // On a thread of its own: the checkpoint's future is not
                     // Send (it borrows across its upload streams).
                     let h = tokio::runtime::Handle::current();
@@ -198,12 +206,16 @@ pub fn run(
                             &core,
                             &ws.state_dir,
                             &message,
-                            steal,
+                            lease,
                         ))
                     })
                     .await;
                     match r {
-                        Ok(Ok(r)) => json!({ "ok": r, "remote": f2.remote.stats().since(&before) }),
+                        Ok(Ok(r)) => {
+                            // The checkpoint saved the state itself.
+                            *save_error.lock().expect("save error lock") = None;
+                            json!({ "ok": r, "remote": f2.remote.stats().since(&before) })
+                        }
                         Ok(Err(e)) => json!({ "error": e.to_string(), "user_error": e.is_user_error() }),
                         Err(e) => json!({ "error": format!("checkpoint task failed: {e}") }),
                     }
@@ -230,6 +242,7 @@ pub fn run(
                     "workspace": ws.as_ref().map(|w| json!({
                         "name": w.name, "state_dir": w.state_dir, "reopened": w.reopened,
                         "changes": core.changes(),
+                        "last_save_error": save_error.lock().expect("save error lock").clone(),
                     })),
                 }),
                 other => json!({ "error": format!("unknown op {other:?}") }),
@@ -272,15 +285,24 @@ pub fn run(
     // daemon loses at most the last moment's renames; file contents are
     // already in the upper layer.
     if let (Some(ws), Some(changed)) = (&ws, core.change_notifier()) {
-        let (ws, core) = (ws.clone(), core.clone());
+        let (ws, core, save_error) = (ws.clone(), core.clone(), save_error.clone());
         rt.spawn(async move {
             loop {
                 changed.notified().await;
                 tokio::time::sleep(Duration::from_millis(200)).await;
-                let (ws, core) = (ws.clone(), core.clone());
-                let _ =
-                    tokio::task::spawn_blocking(move || mado_core::workspace::save_mount_state(&core, &ws.state_dir))
+                let (ws2, core) = (ws.clone(), core.clone());
+                let r =
+                    tokio::task::spawn_blocking(move || mado_core::workspace::save_mount_state(&core, &ws2.state_dir))
                         .await;
+                let failed = match r {
+                    Ok(Ok(())) => None,
+                    Ok(Err(e)) => Some(e.to_string()),
+                    Err(e) => Some(format!("the save task failed: {e}")),
+                };
+                if let Some(msg) = &failed {
+                    eprintln!("mado mount: saving the state of workspace {} failed: {msg}", ws.name);
+                }
+                *save_error.lock().expect("save error lock") = failed;
             }
         });
     }
@@ -310,7 +332,14 @@ pub fn run(
     let r = session.join();
     let _ = std::fs::remove_file(&sock);
     if let Some(ws) = &ws {
+        // The final save, then the lease: another machine may resume the
+        // workspace at once (its uncheckpointed changes stay here, picked
+        // up by the next mount of the same checkpoint on this machine).
         mado_core::workspace::save_mount_state(&core, &ws.state_dir)?;
+        match rt.block_on(mado_core::workspace::release_lease(&fetcher.remote, &ws.name, &ws.holder)) {
+            Ok(_) => {}
+            Err(e) => eprintln!("mado mount: releasing the lease of workspace {}: {e}", ws.name),
+        }
     }
     r.map_err(Error::io("FUSE session"))
 }

@@ -357,13 +357,13 @@ impl Filesystem for MadoFs {
         let Some(f) = self.handles.lock().expect("handles lock").get(&fh.0).cloned() else {
             return reply.error(Errno::EBADF);
         };
-        if let OpenFile::Whole { data, .. } = &*f {
+        if let OpenFile::Whole { data, ino: None, .. } = &*f {
             let start = (offset as usize).min(data.len());
             let end = (start + size as usize).min(data.len());
             return reply.data(&data[start..end]);
         }
-        if let OpenFile::Upper { .. } = &*f {
-            // A local file: no reason to leave this thread.
+        if let OpenFile::Upper { .. } | OpenFile::Whole { .. } = &*f {
+            // Local bytes: no reason to leave this thread.
             return match self.rt.block_on(self.core.read(&f, offset, size)) {
                 Ok(b) => reply.data(&b),
                 Err(e) => reply.error(errno(&e)),

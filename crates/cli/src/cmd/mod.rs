@@ -45,6 +45,13 @@ pub enum Command {
     Cache(cache::CacheCommand),
 }
 
+impl Command {
+    /// Whether this process is a mount daemon (`mado mount --foreground`).
+    pub fn is_mount_daemon(&self) -> bool {
+        matches!(self, Command::Mount(a) if a.foreground)
+    }
+}
+
 pub async fn run(cmd: Command, ctx: &Ctx) -> Result<()> {
     let r = dispatch(cmd, ctx).await;
     // Pack downloads finish writing the cache before the process exits.

@@ -31,7 +31,7 @@ pub struct MountArgs {
     dir: PathBuf,
     /// Stay attached to the terminal instead of running as a daemon.
     #[arg(long)]
-    foreground: bool,
+    pub foreground: bool,
     /// Seconds a read may wait for the store before failing with EIO.
     #[arg(long, default_value_t = 30, value_name = "SECONDS")]
     read_timeout: u64,
@@ -78,6 +78,9 @@ pub fn workspace_args(name: &str, dir: PathBuf, steal: bool) -> MountArgs {
 pub async fn run(a: MountArgs, ctx: &Ctx) -> Result<()> {
     if !a.dir.is_dir() && !daemon::is_disconnected(&a.dir) {
         return Err(mado_core::Error::User(format!("{} is not a directory; create it first", a.dir.display())).into());
+    }
+    if !daemon::is_disconnected(&a.dir) {
+        check_mount_point(&a.dir)?;
     }
     if a.foreground {
         return run_daemon(a, ctx);
@@ -202,5 +205,30 @@ fn run_daemon(a: MountArgs, ctx: &Ctx) -> Result<()> {
     };
     let handle = tokio::runtime::Handle::current();
     tokio::task::block_in_place(|| daemon::run(opts, fetcher, &handle, report))?;
+    Ok(())
+}
+
+/// A mount point must be an empty directory that is not already a mount:
+/// mounting over files hides them, and a second daemon on a live mount
+/// stacks (one umount would then remove both).
+fn check_mount_point(dir: &std::path::Path) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let here = std::fs::metadata(dir).with_context(|| format!("reading {}", dir.display()))?;
+    let parent = std::fs::metadata(dir.join("..")).with_context(|| format!("reading {}/..", dir.display()))?;
+    if here.dev() != parent.dev() || here.ino() == parent.ino() {
+        return Err(mado_core::Error::User(format!(
+            "{} is already a mount point; unmount it first (`mado umount {}`)",
+            dir.display(),
+            dir.display()
+        ))
+        .into());
+    }
+    if !mado_core::checkout::is_empty_dir(dir)? {
+        return Err(mado_core::Error::User(format!(
+            "{} is not empty; mount on an empty directory (a mount would hide its files)",
+            dir.display()
+        ))
+        .into());
+    }
     Ok(())
 }

@@ -31,5 +31,13 @@ pub async fn run(a: StatsArgs, ctx: &Ctx) -> Result<()> {
     );
     println!("cache:  {} hits, {} misses, {} healed", c["hits"], c["misses"], c["healed"]);
     println!("packs:  {} exploded, {} members served", p["packs_exploded"], p["members_from_packs"]);
+    let w = &v["workspace"];
+    if w.is_object() {
+        println!("workspace: {} ({} changes since mounted)", w["name"].as_str().unwrap_or("?"), w["changes"]);
+        if let Some(e) = w["last_save_error"].as_str() {
+            println!("warning: the workspace's state could not be saved: {e}");
+            println!("  changes since the last good save would be lost if the daemon died; checkpoints are refused");
+        }
+    }
     Ok(())
 }

@@ -25,6 +25,9 @@ pub enum WsCommand {
     List,
     /// Show a workspace's checkpoints, newest first.
     Log(NameArg),
+    /// Give up the lease a plain working copy holds, so the workspace can be
+    /// resumed elsewhere at once (a mount releases its lease when unmounted).
+    Release(ReleaseArgs),
     /// Delete a workspace's ref and lease (working copies are left alone;
     /// `mado gc` reclaims what nothing else reaches).
     Rm(NameArg),
@@ -56,6 +59,19 @@ pub struct CheckpointArgs {
     /// Take the lease even though another holder had it, once it has expired.
     #[arg(long)]
     steal: bool,
+    /// Replace the workspace's head even though it moved since this working
+    /// copy's base (the newer checkpoints stay in `ws log`, not in the head).
+    #[arg(long)]
+    force: bool,
+}
+
+#[derive(Args)]
+pub struct ReleaseArgs {
+    /// Workspace name (checked against the working copy's).
+    name: Option<String>,
+    /// The working copy (default: found from the current directory).
+    #[arg(long, value_name = "DIR")]
+    dir: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -70,6 +86,10 @@ pub struct ResumeArgs {
     /// Take the lease once it has expired, even if another holder had it.
     #[arg(long)]
     steal: bool,
+    /// Restore a copy without taking the lease: it can be read and changed
+    /// but never checkpointed (for looking at a workspace someone else holds).
+    #[arg(long, conflicts_with_all = ["mount", "steal"])]
+    read_only: bool,
 }
 
 #[derive(Args)]
@@ -78,8 +98,8 @@ pub struct NameArg {
 }
 
 fn print_resume(ctx: &Ctx, verb: &str, r: &workspace::ResumeReport) -> Result<()> {
-    if let Some(w) = &r.lease_warning {
-        eprintln!("warning: {w}");
+    if r.read_only {
+        eprintln!("note: resumed --read-only: this copy holds no lease and cannot checkpoint");
     }
     if ctx.json {
         #[derive(serde::Serialize)]
@@ -128,7 +148,12 @@ pub async fn run(c: WsCommand, ctx: &Ctx) -> Result<()> {
         }
         WsCommand::Resume(a) => {
             let (pb, p) = ctx.progress_counter("restoring");
-            let r = workspace::resume(&fetcher, &a.name, &a.dir, a.steal, &p).await;
+            let lease = if a.read_only {
+                workspace::ResumeLease::ReadOnly
+            } else {
+                workspace::ResumeLease::Take { steal: a.steal }
+            };
+            let r = workspace::resume(&fetcher, &a.name, &a.dir, lease, &p).await;
             pb.finish_and_clear();
             print_resume(ctx, "resumed", &r?)
         }
@@ -167,6 +192,37 @@ pub async fn run(c: WsCommand, ctx: &Ctx) -> Result<()> {
             let args = super::log::LogArgs::for_ref(format!("ws/{}", a.name));
             super::log::run(args, ctx).await
         }
+        WsCommand::Release(a) => {
+            let start = match a.dir {
+                Some(d) => d,
+                None => std::env::current_dir()?,
+            };
+            let dir = workspace::find_working_copy(&start).ok_or_else(|| {
+                mado_core::Error::User(format!(
+                    "{} is not inside a plain working copy; pass --dir (a mount releases its lease with `mado umount`)",
+                    start.display()
+                ))
+            })?;
+            let st = workspace::load_state(&dir)?;
+            if let Some(n) = a.name.as_ref().filter(|n| **n != st.name) {
+                return Err(mado_core::Error::User(format!(
+                    "{} is a working copy of workspace {}, not {n}",
+                    dir.display(),
+                    st.name
+                ))
+                .into());
+            }
+            let (name, released) = workspace::release(&fetcher, &dir).await?;
+            if ctx.json {
+                return ctx.print_json(&serde_json::json!({ "workspace": name, "released": released }));
+            }
+            if released {
+                println!("released the lease of workspace {name}: it can be resumed elsewhere now");
+            } else {
+                println!("this working copy did not hold the lease of workspace {name}; nothing to release");
+            }
+            Ok(())
+        }
         WsCommand::Rm(a) => {
             workspace::remove(&fetcher.remote, &a.name).await?;
             println!("removed workspace {} (working copies are untouched)", a.name);
@@ -192,7 +248,8 @@ async fn checkpoint_dir(
             .into());
         }
     }
-    Ok(workspace::checkpoint(fetcher, dir, &a.message, a.steal).await?)
+    let lease = workspace::CheckpointLease { steal: a.steal, force: a.force };
+    Ok(workspace::checkpoint(fetcher, dir, &a.message, lease).await?)
 }
 
 /// Asks the daemon of the workspace mount holding `start` to checkpoint
@@ -201,7 +258,9 @@ fn checkpoint_mount(
     start: &std::path::Path,
     a: &CheckpointArgs,
 ) -> Result<(workspace::CheckpointReport, serde_json::Value)> {
-    let req = serde_json::json!({ "op": "checkpoint", "message": a.message, "steal": a.steal, "name": a.name });
+    let req = serde_json::json!({
+        "op": "checkpoint", "message": a.message, "steal": a.steal, "force": a.force, "name": a.name,
+    });
     let v = super::ask_daemon_with(start, &req, std::time::Duration::from_secs(24 * 3600))?;
     if let Some(e) = v["error"].as_str() {
         if v["user_error"].as_bool().unwrap_or(true) {

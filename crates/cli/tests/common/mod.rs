@@ -270,3 +270,120 @@ pub fn fuse_usable() -> bool {
     }
     ok
 }
+
+/// Every object file of a local store: id -> bytes.
+pub fn store_objects(store: &Path) -> BTreeMap<mado_core::Hash, Vec<u8>> {
+    let mut out = BTreeMap::new();
+    let objects = store.join("objects");
+    let Ok(dirs) = std::fs::read_dir(&objects) else { return out };
+    for d in dirs {
+        for f in std::fs::read_dir(d.unwrap().path()).unwrap() {
+            let f = f.unwrap();
+            if let Ok(id) = f.file_name().to_string_lossy().parse::<mado_core::Hash>() {
+                out.insert(id, std::fs::read(f.path()).unwrap());
+            }
+        }
+    }
+    out
+}
+
+/// The closure rule on a local store: every tree present has every
+/// object it names present too (and every chunk manifest its chunks).
+pub fn assert_store_closed(store: &Path) {
+    use mado_core::object::{ChunkManifest, Kind, Tree};
+    let objects = store_objects(store);
+    let mut trees = 0;
+    for (id, bytes) in &objects {
+        if let Ok(t) = Tree::decode(bytes) {
+            trees += 1;
+            for e in &t.entries {
+                if e.kind != Kind::Gitlink {
+                    assert!(
+                        objects.contains_key(&e.id),
+                        "tree {id} is in the store but its entry {:?} ({}) is not",
+                        String::from_utf8_lossy(&e.name),
+                        e.id
+                    );
+                }
+            }
+        } else if let Ok(m) = ChunkManifest::decode(bytes) {
+            for (_, c) in &m.chunks {
+                assert!(objects.contains_key(c), "manifest {id} is in the store but its chunk {c} is not");
+            }
+        }
+    }
+    let _ = trees;
+}
+
+/// Every ref of a local store reaches only objects that exist and decode:
+/// its snapshot (and their parents), the root tree and every tree, file,
+/// chunk manifest and chunk below it, and the stat object. Returns the
+/// number of refs checked.
+pub fn assert_refs_whole(store: &Path) -> usize {
+    use mado_core::object::{ChunkManifest, Kind, RefValue, Snapshot, Tree};
+    use mado_core::Hash;
+    let objects = store_objects(store);
+    let snapshot = |id: &Hash| -> Snapshot {
+        let hex = id.to_hex();
+        let b = std::fs::read(store.join("snapshots").join(&hex[..2]).join(&hex))
+            .unwrap_or_else(|e| panic!("snapshot {id} a ref reaches is missing: {e}"));
+        assert_eq!(Hash::of(&b), *id, "snapshot {id} is corrupt");
+        Snapshot::decode(&b).unwrap_or_else(|e| panic!("snapshot {id} does not decode: {e}"))
+    };
+    let object = |id: &Hash, what: &str| -> &Vec<u8> {
+        let b = objects.get(id).unwrap_or_else(|| panic!("{what} {id} a ref reaches is missing"));
+        assert_eq!(Hash::of(b), *id, "{what} {id} is corrupt");
+        b
+    };
+    let mut refs = Vec::new();
+    let mut stack = vec![store.join("refs")];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else { continue };
+        for e in rd {
+            let e = e.unwrap();
+            if e.file_type().unwrap().is_dir() {
+                stack.push(e.path());
+            } else if !e.file_name().to_string_lossy().starts_with('.') {
+                refs.push(e.path());
+            }
+        }
+    }
+    let mut seen = std::collections::HashSet::new();
+    for r in &refs {
+        let v = RefValue::decode(&std::fs::read(r).unwrap()).unwrap_or_else(|e| panic!("{}: {e}", r.display()));
+        let mut snaps = vec![v.snapshot];
+        while let Some(s) = snaps.pop() {
+            if !seen.insert(s) {
+                continue;
+            }
+            let snap = snapshot(&s);
+            snaps.extend(snap.parents.iter().copied());
+            if let Some(st) = snap.stat {
+                object(&st, "stat object");
+            }
+            let mut trees = vec![snap.root];
+            while let Some(t) = trees.pop() {
+                if !seen.insert(t) {
+                    continue;
+                }
+                let tree = Tree::decode(object(&t, "tree")).unwrap_or_else(|e| panic!("tree {t}: {e}"));
+                for e in &tree.entries {
+                    match e.kind {
+                        Kind::Directory => trees.push(e.id),
+                        Kind::Gitlink => {}
+                        _ if e.chunked => {
+                            let m = ChunkManifest::decode(object(&e.id, "chunk manifest")).unwrap();
+                            for (_, c) in &m.chunks {
+                                object(c, "chunk");
+                            }
+                        }
+                        _ => {
+                            object(&e.id, "file");
+                        }
+                    }
+                }
+            }
+        }
+    }
+    refs.len()
+}

@@ -288,7 +288,7 @@ impl Remote {
         let payload = PutPayload::from(bytes);
         if let Some(root) = &self.local_root {
             let lock_path = root.join("locks").join(format!("{}.lock", key.as_ref().replace('/', "%2F")));
-            let _lock = crate::fetch::lock_file(lock_path).await?;
+            let _lock = crate::fsutil::lock_file(lock_path).await?;
             let current = self.read_versioned(key).await?;
             let matches = match (expected, &current) {
                 (None, None) => true,

@@ -1,0 +1,25 @@
+//! Fault injection for crash tests: `MADO_FAILPOINT=<name>` aborts the
+//! process the first time it reaches the named point, `<name>#<n>` the
+//! n-th time, as a crash or `kill -9` would (no unwinding, no destructors,
+//! nothing flushed).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+static HITS: AtomicU64 = AtomicU64::new(0);
+
+/// Aborts the process if `MADO_FAILPOINT` names `name` (and this is the
+/// hit it counts to).
+pub fn hit(name: &str) {
+    let Ok(spec) = std::env::var("MADO_FAILPOINT") else { return };
+    let (point, nth) = match spec.split_once('#') {
+        Some((p, n)) => (p, n.parse::<u64>().unwrap_or(1)),
+        None => (spec.as_str(), 1),
+    };
+    if point != name {
+        return;
+    }
+    if HITS.fetch_add(1, Ordering::SeqCst) + 1 == nth {
+        eprintln!("failpoint {name} (hit {nth}): aborting");
+        std::process::abort();
+    }
+}

@@ -1,0 +1,87 @@
+//! Small filesystem helpers every layer shares: atomic, durable file
+//! replacement and advisory file locks.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+
+/// Replaces `path` with `bytes` atomically and durably: written to a temp
+/// file in the same directory, fsynced, renamed over `path`, and the
+/// directory fsynced, so a crash leaves either the old or the new content
+/// and a successful return means the new content survives one. On error
+/// the temp file is removed and the old content is untouched.
+pub fn save_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    replace(path, bytes, true)
+}
+
+/// Replaces a file that is only a cache of something kept elsewhere (a
+/// pack index pointer, the stat cache): atomic but not fsynced, and a
+/// failure only costs speed, so it is ignored (no temp file is left).
+pub fn save_cache_file(path: &Path, bytes: &[u8]) {
+    let _ = replace(path, bytes, false);
+}
+
+fn replace(path: &Path, bytes: &[u8], durable: bool) -> Result<()> {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).map_err(Error::io(format!("creating {}", dir.display())))?;
+    let tmp = dir.join(format!(".tmp-{}-{:016x}", std::process::id(), rand::random::<u64>()));
+    let written = (|| {
+        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).open(&tmp)?;
+        f.write_all(bytes)?;
+        if durable {
+            f.sync_all()?;
+        }
+        std::fs::rename(&tmp, path)?;
+        if durable {
+            std::fs::File::open(dir)?.sync_all()?;
+        }
+        Ok(())
+    })();
+    written.map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        Error::Io { context: format!("saving {}", path.display()), source: e }
+    })
+}
+
+/// Takes an exclusive flock on `path` (created if missing), off the async
+/// threads; released when the returned file is dropped.
+pub async fn lock_file(path: PathBuf) -> Result<std::fs::File> {
+    tokio::task::spawn_blocking(move || {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(Error::io(format!("creating {}", dir.display())))?;
+        }
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(Error::io(format!("opening lock {}", path.display())))?;
+        rustix::fs::flock(&f, rustix::fs::FlockOperation::LockExclusive)
+            .map_err(|e| Error::Io { context: format!("locking {}", path.display()), source: e.into() })?;
+        Ok(f)
+    })
+    .await
+    .map_err(|e| Error::Io { context: "lock task".into(), source: std::io::Error::other(e) })?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn save_atomic_replaces_and_reports_failures_without_leaving_temp_files() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("state.json");
+        save_atomic(&p, b"one").unwrap();
+        save_atomic(&p, b"two").unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), b"two");
+        // A directory where the file should go: the rename fails.
+        let blocked = d.path().join("blocked");
+        std::fs::create_dir_all(blocked.join("inside")).unwrap();
+        let e = save_atomic(&blocked, b"x").unwrap_err();
+        assert!(e.to_string().contains("saving"), "{e}");
+        let left: Vec<_> = std::fs::read_dir(d.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(left.len(), 2, "only state.json and blocked remain: {left:?}");
+    }
+}
