@@ -31,7 +31,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use rustix::io::Errno;
-use serde::{Deserialize, Serialize};
 
 use crate::cache::DiskCache;
 use crate::error::{Error, Result};
@@ -107,31 +106,50 @@ struct Node {
     /// Bumped on every content change (a checkpoint hashing a file keeps
     /// its id only if nothing wrote meanwhile).
     version: u64,
+    /// References the kernel holds (entries it was given and has not
+    /// forgotten): a node is dropped only when nothing but the kernel knew
+    /// it and the kernel let go.
+    lookups: u64,
+    /// Open handles: an unlinked file's upper blob stays until the last one
+    /// closes.
+    opens: u32,
+    /// Mode or mtime set by the user (kept in memory, so never collapsed).
+    touched: bool,
     body: Body,
 }
 
+impl Node {
+    fn new(parent: u64, name: Vec<u8>, perm: u16, mtime: (i64, u32), body: Body) -> Node {
+        Node { parent, name, perm, mtime, version: 0, lookups: 0, opens: 0, touched: false, body }
+    }
+}
+
 struct State {
-    /// Index `ino - 1`.
-    nodes: Vec<Node>,
+    /// By inode number. Numbers are never reused within a mount, so a
+    /// number the kernel still holds can never name another node.
+    nodes: HashMap<u64, Node>,
+    next_ino: u64,
     next_blob: u64,
 }
 
 impl State {
+    fn with_root(root: Node) -> State {
+        State { nodes: HashMap::from([(ROOT_INO, root)]), next_ino: ROOT_INO + 1, next_blob: 1 }
+    }
+
     fn get(&self, ino: u64) -> Result<&Node> {
-        ino.checked_sub(1)
-            .and_then(|i| self.nodes.get(i as usize))
-            .ok_or_else(|| Error::NotFound(format!("inode {ino}")))
+        self.nodes.get(&ino).ok_or_else(|| Error::NotFound(format!("inode {ino}")))
     }
 
     fn get_mut(&mut self, ino: u64) -> Result<&mut Node> {
-        ino.checked_sub(1)
-            .and_then(|i| self.nodes.get_mut(i as usize))
-            .ok_or_else(|| Error::NotFound(format!("inode {ino}")))
+        self.nodes.get_mut(&ino).ok_or_else(|| Error::NotFound(format!("inode {ino}")))
     }
 
     fn push(&mut self, n: Node) -> u64 {
-        self.nodes.push(n);
-        self.nodes.len() as u64
+        let ino = self.next_ino;
+        self.next_ino += 1;
+        self.nodes.insert(ino, n);
+        ino
     }
 
     /// The children of a loaded directory; `Ok(None)` if not loaded yet.
@@ -311,7 +329,7 @@ impl SnapshotFs {
 
     fn fresh(root: Hash, mtime: (i64, u32), perm: u16) -> State {
         let body = Body::Dir { clean: Some(root), origin: Some(Vec::new()), children: None };
-        State { nodes: vec![Node { parent: ROOT_INO, name: Vec::new(), perm, mtime, version: 0, body }], next_blob: 1 }
+        State::with_root(Node::new(ROOT_INO, Vec::new(), perm, mtime, body))
     }
 
     fn with_state(fetcher: Arc<Fetcher>, root: Hash, time: i64, upper: Option<Upper>, st: State) -> SnapshotFs {
@@ -443,7 +461,7 @@ impl SnapshotFs {
                 Kind::Directory => Body::Dir { clean: Some(e.id), origin: o, children: None },
                 _ => Body::Lower(e.clone()),
             };
-            let node = Node { parent: ino, name: e.name.clone(), perm: self.perm_of(e.kind), mtime, version: 0, body };
+            let node = Node::new(ino, e.name.clone(), self.perm_of(e.kind), mtime, body);
             kids.insert(e.name.clone(), st.push(node));
         }
         if let Ok(Node { body: Body::Dir { children, .. }, .. }) = st.get_mut(ino) {
@@ -552,9 +570,8 @@ impl SnapshotFs {
     pub async fn open(&self, ino: u64) -> Result<OpenFile> {
         let body = self.st().get(ino)?.body.clone();
         let e = match body {
-            Body::Upper { blob, .. } => {
-                let p = self.blob_path(blob)?;
-                let file = std::fs::File::open(&p).map_err(Error::io(format!("opening {}", p.display())))?;
+            Body::Upper { .. } => {
+                let file = self.open_upper(ino, false)?;
                 return Ok(OpenFile::Upper { file, ino, writable: false });
             }
             Body::Lower(e) if matches!(e.kind, Kind::File | Kind::Executable) => e,
@@ -576,18 +593,147 @@ impl SnapshotFs {
         let data = self.timed("opening a file", self.fetcher.content(&e, &path)).await?;
         let p = self.fetcher.cache.entry_path(&e.id);
         let cache_path = p.exists().then_some(p);
+        self.count_open(ino)?;
         Ok(OpenFile::Whole { data, cache_path, ino: self.is_writable().then_some(ino) })
+    }
+
+    /// Counts a new handle of `ino`. A node that was unlinked while no
+    /// handle held it is gone (its upper blob may be deleted already).
+    fn count_open(&self, ino: u64) -> Result<()> {
+        let mut st = self.st_mut();
+        let n = st.get_mut(ino)?;
+        if ino != ROOT_INO && n.parent == 0 && n.opens == 0 {
+            return Err(Error::NotFound(format!("inode {ino} was removed")));
+        }
+        n.opens += 1;
+        Ok(())
+    }
+
+    /// Opens the upper file of `ino` and counts the handle, under the lock
+    /// that unlink takes: the blob cannot go between the check and the open.
+    fn open_upper(&self, ino: u64, write: bool) -> Result<std::fs::File> {
+        let mut st = self.st_mut();
+        let n = st.get_mut(ino)?;
+        if ino != ROOT_INO && n.parent == 0 && n.opens == 0 {
+            return Err(Error::NotFound(format!("inode {ino} was removed")));
+        }
+        let Body::Upper { blob, .. } = n.body else {
+            return Err(Error::fs(Errno::NOENT, "the file changed while it was being opened"));
+        };
+        let p = self.blob_path(blob)?;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(write)
+            .open(&p)
+            .map_err(Error::io(format!("opening {}", p.display())))?;
+        n.opens += 1;
+        Ok(file)
+    }
+
+    /// A handle of `ino` was closed. The last close of an unlinked file
+    /// deletes its upper blob; a node neither open nor known to the kernel
+    /// any more is dropped.
+    pub fn release(&self, ino: u64) {
+        let mut st = self.st_mut();
+        let Ok(n) = st.get_mut(ino) else { return };
+        n.opens = n.opens.saturating_sub(1);
+        self.reap(&mut st, ino);
+    }
+
+    /// The kernel took `n` more references to `ino` (an entry reply, or an
+    /// entry of a READDIRPLUS reply).
+    pub fn note_lookup(&self, ino: u64, n: u64) {
+        if ino == ROOT_INO {
+            return;
+        }
+        if let Ok(node) = self.st_mut().get_mut(ino) {
+            node.lookups += n;
+        }
+    }
+
+    /// The kernel dropped `n` references to `ino` (FORGET).
+    pub fn forget(&self, ino: u64, n: u64) {
+        if ino == ROOT_INO {
+            return;
+        }
+        let mut st = self.st_mut();
+        let Ok(node) = st.get_mut(ino) else { return };
+        node.lookups = node.lookups.saturating_sub(n);
+        let parent = node.parent;
+        if !self.reap(&mut st, ino) && parent != 0 {
+            self.collapse(&mut st, parent);
+        }
+    }
+
+    /// Drops a detached node nothing holds (and its blob, once no handle
+    /// has it open). Returns whether `ino` is gone.
+    fn reap(&self, st: &mut State, ino: u64) -> bool {
+        let Ok(n) = st.get(ino) else { return true };
+        if ino == ROOT_INO || n.parent != 0 || n.opens > 0 {
+            return false;
+        }
+        if let Body::Upper { blob, .. } = n.body {
+            if let Ok(p) = self.blob_path(blob) {
+                let _ = std::fs::remove_file(p);
+            }
+        }
+        if n.lookups == 0 {
+            st.nodes.remove(&ino);
+            return true;
+        }
+        false
+    }
+
+    /// Folds the children of clean directory `dir` back into its tree id
+    /// when none of them is changed, open or known to the kernel: memory
+    /// follows what is changed or in use, not what was ever walked.
+    fn collapse(&self, st: &mut State, mut dir: u64) {
+        // Folding a directory makes it an idle leaf of its parent: go up
+        // while that folds too.
+        while self.collapse_one(st, dir) {
+            match st.get(dir) {
+                Ok(n) if n.lookups == 0 && n.opens == 0 && !n.touched && dir != ROOT_INO && n.parent != 0 => {
+                    dir = n.parent
+                }
+                _ => return,
+            }
+        }
+    }
+
+    fn collapse_one(&self, st: &mut State, dir: u64) -> bool {
+        let Ok(Node { body: Body::Dir { clean: Some(_), children: Some(kids), .. }, .. }) = st.get(dir) else {
+            return false;
+        };
+        let idle = |c: &u64| {
+            st.get(*c).is_ok_and(|n| {
+                n.lookups == 0
+                    && n.opens == 0
+                    && !n.touched
+                    && matches!(n.body, Body::Lower(_) | Body::Dir { clean: Some(_), children: None, .. })
+            })
+        };
+        if !kids.values().all(idle) {
+            return false;
+        }
+        let kids: Vec<u64> = kids.values().copied().collect();
+        for k in kids {
+            st.nodes.remove(&k);
+        }
+        if let Ok(Node { body: Body::Dir { children, .. }, .. }) = st.get_mut(dir) {
+            *children = None;
+        }
+        true
+    }
+
+    /// How many nodes are in memory (for stats and memory tests).
+    pub fn node_count(&self) -> usize {
+        self.st().nodes.len()
     }
 
     /// Opens a file for writing (copying it up first).
     pub async fn open_for_write(&self, ino: u64) -> Result<OpenFile> {
-        let blob = self.copy_up(ino).await?;
-        let p = self.blob_path(blob)?;
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&p)
-            .map_err(Error::io(format!("opening {}", p.display())))?;
+        self.copy_up(ino).await?;
+        let file = self.open_upper(ino, true)?;
         Ok(OpenFile::Upper { file, ino, writable: true })
     }
 
@@ -625,6 +771,11 @@ impl SnapshotFs {
             }
             _ => Err(Error::fs(Errno::NOENT, "the file changed while it was being copied up")),
         }
+    }
+
+    /// Whether `ino` is still in the tree with upper blob `blob`.
+    fn holds_blob(&self, ino: u64, blob: u64) -> bool {
+        self.st().get(ino).is_ok_and(|n| n.parent != 0 && matches!(n.body, Body::Upper { blob: b, .. } if b == blob))
     }
 
     fn new_blob(&self) -> Result<u64> {
@@ -735,6 +886,9 @@ impl SnapshotFs {
         {
             let mut st = self.st_mut();
             let n = st.get_mut(ino)?;
+            if a.mode.is_some() || a.mtime.is_some() {
+                n.touched = true;
+            }
             if let Some(mode) = a.mode {
                 let before = n.perm & 0o111 != 0;
                 n.perm = (mode & 0o7777) as u16;
@@ -784,13 +938,17 @@ impl SnapshotFs {
             .truncate(true)
             .open(&p)
             .map_err(Error::io(format!("creating {}", p.display())))?;
-        let node = |parent| Node {
-            parent,
-            name: name.to_vec(),
-            perm: (mode & 0o7777) as u16,
-            mtime: now(),
-            version: 0,
-            body: Body::Upper { blob, size: 0, clean: None },
+        let node = |parent| {
+            let mut n = Node::new(
+                parent,
+                name.to_vec(),
+                (mode & 0o7777) as u16,
+                now(),
+                Body::Upper { blob, size: 0, clean: None },
+            );
+            // Created open: the handle is released like any other.
+            n.opens = 1;
+            n
         };
         match self.insert(parent, name, node).await {
             Ok(a) => Ok((a, OpenFile::Upper { file, ino: a.ino, writable: true })),
@@ -803,15 +961,7 @@ impl SnapshotFs {
 
     pub async fn mkdir(&self, parent: u64, name: &[u8], mode: u32) -> Result<Attr> {
         let body = Body::Dir { clean: None, origin: None, children: Some(BTreeMap::new()) };
-        self.insert(parent, name, |parent| Node {
-            parent,
-            name: name.to_vec(),
-            perm: (mode & 0o7777) as u16,
-            mtime: now(),
-            version: 0,
-            body,
-        })
-        .await
+        self.insert(parent, name, |parent| Node::new(parent, name.to_vec(), (mode & 0o7777) as u16, now(), body)).await
     }
 
     pub async fn symlink(&self, parent: u64, name: &[u8], target: &[u8]) -> Result<Attr> {
@@ -819,25 +969,16 @@ impl SnapshotFs {
             return Err(Error::fs(Errno::INVAL, "empty symlink target"));
         }
         let body = Body::Link(target.to_vec());
-        self.insert(parent, name, |parent| Node {
-            parent,
-            name: name.to_vec(),
-            perm: 0o777,
-            mtime: now(),
-            version: 0,
-            body,
-        })
-        .await
+        self.insert(parent, name, |parent| Node::new(parent, name.to_vec(), 0o777, now(), body)).await
     }
 
-    /// Detaches `ino` (already removed from its parent's children).
-    fn detach(&self, st: &mut State, ino: u64) -> Option<u64> {
-        let n = st.get_mut(ino).ok()?;
-        n.parent = 0;
-        match n.body {
-            Body::Upper { blob, .. } => Some(blob),
-            _ => None,
+    /// Detaches `ino` (already removed from its parent's children); its
+    /// upper blob goes now, or with the last handle still open on it.
+    fn detach(&self, st: &mut State, ino: u64) {
+        if let Ok(n) = st.get_mut(ino) {
+            n.parent = 0;
         }
+        self.reap(st, ino);
     }
 
     fn is_dir_body(b: &Body) -> bool {
@@ -879,12 +1020,9 @@ impl SnapshotFs {
         let ino = st.child(parent, name)?;
         Self::may_remove(&st, ino, dir)?;
         st.children_mut(parent)?.remove(name);
-        let blob = self.detach(&mut st, ino);
+        self.detach(&mut st, ino);
         st.touch_dir(parent);
         drop(st);
-        if let Some(b) = blob {
-            let _ = std::fs::remove_file(self.blob_path(b)?);
-        }
         self.changed();
         Ok(())
     }
@@ -917,7 +1055,6 @@ impl SnapshotFs {
         if src_dir && st.is_ancestor(src, new_parent) {
             return Err(Error::fs(Errno::INVAL, "cannot move a directory into itself"));
         }
-        let mut blob = None;
         if let Ok(t) = st.child(new_parent, new_name) {
             if t == src {
                 return Ok(());
@@ -927,7 +1064,7 @@ impl SnapshotFs {
             }
             Self::may_remove(&st, t, src_dir)?;
             st.children_mut(new_parent)?.remove(new_name);
-            blob = self.detach(&mut st, t);
+            self.detach(&mut st, t);
         }
         st.children_mut(parent)?.remove(name);
         st.children_mut(new_parent)?.insert(new_name.to_vec(), src);
@@ -937,9 +1074,6 @@ impl SnapshotFs {
         st.touch_dir(parent);
         st.touch_dir(new_parent);
         drop(st);
-        if let Some(b) = blob {
-            let _ = std::fs::remove_file(self.blob_path(b)?);
-        }
         self.changed();
         Ok(())
     }
@@ -1004,9 +1138,16 @@ impl SnapshotFs {
         let mut hashed = Vec::with_capacity(dirty.len());
         for (ino, blob, version) in &dirty {
             let p = upper_dir.join(blob.to_string());
-            let data = std::fs::read(&p).map_err(Error::io(format!("reading {}", p.display())))?;
+            let data = match std::fs::read(&p) {
+                Ok(d) => d,
+                // Unlinked (or replaced) since it was listed: it is not in
+                // the tree any more, which the walk below will see.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && !self.holds_blob(*ino, *blob) => continue,
+                Err(e) => return Err(Error::io(format!("reading {}", p.display()))(e)),
+            };
             hashed.push((*ino, *version, staged.content(cache, &data)?));
         }
+        let hashed_count = hashed.len() as u64;
         between();
         let mut st = self.st_mut();
         // Files hashed here are counted as read, not as unchanged, when the
@@ -1025,18 +1166,86 @@ impl SnapshotFs {
         let mut b = Built {
             root: self.root,
             stat: StatObject::default(),
-            files_read: dirty.len() as u64,
+            files_read: hashed_count,
             files_unchanged: 0,
             trees_built: 0,
         };
-        let root = self.build_node(&mut st, ROOT_INO, &[], cache, staged, &upper_dir, &fresh, &mut b)?;
+        let root = self.build_tree(&mut st, cache, staged, &upper_dir, &fresh, &mut b)?;
         b.root = root.id;
         b.stat.entries.sort();
         Ok(b)
     }
 
+    /// Encodes the loaded part of the tree bottom-up (an explicit stack, so
+    /// no depth of directories can overflow the thread's stack): changed
+    /// directories become new trees, clean ones keep their id.
     #[allow(clippy::too_many_arguments)]
-    fn build_node(
+    fn build_tree(
+        &self,
+        st: &mut State,
+        cache: &DiskCache,
+        staged: &mut Staged,
+        upper_dir: &Path,
+        fresh: &std::collections::HashSet<u64>,
+        b: &mut Built,
+    ) -> Result<Entry> {
+        enum Step {
+            Enter(u64, Vec<u8>),
+            /// Every child's entry is in `out[from..]`.
+            Exit {
+                ino: u64,
+                path: Vec<u8>,
+                from: usize,
+            },
+        }
+        let mut out: Vec<Entry> = Vec::new();
+        let mut stack = vec![Step::Enter(ROOT_INO, Vec::new())];
+        while let Some(step) = stack.pop() {
+            match step {
+                Step::Enter(ino, path) => {
+                    let n = st.get(ino)?;
+                    if let Body::Dir { children: Some(ch), .. } = &n.body {
+                        b.stat.entries.push((path.clone(), n.mtime.0, n.mtime.1));
+                        let kids: Vec<(Vec<u8>, u64)> = ch.iter().map(|(k, v)| (k.clone(), *v)).collect();
+                        stack.push(Step::Exit { ino, path: path.clone(), from: out.len() });
+                        stack.extend(kids.into_iter().rev().map(|(name, c)| Step::Enter(c, join(&path, &name))));
+                    } else {
+                        let e = self.build_leaf(st, ino, &path, cache, staged, upper_dir, fresh, b)?;
+                        out.push(e);
+                    }
+                }
+                Step::Exit { ino, path, from } => {
+                    let entries = out.split_off(from);
+                    let n = st.get(ino)?;
+                    let (name, clean) = match &n.body {
+                        Body::Dir { clean, .. } => (n.name.clone(), *clean),
+                        _ => return Err(Error::User("internal: a directory changed kind during a checkpoint".into())),
+                    };
+                    let id = match clean {
+                        Some(id) => id,
+                        None => {
+                            let tree = Tree::normalized(entries).map_err(|e| Error::UnsafePath {
+                                path: String::from_utf8_lossy(&path).into_owned(),
+                                reason: e.to_string(),
+                            })?;
+                            b.trees_built += 1;
+                            let id = staged.tree(cache, &tree)?;
+                            if let Body::Dir { clean, .. } = &mut st.get_mut(ino)?.body {
+                                *clean = Some(id);
+                            }
+                            id
+                        }
+                    };
+                    out.push(Entry { name, kind: Kind::Directory, chunked: false, size: 0, id });
+                }
+            }
+        }
+        out.pop().ok_or_else(|| Error::User("internal: no root entry".into()))
+    }
+
+    /// The entry of one node that is not a loaded directory.
+    #[allow(clippy::too_many_arguments)]
+    fn build_leaf(
         &self,
         st: &mut State,
         ino: u64,
@@ -1056,27 +1265,8 @@ impl SnapshotFs {
                 self.carry_stat(origin.as_deref(), id, path, &mut b.stat)?;
                 entry(Kind::Directory, false, 0, id)
             }
-            Body::Dir { clean, children: Some(ch), .. } => {
-                let mut entries = Vec::with_capacity(ch.len());
-                for (name, c) in ch {
-                    entries.push(self.build_node(st, *c, &join(path, name), cache, staged, upper_dir, fresh, b)?);
-                }
-                let id = match clean {
-                    Some(id) => *id,
-                    None => {
-                        let tree = Tree::normalized(entries).map_err(|e| Error::UnsafePath {
-                            path: String::from_utf8_lossy(path).into_owned(),
-                            reason: e.to_string(),
-                        })?;
-                        b.trees_built += 1;
-                        let id = staged.tree(cache, &tree)?;
-                        if let Body::Dir { clean, .. } = &mut st.get_mut(ino)?.body {
-                            *clean = Some(id);
-                        }
-                        id
-                    }
-                };
-                entry(Kind::Directory, false, 0, id)
+            Body::Dir { children: Some(_), .. } => {
+                return Err(Error::User("internal: a loaded directory reached build_leaf".into()));
             }
             Body::Lower(e) if matches!(e.kind, Kind::File | Kind::Executable) => {
                 entry(file_kind(n.perm), e.chunked, e.size, e.id)
@@ -1150,12 +1340,15 @@ impl SnapshotFs {
 
 /// Lists the paths of tree `id` (already in memory) with the snapshot time.
 fn list_tree_paths(fs: &SnapshotFs, id: Hash, path: &[u8], out: &mut StatObject) -> Result<()> {
-    let t = fs.tree_now(&id).ok_or_else(|| Error::User(format!("tree {id} is not loaded")))?;
-    for e in &t.entries {
-        let p = join(path, &e.name);
-        out.entries.push((p.clone(), fs.time, 0));
-        if e.kind == Kind::Directory {
-            list_tree_paths(fs, e.id, &p, out)?;
+    let mut stack = vec![(id, path.to_vec())];
+    while let Some((id, path)) = stack.pop() {
+        let t = fs.tree_now(&id).ok_or_else(|| Error::User(format!("tree {id} is not loaded")))?;
+        for e in &t.entries {
+            let p = join(&path, &e.name);
+            out.entries.push((p.clone(), fs.time, 0));
+            if e.kind == Kind::Directory {
+                stack.push((e.id, p));
+            }
         }
     }
     Ok(())
@@ -1176,86 +1369,148 @@ fn read_upper(file: &std::fs::File, offset: u64, size: u32) -> Result<Bytes> {
     Ok(Bytes::from(buf))
 }
 
-// ---- The saved state of a read-write mount (`overlay.json`) ----
+// ---- The saved state of a read-write mount (`overlay.state`) ----
+//
+// Flat and checksummed (docs/FORMAT.md, "Overlay state"): one record per
+// node in memory, parents before children, each naming its parent by
+// record index, so no depth of directories can make it unreadable, and a
+// torn or rotten file reads as corrupt, never as an empty overlay.
 
-#[derive(Serialize, Deserialize)]
-struct SavedState {
-    version: u32,
-    root: String,
+const OVERLAY_MAGIC: &[u8; 4] = b"MADV";
+const OVERLAY_VERSION: u8 = 2;
+
+/// Node bodies in the saved state.
+const REC_DIR: u8 = 0;
+const REC_LOWER: u8 = 1;
+const REC_UPPER: u8 = 2;
+const REC_LINK: u8 = 3;
+
+fn put_opt_hash(out: &mut Vec<u8>, h: Option<Hash>) {
+    match h {
+        None => out.push(0),
+        Some(h) => {
+            out.push(1);
+            out.extend_from_slice(h.as_bytes());
+        }
+    }
+}
+
+fn opt_hash(r: &mut crate::codec::Reader) -> std::result::Result<Option<Hash>, crate::codec::DecodeError> {
+    match r.u8()? {
+        0 => Ok(None),
+        1 => Ok(Some(r.hash()?)),
+        f => Err(crate::codec::DecodeError::Invalid(format!("bad flag {f}"))),
+    }
+}
+
+fn state_err(e: impl std::fmt::Display) -> Error {
+    Error::User(format!(
+        "the saved state of this workspace mount is unreadable ({e}); its upper files are kept; \
+         checkpoint from a backup of the state folder or remove it to start from the last checkpoint"
+    ))
+}
+
+/// The header of a saved state: what must be fetched before loading it.
+struct SavedHeader {
+    root: Hash,
     time: i64,
-    base_stat: Option<String>,
+    base_stat: Option<Hash>,
     next_blob: u64,
-    tree: SavedNode,
-}
-
-#[derive(Serialize, Deserialize)]
-struct SavedNode {
-    name: Vec<u8>,
-    perm: u16,
-    mtime: (i64, u32),
-    body: SavedBody,
-}
-
-#[derive(Serialize, Deserialize)]
-enum SavedBody {
-    Dir { clean: Option<String>, origin: Option<Vec<u8>>, children: Option<Vec<SavedNode>> },
-    Lower { kind: String, chunked: bool, size: u64, id: String },
-    Upper { blob: u64, size: u64 },
-    Link(Vec<u8>),
-}
-
-fn kind_from_label(s: &str) -> Option<Kind> {
-    [Kind::File, Kind::Executable, Kind::Symlink, Kind::Directory, Kind::Gitlink].into_iter().find(|k| k.label() == s)
-}
-
-fn parse_hash(s: &str) -> Result<Hash> {
-    s.parse().map_err(|_| Error::User(format!("bad id {s:?} in a saved mount state")))
 }
 
 impl SnapshotFs {
     /// The state of a read-write mount, for [`SnapshotFs::load_state`].
     pub fn save_state(&self) -> Result<Vec<u8>> {
+        use crate::codec::{put_bytes, put_varint};
         let u = self.upper.as_ref().ok_or_else(read_only)?.read().expect("upper lock");
         let st = self.st();
-        fn save(st: &State, ino: u64) -> Result<SavedNode> {
-            let n = st.get(ino)?;
-            let body = match &n.body {
-                Body::Dir { clean, origin, children } => SavedBody::Dir {
-                    clean: clean.map(|h| h.to_hex()),
-                    origin: origin.clone(),
-                    children: match children {
-                        Some(c) => Some(c.values().map(|c| save(st, *c)).collect::<Result<_>>()?),
-                        None => None,
-                    },
-                },
-                Body::Lower(e) => SavedBody::Lower {
-                    kind: e.kind.label().into(),
-                    chunked: e.chunked,
-                    size: e.size,
-                    id: e.id.to_hex(),
-                },
-                Body::Upper { blob, size, .. } => SavedBody::Upper { blob: *blob, size: *size },
-                Body::Link(t) => SavedBody::Link(t.clone()),
-            };
-            Ok(SavedNode { name: n.name.clone(), perm: n.perm, mtime: n.mtime, body })
+        let mut out = Vec::with_capacity(64 + st.nodes.len() * 64);
+        out.extend_from_slice(OVERLAY_MAGIC);
+        out.push(OVERLAY_VERSION);
+        out.extend_from_slice(self.root.as_bytes());
+        out.extend_from_slice(&self.time.to_le_bytes());
+        put_opt_hash(&mut out, u.base_stat_id);
+        put_varint(&mut out, st.next_blob);
+        // Pre-order, iteratively: (ino, index of its parent's record).
+        let mut records: Vec<(u64, u64)> = Vec::new();
+        let mut stack = vec![(ROOT_INO, 0u64)];
+        while let Some((ino, parent)) = stack.pop() {
+            let me = records.len() as u64;
+            records.push((ino, parent));
+            if let Body::Dir { children: Some(c), .. } = &st.get(ino)?.body {
+                stack.extend(c.values().rev().map(|k| (*k, me)));
+            }
         }
-        let s = SavedState {
-            version: 1,
-            root: self.root.to_hex(),
-            time: self.time,
-            base_stat: u.base_stat_id.map(|h| h.to_hex()),
-            next_blob: st.next_blob,
-            tree: save(&st, ROOT_INO)?,
-        };
-        serde_json::to_vec(&s).map_err(|e| Error::User(format!("saving the mount state: {e}")))
+        put_varint(&mut out, records.len() as u64);
+        for (ino, parent) in records {
+            let n = st.get(ino)?;
+            put_varint(&mut out, parent);
+            put_bytes(&mut out, &n.name);
+            put_varint(&mut out, n.perm as u64);
+            out.extend_from_slice(&n.mtime.0.to_le_bytes());
+            put_varint(&mut out, n.mtime.1 as u64);
+            match &n.body {
+                Body::Dir { clean, origin, children } => {
+                    out.push(REC_DIR);
+                    put_opt_hash(&mut out, *clean);
+                    match origin {
+                        None => out.push(0),
+                        Some(o) => {
+                            out.push(1);
+                            put_bytes(&mut out, o);
+                        }
+                    }
+                    out.push(children.is_some() as u8);
+                }
+                Body::Lower(e) => {
+                    out.push(REC_LOWER);
+                    out.push(e.kind as u8);
+                    out.push(e.chunked as u8);
+                    put_varint(&mut out, e.size);
+                    out.extend_from_slice(e.id.as_bytes());
+                }
+                Body::Upper { blob, size, .. } => {
+                    out.push(REC_UPPER);
+                    put_varint(&mut out, *blob);
+                    put_varint(&mut out, *size);
+                }
+                Body::Link(t) => {
+                    out.push(REC_LINK);
+                    put_bytes(&mut out, t);
+                }
+            }
+        }
+        let sum = Hash::of(&out);
+        out.extend_from_slice(sum.as_bytes());
+        Ok(out)
+    }
+
+    fn saved_header(bytes: &[u8]) -> Result<(SavedHeader, crate::codec::Reader<'_>)> {
+        if bytes.len() < 4 + 32 || !bytes.starts_with(OVERLAY_MAGIC) {
+            return Err(state_err("not an overlay state"));
+        }
+        let (body, sum) = bytes.split_at(bytes.len() - 32);
+        if Hash::of(body).as_bytes() != sum {
+            return Err(state_err("checksum mismatch: the file is torn or corrupt"));
+        }
+        let mut r = crate::codec::Reader::new(body);
+        let h = (|| {
+            r.magic(OVERLAY_MAGIC)?;
+            r.version("overlay state", OVERLAY_VERSION)?;
+            let root = r.hash()?;
+            let time = r.i64_le()?;
+            let base_stat = opt_hash(&mut r)?;
+            let next_blob = r.varint()?;
+            Ok::<_, crate::codec::DecodeError>(SavedHeader { root, time, base_stat, next_blob })
+        })()
+        .map_err(state_err)?;
+        Ok((h, r))
     }
 
     /// The base stat object id a saved state refers to (to fetch it
     /// before [`SnapshotFs::load_state`]).
     pub fn saved_base_stat(bytes: &[u8]) -> Result<Option<Hash>> {
-        let s: SavedState = serde_json::from_slice(bytes)
-            .map_err(|e| Error::User(format!("the saved mount state is unreadable: {e}")))?;
-        s.base_stat.as_deref().map(parse_hash).transpose()
+        Ok(Self::saved_header(bytes)?.0.base_stat)
     }
 
     /// Restores a read-write mount from its saved state. Files of the
@@ -1267,53 +1522,86 @@ impl SnapshotFs {
         upper_dir: PathBuf,
         base_stat: Option<(Hash, StatObject)>,
     ) -> Result<SnapshotFs> {
-        let s: SavedState = serde_json::from_slice(bytes)
-            .map_err(|e| Error::User(format!("the saved mount state is unreadable: {e}")))?;
-        let root = parse_hash(&s.root)?;
-        let fs = SnapshotFs::writable(fetcher, root, s.time, upper_dir, base_stat)?;
-        let mut st = State { nodes: Vec::new(), next_blob: s.next_blob };
-        fn load(st: &mut State, parent: u64, n: SavedNode) -> Result<u64> {
-            let (body, kids) = match n.body {
-                SavedBody::Dir { clean, origin, children } => {
-                    let clean = clean.as_deref().map(parse_hash).transpose()?;
-                    if children.is_none() && clean.is_none() {
-                        return Err(Error::User("saved mount state: an unloaded directory without a tree".into()));
+        use crate::codec::DecodeError;
+        let (h, mut r) = Self::saved_header(bytes)?;
+        let fs = SnapshotFs::writable(fetcher, h.root, h.time, upper_dir, base_stat)?;
+        let mut st = State { nodes: HashMap::new(), next_ino: ROOT_INO, next_blob: h.next_blob };
+        let n = r.count(16).map_err(state_err)?;
+        // Record index -> inode (records are numbered 0.., inodes 1..).
+        let mut inos: Vec<u64> = Vec::with_capacity(n);
+        let mut holders = Vec::new();
+        for i in 0..n {
+            let rec = (|| {
+                let parent = r.varint()?;
+                let name = r.bytes()?.to_vec();
+                let perm = r.varint()? as u16;
+                let mtime = (r.i64_le()?, r.varint()? as u32);
+                let body = match r.u8()? {
+                    REC_DIR => {
+                        let clean = opt_hash(&mut r)?;
+                        let origin = match r.u8()? {
+                            0 => None,
+                            1 => Some(r.bytes()?.to_vec()),
+                            f => return Err(DecodeError::Invalid(format!("bad origin flag {f}"))),
+                        };
+                        let loaded = r.u8()? != 0;
+                        if !loaded && clean.is_none() {
+                            return Err(DecodeError::Invalid("an unloaded directory without a tree".into()));
+                        }
+                        Body::Dir { clean, origin, children: loaded.then(BTreeMap::new) }
                     }
-                    let has = children.is_some();
-                    (Body::Dir { clean, origin, children: has.then(BTreeMap::new) }, children)
+                    REC_LOWER => {
+                        let k = r.u8()?;
+                        let kind = [Kind::File, Kind::Executable, Kind::Symlink, Kind::Directory, Kind::Gitlink]
+                            .into_iter()
+                            .find(|x| *x as u8 == k)
+                            .ok_or_else(|| DecodeError::Invalid(format!("unknown kind {k}")))?;
+                        let chunked = r.u8()? != 0;
+                        let size = r.varint()?;
+                        let id = r.hash()?;
+                        Body::Lower(Entry { name: name.clone(), kind, chunked, size, id })
+                    }
+                    REC_UPPER => Body::Upper { blob: r.varint()?, size: r.varint()?, clean: None },
+                    REC_LINK => Body::Link(r.bytes()?.to_vec()),
+                    t => return Err(DecodeError::Invalid(format!("unknown record type {t}"))),
+                };
+                Ok((parent, name, perm, mtime, body))
+            })()
+            .map_err(state_err)?;
+            let (parent, name, perm, mtime, body) = rec;
+            let is_upper = matches!(body, Body::Upper { .. });
+            let ino = if i == 0 {
+                st.next_ino = ROOT_INO;
+                st.push(Node::new(ROOT_INO, name, perm, mtime, body))
+            } else {
+                let p = *inos
+                    .get(parent as usize)
+                    .filter(|_| (parent as usize) < i)
+                    .ok_or_else(|| state_err(format!("record {i} names parent {parent}, not an earlier record")))?;
+                check_name(&name).map_err(state_err)?;
+                let ino = st.push(Node::new(p, name.clone(), perm, mtime, body));
+                match &mut st.get_mut(p)?.body {
+                    Body::Dir { children: Some(c), .. } => {
+                        if c.insert(name, ino).is_some() {
+                            return Err(state_err(format!("record {i}: a name appears twice in one directory")));
+                        }
+                    }
+                    _ => return Err(state_err(format!("record {i}: its parent is not a loaded directory"))),
                 }
-                SavedBody::Lower { kind, chunked, size, id } => {
-                    let kind = kind_from_label(&kind)
-                        .ok_or_else(|| Error::User(format!("saved mount state: unknown kind {kind}")))?;
-                    let e = Entry { name: n.name.clone(), kind, chunked, size, id: parse_hash(&id)? };
-                    (Body::Lower(e), None)
+                if is_upper {
+                    holders.push(p);
                 }
-                SavedBody::Upper { blob, size } => (Body::Upper { blob, size, clean: None }, None),
-                SavedBody::Link(t) => (Body::Link(t), None),
+                ino
             };
-            let ino = st.push(Node { parent, name: n.name, perm: n.perm, mtime: n.mtime, version: 0, body });
-            if parent == 0 {
-                st.get_mut(ino)?.parent = ino;
-            }
-            let mut map = BTreeMap::new();
-            for k in kids.into_iter().flatten() {
-                check_name(&k.name).map_err(|m| Error::User(format!("saved mount state: {m}")))?;
-                let name = k.name.clone();
-                map.insert(name, load(st, ino, k)?);
-            }
-            if let Body::Dir { children: Some(c), .. } = &mut st.get_mut(ino)?.body {
-                *c = map;
-            }
-            Ok(ino)
+            inos.push(ino);
         }
-        load(&mut st, 0, s.tree)?;
+        r.finish().map_err(state_err)?;
+        if n == 0 {
+            return Err(state_err("no root record"));
+        }
         // Every directory above an upper file is rebuilt at the next
         // checkpoint. The saved state keeps "changed directories only
         // below changed ones", so `dirty` may stop early here too.
-        let holders: Vec<u64> = (1..=st.nodes.len() as u64)
-            .filter(|i| matches!(st.nodes[*i as usize - 1].body, Body::Upper { .. }))
-            .map(|i| st.nodes[i as usize - 1].parent)
-            .collect();
         for h in holders {
             st.dirty(h);
         }
@@ -1358,5 +1646,125 @@ mod tests {
         // Nothing changed since: the next build reads nothing and knows one file.
         let b = fs.build(&cache, &mut Staged::default()).unwrap();
         assert_eq!((b.files_read, b.files_unchanged, b.trees_built), (0, 1, 0), "{b:?}");
+    }
+
+    #[tokio::test]
+    async fn an_unlinked_open_file_keeps_its_bytes_until_the_last_close_and_forget() {
+        let d = tempfile::tempdir().unwrap();
+        let (fs, _cache) = empty_workspace(d.path());
+        let (a, f) = fs.create(ROOT_INO, b"f", 0o644).await.unwrap();
+        fs.note_lookup(a.ino, 1);
+        fs.write(&f, 0, b"still here").unwrap();
+        let reader = fs.open(a.ino).await.unwrap();
+        fs.unlink(ROOT_INO, b"f").await.unwrap();
+        let blob = d.path().join("upper").join("1");
+        assert!(blob.exists(), "the blob went while handles were open");
+        assert_eq!(&fs.read(&reader, 0, 64).await.unwrap()[..], b"still here");
+        assert!(fs.getattr(a.ino).is_ok(), "an open file answers getattr (fstat)");
+        fs.release(a.ino);
+        assert!(blob.exists(), "one handle is still open");
+        fs.release(a.ino);
+        assert!(!blob.exists(), "the last close deletes the blob");
+        assert!(fs.getattr(a.ino).is_ok(), "the kernel still holds a reference");
+        fs.forget(a.ino, 1);
+        assert!(fs.getattr(a.ino).is_err(), "forgotten and unlinked: dropped");
+    }
+
+    #[tokio::test]
+    async fn opening_a_file_unlinked_before_the_open_is_enoent_not_eio() {
+        let d = tempfile::tempdir().unwrap();
+        let (fs, _cache) = empty_workspace(d.path());
+        let (a, f) = fs.create(ROOT_INO, b"f", 0o644).await.unwrap();
+        fs.note_lookup(a.ino, 1);
+        fs.write(&f, 0, b"x").unwrap();
+        fs.release(a.ino);
+        fs.unlink(ROOT_INO, b"f").await.unwrap();
+        match fs.open(a.ino).await {
+            Err(Error::NotFound(_)) => {}
+            Err(e) => panic!("expected NotFound, got {e}"),
+            Ok(_) => panic!("opened a removed file"),
+        }
+    }
+
+    #[tokio::test]
+    async fn deep_directories_save_and_load_without_recursion() {
+        let d = tempfile::tempdir().unwrap();
+        let (fs, cache) = empty_workspace(d.path());
+        let mut dir = ROOT_INO;
+        for _ in 0..5000 {
+            dir = fs.mkdir(dir, b"d", 0o755).await.unwrap().ino;
+        }
+        let (_, f) = fs.create(dir, b"leaf", 0o644).await.unwrap();
+        fs.write(&f, 0, b"deep").unwrap();
+        let saved = fs.save_state().unwrap();
+        let f2 = fs.fetcher().clone();
+        let back = SnapshotFs::load_state(f2, &saved, d.path().join("upper"), None).unwrap();
+        let mut ino = ROOT_INO;
+        for _ in 0..5000 {
+            ino = back.lookup(ino, b"d").await.unwrap().ino;
+        }
+        let leaf = back.lookup(ino, b"leaf").await.unwrap();
+        let h = back.open(leaf.ino).await.unwrap();
+        assert_eq!(&back.read(&h, 0, 16).await.unwrap()[..], b"deep");
+        // Both build the same tree.
+        let (x, y) =
+            (fs.build(&cache, &mut Staged::default()).unwrap(), back.build(&cache, &mut Staged::default()).unwrap());
+        assert_eq!(x.root, y.root);
+        // Any flipped byte or cut reads as corrupt, never as an empty overlay.
+        for at in [0, 5, saved.len() / 2, saved.len() - 1] {
+            let mut bad = saved.clone();
+            bad[at] ^= 0x40;
+            let e = SnapshotFs::load_state(fs.fetcher().clone(), &bad, d.path().join("upper"), None).err().unwrap();
+            assert!(e.to_string().contains("unreadable"), "{e}");
+        }
+        assert!(SnapshotFs::load_state(fs.fetcher().clone(), &saved[..saved.len() - 3], d.path().join("upper"), None)
+            .is_err());
+    }
+
+    #[tokio::test]
+    async fn forgotten_clean_nodes_fold_back_into_their_tree() {
+        let d = tempfile::tempdir().unwrap();
+        let remote =
+            Arc::new(Remote::open(&format!("file://{}/store", d.path().display()), &OpenOptions::default()).unwrap());
+        let cache = Arc::new(DiskCache::open(d.path().join("cache"), None).unwrap());
+        // A tree of 100 files in one directory, below the root.
+        let file = Hash::of(b"content");
+        cache.put(&file, b"content").unwrap();
+        let entries: Vec<Entry> = (0..100)
+            .map(|i| Entry { name: format!("f{i}").into_bytes(), kind: Kind::File, chunked: false, size: 7, id: file })
+            .collect();
+        let sub = Tree::normalized(entries).unwrap().encode();
+        let sub_id = Hash::of(&sub);
+        cache.put(&sub_id, &sub).unwrap();
+        let root = Tree::normalized(vec![Entry {
+            name: b"dir".to_vec(),
+            kind: Kind::Directory,
+            chunked: false,
+            size: 0,
+            id: sub_id,
+        }])
+        .unwrap()
+        .encode();
+        let root_id = Hash::of(&root);
+        cache.put(&root_id, &root).unwrap();
+        let fs = SnapshotFs::writable(Fetcher::new(remote, cache), root_id, 0, d.path().join("upper"), None).unwrap();
+        let dir = fs.lookup(ROOT_INO, b"dir").await.unwrap().ino;
+        fs.note_lookup(dir, 1);
+        let list = fs.readdir(dir).await.unwrap();
+        for (_, a) in &list {
+            fs.note_lookup(a.ino, 1);
+        }
+        assert_eq!(fs.node_count(), 102);
+        // One file still held by the kernel: nothing folds.
+        for (_, a) in &list[1..] {
+            fs.forget(a.ino, 1);
+        }
+        assert_eq!(fs.node_count(), 102);
+        fs.forget(list[0].1.ino, 1);
+        assert_eq!(fs.node_count(), 2, "the directory's children fold back into its tree id");
+        // And come back on the next look, with new inode numbers.
+        let again = fs.readdir(dir).await.unwrap();
+        assert_eq!(again.len(), 100);
+        assert!(again.iter().all(|(_, a)| a.ino > list.iter().map(|(_, b)| b.ino).max().unwrap()));
     }
 }

@@ -37,6 +37,8 @@ use crate::store::{Remote, Space};
 
 /// The folder inside a working copy that holds mado's state for it.
 pub const STATE_DIR: &str = ".mado";
+/// A mounted workspace's overlay state, in its state folder (docs/FORMAT.md).
+pub const OVERLAY_FILE: &str = "overlay.state";
 /// How long a lease lasts without renewal (each checkpoint renews it).
 pub const LEASE_SECS: i64 = 15 * 60;
 
@@ -512,10 +514,38 @@ pub async fn checkpoint_mount(
     Ok(report)
 }
 
+/// Saves a mounted workspace's state when it changed since the last save:
+/// shared by the saver that runs after each burst of changes and by
+/// fsync, so concurrent and repeated requests cost one save.
+pub struct StateSaver {
+    state_dir: PathBuf,
+    /// `SnapshotFs::changes()` as of the last good save.
+    saved: std::sync::Mutex<u64>,
+}
+
+impl StateSaver {
+    pub fn new(state_dir: PathBuf) -> StateSaver {
+        StateSaver { state_dir, saved: std::sync::Mutex::new(0) }
+    }
+
+    /// Returns once every change made before the call is on disk
+    /// (written, fsynced and renamed into place).
+    pub fn save(&self, fs: &SnapshotFs) -> Result<()> {
+        let mut saved = self.saved.lock().expect("saver lock");
+        let now = fs.changes();
+        if now <= *saved {
+            return Ok(());
+        }
+        save_mount_state(fs, &self.state_dir)?;
+        *saved = now;
+        Ok(())
+    }
+}
+
 /// Writes a read-write mount's state (atomically) into its folder.
 pub fn save_mount_state(fs: &SnapshotFs, state_dir: &Path) -> Result<()> {
     let bytes = fs.save_state()?;
-    crate::fsutil::save_atomic(&state_dir.join("overlay.json"), &bytes)
+    crate::fsutil::save_atomic(&state_dir.join(OVERLAY_FILE), &bytes)
 }
 
 /// The shared part of a checkpoint: lease and ref, `stage` (on a blocking
@@ -844,8 +874,21 @@ pub async fn open_mount(
     let attach = attach?;
     let sd = mount_state_dir(&fetcher.cache, fetcher.remote.url(), name);
     let mut warnings = Vec::new();
-    let prev = load_state_at(&sd).ok();
-    let saved = std::fs::read(sd.join("overlay.json")).ok();
+    if sd.join("overlay.json").exists() && !sd.join(OVERLAY_FILE).exists() {
+        return Err(Error::User(format!(
+            "{} holds changes saved by an older mado (overlay.json); check them out with that version, \
+             or move the folder away to start from the last checkpoint",
+            sd.display()
+        )));
+    }
+    let saved = std::fs::read(sd.join(OVERLAY_FILE)).ok();
+    // Changes saved here and a working-copy record that cannot be read:
+    // refuse rather than start over (which would delete the upper files).
+    let prev = match load_state_at(&sd) {
+        Ok(p) => Some(p),
+        Err(e) if saved.is_some() => return Err(e),
+        Err(_) => None,
+    };
     let reopen = match (&prev, &saved) {
         (Some(p), Some(_)) if p.head == v.snapshot.to_hex() || p.pending == Some(v.snapshot.to_hex()) => true,
         (Some(p), _) => {

@@ -163,7 +163,12 @@ pub fn run(
         let _g = rt.enter();
         tokio::net::UnixListener::bind(&sock).map_err(Error::io(format!("binding {}", sock.display())))?
     };
-    let fs = MadoFs::new(core.clone(), rt.clone(), opts.passthrough);
+    let saver = ws.as_ref().map(|w| Arc::new(mado_core::workspace::StateSaver::new(w.state_dir.clone())));
+    let mut fs = MadoFs::new(core.clone(), rt.clone(), opts.passthrough);
+    if let Some(saver) = &saver {
+        let (saver, core) = (saver.clone(), core.clone());
+        fs = fs.with_durable_save(Arc::new(move || saver.save(&core)));
+    }
     let passthrough = fs.passthrough_flag();
     let ws = ws.map(Arc::new);
     let answer: control::Answer = {
@@ -284,16 +289,14 @@ pub fn run(
     // change; the short sleep gathers a burst into one write), so a killed
     // daemon loses at most the last moment's renames; file contents are
     // already in the upper layer.
-    if let (Some(ws), Some(changed)) = (&ws, core.change_notifier()) {
-        let (ws, core, save_error) = (ws.clone(), core.clone(), save_error.clone());
+    if let (Some(ws), Some(changed), Some(saver)) = (&ws, core.change_notifier(), &saver) {
+        let (ws, core, save_error, saver) = (ws.clone(), core.clone(), save_error.clone(), saver.clone());
         rt.spawn(async move {
             loop {
                 changed.notified().await;
                 tokio::time::sleep(Duration::from_millis(200)).await;
-                let (ws2, core) = (ws.clone(), core.clone());
-                let r =
-                    tokio::task::spawn_blocking(move || mado_core::workspace::save_mount_state(&core, &ws2.state_dir))
-                        .await;
+                let (saver, core) = (saver.clone(), core.clone());
+                let r = tokio::task::spawn_blocking(move || saver.save(&core)).await;
                 let failed = match r {
                     Ok(Ok(())) => None,
                     Ok(Err(e)) => Some(e.to_string()),

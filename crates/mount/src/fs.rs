@@ -49,7 +49,12 @@ pub struct MadoFs {
     uid: u32,
     gid: u32,
     ttl: Duration,
+    /// For a workspace: makes every change so far durable (fsync).
+    durable: Option<DurableSave>,
 }
+
+/// Saves a workspace's state durably; called by fsync and fsyncdir.
+pub type DurableSave = Arc<dyn Fn() -> mado_core::Result<()> + Send + Sync>;
 
 /// The open-file tables, for tasks that outlive a request.
 struct OpenFiles {
@@ -101,7 +106,34 @@ impl MadoFs {
             uid: rustix::process::getuid().as_raw(),
             gid: rustix::process::getgid().as_raw(),
             ttl: if core.is_writable() { RW_TTL } else { TTL },
+            durable: None,
         }
+    }
+
+    /// fsync and fsyncdir return only once `save` has made the overlay
+    /// state that reaches the synced file durable.
+    pub fn with_durable_save(mut self, save: DurableSave) -> MadoFs {
+        self.durable = Some(save);
+        self
+    }
+
+    /// Answers an fsync: the upper file's bytes, then the state naming it.
+    fn sync_later(&self, file: Option<Arc<OpenFile>>, datasync: bool, reply: ReplyEmpty) {
+        let durable = self.durable.clone();
+        self.rt.spawn_blocking(move || {
+            if let Some(OpenFile::Upper { file, .. }) = file.as_deref() {
+                let r = if datasync { file.sync_data() } else { file.sync_all() };
+                if r.is_err() {
+                    return reply.error(Errno::EIO);
+                }
+            }
+            if let Some(save) = durable {
+                if let Err(e) = save() {
+                    return reply.error(errno(&e));
+                }
+            }
+            reply.ok();
+        });
     }
 
     /// Whether the kernel accepted passthrough (known after init).
@@ -123,10 +155,13 @@ impl MadoFs {
         reply: ReplyEntry,
         fut: impl std::future::Future<Output = mado_core::Result<Attr>> + Send + 'static,
     ) {
-        let (owner, ttl) = (self.owner(), self.ttl);
+        let (owner, ttl, core) = (self.owner(), self.ttl, self.core.clone());
         self.rt.spawn(async move {
             match fut.await {
-                Ok(a) => reply.entry(&ttl, &owner.attr(&a), Generation(0)),
+                Ok(a) => {
+                    core.note_lookup(a.ino, 1);
+                    reply.entry(&ttl, &owner.attr(&a), Generation(0))
+                }
                 Err(e) => reply.error(errno(&e)),
             }
         });
@@ -213,9 +248,25 @@ impl Owner {
     }
 }
 
-fn fill_plus(mut reply: ReplyDirectoryPlus, entries: Vec<(Vec<u8>, FileAttr)>, offset: u64, ttl: Duration) {
+/// Each entry the kernel takes from a READDIRPLUS reply (all but `.` and
+/// `..`) is a reference it will FORGET, like a lookup's.
+fn fill_plus(
+    core: &SnapshotFs,
+    mut reply: ReplyDirectoryPlus,
+    entries: Vec<(Vec<u8>, FileAttr)>,
+    offset: u64,
+    ttl: Duration,
+) {
     for (i, (name, attr)) in entries.into_iter().enumerate().skip(offset as usize) {
+        let counted = name != b"." && name != b"..";
+        if counted {
+            core.note_lookup(attr.ino.0, 1);
+        }
         if reply.add(attr.ino, (i + 1) as u64, OsStr::from_bytes(&name), &ttl, &attr, Generation(0)) {
+            // Did not fit: the kernel never saw it.
+            if counted {
+                core.forget(attr.ino.0, 1);
+            }
             break;
         }
     }
@@ -249,7 +300,10 @@ impl Filesystem for MadoFs {
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         if let Some(r) = self.core.lookup_now(parent.0, name.as_bytes()) {
             return match r {
-                Ok(a) => reply.entry(&self.ttl, &self.owner().attr(&a), Generation(0)),
+                Ok(a) => {
+                    self.core.note_lookup(a.ino, 1);
+                    reply.entry(&self.ttl, &self.owner().attr(&a), Generation(0))
+                }
                 Err(e) => reply.error(errno(&e)),
             };
         }
@@ -257,6 +311,12 @@ impl Filesystem for MadoFs {
         let name = name.as_bytes().to_vec();
         self.entry_later(reply, async move { core.lookup(parent.0, &name).await });
     }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.core.forget(ino.0, nlookup);
+    }
+
+    // BATCH_FORGET: fuser's default calls `forget` for each node.
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         match self.core.getattr(ino.0) {
@@ -389,13 +449,16 @@ impl Filesystem for MadoFs {
         reply: ReplyEmpty,
     ) {
         self.handles.lock().expect("handles lock").remove(&fh.0);
-        let mut modes = self.io_modes.lock().expect("io modes lock");
-        if let Some((_, n)) = modes.get_mut(&ino.0) {
-            *n -= 1;
-            if *n == 0 {
-                modes.remove(&ino.0);
+        {
+            let mut modes = self.io_modes.lock().expect("io modes lock");
+            if let Some((_, n)) = modes.get_mut(&ino.0) {
+                *n -= 1;
+                if *n == 0 {
+                    modes.remove(&ino.0);
+                }
             }
         }
+        self.core.release(ino.0);
         reply.ok();
     }
 
@@ -422,14 +485,16 @@ impl Filesystem for MadoFs {
     fn readdirplus(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, reply: ReplyDirectoryPlus) {
         if let Some(r) = self.core.readdir_now(ino.0) {
             return match r {
-                Ok(list) => fill_plus(reply, self.owner().dir_entries(&self.core, ino.0, list), offset, self.ttl),
+                Ok(list) => {
+                    fill_plus(&self.core, reply, self.owner().dir_entries(&self.core, ino.0, list), offset, self.ttl)
+                }
                 Err(e) => reply.error(errno(&e)),
             };
         }
         let (core, owner, ttl) = (self.core.clone(), self.owner(), self.ttl);
         self.rt.spawn(async move {
             match core.readdir(ino.0).await {
-                Ok(list) => fill_plus(reply, owner.dir_entries(&core, ino.0, list), offset, ttl),
+                Ok(list) => fill_plus(&core, reply, owner.dir_entries(&core, ino.0, list), offset, ttl),
                 Err(e) => reply.error(errno(&e)),
             }
         });
@@ -466,13 +531,11 @@ impl Filesystem for MadoFs {
 
     fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
         let f = self.handles.lock().expect("handles lock").get(&fh.0).cloned();
-        if let Some(OpenFile::Upper { file, .. }) = f.as_deref() {
-            let r = if datasync { file.sync_data() } else { file.sync_all() };
-            if r.is_err() {
-                return reply.error(Errno::EIO);
-            }
-        }
-        reply.ok();
+        self.sync_later(f, datasync, reply);
+    }
+
+    fn fsyncdir(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+        self.sync_later(None, datasync, reply);
     }
 
     fn setattr(
@@ -527,6 +590,7 @@ impl Filesystem for MadoFs {
             match core.create(parent.0, &name, mode & !umask).await {
                 Ok((a, f)) => {
                     open.keep(fh, a.ino, f);
+                    core.note_lookup(a.ino, 1);
                     reply.created(&ttl, &owner.attr(&a), Generation(0), FileHandle(fh), FopenFlags::empty());
                 }
                 Err(e) => reply.error(errno(&e)),
