@@ -287,3 +287,112 @@ fn a_closed_stdout_ends_the_command_quietly() {
         assert!(err.is_empty(), "{cmd:?} printed on stderr: {err}");
     }
 }
+
+/// Runs `cmd` but kills it after `secs`: a hang fails the test instead of
+/// hanging the suite.
+fn run_bounded(mut cmd: std::process::Command, secs: u64) -> std::process::Output {
+    let child = cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        if rx.recv_timeout(std::time::Duration::from_secs(secs)).is_err() {
+            let _ = std::process::Command::new("kill").arg("-9").arg(pid.to_string()).status();
+        }
+    });
+    let o = child.wait_with_output().unwrap();
+    let _ = tx.send(());
+    assert!(o.status.code().is_some(), "killed after {secs} s: it hung");
+    o
+}
+
+fn mkfifo(p: &std::path::Path) {
+    let _ = std::fs::remove_file(p);
+    assert!(std::process::Command::new("mkfifo").arg(p).status().unwrap().success());
+}
+
+/// A FIFO where a cache entry or a store object should be never hangs
+/// mado: the cache heals it, `cache verify` reports it, the store names it
+/// as corrupt.
+#[test]
+fn a_fifo_in_the_cache_or_the_store_never_hangs() {
+    let m = Mado::local();
+    let repo = fixture_repo(m.dir.path());
+    m.ok(&["import-git", repo.to_str().unwrap(), "--no-packs"]);
+    let id = Hash::of(b"pub fn f() {}\n").to_hex();
+    let entry = m.cache_dir().join("objects").join(&id[..2]).join(&id);
+    assert!(entry.is_file());
+    mkfifo(&entry);
+    let co = m.dir.path().join("co");
+    let o = run_bounded(m.cmd(&["checkout", "main", co.to_str().unwrap()]), 30);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(std::fs::read(co.join("src/lib.rs")).unwrap(), b"pub fn f() {}\n");
+    mkfifo(&entry);
+    let o = run_bounded(m.cmd(&["cache", "verify", "--json"]), 30);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["bad"][0], id.as_str(), "{v}");
+    // In the store, from an empty cache.
+    std::fs::remove_dir_all(m.cache_dir()).unwrap();
+    mkfifo(&m.store_dir().join("objects").join(&id[..2]).join(&id));
+    let o = run_bounded(m.cmd(&["checkout", "main", m.dir.path().join("co2").to_str().unwrap()]), 30);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains(&id) && err.contains("corrupt"), "{err}");
+}
+
+/// mado's own folders are private whatever the umask: another local user
+/// can read no copy of a file through the cache, the store or the config.
+#[test]
+fn mados_folders_are_private_to_the_user() {
+    use std::os::unix::fs::PermissionsExt;
+    let m = Mado::local();
+    let repo = fixture_repo(m.dir.path());
+    let o = m.cmd(&["init"]).env_remove("MADO_REMOTE_ADDR").output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = m.cmd(&["import-git", repo.to_str().unwrap()]).env_remove("MADO_REMOTE_ADDR").output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let home = m.home();
+    for d in [".cache/mado", ".local/share/mado/store", ".config/mado"] {
+        let mode = std::fs::metadata(home.join(d)).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700, "{d} is {mode:o}");
+    }
+    // And really: another uid cannot read a cached copy.
+    let id = Hash::of(b"pub fn f() {}\n").to_hex();
+    let entry = home.join(".cache/mado/objects").join(&id[..2]).join(&id);
+    assert!(entry.is_file());
+    if rustix::process::geteuid().is_root() {
+        // The temp folders above are traversable, so only mado's own
+        // folder stands between `nobody` and the copy.
+        let mut p = entry.as_path();
+        while let Some(parent) = p.parent() {
+            if parent == home.join(".cache/mado") {
+                break;
+            }
+            p = parent;
+        }
+        let _ = std::process::Command::new("chmod").arg("o+x").arg(m.dir.path()).status();
+        let _ = std::process::Command::new("chmod").args(["o+x"]).arg(&home).arg(home.join(".cache")).status();
+        let o = std::process::Command::new("runuser").args(["-u", "nobody", "--", "cat"]).arg(&entry).output().unwrap();
+        assert!(!o.status.success(), "nobody read {}", entry.display());
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains("Permission denied"),
+            "{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+}
+
+/// `mado init --remote file:relative` resolves the path against the
+/// current directory and saves it absolute.
+#[test]
+fn a_relative_local_store_is_saved_absolute() {
+    let m = Mado::local();
+    let cwd = m.dir.path().join("here");
+    std::fs::create_dir_all(&cwd).unwrap();
+    for (given, want) in [("file:rel/store", "rel/store"), ("file://rel2", "rel2"), ("./rel3", "rel3")] {
+        let o = m.cmd(&["init", "--remote", given, "--json"]).current_dir(&cwd).output().unwrap();
+        assert!(o.status.success(), "{given}: {}", String::from_utf8_lossy(&o.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(v["remote"], format!("file://{}", cwd.join(want).display()), "{given}");
+        assert!(cwd.join(want).is_dir(), "{given}: the store was not created under the current directory");
+    }
+}

@@ -107,3 +107,78 @@ fn gc_fails_closed_on_an_undecodable_reachable_tree() {
     assert!(err.contains("deleted nothing"), "{err}");
     assert_eq!(count(&m.store_dir()), before, "gc deleted something although it could not mark");
 }
+
+/// gc racing a writer that reuses an old, unreachable object: the import
+/// found the blob present (so did not upload it) and is about to move its
+/// ref; a gc in that window must not delete the blob. gc gives way to the
+/// writer; a writer gives way to a sweeping gc.
+#[test]
+fn gc_never_deletes_what_a_writer_in_flight_reuses() {
+    let m = Mado::local();
+    let repo = fixture_repo(m.dir.path());
+    std::fs::write(repo.join("reused.txt"), "old content, reused later\n").unwrap();
+    git(&repo, &["add", "-A"]);
+    git(&repo, &["commit", "-qm", "with X"]);
+    m.ok(&["import-git", repo.to_str().unwrap(), "--no-packs"]);
+    std::fs::remove_file(repo.join("reused.txt")).unwrap();
+    git(&repo, &["add", "-A"]);
+    git(&repo, &["commit", "-qm", "without X"]);
+    m.ok(&["import-git", repo.to_str().unwrap(), "--no-packs"]);
+    // X is in the store, and only the history reaches it: drop the history
+    // by moving a fresh ref (main is re-created pointing at "without X").
+    let x = mado_core::Hash::of(b"old content, reused later\n").to_hex();
+    let x_path = m.store_dir().join("objects").join(&x[..2]).join(&x);
+    assert!(x_path.is_file());
+    let head = m.json(&["import-git", repo.to_str().unwrap(), "--no-packs", "--ref", "solo"]);
+    assert!(head["imported"][0]["snapshot"].is_string());
+    std::fs::remove_file(m.store_dir().join("refs/main")).unwrap();
+    // Bring X back in a new commit: the import will find it present.
+    std::fs::write(repo.join("reused.txt"), "old content, reused later\n").unwrap();
+    git(&repo, &["add", "-A"]);
+    git(&repo, &["commit", "-qm", "X again"]);
+    let fifo = m.dir.path().join("pause");
+    assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let mut writer = m
+        .cmd(&["import-git", repo.to_str().unwrap(), "--no-packs", "--ref", "solo"])
+        .env("MADO_PAUSE", "import-before-ref")
+        .env("MADO_PAUSE_FIFO", &fifo)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let marker = m.dir.path().join("pause.paused");
+    for _ in 0..300 {
+        if marker.exists() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(marker.exists(), "the import did not reach its pause point");
+    // Inside the window: gc refuses and deletes nothing.
+    let err = m.fails(&["gc", "--grace", "0"], 1);
+    assert!(err.contains("an import or a checkpoint is at work") && err.contains("deleted nothing"), "{err}");
+    assert!(x_path.is_file(), "gc deleted the object the writer relies on");
+    std::fs::write(&fifo, b"go").unwrap();
+    let o = writer.wait().unwrap();
+    assert!(o.success());
+    assert_refs_whole(&m.store_dir());
+    // Now nothing is in flight: gc runs, and what the refs reach stays whole.
+    m.ok(&["gc", "--grace", "0"]);
+    assert_refs_whole(&m.store_dir());
+    assert!(x_path.is_file());
+    // A sweeping gc (its lock planted as it would be) turns a writer away
+    // before it decides anything.
+    let locks = m.store_dir().join("locks/gc");
+    std::fs::create_dir_all(&locks).unwrap();
+    let far = SystemTimeExt::now_secs() + 600;
+    std::fs::write(locks.join(format!("gc.{far}.00000000000000aa")), b"").unwrap();
+    let err = m.fails(&["import-git", repo.to_str().unwrap(), "--no-packs", "--ref", "other"], 1);
+    assert!(err.contains("`mado gc` is sweeping"), "{err}");
+    assert!(!m.store_dir().join("refs/other").exists());
+}
+
+struct SystemTimeExt;
+impl SystemTimeExt {
+    fn now_secs() -> i64 {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64
+    }
+}

@@ -99,6 +99,7 @@ impl DiskCache {
     }
 
     pub fn open(root: PathBuf, cap: Option<u64>) -> Result<DiskCache> {
+        crate::fsutil::create_private_dir(&root)?;
         fs::create_dir_all(root.join("objects")).map_err(Error::io(format!("creating cache {}", root.display())))?;
         let c = DiskCache {
             root,
@@ -142,7 +143,7 @@ impl DiskCache {
     /// A verified hit, or `None`. A bad entry is removed (and counted).
     pub fn get(&self, id: &Hash) -> Option<Vec<u8>> {
         let p = self.path(id);
-        match fs::read(&p) {
+        match crate::fsutil::read_regular(&p) {
             Ok(bytes) if id.verifies(&bytes) => {
                 self.counters.hits.fetch_add(1, Relaxed);
                 if self.cap.is_some() {
@@ -158,7 +159,12 @@ impl DiskCache {
                 }
                 None
             }
-            Err(_) => {
+            Err(e) => {
+                if e.kind() == ErrorKind::InvalidData {
+                    // Not a regular file (a FIFO, a device): rotten, healed.
+                    self.counters.healed.fetch_add(1, Relaxed);
+                    let _ = fs::remove_file(&p);
+                }
                 self.counters.misses.fetch_add(1, Relaxed);
                 None
             }
@@ -279,7 +285,7 @@ impl DiskCache {
             report.checked += 1;
             progress(report.checked, total);
             let name = p.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
-            let ok = match (name.parse::<Hash>(), fs::read(&p)) {
+            let ok = match (name.parse::<Hash>(), crate::fsutil::read_regular(&p)) {
                 (Ok(id), Ok(bytes)) => id.verifies(&bytes),
                 _ => false,
             };

@@ -23,3 +23,18 @@ pub fn hit(name: &str) {
         std::process::abort();
     }
 }
+
+/// Stops the process at the named point until a test lets it go on:
+/// with `MADO_PAUSE=<name>` and `MADO_PAUSE_FIFO=<path of a FIFO>`, writes
+/// `<path>.paused` and then blocks reading the FIFO until the test writes
+/// to it and closes it (an event, not a timer). For tests that run
+/// something else (gc, another writer) inside a window.
+pub fn pause(name: &str) {
+    if std::env::var("MADO_PAUSE").as_deref() != Ok(name) {
+        return;
+    }
+    let Ok(fifo) = std::env::var("MADO_PAUSE_FIFO") else { return };
+    let _ = std::fs::write(format!("{fifo}.paused"), name);
+    eprintln!("paused at {name}");
+    let _ = std::fs::read(&fifo);
+}

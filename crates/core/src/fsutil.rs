@@ -44,6 +44,44 @@ fn replace(path: &Path, bytes: &[u8], durable: bool) -> Result<()> {
     })
 }
 
+/// Reads a file that must be a regular file: opened without following a
+/// symlink and without blocking (a FIFO or device planted where a cache
+/// entry or a store object should be would otherwise hang the open), then
+/// checked with fstat. Anything but a regular file is `InvalidData`.
+pub fn read_regular(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags((rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::NONBLOCK).bits() as i32)
+        .open(path)?;
+    let m = f.metadata()?;
+    if !m.file_type().is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("{} is not a regular file", path.display()),
+        ));
+    }
+    let mut out = Vec::with_capacity(m.len() as usize);
+    f.read_to_end(&mut out)?;
+    Ok(out)
+}
+
+/// Creates `dir` (and its parents) with the final folder private to the
+/// user (0700) whatever the umask, as ssh and gpg do for theirs: mado's
+/// cache, store and config hold copies of files other users must not read.
+/// An existing folder is left as it is (a shared store is a deliberate
+/// choice of whoever made it).
+pub fn create_private_dir(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    if dir.is_dir() {
+        return Ok(());
+    }
+    std::fs::create_dir_all(dir).map_err(Error::io(format!("creating {}", dir.display())))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        .map_err(Error::io(format!("making {} private", dir.display())))
+}
+
 /// Takes an exclusive flock on `path` (created if missing), off the async
 /// threads; released when the returned file is dropped.
 pub async fn lock_file(path: PathBuf) -> Result<std::fs::File> {

@@ -77,6 +77,38 @@ fn chrono_now_minus(grace: Duration) -> i64 {
 
 /// Marks and sweeps. With `dry_run`, only counts.
 pub async fn gc(f: &Arc<Fetcher>, grace: Duration, dry_run: bool) -> Result<GcReport> {
+    if dry_run {
+        return gc_locked(f, grace, true).await;
+    }
+    // The exclusive side of the writers' protocol (docs/DESIGN.md, "gc and
+    // writers"): announce the sweep, then give way to any writer at work.
+    let lock = f.remote.put_lock(crate::store::LockKind::Gc).await?;
+    let others = match f.remote.other_locks(&lock).await {
+        Ok(o) => o,
+        Err(e) => {
+            f.remote.drop_lock(lock).await;
+            return Err(e);
+        }
+    };
+    if let Some(other) = others.first() {
+        let (kind, expires) = (other.kind, other.expires);
+        f.remote.drop_lock(lock).await;
+        return Err(Error::User(format!(
+            "gc deleted nothing: {} is at work on this store (its lock expires at {} at the latest); \
+             retry when it has finished",
+            match kind {
+                crate::store::LockKind::Writer => "an import or a checkpoint",
+                crate::store::LockKind::Gc => "another gc",
+            },
+            crate::error::local_time(expires)
+        )));
+    }
+    let r = gc_locked(f, grace, false).await;
+    f.remote.drop_lock(lock).await;
+    r
+}
+
+async fn gc_locked(f: &Arc<Fetcher>, grace: Duration, dry_run: bool) -> Result<GcReport> {
     let mut report = GcReport { dry_run, ..Default::default() };
     // Mark snapshots.
     let refs = f.remote.list_refs().await?;

@@ -412,8 +412,6 @@ pub async fn publish(
     ref_name: &str,
     packs: Option<crate::publish::PackOptions>,
 ) -> Result<ImportReport> {
-    // The ref (and its snapshot) and the first batch of HEADs do not
-    // depend on each other: one round trip for both.
     let roots: Vec<Hash> = revs.iter().map(|r| r.root).collect();
     let index_probe = async {
         let mut out = Vec::new();
@@ -427,12 +425,74 @@ pub async fn publish(
         }
         Ok::<_, Error>(out)
     };
-    let (current, upload, indexed) = futures::join!(
-        read_ref_snapshot(remote, cache, ref_name),
-        upload_closure(remote, cache, staged, &roots),
-        index_probe
-    );
-    let (current, mut upload, indexed) = (current?, upload?, indexed?);
+    // Round trip 1: the ref (and its snapshot) and the index probe. An
+    // import of what the ref already holds stops there: the ref proves
+    // its whole closure is in the store, so there is nothing to upload and
+    // nothing for gc to race.
+    let (current, indexed) = futures::join!(read_ref_snapshot(remote, cache, ref_name), index_probe);
+    let current = current?;
+    let noop = {
+        let mut at = current.as_ref().map(|(_, _, s)| (s.root, s.source.clone()));
+        revs.iter().all(|r| {
+            let same =
+                at.as_ref().is_some_and(|(root, source)| *root == r.root && *source == format!("git:{}", r.commit));
+            at = Some((r.root, format!("git:{}", r.commit)));
+            same
+        })
+    };
+    if noop {
+        let mut upload = UploadReport::default();
+        let (imported, pack_reports) =
+            finish_publish(remote, cache, staged, revs, ref_name, packs, Ok(current), &mut upload, indexed).await?;
+        return Ok(ImportReport {
+            imported,
+            files: staged.files,
+            bytes: staged.bytes,
+            upload,
+            packs: pack_reports,
+            ref_name: ref_name.to_string(),
+        });
+    }
+    // Something to publish: the writer's lock (a PUT, then a LIST for a
+    // sweeping gc) before the first dedup HEAD, so gc never deletes an
+    // object this import finds present and reuses (docs/DESIGN.md).
+    let lock = remote.begin_write().await?;
+    let r = async {
+        let mut upload = upload_closure(remote, cache, staged, &roots).await?;
+        let r = finish_publish(remote, cache, staged, revs, ref_name, packs, Ok(current), &mut upload, indexed).await;
+        r.map(|x| (x, upload))
+    }
+    .await;
+    // After the ref moved (or failed to): gc may sweep again.
+    remote.drop_lock(lock).await;
+    let ((imported, pack_reports), upload) = r?;
+    Ok(ImportReport {
+        imported,
+        files: staged.files,
+        bytes: staged.bytes,
+        upload,
+        packs: pack_reports,
+        ref_name: ref_name.to_string(),
+    })
+}
+
+type CurrentRef = Option<(RefValue, crate::store::RefVersion, Snapshot)>;
+
+/// The rest of [`publish`], under the writer's lock: packs, snapshots and
+/// the ref.
+#[allow(clippy::too_many_arguments)]
+async fn finish_publish(
+    remote: &Remote,
+    cache: &Arc<DiskCache>,
+    _staged: &Staged,
+    revs: &[StagedRev],
+    ref_name: &str,
+    packs: Option<crate::publish::PackOptions>,
+    current: Result<CurrentRef>,
+    upload: &mut UploadReport,
+    indexed: Result<Vec<(Hash, bool)>>,
+) -> Result<(Vec<Imported>, Vec<crate::publish::PackReport>)> {
+    let (current, indexed) = (current?, indexed?);
     // Packs for each tip whose index is not published yet, built from what
     // this import just put in the disk cache: no GET.
     let mut pack_reports = Vec::new();
@@ -491,17 +551,11 @@ pub async fn publish(
     let tip = parent.as_ref().map(|(id, s)| (*id, s.root));
     if let Some((tip, root)) = tip {
         if current.as_ref().map(|(v, _)| v.snapshot) != Some(tip) {
+            crate::failpoint::pause("import-before-ref");
             remote.cas_ref(ref_name, current.as_ref().map(|(_, ver)| ver), RefValue { snapshot: tip, root }).await?;
         }
     }
-    Ok(ImportReport {
-        imported,
-        files: staged.files,
-        bytes: staged.bytes,
-        upload,
-        packs: pack_reports,
-        ref_name: ref_name.to_string(),
-    })
+    Ok((imported, pack_reports))
 }
 
 /// A ref's value, version and snapshot (from the cache when present).

@@ -559,7 +559,6 @@ async fn commit(
     stage: impl FnOnce(Arc<DiskCache>) -> Result<(Staged, Walked)> + Send + 'static,
 ) -> Result<(CheckpointReport, Walked, Hash)> {
     let remote = &fetcher.remote;
-    let cache = fetcher.cache.clone();
     let refname = ws_ref(&st.name)?;
     if st.read_only {
         return Err(Error::User(format!(
@@ -568,8 +567,35 @@ async fn commit(
             st.name
         )));
     }
-    // The lease and the ref go together: one round trip.
-    let (lease, cur) = futures::join!(take_lease(remote, &st.name, &st.holder, opts.steal), remote.read_ref(&refname));
+    // The lease, the ref and the writer's store lock go together (the lock
+    // is a PUT then a LIST, as long as the lease's GET then conditional PUT).
+    let (lease, cur, lock) = futures::join!(
+        take_lease(remote, &st.name, &st.holder, opts.steal),
+        remote.read_ref(&refname),
+        remote.begin_write()
+    );
+    let lock = lock?;
+    let r = commit_locked(fetcher, st, state_at, message, opts, stage, lease, cur).await;
+    // After the ref moved (or failed to): gc may sweep again.
+    remote.drop_lock(lock).await;
+    r
+}
+
+/// The rest of [`commit`], under the writer's store lock.
+#[allow(clippy::too_many_arguments)]
+async fn commit_locked(
+    fetcher: &Arc<Fetcher>,
+    st: &LocalState,
+    state_at: &Path,
+    message: &str,
+    opts: CheckpointLease,
+    stage: impl FnOnce(Arc<DiskCache>) -> Result<(Staged, Walked)> + Send + 'static,
+    lease: Result<()>,
+    cur: Result<Option<(RefValue, crate::store::RefVersion)>>,
+) -> Result<(CheckpointReport, Walked, Hash)> {
+    let remote = &fetcher.remote;
+    let cache = fetcher.cache.clone();
+    let refname = ws_ref(&st.name)?;
     lease?;
     let (cur, ver) = cur?.ok_or_else(|| Error::NotFound(format!("workspace {} has no ref {refname}", st.name)))?;
     // Like a push that is not a fast-forward: the workspace moved on since
@@ -640,6 +666,7 @@ async fn commit(
     cache.put(&sid, &enc)?;
     remote.put_object(Space::Snapshots, &sid, Bytes::from(enc)).await?;
     failpoint("checkpoint-after-snapshot");
+    crate::failpoint::pause("checkpoint-before-ref");
     let mut intent = st.clone();
     intent.pending = Some(sid.to_hex());
     save_state_at(state_at, &intent)?;

@@ -26,7 +26,7 @@ struct InitOut {
 
 pub async fn run(a: InitArgs, ctx: &Ctx) -> Result<()> {
     let url = match a.remote {
-        Some(u) => u,
+        Some(u) => local_url(&u)?,
         None => {
             let dir = default_store_dir()?;
             format!("file://{}", dir.display())
@@ -39,7 +39,7 @@ pub async fn run(a: InitArgs, ctx: &Ctx) -> Result<()> {
     let previous = read_config_remote()?;
     let path = config_path()?;
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        mado_core::fsutil::create_private_dir(dir)?;
     }
     std::fs::write(&path, format!("# mado configuration (written by `mado init`)\nremote = \"{url}\"\n"))
         .with_context(|| format!("writing {}", path.display()))?;
@@ -53,4 +53,25 @@ pub async fn run(a: InitArgs, ctx: &Ctx) -> Result<()> {
         println!("(was: {p})");
     }
     Ok(())
+}
+
+/// A local store named by a relative path (`file:store`, `file://store`,
+/// `./store`, `~/store`) is resolved against the current directory (or the
+/// home directory) and saved absolute, so it does not depend on where mado
+/// runs later. Other URLs are kept as given.
+fn local_url(given: &str) -> Result<String> {
+    let path = match given.strip_prefix("file:") {
+        Some(rest) if rest.starts_with("///") => return Ok(given.to_string()),
+        Some(rest) => rest.strip_prefix("//").unwrap_or(rest).to_string(),
+        None if given.contains("://") => return Ok(given.to_string()),
+        None => given.to_string(),
+    };
+    let p = std::path::PathBuf::from(&path);
+    let abs = if let Some(rest) = path.strip_prefix("~/") {
+        std::path::PathBuf::from(std::env::var("HOME").context("expanding ~: HOME is not set")?).join(rest)
+    } else {
+        // Relative to the current directory, `.` components dropped.
+        std::path::absolute(&p)?
+    };
+    Ok(format!("file://{}", abs.display()))
 }

@@ -58,6 +58,50 @@ pub enum RefVersion {
     Local(Hash),
 }
 
+/// Who holds a store lock: writers (imports, checkpoints) hold shared
+/// ones while they rely on objects already in the store; gc holds an
+/// exclusive one while it sweeps. Neither waits: whoever finds the other
+/// gives way with a message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LockKind {
+    Writer,
+    Gc,
+}
+
+impl LockKind {
+    fn label(self) -> &'static str {
+        match self {
+            LockKind::Writer => "writer",
+            LockKind::Gc => "gc",
+        }
+    }
+    fn from_label(s: &str) -> Option<LockKind> {
+        match s {
+            "writer" => Some(LockKind::Writer),
+            "gc" => Some(LockKind::Gc),
+            _ => None,
+        }
+    }
+}
+
+/// A lock object `locks/gc/<kind>.<expires>.<nonce>` (empty; everything is
+/// in its name, so one LIST reads every lock).
+#[derive(Clone, Debug)]
+pub struct StoreLock {
+    key: Path,
+    pub kind: LockKind,
+    /// Seconds since the epoch.
+    pub expires: i64,
+}
+
+/// How long a lock of a dead holder blocks the other side. A writer
+/// holding it longer than this (a huge import) is not protected past it.
+pub const LOCK_TTL: Duration = Duration::from_secs(3600);
+
+fn unix_now() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
+}
+
 pub struct Remote {
     url: String,
     store: Arc<dyn ObjectStore>,
@@ -96,8 +140,7 @@ impl Remote {
                 let root = parsed
                     .to_file_path()
                     .map_err(|_| Error::User(format!("remote URL {url:?}: a file:// URL needs an absolute path")))?;
-                std::fs::create_dir_all(&root)
-                    .map_err(Error::io(format!("creating local store {}", root.display())))?;
+                crate::fsutil::create_private_dir(&root)?;
                 let fs = object_store::local::LocalFileSystem::new_with_prefix(&root)
                     .map_err(|e| Error::User(format!("remote URL {url:?}: cannot open {}: {e}", root.display())))?;
                 (Arc::new(fs), String::new(), Some(root))
@@ -194,6 +237,20 @@ impl Remote {
     /// Reads an object and checks that its bytes hash to `id`.
     pub async fn get_object(&self, space: Space, id: &Hash, what: &'static str) -> Result<Bytes> {
         let key = self.object_key(space, id);
+        if let Some(root) = &self.local_root {
+            // The local backend opens with a blocking open: a FIFO or a
+            // device planted in the store would hang it.
+            if let Ok(m) = std::fs::symlink_metadata(root.join(key.as_ref())) {
+                if !m.file_type().is_file() {
+                    return Err(Error::Corrupt {
+                        id: *id,
+                        what,
+                        path: String::new(),
+                        detail: "the store holds something other than a regular file there".into(),
+                    });
+                }
+            }
+        }
         let bytes = match self.store.get(&key).await {
             Ok(r) => r.bytes().await.map_err(|e| self.remote_err("GET", &key, e))?,
             Err(object_store::Error::NotFound { .. }) => {
@@ -369,6 +426,72 @@ impl Remote {
         }
         out.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(out)
+    }
+
+    /// Announces that a writer or gc is at work on this store (see
+    /// [`LockKind`]); the lock expires by itself after [`LOCK_TTL`] if its
+    /// holder dies. One PUT.
+    pub async fn put_lock(&self, kind: LockKind) -> Result<StoreLock> {
+        let expires = unix_now() + LOCK_TTL.as_secs() as i64;
+        let key = self.key(&format!("locks/gc/{}.{expires}.{:016x}", kind.label(), rand::random::<u64>()));
+        self.store.put(&key, PutPayload::from(Bytes::new())).await.map_err(|e| self.remote_err("PUT", &key, e))?;
+        Ok(StoreLock { key, kind, expires })
+    }
+
+    /// The live locks other than `mine` (expired ones are ignored). One LIST.
+    pub async fn other_locks(&self, mine: &StoreLock) -> Result<Vec<StoreLock>> {
+        let base = self.key("locks/gc");
+        let metas: Vec<_> =
+            self.store.list(Some(&base)).try_collect().await.map_err(|e| self.remote_err("LIST", &base, e))?;
+        let now = unix_now();
+        Ok(metas
+            .into_iter()
+            .filter(|m| m.location != mine.key)
+            .filter_map(|m| {
+                let name = m.location.filename()?.to_string();
+                let mut parts = name.split('.');
+                let kind = LockKind::from_label(parts.next()?)?;
+                let expires: i64 = parts.next()?.parse().ok()?;
+                (expires > now).then_some(StoreLock { key: m.location.clone(), kind, expires })
+            })
+            .collect())
+    }
+
+    /// Removes a lock (best effort: one that stays expires by itself).
+    pub async fn drop_lock(&self, lock: StoreLock) {
+        let _ = self.store.delete(&lock.key).await;
+    }
+
+    /// The writer's side of the gc protocol: announce the writer, then make
+    /// sure no gc is sweeping. Must complete before the writer's first
+    /// dedup decision (HEAD): then either gc sees this lock before it
+    /// deletes anything, or this sees gc's (docs/DESIGN.md, "gc and
+    /// writers").
+    pub async fn begin_write(&self) -> Result<StoreLock> {
+        let lock = self.put_lock(LockKind::Writer).await?;
+        self.check_no_gc(lock).await
+    }
+
+    /// The second half of [`Remote::begin_write`], for a caller that put
+    /// its lock alongside another request.
+    pub async fn check_no_gc(&self, lock: StoreLock) -> Result<StoreLock> {
+        let others = match self.other_locks(&lock).await {
+            Ok(o) => o,
+            Err(e) => {
+                self.drop_lock(lock).await;
+                return Err(e);
+            }
+        };
+        if let Some(gc) = others.iter().find(|l| l.kind == LockKind::Gc) {
+            let expires = gc.expires;
+            self.drop_lock(lock).await;
+            return Err(Error::User(format!(
+                "`mado gc` is sweeping this store (its lock expires at {} at the latest); \
+                 retry when it has finished",
+                crate::error::local_time(expires)
+            )));
+        }
+        Ok(lock)
     }
 
     /// Deletes a ref (no compare).
