@@ -396,3 +396,49 @@ fn a_relative_local_store_is_saved_absolute() {
         assert!(cwd.join(want).is_dir(), "{given}: the store was not created under the current directory");
     }
 }
+
+/// A git repository whose only file sits `depth` directories deep.
+fn deep_repo(parent: &std::path::Path, depth: usize) -> std::path::PathBuf {
+    use std::io::Write;
+    let repo = parent.join(format!("deep{depth}"));
+    std::fs::create_dir_all(&repo).unwrap();
+    git(&repo, &["init", "-q", "-b", "main"]);
+    let path = vec!["d"; depth].join("/") + "/leaf.txt";
+    let mut stream = b"commit refs/heads/main\ncommitter a <a@b> 0 +0000\ndata 4\ndeep\n".to_vec();
+    stream.extend_from_slice(format!("M 100644 inline {path}\ndata 5\ndeep\n\n").as_bytes());
+    let mut c = git_cmd(&repo).args(["fast-import", "--quiet"]).stdin(std::process::Stdio::piped()).spawn().unwrap();
+    c.stdin.take().unwrap().write_all(&stream).unwrap();
+    assert!(c.wait().unwrap().success());
+    repo
+}
+
+/// Trees thousands of levels deep: no walk overflows its stack (imports,
+/// packs, materialize, gc and checkout), git's limit of 4096 levels is
+/// kept, and deeper is refused with the limit named.
+#[test]
+fn deep_trees_work_to_gits_limit_and_are_refused_beyond() {
+    let m = Mado::local();
+    let repo = deep_repo(m.dir.path(), 4000);
+    m.ok(&["import-git", repo.to_str().unwrap()]);
+    std::fs::remove_dir_all(m.cache_dir()).unwrap();
+    m.ok(&["materialize", "-r", "main"]);
+    m.ok(&["gc", "--grace", "0"]);
+    // A checkout is bound by the kernel's PATH_MAX, not by mado: 1,500
+    // levels of "d/" fit.
+    let shallow = deep_repo(m.dir.path(), 1500);
+    m.ok(&["import-git", shallow.to_str().unwrap(), "--ref", "shallow"]);
+    let co = m.dir.path().join("co");
+    m.ok(&["checkout", "shallow", co.to_str().unwrap()]);
+    let leaf = co.join(vec!["d"; 1500].join("/")).join("leaf.txt");
+    assert_eq!(std::fs::read(leaf).unwrap(), b"deep\n");
+    // A plain working copy of it checkpoints (its walk recurses per level).
+    let w = m.dir.path().join("w");
+    m.ok(&["ws", "create", "deep", "--from", "shallow", "--dir", w.to_str().unwrap()]);
+    std::fs::write(w.join(vec!["d"; 1500].join("/")).join("new.txt"), b"new\n").unwrap();
+    let cp = m.json(&["ws", "checkpoint", "--dir", w.to_str().unwrap()]);
+    assert_eq!(cp["unchanged"], false, "{cp}");
+    // Beyond git's limit: exit 1, naming it.
+    let too_deep = deep_repo(m.dir.path(), 4200);
+    let err = m.fails(&["import-git", too_deep.to_str().unwrap(), "--ref", "deeper"], 1);
+    assert!(err.contains("4096 levels"), "{err}");
+}

@@ -82,6 +82,25 @@ pub fn create_private_dir(dir: &Path) -> Result<()> {
         .map_err(Error::io(format!("making {} private", dir.display())))
 }
 
+/// How deep a tree may be: git's own limit (`core.maxTreeDepth`, 4096).
+pub const MAX_TREE_DEPTH: usize = 4096;
+
+/// Runs `f` on a thread with a stack big enough for walks that recurse
+/// once per tree level down to [`MAX_TREE_DEPTH`] (the default 2 MiB of a
+/// worker thread overflows at a few thousand levels). The stack is
+/// reserved, not committed: only what the walk touches costs memory.
+pub fn on_deep_stack<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|s| {
+        std::thread::Builder::new()
+            .name("mado-deep-walk".into())
+            .stack_size(1 << 30)
+            .spawn_scoped(s, f)
+            .expect("spawning a walk thread")
+            .join()
+            .unwrap_or_else(|p| std::panic::resume_unwind(p))
+    })
+}
+
 /// Takes an exclusive flock on `path` (created if missing), off the async
 /// threads; released when the returned file is dropped.
 pub async fn lock_file(path: PathBuf) -> Result<std::fs::File> {

@@ -58,6 +58,15 @@ pub fn stage(
     cache: &DiskCache,
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<(Staged, Vec<StagedRev>)> {
+    crate::fsutil::on_deep_stack(|| stage_here(repo_path, revs, cache, progress))
+}
+
+fn stage_here(
+    repo_path: &Path,
+    revs: &[String],
+    cache: &DiskCache,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<(Staged, Vec<StagedRev>)> {
     let repo = gix::open(repo_path)
         .map_err(|e| Error::User(format!("{} is not a git repository I can open: {e}", repo_path.display())))?;
     let mut staged = Staged::default();
@@ -118,6 +127,15 @@ impl Walker<'_, '_> {
     /// Stages the git tree `id` at `path`; returns the mado tree id. With
     /// `check_only`, validates names and reads no blobs.
     fn walk(&mut self, id: gix::ObjectId, path: &str, check_only: bool) -> Result<Hash> {
+        if check_only && !path.is_empty() && path.matches('/').count() + 1 > crate::fsutil::MAX_TREE_DEPTH {
+            return Err(Error::UnsafePath {
+                path: format!("{}...", &path[..path.len().min(64)]),
+                reason: format!(
+                    "the tree is more than {} levels deep (git's core.maxTreeDepth)",
+                    crate::fsutil::MAX_TREE_DEPTH
+                ),
+            });
+        }
         let tree = self.repo.find_tree(id).map_err(git_err(format!("reading tree {path:?}")))?;
         let decoded = tree.decode().map_err(|e| Error::Git(format!("decoding tree {path:?}: {e}")))?;
         let mut entries = Vec::with_capacity(decoded.entries.len());

@@ -86,10 +86,11 @@ pub async fn publish_packs(
             )
         };
         let mut emit = |id, bytes| tx.blocking_send((id, bytes)).map_err(|_| Error::User("pack upload stopped".into()));
-        match &opts.base {
+        // Planning recurses once per tree level.
+        crate::fsutil::on_deep_stack(|| match &opts.base {
             Some(base) => crate::pack::build_delta(tree, opts.cap, base, &src, &mut emit),
             None => build(tree, opts.mode, opts.cap, &src, &mut emit),
-        }
+        })
     });
     let uploads = futures::stream::poll_fn(|cx| rx.poll_recv(cx))
         .map(|(id, bytes)| async move {

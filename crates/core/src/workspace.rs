@@ -445,7 +445,7 @@ pub async fn checkpoint(
         let mut staged = Staged::default();
         let sc = load_statcache(&dir2);
         let mut new_sc = StatCache { written_ns: ns(Ok(SystemTime::now())), rows: BTreeMap::new() };
-        let mut w = walk(&dir2, &cache, &mut staged, &sc, &mut new_sc)?;
+        let mut w = crate::fsutil::on_deep_stack(|| walk(&dir2, &cache, &mut staged, &sc, &mut new_sc))?;
         w.statcache = Some(new_sc);
         Ok((staged, w))
     };
