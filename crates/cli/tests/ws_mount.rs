@@ -410,3 +410,60 @@ fn files_written_by_git_survive_kernel_forgets() {
     let cp = mnt.checkpoint("after forgets");
     assert_eq!(cp["unchanged"], false, "{cp}");
 }
+
+/// The mount daemon killed with SIGKILL at many points of a stream of
+/// writes: every file whose fsync returned is there, whole, after the
+/// remount; the workspace checkpoints; every ref stays whole.
+#[test]
+fn a_mount_daemon_killed_at_many_points_keeps_everything_fsynced() {
+    if !fuse_usable() {
+        return;
+    }
+    let m = Mado::local();
+    setup(&m);
+    let mnt = create(&m, "kills");
+    let log = m.dir.path().join("synced.log");
+    let writer = r#"
+import os, sys
+mnt, log, round_ = sys.argv[1], sys.argv[2], sys.argv[3]
+os.makedirs(os.path.join(mnt, "w" + round_), exist_ok=True)
+with open(log, "a") as out:
+    for i in range(100000):
+        p = os.path.join(mnt, "w" + round_, "f%d" % i)
+        with open(p, "w") as f:
+            f.write("round %s file %d\n" % (round_, i) * (1 + i % 5))
+            f.flush()
+            os.fsync(f.fileno())
+        out.write(p + "\n")
+        out.flush()
+"#;
+    let mut synced = 0;
+    for round in 0..6u64 {
+        let mut w = std::process::Command::new("python3")
+            .args(["-c", writer, mnt.path(), log.to_str().unwrap(), &round.to_string()])
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(150 + 120 * round));
+        let pid = m.json(&["stats", mnt.path()])["pid"].as_u64().unwrap();
+        std::process::Command::new("kill").arg("-9").arg(pid.to_string()).status().unwrap();
+        let _ = w.wait();
+        wait_gone(pid);
+        m.ok(&["ws", "resume", "kills", mnt.path(), "--mount"]);
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        for p in text.lines() {
+            let i: usize = p.rsplit_once("/f").unwrap().1.parse().unwrap();
+            let r = p.rsplit_once("/w").unwrap().1.split('/').next().unwrap().to_string();
+            let want = format!("round {r} file {i}\n").repeat(1 + i % 5);
+            let got = std::fs::read_to_string(p).unwrap_or_else(|e| panic!("fsynced {p} is gone after kill -9: {e}"));
+            assert_eq!(got, want, "{p}");
+        }
+        synced = text.lines().count();
+    }
+    assert!(synced > 20, "the writers got some fsyncs through: {synced}");
+    let cp = mnt.checkpoint("after six kills");
+    assert_eq!(cp["unchanged"], false, "{cp}");
+    assert_refs_whole(&m.store_dir());
+    let v = m.json(&["cache", "verify"]);
+    assert_eq!(v["bad"].as_array().map(|b| b.len()), Some(0), "{v}");
+}

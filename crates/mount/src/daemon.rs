@@ -243,6 +243,7 @@ pub fn run(
                     "packs": fetcher.stats(),
                     "cache": fetcher.cache.stats(),
                     "reads": core.reads(),
+                    "nodes_in_memory": core.node_count(),
                     "passthrough": passthrough.load(Relaxed),
                     "workspace": ws.as_ref().map(|w| json!({
                         "name": w.name, "state_dir": w.state_dir, "reopened": w.reopened,

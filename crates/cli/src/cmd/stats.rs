@@ -31,6 +31,7 @@ pub async fn run(a: StatsArgs, ctx: &Ctx) -> Result<()> {
     );
     println!("cache:  {} hits, {} misses, {} healed", c["hits"], c["misses"], c["healed"]);
     println!("packs:  {} exploded, {} members served", p["packs_exploded"], p["members_from_packs"]);
+    println!("nodes:  {} in memory", v["nodes_in_memory"]);
     let w = &v["workspace"];
     if w.is_object() {
         println!("workspace: {} ({} changes since mounted)", w["name"].as_str().unwrap_or("?"), w["changes"]);
