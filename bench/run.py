@@ -750,7 +750,10 @@ class Bench:
         outdir = os.path.dirname(os.path.abspath(path))
         os.makedirs(outdir, exist_ok=True)
         pngs = self.plots(outdir)
-        now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        # The run's own date (kept in the results, so --report-only keeps it).
+        now = getattr(self, "measured_at", None) or datetime.datetime.now(datetime.timezone.utc).strftime(
+            "%Y-%m-%d %H:%M UTC")
+        self.measured_at = now
         cmd = "make bench" if not self.a.quick else "bench/run.py --quick"
         L = ["# Benchmarks", "",
              f"Produced by `{cmd}` ({' '.join(sys.argv[1:]) or 'defaults'}) on {now}, in {elapsed:.0f} s, "
@@ -806,7 +809,7 @@ class Bench:
         with open(path, "w") as f:
             f.write("\n".join(L).rstrip() + "\n")
         with open(os.path.join(outdir, "bench-results.json"), "w") as f:
-            json.dump({"elapsed": elapsed, "rtts": self.rtts, "runs": self.a.runs, "subtree_files": self.subtree_files,
+            json.dump({"measured_at": now, "elapsed": elapsed, "rtts": self.rtts, "runs": self.a.runs, "subtree_files": self.subtree_files,
                        "ws_files": self.ws_files, "notes": self.notes, "argv": sys.argv[1:],
                        "results": {k: {s: {str(r): row for r, row in by.items()} for s, by in v.items()}
                                    for k, v in self.results.items()}}, f, indent=1)
@@ -842,6 +845,7 @@ def main():
         b.results = {k: {s: {int(r): row for r, row in by.items()} for s, by in v.items()}
                      for k, v in saved["results"].items()}
         sys.argv = [sys.argv[0]] + saved["argv"]
+        b.measured_at = saved.get("measured_at", "2026-11-22 08:35 UTC")
         b.report(a.out, saved.get("elapsed", 0))
         shutil.rmtree(b.work, ignore_errors=True)
         return
