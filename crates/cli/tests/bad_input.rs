@@ -442,3 +442,20 @@ fn deep_trees_work_to_gits_limit_and_are_refused_beyond() {
     let err = m.fails(&["import-git", too_deep.to_str().unwrap(), "--ref", "deeper"], 1);
     assert!(err.contains("4096 levels"), "{err}");
 }
+
+/// What S3 refuses is the user's to fix: one short line naming the
+/// problem and what to do, exit 1 (not raw XML, not "internal").
+#[test]
+fn s3_refusals_are_one_clear_line_minio() {
+    let Some(base) = s3_base() else { return };
+    let m = Mado::s3(&base);
+    let missing = format!("s3://no-such-bucket-{:08x}/x", rand::random::<u32>());
+    let err = m.fails(&["init", "--remote", &missing], 1);
+    assert!(err.contains("does not exist") && err.contains("create it"), "{err}");
+    assert!(!err.contains("<?xml"), "{err}");
+    let o = m.cmd(&["init", "--remote", &m.remote]).env("AWS_SECRET_ACCESS_KEY", "wrong-secret").output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("refused the credentials") && err.contains("AWS_SECRET_ACCESS_KEY"), "{err}");
+    assert!(!err.contains("<?xml"), "{err}");
+}

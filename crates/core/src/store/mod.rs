@@ -221,6 +221,33 @@ impl Remote {
 
     /// The error for a failed request, with the URL, the key and a hint.
     pub fn remote_err(&self, op: &'static str, key: &Path, e: object_store::Error) -> Error {
+        // What S3 says in its XML, as one line and what to do (exit 1):
+        // these are the user's to fix, not internal errors.
+        let text = e.to_string();
+        let code = text.split("<Code>").nth(1).and_then(|r| r.split("</Code>").next()).unwrap_or_default();
+        let endpoint = std::env::var("AWS_ENDPOINT_URL").unwrap_or_else(|_| "AWS S3".into());
+        match code {
+            "NoSuchBucket" => {
+                let bucket = self.url.trim_start_matches("s3://").split('/').next().unwrap_or_default();
+                return Error::User(format!(
+                    "remote {}: bucket {bucket:?} does not exist at {endpoint}; create it (`aws s3 mb s3://{bucket}`, `mc mb`) or fix the URL",
+                    self.url
+                ));
+            }
+            "SignatureDoesNotMatch" | "InvalidAccessKeyId" => {
+                return Error::User(format!(
+                    "remote {}: {endpoint} refused the credentials ({code}); check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
+                    self.url
+                ));
+            }
+            "AccessDenied" => {
+                return Error::User(format!(
+                    "remote {}: access to {key} denied by {endpoint}; check the credentials' permissions and the bucket policy",
+                    self.url
+                ));
+            }
+            _ => {}
+        }
         let hint = match &e {
             object_store::Error::Generic { .. } if self.local_root.is_none() => {
                 "check that the endpoint (AWS_ENDPOINT_URL) is up and reachable, the bucket exists and the credentials are right"
