@@ -459,3 +459,15 @@ fn s3_refusals_are_one_clear_line_minio() {
     assert!(err.contains("refused the credentials") && err.contains("AWS_SECRET_ACCESS_KEY"), "{err}");
     assert!(!err.contains("<?xml"), "{err}");
 }
+
+#[test]
+fn conflicting_ref_names_are_refused_with_a_message() {
+    let m = Mado::local();
+    let repo = fixture_repo(m.dir.path());
+    m.ok(&["import-git", repo.to_str().unwrap(), "--no-packs", "--ref", "a"]);
+    let err = m.fails(&["import-git", repo.to_str().unwrap(), "--no-packs", "--ref", "a/b"], 1);
+    assert!(err.contains("cannot be created beside ref a"), "{err}");
+    m.ok(&["import-git", repo.to_str().unwrap(), "--no-packs", "--ref", "c/d"]);
+    let err = m.fails(&["import-git", repo.to_str().unwrap(), "--no-packs", "--ref", "c"], 1);
+    assert!(err.contains("beside ref c/d"), "{err}");
+}

@@ -408,6 +408,14 @@ impl Remote {
     /// Reads a ref: its value and the version to hand to [`Remote::cas_ref`].
     pub async fn read_ref(&self, name: &str) -> Result<Option<(RefValue, RefVersion)>> {
         let key = self.ref_key(name)?;
+        if let Some(root) = &self.local_root {
+            // `a/b` under a ref file `a`: absent (creating it is refused
+            // by `cas_ref` with a message), not an I/O error.
+            let p = root.join(key.as_ref());
+            if p.ancestors().skip(1).take_while(|a| a.starts_with(root)).any(|a| a.is_file()) {
+                return Ok(None);
+            }
+        }
         let Some((bytes, version)) = self.read_versioned(&key).await? else { return Ok(None) };
         let value = RefValue::decode(&bytes).map_err(|e| Error::Corrupt {
             id: Hash::of(&bytes),
@@ -422,6 +430,9 @@ impl Remote {
     /// ref must not exist); see [`Remote::cas_put`].
     pub async fn cas_ref(&self, name: &str, expected: Option<&RefVersion>, new: RefValue) -> Result<RefVersion> {
         let key = self.ref_key(name)?;
+        if expected.is_none() {
+            self.check_ref_conflict(name).await?;
+        }
         match self.cas_put(&key, expected, new.encode()).await? {
             Ok(v) => Ok(v),
             Err(found) => Err(Error::RefMoved {
@@ -434,6 +445,26 @@ impl Remote {
                 },
             }),
         }
+    }
+
+    /// A new ref `a/b` beside an existing `a` (or `a` beside `a/b`) would be
+    /// a file and a folder of one name on a local store, and is ambiguous
+    /// everywhere: refused, as git refuses it. One LIST, only when a ref is
+    /// created.
+    async fn check_ref_conflict(&self, name: &str) -> Result<()> {
+        let base = self.key("refs");
+        let metas: Vec<_> =
+            self.store.list(Some(&base)).try_collect().await.map_err(|e| self.remote_err("LIST", &base, e))?;
+        let base_str = format!("{base}/");
+        for m in metas {
+            let Some(other) = m.location.as_ref().strip_prefix(&base_str) else { continue };
+            if other.starts_with(&format!("{name}/")) || name.starts_with(&format!("{other}/")) {
+                return Err(Error::User(format!(
+                    "ref {name} cannot be created beside ref {other} (one would be a folder of the other); pick another name"
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// Every ref in the store, with its value, sorted by name.
