@@ -311,3 +311,24 @@ fn a_small_subtree_of_a_big_pack_fetches_only_its_span() {
     assert_eq!(big["files"], 400);
     assert_eq!(big["remote"]["ranged_gets"], 1, "{big}");
 }
+
+/// Packs are a cache: when they cannot be published at the end of an
+/// import (after every object is up), the import still succeeds, says so,
+/// and reads fall back to one request per object.
+#[test]
+fn an_import_whose_packs_fail_completes_with_a_warning() {
+    let m = Mado::local();
+    let repo = fixture_repo(m.dir.path());
+    let o = m.cmd(&["import-git", repo.to_str().unwrap()]).env("MADO_FAIL", "publish-packs").output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("could not be published") && err.contains("mado pack --recursive"), "{err}");
+    std::fs::remove_dir_all(m.cache_dir()).unwrap();
+    let co = m.dir.path().join("co");
+    m.ok(&["checkout", "main", co.to_str().unwrap()]);
+    let clone = m.dir.path().join("clone");
+    git(m.dir.path(), &["clone", "-q", repo.to_str().unwrap(), clone.to_str().unwrap()]);
+    assert_same_tree(&clone, &co);
+    // The retry the warning names works.
+    m.ok(&["pack", "--recursive"]);
+}

@@ -412,8 +412,9 @@ fn files_written_by_git_survive_kernel_forgets() {
 }
 
 /// The mount daemon killed with SIGKILL at many points of a stream of
-/// writes: every file whose fsync returned is there, whole, after the
-/// remount; the workspace checkpoints; every ref stays whole.
+/// writes, and inside checkpoints: every file whose fsync returned is
+/// there, whole, after the remount; the workspace checkpoints; every ref
+/// stays whole after every kill.
 #[test]
 fn a_mount_daemon_killed_at_many_points_keeps_everything_fsynced() {
     if !fuse_usable() {
@@ -446,7 +447,23 @@ with open(log, "a") as out:
             .unwrap();
         std::thread::sleep(Duration::from_millis(150 + 120 * round));
         let pid = m.json(&["stats", mnt.path()])["pid"].as_u64().unwrap();
+        // Every other round the daemon dies inside a checkpoint, at a
+        // different moment each time.
+        let cp = (round % 2 == 1).then(|| {
+            let c = m
+                .cmd(&["ws", "checkpoint", "--dir", mnt.path(), "-m", &format!("round {round}")])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap();
+            std::thread::sleep(Duration::from_millis(10 * round));
+            c
+        });
         std::process::Command::new("kill").arg("-9").arg(pid.to_string()).status().unwrap();
+        if let Some(mut c) = cp {
+            let _ = c.wait();
+        }
+        assert_refs_whole(&m.store_dir());
         let _ = w.wait();
         wait_gone(pid);
         m.ok(&["ws", "resume", "kills", mnt.path(), "--mount"]);
@@ -466,4 +483,77 @@ with open(log, "a") as out:
     assert_refs_whole(&m.store_dir());
     let v = m.json(&["cache", "verify"]);
     assert_eq!(v["bad"].as_array().map(|b| b.len()), Some(0), "{v}");
+}
+
+/// The longer session, as a developer would have it in a
+/// workspace: grep, git init/add/commit/status, cp -r and rm -rf of a
+/// subtree, sed -i on hundreds of files, a C build with make -j2, the
+/// kernel forgetting in between; then every file reads, git is clean, and a
+/// checkpoint resumes elsewhere identical to the mount.
+#[test]
+fn a_working_session_of_real_tools_loses_nothing() {
+    if !fuse_usable() || !rustix::process::geteuid().is_root() {
+        return;
+    }
+    let m = Mado::local();
+    let repo = m.dir.path().join("tree");
+    for i in 0..3000 {
+        let d = repo.join(format!("lib/m{}/s{}", i % 40, i % 9));
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join(format!("f{i}.txt")), format!("line one of {i}\nneedle {i}\n")).unwrap();
+    }
+    git(&repo, &["init", "-q", "-b", "main"]);
+    git(&repo, &["add", "-A"]);
+    git(&repo, &["commit", "-qm", "tree"]);
+    m.ok(&["import-git", repo.to_str().unwrap()]);
+    let mnt = create(&m, "session");
+    let sh = |script: &str| {
+        let o = std::process::Command::new("sh").arg("-c").arg(script).current_dir(&mnt.dir).output().unwrap();
+        assert!(o.status.success(), "{script}: {}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let drop_caches = || {
+        std::process::Command::new("sync").status().unwrap();
+        std::fs::write("/proc/sys/vm/drop_caches", "2").unwrap();
+    };
+    assert_eq!(sh("grep -rl needle lib | wc -l").trim(), "3000");
+    sh("git init -q && git config gc.auto 0 && git add -A && git -c user.email=a@b -c user.name=a commit -qm in-mount");
+    drop_caches();
+    sh("cp -r lib/m1 copy && rm -rf lib/m2 && grep -rl needle copy >/dev/null");
+    sh("find lib/m3 lib/m4 lib/m5 -name '*.txt' | head -500 | xargs sed -i 's/needle/pin/'");
+    drop_caches();
+    let c = (0..40).map(|i| format!("int f{i}(void) {{ return {i}; }}\n")).collect::<String>();
+    std::fs::create_dir_all(mnt.dir.join("src")).unwrap();
+    for i in 0..20 {
+        std::fs::write(mnt.dir.join(format!("src/u{i}.c")), c.replace("int f", &format!("int u{i}_f"))).unwrap();
+    }
+    std::fs::write(mnt.dir.join("src/main.c"), "int main(void) { return 0; }\n").unwrap();
+    std::fs::write(
+        mnt.dir.join("src/Makefile"),
+        "OBJ := $(patsubst %.c,%.o,$(wildcard *.c))\nprog: $(OBJ)\n\t$(CC) -o $@ $^\n%.o: %.c\n\t$(CC) -c -o $@ $<\n",
+    )
+    .unwrap();
+    sh("make -s -j2 -C src && ./src/prog");
+    drop_caches();
+    sh("git add -A && git -c user.email=a@b -c user.name=a commit -qm work && test -z \"$(git status --porcelain)\"");
+    sh("git fsck --no-dangling");
+    // Every listed file opens.
+    let mut stack = vec![mnt.dir.clone()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            if e.file_type().unwrap().is_dir() {
+                stack.push(e.path());
+            } else if e.file_type().unwrap().is_file() {
+                std::fs::read(e.path())
+                    .unwrap_or_else(|err| panic!("listed but unreadable: {}: {err}", e.path().display()));
+            }
+        }
+    }
+    let cp = mnt.checkpoint("session");
+    assert_eq!(cp["unchanged"], false, "{cp}");
+    let w = m.dir.path().join("resumed");
+    m.ok(&["ws", "resume", "session", w.to_str().unwrap(), "--read-only"]);
+    std::fs::remove_dir_all(w.join(".mado")).unwrap();
+    assert_same_tree(&mnt.dir, &w);
 }

@@ -38,3 +38,13 @@ pub fn pause(name: &str) {
     eprintln!("paused at {name}");
     let _ = std::fs::read(&fifo);
 }
+
+/// An injected error at the named point: with `MADO_FAIL=<name>`, the
+/// operation there fails as if the store had refused it (the process goes
+/// on). For tests of what a caller does with a failure it can survive.
+pub fn error(name: &str) -> Option<crate::error::Error> {
+    (std::env::var("MADO_FAIL").as_deref() == Ok(name)).then(|| crate::error::Error::Io {
+        context: format!("injected failure at {name}"),
+        source: std::io::Error::other("MADO_FAIL"),
+    })
+}

@@ -419,6 +419,9 @@ pub struct ImportReport {
     /// Packs built for tips whose index was not published yet.
     pub packs: Vec<crate::publish::PackReport>,
     pub ref_name: String,
+    /// What went wrong without failing the import (packs not published).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 /// Phase 2 and the ref: snapshots chained on `ref_name`'s history.
@@ -458,32 +461,26 @@ pub async fn publish(
             same
         })
     };
-    if noop {
+    let ((imported, pack_reports, warnings), upload) = if noop {
         let mut upload = UploadReport::default();
-        let (imported, pack_reports) =
-            finish_publish(remote, cache, staged, revs, ref_name, packs, Ok(current), &mut upload, indexed).await?;
-        return Ok(ImportReport {
-            imported,
-            files: staged.files,
-            bytes: staged.bytes,
-            upload,
-            packs: pack_reports,
-            ref_name: ref_name.to_string(),
-        });
-    }
-    // Something to publish: the writer's lock (a PUT, then a LIST for a
-    // sweeping gc) before the first dedup HEAD, so gc never deletes an
-    // object this import finds present and reuses (docs/DESIGN.md).
-    let lock = remote.begin_write().await?;
-    let r = async {
-        let mut upload = upload_closure(remote, cache, staged, &roots).await?;
-        let r = finish_publish(remote, cache, staged, revs, ref_name, packs, Ok(current), &mut upload, indexed).await;
-        r.map(|x| (x, upload))
-    }
-    .await;
-    // After the ref moved (or failed to): gc may sweep again.
-    remote.drop_lock(lock).await;
-    let ((imported, pack_reports), upload) = r?;
+        let r = finish_publish(remote, cache, staged, revs, ref_name, packs, Ok(current), &mut upload, indexed).await?;
+        (r, upload)
+    } else {
+        // Something to publish: the writer's lock (a PUT, then a LIST for a
+        // sweeping gc) before the first dedup HEAD, so gc never deletes an
+        // object this import finds present and reuses (docs/DESIGN.md).
+        let lock = remote.begin_write().await?;
+        let r = async {
+            let mut upload = upload_closure(remote, cache, staged, &roots).await?;
+            let r =
+                finish_publish(remote, cache, staged, revs, ref_name, packs, Ok(current), &mut upload, indexed).await;
+            r.map(|x| (x, upload))
+        }
+        .await;
+        // After the ref moved (or failed to): gc may sweep again.
+        remote.drop_lock(lock).await;
+        r?
+    };
     Ok(ImportReport {
         imported,
         files: staged.files,
@@ -491,6 +488,7 @@ pub async fn publish(
         upload,
         packs: pack_reports,
         ref_name: ref_name.to_string(),
+        warnings,
     })
 }
 
@@ -509,11 +507,12 @@ async fn finish_publish(
     current: Result<CurrentRef>,
     upload: &mut UploadReport,
     indexed: Result<Vec<(Hash, bool)>>,
-) -> Result<(Vec<Imported>, Vec<crate::publish::PackReport>)> {
+) -> Result<(Vec<Imported>, Vec<crate::publish::PackReport>, Vec<String>)> {
     let (current, indexed) = (current?, indexed?);
     // Packs for each tip whose index is not published yet, built from what
     // this import just put in the disk cache: no GET.
     let mut pack_reports = Vec::new();
+    let mut warnings = Vec::new();
     if let Some(opts) = &packs {
         let mut done = HashSet::new();
         for (root, present) in indexed {
@@ -522,7 +521,26 @@ async fn finish_publish(
             }
             let opts =
                 crate::publish::PackOptions { index_check: crate::publish::IndexCheck::KnownAbsent, ..opts.clone() };
-            pack_reports.push(crate::publish::publish_packs(remote, cache, root, opts, None).await?);
+            // Packs are a cache: an import whose objects are all up does
+            // not fail for them. One retry, then a warning.
+            let mut last = None;
+            for _ in 0..2 {
+                match crate::publish::publish_packs(remote, cache, root, opts.clone(), None).await {
+                    Ok(r) => {
+                        pack_reports.push(r);
+                        last = None;
+                        break;
+                    }
+                    Err(e) => last = Some(e),
+                }
+            }
+            if let Some(e) = last {
+                warnings.push(format!(
+                    "the packs of tree {} could not be published ({e}); the import is complete and reads \
+                     fall back to one request per object: run `mado pack --recursive` to retry",
+                    &root.to_hex()[..12]
+                ));
+            }
         }
     }
     let mut parent: Option<(Hash, Snapshot)> = current.as_ref().map(|(v, _, s)| (v.snapshot, s.clone()));
@@ -573,7 +591,7 @@ async fn finish_publish(
             remote.cas_ref(ref_name, current.as_ref().map(|(_, ver)| ver), RefValue { snapshot: tip, root }).await?;
         }
     }
-    Ok((imported, pack_reports))
+    Ok((imported, pack_reports, warnings))
 }
 
 /// A ref's value, version and snapshot (from the cache when present).

@@ -469,6 +469,22 @@ impl SnapshotFs {
         }
     }
 
+    /// Under the write lock: makes sure directory `ino`'s children are
+    /// loaded. A directory whose children were folded away (or never
+    /// loaded) has its tree in memory by then (`load` fetched it; folding
+    /// requires it), so this never waits; a request that raced a fold
+    /// sees the same children again.
+    fn loaded(&self, st: &mut State, ino: u64) -> Result<()> {
+        if let Body::Dir { children: None, clean: Some(id), .. } = &st.get(ino)?.body {
+            let id = *id;
+            let t = self
+                .tree_now(&id)
+                .ok_or_else(|| Error::fs(Errno::IO, format!("the tree of inode {ino} left memory")))?;
+            self.expand(st, ino, &t);
+        }
+        Ok(())
+    }
+
     /// Loads directory `ino`'s children if its tree is in memory:
     /// `None` when it must be fetched first.
     fn load_now(&self, ino: u64) -> Option<Result<()>> {
@@ -512,36 +528,83 @@ impl SnapshotFs {
         Ok(self.attr_of(ino, st.get(ino)?))
     }
 
-    fn lookup_loaded(&self, parent: u64, name: &[u8]) -> Result<Attr> {
-        let st = self.st();
+    /// The child's attributes; with `count`, the kernel's reference to it
+    /// is counted under the same lock (so no fold can drop it between the
+    /// answer and the count).
+    fn lookup_loaded(&self, parent: u64, name: &[u8], count: bool) -> Result<Attr> {
+        let mut st = self.st_mut();
+        self.loaded(&mut st, parent)?;
         let ino = st.child(parent, name)?;
-        Ok(self.attr_of(ino, st.get(ino)?))
+        let n = st.get_mut(ino)?;
+        if count {
+            n.lookups += 1;
+        }
+        Ok(self.attr_of(ino, n))
     }
 
     /// Lookup without waiting: `None` when the parent's tree is not in memory.
     pub fn lookup_now(&self, parent: u64, name: &[u8]) -> Option<Result<Attr>> {
-        Some(self.load_now(parent)?.and_then(|_| self.lookup_loaded(parent, name)))
+        Some(self.load_now(parent)?.and_then(|_| self.lookup_loaded(parent, name, false)))
     }
 
     pub async fn lookup(&self, parent: u64, name: &[u8]) -> Result<Attr> {
         self.load(parent).await?;
-        self.lookup_loaded(parent, name)
+        self.lookup_loaded(parent, name, false)
     }
 
-    fn list(&self, ino: u64) -> Result<DirList> {
-        let st = self.st();
-        let ch = st.children(ino)?.ok_or_else(|| Error::NotFound("directory not loaded".into()))?;
-        ch.iter().map(|(name, c)| Ok((name.clone(), self.attr_of(*c, st.get(*c)?)))).collect()
+    /// [`SnapshotFs::lookup_now`] for the kernel: the answer is a reference
+    /// it holds until FORGET.
+    pub fn lookup_now_counted(&self, parent: u64, name: &[u8]) -> Option<Result<Attr>> {
+        Some(self.load_now(parent)?.and_then(|_| self.lookup_loaded(parent, name, true)))
     }
 
-    /// Entries of a directory with their attributes (for READDIRPLUS).
+    /// [`SnapshotFs::lookup`] for the kernel (see `lookup_now_counted`).
+    pub async fn lookup_counted(&self, parent: u64, name: &[u8]) -> Result<Attr> {
+        self.load(parent).await?;
+        self.lookup_loaded(parent, name, true)
+    }
+
+    fn list(&self, ino: u64, count: bool) -> Result<DirList> {
+        let mut st = self.st_mut();
+        self.loaded(&mut st, ino)?;
+        let kids: Vec<(Vec<u8>, u64)> = st
+            .children(ino)?
+            .ok_or_else(|| Error::NotFound("directory not loaded".into()))?
+            .iter()
+            .map(|(n, c)| (n.clone(), *c))
+            .collect();
+        kids.into_iter()
+            .map(|(name, c)| {
+                let n = st.get_mut(c)?;
+                if count {
+                    n.lookups += 1;
+                }
+                Ok((name, self.attr_of(c, n)))
+            })
+            .collect()
+    }
+
+    /// Entries of a directory with their attributes.
     pub fn readdir_now(&self, ino: u64) -> Option<Result<DirList>> {
-        Some(self.load_now(ino)?.and_then(|_| self.list(ino)))
+        Some(self.load_now(ino)?.and_then(|_| self.list(ino, false)))
     }
 
     pub async fn readdir(&self, ino: u64) -> Result<DirList> {
         self.load(ino).await?;
-        self.list(ino)
+        self.list(ino, false)
+    }
+
+    /// Entries for READDIRPLUS: each one a reference the kernel holds,
+    /// counted under the listing's lock; the caller forgets the entries
+    /// that did not fit in the reply.
+    pub fn readdir_now_counted(&self, ino: u64) -> Option<Result<DirList>> {
+        Some(self.load_now(ino)?.and_then(|_| self.list(ino, true)))
+    }
+
+    /// [`SnapshotFs::readdir_now_counted`], fetching the tree if needed.
+    pub async fn readdir_counted(&self, ino: u64) -> Result<DirList> {
+        self.load(ino).await?;
+        self.list(ino, true)
     }
 
     /// The parent inode of a directory (for `..`).
@@ -659,8 +722,10 @@ impl SnapshotFs {
         let mut st = self.st_mut();
         let Ok(node) = st.get_mut(ino) else { return };
         node.lookups = node.lookups.saturating_sub(n);
-        let parent = node.parent;
-        if !self.reap(&mut st, ino) && parent != 0 {
+        if node.parent == 0 {
+            self.reap(&mut st, ino);
+        } else {
+            let parent = node.parent;
             self.collapse(&mut st, parent);
         }
     }
@@ -689,21 +754,27 @@ impl SnapshotFs {
     /// follows what is changed or in use, not what was ever walked.
     fn collapse(&self, st: &mut State, mut dir: u64) {
         // Folding a directory makes it an idle leaf of its parent: go up
-        // while that folds too.
-        while self.collapse_one(st, dir) {
+        // while that folds too (`collapse_one` judges every child, the
+        // directory just folded included).
+        while dir != ROOT_INO && self.collapse_one(st, dir) {
             match st.get(dir) {
-                Ok(n) if n.lookups == 0 && n.opens == 0 && !n.touched && dir != ROOT_INO && n.parent != 0 => {
-                    dir = n.parent
-                }
+                Ok(n) if n.parent != 0 => dir = n.parent,
                 _ => return,
             }
+        }
+        if dir == ROOT_INO {
+            self.collapse_one(st, dir);
         }
     }
 
     fn collapse_one(&self, st: &mut State, dir: u64) -> bool {
-        let Ok(Node { body: Body::Dir { clean: Some(_), children: Some(kids), .. }, .. }) = st.get(dir) else {
+        let Ok(Node { body: Body::Dir { clean: Some(id), children: Some(kids), .. }, .. }) = st.get(dir) else {
             return false;
         };
+        // Only a tree in memory can be unfolded again without waiting.
+        if self.tree_now(id).is_none() {
+            return false;
+        }
         let idle = |c: &u64| {
             st.get(*c).is_ok_and(|n| {
                 n.lookups == 0
@@ -915,6 +986,7 @@ impl SnapshotFs {
         check_name(name).map_err(|m| Error::fs(Errno::INVAL, m))?;
         self.load(parent).await?;
         let mut st = self.st_mut();
+        self.loaded(&mut st, parent)?;
         if st.children_mut(parent)?.contains_key(name) {
             return Err(Error::fs(Errno::EXIST, String::from_utf8_lossy(name).into_owned()));
         }
@@ -1017,7 +1089,13 @@ impl SnapshotFs {
             self.load(ino).await?;
         }
         let mut st = self.st_mut();
+        self.loaded(&mut st, parent)?;
         let ino = st.child(parent, name)?;
+        if dir && matches!(st.get(ino)?.body, Body::Dir { .. }) {
+            // Its emptiness is judged on its loaded children, never on a
+            // folded directory.
+            self.loaded(&mut st, ino)?;
+        }
         Self::may_remove(&st, ino, dir)?;
         st.children_mut(parent)?.remove(name);
         self.detach(&mut st, ino);
@@ -1050,6 +1128,13 @@ impl SnapshotFs {
             }
         }
         let mut st = self.st_mut();
+        self.loaded(&mut st, parent)?;
+        self.loaded(&mut st, new_parent)?;
+        if let Ok(t) = st.child(new_parent, new_name) {
+            if matches!(st.get(t)?.body, Body::Dir { .. }) {
+                self.loaded(&mut st, t)?;
+            }
+        }
         let src = st.child(parent, name)?;
         let src_dir = Self::is_dir_body(&st.get(src)?.body);
         if src_dir && st.is_ancestor(src, new_parent) {
@@ -1112,13 +1197,20 @@ impl SnapshotFs {
     /// every path's mtime. Blocking (reads upper files): call it from a
     /// blocking thread.
     pub fn build(&self, cache: &DiskCache, staged: &mut Staged) -> Result<Built> {
-        self.build_with(cache, staged, || {})
+        self.build_with(cache, staged, || {}, || {})
     }
 
-    /// [`SnapshotFs::build`], running `between` after the changed files were
-    /// hashed and before the tree is encoded (where other requests may
-    /// change the tree: tests put those changes there).
-    fn build_with(&self, cache: &DiskCache, staged: &mut Staged, between: impl FnOnce()) -> Result<Built> {
+    /// [`SnapshotFs::build`], running `listed` once the changed files are
+    /// listed (before they are read) and `between` after they were hashed
+    /// and before the tree is encoded: where other requests may change the
+    /// tree (tests put those changes there).
+    fn build_with(
+        &self,
+        cache: &DiskCache,
+        staged: &mut Staged,
+        listed: impl FnOnce(),
+        between: impl FnOnce(),
+    ) -> Result<Built> {
         let upper_dir = self.upper_dir()?;
         // Hash changed files without holding the lock.
         let dirty: Vec<(u64, u64, u64)> = {
@@ -1135,6 +1227,7 @@ impl SnapshotFs {
             }
             out
         };
+        listed();
         let mut hashed = Vec::with_capacity(dirty.len());
         for (ino, blob, version) in &dirty {
             let p = upper_dir.join(blob.to_string());
@@ -1639,7 +1732,7 @@ mod tests {
         let unlink = || {
             futures::executor::block_on(fs.unlink(ROOT_INO, b"gone")).unwrap();
         };
-        let b = fs.build_with(&cache, &mut staged, unlink).unwrap();
+        let b = fs.build_with(&cache, &mut staged, || {}, unlink).unwrap();
         assert!(fs.getattr(a.ino).is_ok());
         assert_eq!(b.files_read, 2, "{b:?}");
         assert_eq!(b.files_unchanged, 0, "{b:?}");
@@ -1762,9 +1855,98 @@ mod tests {
         assert_eq!(fs.node_count(), 102);
         fs.forget(list[0].1.ino, 1);
         assert_eq!(fs.node_count(), 2, "the directory's children fold back into its tree id");
+        // A folded directory is never taken for empty.
+        match fs.rmdir(ROOT_INO, b"dir").await {
+            Err(Error::Fs { errno, .. }) if errno == Errno::NOTEMPTY.raw_os_error() => {}
+            r => panic!("rmdir of a folded, non-empty directory: {r:?}"),
+        }
+        // A counted lookup holds its node against folding.
+        let held = fs.lookup_counted(dir, b"f7").await.unwrap();
+        let others = fs.readdir(dir).await.unwrap();
+        fs.forget(others[0].1.ino, 0);
+        assert!(fs.getattr(held.ino).is_ok(), "a node the kernel holds was folded away");
+        fs.forget(held.ino, 1);
+        assert_eq!(fs.node_count(), 2);
+        // A lower file unlinked while nobody has it open is gone for an
+        // open by inode; one unlinked while open can be opened again
+        // through that handle's inode (`/proc/self/fd/N`).
+        let gone = fs.lookup(dir, b"f3").await.unwrap();
+        fs.unlink(dir, b"f3").await.unwrap();
+        assert!(matches!(fs.open(gone.ino).await, Err(Error::NotFound(_))));
+        let kept = fs.lookup(dir, b"f4").await.unwrap();
+        let h = fs.open(kept.ino).await.unwrap();
+        fs.unlink(dir, b"f4").await.unwrap();
+        let again = fs.open(kept.ino).await.expect("reopened through an open handle");
+        assert_eq!(&fs.read(&again, 0, 16).await.unwrap()[..], b"content");
+        drop((h, again));
+        fs.release(kept.ino);
+        fs.release(kept.ino);
+        assert!(fs.getattr(kept.ino).is_err(), "closed, unlinked and never held by the kernel: dropped");
         // And come back on the next look, with new inode numbers.
         let again = fs.readdir(dir).await.unwrap();
-        assert_eq!(again.len(), 100);
+        assert_eq!(again.len(), 98);
         assert!(again.iter().all(|(_, a)| a.ino > list.iter().map(|(_, b)| b.ino).max().unwrap()));
+    }
+
+    #[tokio::test]
+    async fn folding_goes_up_while_whole_directories_are_idle() {
+        let d = tempfile::tempdir().unwrap();
+        let remote =
+            Arc::new(Remote::open(&format!("file://{}/store", d.path().display()), &OpenOptions::default()).unwrap());
+        let cache = Arc::new(DiskCache::open(d.path().join("cache"), None).unwrap());
+        let put_tree = |entries: Vec<Entry>| {
+            let t = Tree::normalized(entries).unwrap().encode();
+            let id = Hash::of(&t);
+            cache.put(&id, &t).unwrap();
+            id
+        };
+        let file = Hash::of(b"x");
+        cache.put(&file, b"x").unwrap();
+        let f = |n: &str| Entry { name: n.into(), kind: Kind::File, chunked: false, size: 1, id: file };
+        let dirent = |n: &str, id| Entry { name: n.into(), kind: Kind::Directory, chunked: false, size: 0, id };
+        let b = put_tree(vec![f("x"), f("y")]);
+        let a = put_tree(vec![dirent("b", b)]);
+        let root = put_tree(vec![dirent("a", a)]);
+        let fs =
+            SnapshotFs::writable(Fetcher::new(remote, cache.clone()), root, 0, d.path().join("upper"), None).unwrap();
+        let a = fs.lookup_counted(ROOT_INO, b"a").await.unwrap().ino;
+        let b = fs.lookup_counted(a, b"b").await.unwrap().ino;
+        let x = fs.lookup_counted(b, b"x").await.unwrap().ino;
+        let y = fs.lookup_counted(b, b"y").await.unwrap().ino;
+        assert_eq!(fs.node_count(), 5);
+        fs.forget(a, 1);
+        fs.forget(b, 1);
+        fs.forget(x, 1);
+        assert_eq!(fs.node_count(), 5, "y is still held");
+        fs.forget(y, 1);
+        assert_eq!(fs.node_count(), 1, "b's files, then b, then a fold away");
+        assert_eq!(fs.readdir(ROOT_INO).await.unwrap().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_checkpoint_skips_a_file_unlinked_under_it_but_not_a_lost_blob() {
+        let d = tempfile::tempdir().unwrap();
+        let (fs, cache) = empty_workspace(d.path());
+        for name in [&b"gone"[..], b"kept"] {
+            let (a, f) = fs.create(ROOT_INO, name, 0o644).await.unwrap();
+            fs.write(&f, 0, name).unwrap();
+            fs.release(a.ino);
+        }
+        // Unlinked after the listing, before its read: skipped.
+        let unlink = || futures::executor::block_on(fs.unlink(ROOT_INO, b"gone")).unwrap();
+        let b = fs.build_with(&cache, &mut Staged::default(), unlink, || {}).unwrap();
+        assert_eq!(b.files_read, 1, "{b:?}");
+        // A blob that vanished under a file still in the tree is an error,
+        // never a tree that silently lacks the file.
+        let (a, f) = fs.create(ROOT_INO, b"lost", 0o644).await.unwrap();
+        fs.write(&f, 0, b"lost").unwrap();
+        fs.release(a.ino);
+        let blob = match &fs.st().get(a.ino).unwrap().body {
+            Body::Upper { blob, .. } => *blob,
+            _ => unreachable!(),
+        };
+        let remove = || std::fs::remove_file(d.path().join("upper").join(blob.to_string())).unwrap();
+        let e = fs.build_with(&cache, &mut Staged::default(), remove, || {}).unwrap_err();
+        assert!(e.to_string().contains(&blob.to_string()), "{e}");
     }
 }

@@ -76,6 +76,9 @@ pub async fn publish_packs(
     opts: PackOptions,
     inline: Option<Arc<crate::fetch::Fetcher>>,
 ) -> Result<PackReport> {
+    if let Some(e) = crate::failpoint::error("publish-packs") {
+        return Err(e);
+    }
     let started = Instant::now();
     let (tx, mut rx) = tokio::sync::mpsc::channel::<(Hash, Vec<u8>)>(2);
     let c = cache.clone();

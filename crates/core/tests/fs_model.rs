@@ -196,27 +196,13 @@ impl World {
         let mut w = World::new();
         let mut log = Vec::new();
         for d in &DIRS[1..] {
-            std::fs::create_dir_all(w.m(d)).unwrap();
-            let mut ino = ROOT_INO;
-            for part in d.split('/') {
-                ino = match w.fs.lookup(ino, part.as_bytes()).await {
-                    Ok(a) => a.ino,
-                    Err(_) => w.fs.mkdir(ino, part.as_bytes(), 0o755).await.unwrap().ino,
-                };
-            }
+            w.mkdir_p(d).await;
         }
         for _ in 0..40 {
             w.step_write(rng, &mut log).await;
         }
         for d in READ_ONLY {
-            std::fs::create_dir_all(w.m(d)).unwrap();
-            let mut ino = ROOT_INO;
-            for part in d.split('/') {
-                ino = match w.fs.lookup(ino, part.as_bytes()).await {
-                    Ok(a) => a.ino,
-                    Err(_) => w.fs.mkdir(ino, part.as_bytes(), 0o755).await.unwrap().ino,
-                };
-            }
+            w.mkdir_p(d).await;
             for name in &NAMES[..4] {
                 w.write_file(rng, d, name, &format!("{d}/{name}"), &mut log).await;
             }
@@ -229,6 +215,18 @@ impl World {
         w.base = Some(base);
         w.k = Kernel::default();
         w
+    }
+
+    /// `mkdir -p d` in the model and the filesystem.
+    async fn mkdir_p(&mut self, d: &str) {
+        std::fs::create_dir_all(self.m(d)).unwrap();
+        let mut ino = ROOT_INO;
+        for part in d.split('/') {
+            ino = match self.fs.lookup(ino, part.as_bytes()).await {
+                Ok(a) => a.ino,
+                Err(_) => self.fs.mkdir(ino, part.as_bytes(), 0o755).await.unwrap().ino,
+            };
+        }
     }
 
     async fn step_write(&mut self, rng: &mut Rng, log: &mut Vec<String>) {

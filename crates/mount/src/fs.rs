@@ -257,20 +257,21 @@ fn fill_plus(
     offset: u64,
     ttl: Duration,
 ) {
-    for (i, (name, attr)) in entries.into_iter().enumerate().skip(offset as usize) {
-        let counted = name != b"." && name != b"..";
-        if counted {
-            core.note_lookup(attr.ino.0, 1);
-        }
-        if reply.add(attr.ino, (i + 1) as u64, OsStr::from_bytes(&name), &ttl, &attr, Generation(0)) {
-            // Did not fit: the kernel never saw it.
-            if counted {
-                core.forget(attr.ino.0, 1);
-            }
+    // Every entry was counted when listed: the ones the kernel does not
+    // get (before `offset`, or past the end of the buffer) are forgotten.
+    let mut given = vec![false; entries.len()];
+    for (i, (name, attr)) in entries.iter().enumerate().skip(offset as usize) {
+        if reply.add(attr.ino, (i + 1) as u64, OsStr::from_bytes(name), &ttl, attr, Generation(0)) {
             break;
         }
+        given[i] = true;
     }
     reply.ok();
+    for ((name, attr), given) in entries.iter().zip(given) {
+        if !given && name != b"." && name != b".." {
+            core.forget(attr.ino.0, 1);
+        }
+    }
 }
 
 fn fill(mut reply: ReplyDirectory, entries: Vec<(Vec<u8>, FileAttr)>, offset: u64) {
@@ -298,18 +299,22 @@ impl Filesystem for MadoFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        if let Some(r) = self.core.lookup_now(parent.0, name.as_bytes()) {
+        if let Some(r) = self.core.lookup_now_counted(parent.0, name.as_bytes()) {
             return match r {
-                Ok(a) => {
-                    self.core.note_lookup(a.ino, 1);
-                    reply.entry(&self.ttl, &self.owner().attr(&a), Generation(0))
-                }
+                Ok(a) => reply.entry(&self.ttl, &self.owner().attr(&a), Generation(0)),
                 Err(e) => reply.error(errno(&e)),
             };
         }
         let core = self.core.clone();
         let name = name.as_bytes().to_vec();
-        self.entry_later(reply, async move { core.lookup(parent.0, &name).await });
+        // Counted by the core: entry_later must not count it again.
+        let (owner, ttl) = (self.owner(), self.ttl);
+        self.rt.spawn(async move {
+            match core.lookup_counted(parent.0, &name).await {
+                Ok(a) => reply.entry(&ttl, &owner.attr(&a), Generation(0)),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
@@ -483,7 +488,7 @@ impl Filesystem for MadoFs {
     }
 
     fn readdirplus(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, reply: ReplyDirectoryPlus) {
-        if let Some(r) = self.core.readdir_now(ino.0) {
+        if let Some(r) = self.core.readdir_now_counted(ino.0) {
             return match r {
                 Ok(list) => {
                     fill_plus(&self.core, reply, self.owner().dir_entries(&self.core, ino.0, list), offset, self.ttl)
@@ -493,7 +498,7 @@ impl Filesystem for MadoFs {
         }
         let (core, owner, ttl) = (self.core.clone(), self.owner(), self.ttl);
         self.rt.spawn(async move {
-            match core.readdir(ino.0).await {
+            match core.readdir_counted(ino.0).await {
                 Ok(list) => fill_plus(&core, reply, owner.dir_entries(&core, ino.0, list), offset, ttl),
                 Err(e) => reply.error(errno(&e)),
             }

@@ -56,6 +56,9 @@ pub async fn run(a: ImportGitArgs, ctx: &Ctx) -> Result<()> {
     .await;
     pb.finish_and_clear();
     let report = report?;
+    for w in &report.warnings {
+        eprintln!("warning: {w}");
+    }
     for p in &report.packs {
         ctx.step(format!(
             "packed tree {}: {} packs, {} members, {} uploaded, built in {} ms",

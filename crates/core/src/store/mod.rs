@@ -396,12 +396,23 @@ impl Remote {
             Some(RefVersion::Local(_)) => return Err(Error::User("a version read from another store".into())),
         };
         let opts = PutOptions { mode, ..Default::default() };
+        let wrote = Bytes::from(payload.iter().flat_map(|b| b.iter().copied()).collect::<Vec<u8>>());
         match self.store.put_opts(key, payload, opts).await {
             Ok(r) => Ok(Ok(RefVersion::Conditional { e_tag: r.e_tag, version: r.version })),
+            // Lost the race, or did we? A PUT whose answer was lost and
+            // that the client retried finds its own bytes there.
             Err(object_store::Error::Precondition { .. }) | Err(object_store::Error::AlreadyExists { .. }) => {
-                Ok(Err(self.read_versioned(key).await?.map(|(b, _)| b)))
+                match self.read_versioned(key).await? {
+                    Some((b, v)) if b == wrote => Ok(Ok(v)),
+                    cur => Ok(Err(cur.map(|(b, _)| b))),
+                }
             }
-            Err(e) => Err(self.remote_err("PUT", key, e)),
+            // The connection broke: the PUT may or may not have landed.
+            // Read it back to tell "applied" from "not applied".
+            Err(e) => match self.read_versioned(key).await {
+                Ok(Some((b, v))) if b == wrote => Ok(Ok(v)),
+                _ => Err(self.remote_err("PUT", key, e)),
+            },
         }
     }
 
@@ -556,5 +567,84 @@ impl Remote {
     pub async fn delete_ref(&self, name: &str) -> Result<()> {
         let key = self.ref_key(name)?;
         self.store.delete(&key).await.map_err(|e| self.remote_err("DELETE", &key, e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use object_store::memory::InMemory;
+    use object_store::{GetResult, ListResult, MultipartUpload, ObjectMeta, PutMultipartOptions, PutResult};
+
+    /// Applies every PUT, then reports the connection as reset (the answer
+    /// lost on the way back): the failure a client cannot tell from "not
+    /// applied" without looking.
+    #[derive(Debug)]
+    struct LostAnswers(InMemory);
+
+    impl std::fmt::Display for LostAnswers {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "LostAnswers")
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl ObjectStore for LostAnswers {
+        async fn put_opts(
+            &self,
+            location: &Path,
+            payload: PutPayload,
+            opts: PutOptions,
+        ) -> object_store::Result<PutResult> {
+            self.0.put_opts(location, payload, opts).await?;
+            Err(object_store::Error::Generic { store: "test", source: "connection reset by peer".into() })
+        }
+        async fn put_multipart_opts(
+            &self,
+            location: &Path,
+            opts: PutMultipartOptions,
+        ) -> object_store::Result<Box<dyn MultipartUpload>> {
+            self.0.put_multipart_opts(location, opts).await
+        }
+        async fn get_opts(&self, location: &Path, options: GetOptions) -> object_store::Result<GetResult> {
+            self.0.get_opts(location, options).await
+        }
+        fn delete_stream(
+            &self,
+            locations: futures::stream::BoxStream<'static, object_store::Result<Path>>,
+        ) -> futures::stream::BoxStream<'static, object_store::Result<Path>> {
+            self.0.delete_stream(locations)
+        }
+        fn list(&self, prefix: Option<&Path>) -> futures::stream::BoxStream<'static, object_store::Result<ObjectMeta>> {
+            self.0.list(prefix)
+        }
+        async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
+            self.0.list_with_delimiter(prefix).await
+        }
+        async fn copy_opts(
+            &self,
+            from: &Path,
+            to: &Path,
+            options: object_store::CopyOptions,
+        ) -> object_store::Result<()> {
+            self.0.copy_opts(from, to, options).await
+        }
+    }
+
+    #[tokio::test]
+    async fn a_ref_cas_whose_answer_was_lost_is_read_back_as_applied() {
+        let counters = Arc::new(Counters::default());
+        let store: Arc<dyn ObjectStore> =
+            Arc::new(CountingStore::new(Arc::new(LostAnswers(InMemory::new())), counters.clone()));
+        let r = Remote { url: "s3://test".into(), store, prefix: String::new(), local_root: None, counters };
+        let v = RefValue { snapshot: Hash([1; 32]), root: Hash([2; 32]) };
+        r.cas_ref("main", None, v).await.expect("applied, although the answer was lost");
+        assert_eq!(r.read_ref("main").await.unwrap().unwrap().0, v);
+        // A real loss still fails: another value is there now.
+        let (_, ver) = r.read_ref("main").await.unwrap().unwrap();
+        let w = RefValue { snapshot: Hash([3; 32]), root: Hash([4; 32]) };
+        r.cas_ref("main", Some(&ver), w).await.expect("applied too");
+        let stale = r.cas_ref("main", Some(&ver), RefValue { snapshot: Hash([5; 32]), root: Hash([6; 32]) }).await;
+        assert!(matches!(stale, Err(Error::RefMoved { .. })), "{stale:?}");
     }
 }
