@@ -757,10 +757,11 @@ impl SnapshotFs {
         // while that folds too (`collapse_one` judges every child, the
         // directory just folded included).
         while dir != ROOT_INO && self.collapse_one(st, dir) {
-            match st.get(dir) {
-                Ok(n) if n.parent != 0 => dir = n.parent,
-                _ => return,
-            }
+            // Only an attached directory folds, so it has a parent.
+            dir = match st.get(dir) {
+                Ok(n) => n.parent,
+                Err(_) => return,
+            };
         }
         if dir == ROOT_INO {
             self.collapse_one(st, dir);
@@ -842,11 +843,6 @@ impl SnapshotFs {
             }
             _ => Err(Error::fs(Errno::NOENT, "the file changed while it was being copied up")),
         }
-    }
-
-    /// Whether `ino` is still in the tree with upper blob `blob`.
-    fn holds_blob(&self, ino: u64, blob: u64) -> bool {
-        self.st().get(ino).is_ok_and(|n| n.parent != 0 && matches!(n.body, Body::Upper { blob: b, .. } if b == blob))
     }
 
     fn new_blob(&self) -> Result<u64> {
@@ -1233,9 +1229,10 @@ impl SnapshotFs {
             let p = upper_dir.join(blob.to_string());
             let data = match std::fs::read(&p) {
                 Ok(d) => d,
-                // Unlinked (or replaced) since it was listed: it is not in
-                // the tree any more, which the walk below will see.
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound && !self.holds_blob(*ino, *blob) => continue,
+                // Unlinked (or replaced) since it was listed. A file still
+                // in the tree is read again by the walk below, which fails
+                // if its blob is truly gone.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
                 Err(e) => return Err(Error::io(format!("reading {}", p.display()))(e)),
             };
             hashed.push((*ino, *version, staged.content(cache, &data)?));
@@ -1870,9 +1867,12 @@ mod tests {
         // A lower file unlinked while nobody has it open is gone for an
         // open by inode; one unlinked while open can be opened again
         // through that handle's inode (`/proc/self/fd/N`).
-        let gone = fs.lookup(dir, b"f3").await.unwrap();
+        // (The kernel still holds its inode: the node is there, detached.)
+        let gone = fs.lookup_counted(dir, b"f3").await.unwrap();
         fs.unlink(dir, b"f3").await.unwrap();
+        assert!(fs.getattr(gone.ino).is_ok());
         assert!(matches!(fs.open(gone.ino).await, Err(Error::NotFound(_))));
+        fs.forget(gone.ino, 1);
         let kept = fs.lookup(dir, b"f4").await.unwrap();
         let h = fs.open(kept.ino).await.unwrap();
         fs.unlink(dir, b"f4").await.unwrap();
