@@ -471,3 +471,32 @@ fn conflicting_ref_names_are_refused_with_a_message() {
     let err = m.fails(&["import-git", repo.to_str().unwrap(), "--no-packs", "--ref", "c"], 1);
     assert!(err.contains("beside ref c/d"), "{err}");
 }
+
+/// A repository owned by another user is refused up front, as git refuses
+/// it, with the way to allow it; once allowed (safe.directory) it imports
+/// whole.
+#[test]
+fn a_repository_of_another_user_needs_safe_directory() {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("skipping: changing a repository's owner needs root");
+        return;
+    }
+    let m = Mado::local();
+    let repo = fixture_repo(m.dir.path());
+    assert!(std::process::Command::new("chown").args(["-R", "nobody"]).arg(&repo).status().unwrap().success());
+    let err = m.fails(&["import-git", repo.to_str().unwrap()], 1);
+    assert!(err.contains("owned by another user") && err.contains("safe.directory"), "{err}");
+    std::fs::create_dir_all(m.home()).unwrap();
+    let o = std::process::Command::new("git")
+        .args(["config", "--global", "--add", "safe.directory"])
+        .arg(&repo)
+        .env("HOME", m.home())
+        .env_remove("XDG_CONFIG_HOME")
+        .status()
+        .unwrap();
+    assert!(o.success());
+    m.ok(&["import-git", repo.to_str().unwrap()]);
+    let co = m.dir.path().join("co");
+    m.ok(&["checkout", "main", co.to_str().unwrap()]);
+    assert_eq!(std::fs::read(co.join("big.bin")).unwrap().len(), 5 << 20 | 12345);
+}

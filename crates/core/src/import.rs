@@ -69,6 +69,17 @@ fn stage_here(
 ) -> Result<(Staged, Vec<StagedRev>)> {
     let repo = gix::open(repo_path)
         .map_err(|e| Error::User(format!("{} is not a git repository I can open: {e}", repo_path.display())))?;
+    if repo.git_dir_trust() != gix::sec::Trust::Full {
+        // As git does ("dubious ownership"): a repository another user owns
+        // is read only when the user said so. (Read with reduced trust, its
+        // config is not applied and large blobs are refused half-way.)
+        return Err(Error::User(format!(
+            "{} is owned by another user, and git would refuse it too (\"dubious ownership\"); \
+             if you trust it, allow it with `git config --global --add safe.directory {}` and import again",
+            repo_path.display(),
+            repo.workdir().unwrap_or(repo.git_dir()).display()
+        )));
+    }
     let mut staged = Staged::default();
     let mut out = Vec::new();
     for rev in revs {
