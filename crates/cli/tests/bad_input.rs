@@ -500,3 +500,18 @@ fn a_repository_of_another_user_needs_safe_directory() {
     m.ok(&["checkout", "main", co.to_str().unwrap()]);
     assert_eq!(std::fs::read(co.join("big.bin")).unwrap().len(), 5 << 20 | 12345);
 }
+
+/// A ref is the one object not named by its hash: a flipped byte in it
+/// reads as a corrupt ref, never as a valid-looking other snapshot.
+#[test]
+fn a_corrupted_ref_reads_as_corrupt() {
+    let m = Mado::local();
+    let repo = fixture_repo(m.dir.path());
+    m.ok(&["import-git", repo.to_str().unwrap(), "--no-packs"]);
+    let p = m.store_dir().join("refs/main");
+    let mut b = std::fs::read(&p).unwrap();
+    b[10] ^= 0x01; // inside the snapshot id
+    std::fs::write(&p, b).unwrap();
+    let err = m.fails(&["ls", "main"], 2);
+    assert!(err.contains("ref") && err.contains("corrupt") && err.contains("main"), "{err}");
+}

@@ -318,22 +318,42 @@ pub struct RefValue {
     pub root: Hash,
 }
 
+/// Refs are written as version 2 (with a checksum); version 1 (without)
+/// is still read.
+const REF_VERSION: u8 = 2;
+/// Bytes of BLAKE3 over the rest of a version-2 ref.
+const REF_SUM_LEN: usize = 8;
+
 impl RefValue {
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(69);
+        let mut out = Vec::with_capacity(4 + 1 + 64 + REF_SUM_LEN);
         out.extend_from_slice(REF_MAGIC);
-        out.push(FORMAT_VERSION);
+        out.push(REF_VERSION);
         out.extend_from_slice(self.snapshot.as_bytes());
         out.extend_from_slice(self.root.as_bytes());
+        let sum = Hash::of(&out);
+        out.extend_from_slice(&sum.as_bytes()[..REF_SUM_LEN]);
         out
     }
 
+    /// Refs are the one object not named by its hash: the checksum makes a
+    /// corrupted ref read as corrupt, never as a valid-looking other id.
     pub fn decode(buf: &[u8]) -> Result<RefValue, DecodeError> {
         let mut r = Reader::new(buf);
         r.magic(REF_MAGIC)?;
-        r.version("ref", FORMAT_VERSION)?;
+        let version = r.u8()?;
+        if version != 1 && version != REF_VERSION {
+            return Err(DecodeError::Version { format: "ref", version, supported: REF_VERSION });
+        }
         let snapshot = r.hash()?;
         let root = r.hash()?;
+        if version == REF_VERSION {
+            let body = &buf[..r.pos()];
+            let sum = r.take(REF_SUM_LEN)?;
+            if Hash::of(body).as_bytes()[..REF_SUM_LEN] != *sum {
+                return Err(DecodeError::Invalid("ref checksum mismatch: the ref is corrupt".into()));
+            }
+        }
         r.finish()?;
         Ok(RefValue { snapshot, root })
     }
@@ -450,6 +470,9 @@ mod tests {
         assert_eq!(Snapshot::decode(&with_stat.encode()).unwrap(), with_stat);
     }
 
+    /// BLAKE3("MADR" 02 05×32 06×32), first 8 bytes.
+    const REF_GOLDEN_SUM: &str = "0531cdd287778349";
+
     #[test]
     fn manifest_and_ref_golden_bytes() {
         let m = ChunkManifest { size: 5, content: h(1), chunks: vec![(2, h(2)), (3, h(3))] };
@@ -469,15 +492,29 @@ mod tests {
         );
         assert_eq!(ChunkManifest::decode(&enc).unwrap(), m);
         let r = RefValue { snapshot: h(5), root: h(6) };
+        let enc = r.encode();
         assert_eq!(
-            hex(&r.encode()),
+            hex(&enc[..69]),
             concat!(
-                "4d41445201",
+                "4d41445202",
                 "0505050505050505050505050505050505050505050505050505050505050505",
                 "0606060606060606060606060606060606060606060606060606060606060606",
             )
         );
-        assert_eq!(RefValue::decode(&r.encode()).unwrap(), r);
+        assert_eq!(hex(&enc[69..]), REF_GOLDEN_SUM);
+        assert_eq!(RefValue::decode(&enc).unwrap(), r);
+        // Version 1 (no checksum) is still read.
+        let mut v1 = enc[..69].to_vec();
+        v1[4] = 1;
+        assert_eq!(RefValue::decode(&v1).unwrap(), r);
+        // Every single flipped bit of a version-2 ref is caught.
+        for i in 0..enc.len() {
+            for bit in 0..8 {
+                let mut c = enc.clone();
+                c[i] ^= 1 << bit;
+                assert!(RefValue::decode(&c).is_err(), "a flip at byte {i} bit {bit} decoded");
+            }
+        }
     }
 
     fn raw_tree(entries: &[(&[u8], u8)]) -> Vec<u8> {
