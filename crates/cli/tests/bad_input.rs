@@ -515,3 +515,11 @@ fn a_corrupted_ref_reads_as_corrupt() {
     let err = m.fails(&["ls", "main"], 2);
     assert!(err.contains("ref") && err.contains("corrupt") && err.contains("main"), "{err}");
 }
+
+#[test]
+fn workspace_refs_cannot_be_moved_by_an_import() {
+    let m = Mado::local();
+    let repo = fixture_repo(m.dir.path());
+    let err = m.fails(&["import-git", repo.to_str().unwrap(), "--ref", "ws/agent"], 1);
+    assert!(err.contains("is a workspace's ref") && err.contains("mado ws create"), "{err}");
+}

@@ -557,3 +557,58 @@ fn a_working_session_of_real_tools_loses_nothing() {
     std::fs::remove_dir_all(w.join(".mado")).unwrap();
     assert_same_tree(&mnt.dir, &w);
 }
+
+/// A 0600 file written in a workspace: another local user can read no
+/// copy of it anywhere under mado's folders (cache, upper layer, store),
+/// and its upper copy keeps the file's mode.
+#[test]
+fn another_user_reads_no_copy_of_a_private_file() {
+    use std::os::unix::fs::PermissionsExt;
+    if !fuse_usable() || !rustix::process::geteuid().is_root() {
+        return;
+    }
+    let m = Mado::local();
+    setup(&m);
+    let mnt = create(&m, "private");
+    let secret = mnt.dir.join("secret.txt");
+    {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&secret).unwrap();
+        f.write_all(b"TOPSECRET\n").unwrap();
+    }
+    mnt.checkpoint("secret");
+    let st = m.json(&["stats", mnt.path()]);
+    let upper = std::path::PathBuf::from(st["workspace"]["state_dir"].as_str().unwrap()).join("upper");
+    let blobs: Vec<_> = std::fs::read_dir(&upper).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(blobs.len(), 1);
+    assert_eq!(std::fs::metadata(&blobs[0]).unwrap().permissions().mode() & 0o777, 0o600);
+    // Let `nobody` walk up to mado's own folders, as on a shared machine.
+    for d in [m.dir.path().to_path_buf(), m.home(), m.home().join(".cache")] {
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let mut stack = vec![m.home().join(".cache/mado"), m.store_dir()];
+    let mut tried = 0;
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            let t = e.file_type().unwrap();
+            if t.is_dir() {
+                stack.push(e.path());
+            } else if t.is_file() {
+                tried += 1;
+                let o = std::process::Command::new("runuser")
+                    .args(["-u", "nobody", "--", "cat"])
+                    .arg(e.path())
+                    .output()
+                    .unwrap();
+                assert!(
+                    !String::from_utf8_lossy(&o.stdout).contains("TOPSECRET") && !o.status.success(),
+                    "nobody read {}",
+                    e.path().display()
+                );
+            }
+        }
+    }
+    assert!(tried > 10, "{tried}");
+}

@@ -637,6 +637,14 @@ pub async fn import_git(
     progress: Arc<dyn Fn(u64) + Send + Sync>,
 ) -> Result<ImportReport> {
     crate::object::check_ref_name(ref_name).map_err(Error::User)?;
+    if ref_name.starts_with("ws/") {
+        // A workspace's ref moves only under its lease, from a working copy
+        // whose base it is.
+        return Err(Error::User(format!(
+            "{ref_name} is a workspace's ref; import into another ref and start a workspace from it \
+             (`mado ws create NAME --from REF`)"
+        )));
+    }
     let repo = repo.to_path_buf();
     let c = cache.clone();
     let (staged, revs) = tokio::task::spawn_blocking(move || stage(&repo, &revs, &c, &*progress))

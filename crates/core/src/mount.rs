@@ -22,7 +22,7 @@
 //! hanging its caller; other files keep being served.
 
 use std::collections::{BTreeMap, HashMap};
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, RwLock};
@@ -824,7 +824,8 @@ impl SnapshotFs {
         let data = self.timed("copying a file up", self.fetcher.content(&e, &name)).await?;
         let blob = self.new_blob()?;
         let p = self.blob_path(blob)?;
-        std::fs::write(&p, &data).map_err(Error::io(format!("writing {}", p.display())))?;
+        let perm = self.st().get(ino)?.perm;
+        write_upper(&p, &data, perm)?;
         let mut st = self.st_mut();
         let n = st.get_mut(ino)?;
         match &n.body {
@@ -959,6 +960,13 @@ impl SnapshotFs {
             if let Some(mode) = a.mode {
                 let before = n.perm & 0o111 != 0;
                 n.perm = (mode & 0o7777) as u16;
+                if let Body::Upper { blob, .. } = n.body {
+                    // The upper copy follows (best effort: the node is what counts).
+                    if let Ok(p) = self.blob_path(blob) {
+                        use std::os::unix::fs::PermissionsExt;
+                        let _ = std::fs::set_permissions(p, std::fs::Permissions::from_mode(upper_mode(n.perm)));
+                    }
+                }
                 let is_file = matches!(&n.body, Body::Upper { .. })
                     || matches!(&n.body, Body::Lower(e) if matches!(e.kind, Kind::File | Kind::Executable));
                 if is_file && before != (n.perm & 0o111 != 0) {
@@ -1004,6 +1012,7 @@ impl SnapshotFs {
             .write(true)
             .create(true)
             .truncate(true)
+            .mode(upper_mode(mode as u16))
             .open(&p)
             .map_err(Error::io(format!("creating {}", p.display())))?;
         let node = |parent| {
@@ -1442,6 +1451,24 @@ fn list_tree_paths(fs: &SnapshotFs, id: Hash, path: &[u8], out: &mut StatObject)
         }
     }
     Ok(())
+}
+
+/// The mode of a file's upper copy: the file's own permission bits (a
+/// 0600 file stays 0600 on the disk too), plus what the daemon needs to
+/// read and write it.
+fn upper_mode(perm: u16) -> u32 {
+    (perm as u32 & 0o777) | 0o600
+}
+
+fn write_upper(p: &Path, data: &[u8], perm: u16) -> Result<()> {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(upper_mode(perm))
+        .open(p)
+        .map_err(Error::io(format!("writing {}", p.display())))?;
+    f.write_all(data).map_err(Error::io(format!("writing {}", p.display())))
 }
 
 fn read_upper(file: &std::fs::File, offset: u64, size: u32) -> Result<Bytes> {
