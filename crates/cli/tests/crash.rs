@@ -48,12 +48,7 @@ fn import_killed_between_tree_batches_keeps_the_closure_rule() {
         // missing child would stay missing: the checkout proves it is not.
         m.ok(&["import-git", repo.to_str().unwrap(), "--no-packs"]);
         assert_store_closed(&m.store_dir());
-        std::fs::remove_dir_all(m.cache_dir()).unwrap();
-        let co = m.dir.path().join("co");
-        m.ok(&["checkout", "main", co.to_str().unwrap()]);
-        let clone = m.dir.path().join("clone");
-        git(m.dir.path(), &["clone", "-q", repo.to_str().unwrap(), clone.to_str().unwrap()]);
-        assert_same_tree(&clone, &co);
+        assert_cold_checkout_equals_clone(&m, &repo);
     }
     // x; s; c; b; a; root: six heights, so five boundaries to die at.
     assert_eq!(aborted, 5, "the import must cross five batch boundaries");
@@ -116,12 +111,7 @@ fn import_and_checkpoint_killed_at_many_points_stay_whole() {
     }
     m.ok(&["import-git", repo.to_str().unwrap()]);
     assert_consistent(&m);
-    std::fs::remove_dir_all(m.cache_dir()).unwrap();
-    let co = m.dir.path().join("co");
-    m.ok(&["checkout", "main", co.to_str().unwrap()]);
-    let clone = m.dir.path().join("clone");
-    git(m.dir.path(), &["clone", "-q", repo.to_str().unwrap(), clone.to_str().unwrap()]);
-    assert_same_tree(&clone, &co);
+    assert_cold_checkout_equals_clone(&m, &repo);
 
     // Checkpoints of a plain working copy, killed at as many points.
     let w = m.dir.path().join("w");

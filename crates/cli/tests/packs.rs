@@ -323,12 +323,7 @@ fn an_import_whose_packs_fail_completes_with_a_warning() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{err}");
     assert!(err.contains("could not be published") && err.contains("mado pack --recursive"), "{err}");
-    std::fs::remove_dir_all(m.cache_dir()).unwrap();
-    let co = m.dir.path().join("co");
-    m.ok(&["checkout", "main", co.to_str().unwrap()]);
-    let clone = m.dir.path().join("clone");
-    git(m.dir.path(), &["clone", "-q", repo.to_str().unwrap(), clone.to_str().unwrap()]);
-    assert_same_tree(&clone, &co);
+    assert_cold_checkout_equals_clone(&m, &repo);
     // The retry the warning names works.
     m.ok(&["pack", "--recursive"]);
 }

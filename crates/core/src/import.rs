@@ -474,7 +474,7 @@ pub async fn publish(
     };
     let ((imported, pack_reports, warnings), upload) = if noop {
         let mut upload = UploadReport::default();
-        let r = finish_publish(remote, cache, staged, revs, ref_name, packs, Ok(current), &mut upload, indexed).await?;
+        let r = finish_publish(remote, cache, revs, ref_name, packs, Ok(current), &mut upload, indexed).await?;
         (r, upload)
     } else {
         // Something to publish: the writer's lock (a PUT, then a LIST for a
@@ -483,8 +483,7 @@ pub async fn publish(
         let lock = remote.begin_write().await?;
         let r = async {
             let mut upload = upload_closure(remote, cache, staged, &roots).await?;
-            let r =
-                finish_publish(remote, cache, staged, revs, ref_name, packs, Ok(current), &mut upload, indexed).await;
+            let r = finish_publish(remote, cache, revs, ref_name, packs, Ok(current), &mut upload, indexed).await;
             r.map(|x| (x, upload))
         }
         .await;
@@ -511,7 +510,6 @@ type CurrentRef = Option<(RefValue, crate::store::RefVersion, Snapshot)>;
 async fn finish_publish(
     remote: &Remote,
     cache: &Arc<DiskCache>,
-    _staged: &Staged,
     revs: &[StagedRev],
     ref_name: &str,
     packs: Option<crate::publish::PackOptions>,

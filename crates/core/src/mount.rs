@@ -564,7 +564,9 @@ impl SnapshotFs {
         self.lookup_loaded(parent, name, true)
     }
 
-    fn list(&self, ino: u64, count: bool) -> Result<DirList> {
+    /// The children with their attributes; those from index `count_from`
+    /// on are counted as references the kernel takes.
+    fn list(&self, ino: u64, count_from: Option<usize>) -> Result<DirList> {
         let mut st = self.st_mut();
         self.loaded(&mut st, ino)?;
         let kids: Vec<(Vec<u8>, u64)> = st
@@ -574,9 +576,10 @@ impl SnapshotFs {
             .map(|(n, c)| (n.clone(), *c))
             .collect();
         kids.into_iter()
-            .map(|(name, c)| {
+            .enumerate()
+            .map(|(i, (name, c))| {
                 let n = st.get_mut(c)?;
-                if count {
+                if count_from.is_some_and(|from| i >= from) {
                     n.lookups += 1;
                 }
                 Ok((name, self.attr_of(c, n)))
@@ -586,25 +589,39 @@ impl SnapshotFs {
 
     /// Entries of a directory with their attributes.
     pub fn readdir_now(&self, ino: u64) -> Option<Result<DirList>> {
-        Some(self.load_now(ino)?.and_then(|_| self.list(ino, false)))
+        Some(self.load_now(ino)?.and_then(|_| self.list(ino, None)))
     }
 
     pub async fn readdir(&self, ino: u64) -> Result<DirList> {
         self.load(ino).await?;
-        self.list(ino, false)
+        self.list(ino, None)
     }
 
-    /// Entries for READDIRPLUS: each one a reference the kernel holds,
-    /// counted under the listing's lock; the caller forgets the entries
-    /// that did not fit in the reply.
-    pub fn readdir_now_counted(&self, ino: u64) -> Option<Result<DirList>> {
-        Some(self.load_now(ino)?.and_then(|_| self.list(ino, true)))
+    /// Entries for READDIRPLUS: those from index `from` on are references
+    /// the kernel may take, counted under the listing's lock; the caller
+    /// gives back ([`SnapshotFs::uncount`]) the ones that did not fit.
+    pub fn readdir_now_counted(&self, ino: u64, from: usize) -> Option<Result<DirList>> {
+        Some(self.load_now(ino)?.and_then(|_| self.list(ino, Some(from))))
     }
 
     /// [`SnapshotFs::readdir_now_counted`], fetching the tree if needed.
-    pub async fn readdir_counted(&self, ino: u64) -> Result<DirList> {
+    pub async fn readdir_counted(&self, ino: u64, from: usize) -> Result<DirList> {
         self.load(ino).await?;
-        self.list(ino, true)
+        self.list(ino, Some(from))
+    }
+
+    /// Takes back references counted for entries the kernel never got.
+    /// Unlike FORGET it tries no folding: a READDIRPLUS of a large
+    /// directory gives most of its entries back on every call, and
+    /// folding is judged on the next real FORGET.
+    pub fn uncount(&self, inos: &[u64]) {
+        let mut st = self.st_mut();
+        for ino in inos {
+            if let Ok(n) = st.get_mut(*ino) {
+                n.lookups = n.lookups.saturating_sub(1);
+            }
+            self.reap(&mut st, *ino);
+        }
     }
 
     /// The parent inode of a directory (for `..`).

@@ -257,21 +257,28 @@ fn fill_plus(
     offset: u64,
     ttl: Duration,
 ) {
-    // Every entry was counted when listed: the ones the kernel does not
-    // get (before `offset`, or past the end of the buffer) are forgotten.
-    let mut given = vec![false; entries.len()];
+    // The children from `offset` on were counted when listed (see
+    // `plus_from`): those past the end of the buffer are given back.
+    let mut sent = entries.len();
     for (i, (name, attr)) in entries.iter().enumerate().skip(offset as usize) {
         if reply.add(attr.ino, (i + 1) as u64, OsStr::from_bytes(name), &ttl, attr, Generation(0)) {
+            sent = i;
             break;
         }
-        given[i] = true;
     }
     reply.ok();
-    for ((name, attr), given) in entries.iter().zip(given) {
-        if !given && name != b"." && name != b".." {
-            core.forget(attr.ino.0, 1);
-        }
-    }
+    let back: Vec<u64> = entries[sent.max(offset as usize)..]
+        .iter()
+        .filter(|(name, _)| name != b"." && name != b"..")
+        .map(|(_, a)| a.ino.0)
+        .collect();
+    core.uncount(&back);
+}
+
+/// The index, among a directory's children, of the first entry a
+/// READDIRPLUS at `offset` may give (the list starts with `.` and `..`).
+fn plus_from(offset: u64) -> usize {
+    (offset as usize).saturating_sub(2)
 }
 
 fn fill(mut reply: ReplyDirectory, entries: Vec<(Vec<u8>, FileAttr)>, offset: u64) {
@@ -488,7 +495,7 @@ impl Filesystem for MadoFs {
     }
 
     fn readdirplus(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, reply: ReplyDirectoryPlus) {
-        if let Some(r) = self.core.readdir_now_counted(ino.0) {
+        if let Some(r) = self.core.readdir_now_counted(ino.0, plus_from(offset)) {
             return match r {
                 Ok(list) => {
                     fill_plus(&self.core, reply, self.owner().dir_entries(&self.core, ino.0, list), offset, self.ttl)
@@ -498,7 +505,7 @@ impl Filesystem for MadoFs {
         }
         let (core, owner, ttl) = (self.core.clone(), self.owner(), self.ttl);
         self.rt.spawn(async move {
-            match core.readdir_counted(ino.0).await {
+            match core.readdir_counted(ino.0, plus_from(offset)).await {
                 Ok(list) => fill_plus(&core, reply, owner.dir_entries(&core, ino.0, list), offset, ttl),
                 Err(e) => reply.error(errno(&e)),
             }

@@ -387,3 +387,14 @@ pub fn assert_refs_whole(store: &Path) -> usize {
     }
     refs.len()
 }
+
+/// A checkout of `main` from an empty cache equals `git clone` of `repo`
+/// in every byte, mode and symlink target.
+pub fn assert_cold_checkout_equals_clone(m: &Mado, repo: &Path) {
+    std::fs::remove_dir_all(m.cache_dir()).unwrap();
+    let co = m.dir.path().join("co");
+    m.ok(&["checkout", "main", co.to_str().unwrap()]);
+    let clone = m.dir.path().join("clone");
+    git(m.dir.path(), &["clone", "-q", repo.to_str().unwrap(), clone.to_str().unwrap()]);
+    assert_same_tree(&clone, &co);
+}

@@ -369,7 +369,8 @@ impl Remote {
         bytes: Vec<u8>,
     ) -> Result<std::result::Result<RefVersion, Option<Bytes>>> {
         let new_local = Hash::of(&bytes);
-        let payload = PutPayload::from(bytes);
+        let wrote = Bytes::from(bytes);
+        let payload = PutPayload::from(wrote.clone());
         if let Some(root) = &self.local_root {
             let lock_path = root.join("locks").join(format!("{}.lock", key.as_ref().replace('/', "%2F")));
             let _lock = crate::fsutil::lock_file(lock_path).await?;
@@ -396,7 +397,6 @@ impl Remote {
             Some(RefVersion::Local(_)) => return Err(Error::User("a version read from another store".into())),
         };
         let opts = PutOptions { mode, ..Default::default() };
-        let wrote = Bytes::from(payload.iter().flat_map(|b| b.iter().copied()).collect::<Vec<u8>>());
         match self.store.put_opts(key, payload, opts).await {
             Ok(r) => Ok(Ok(RefVersion::Conditional { e_tag: r.e_tag, version: r.version })),
             // Lost the race, or did we? A PUT whose answer was lost and
