@@ -71,15 +71,35 @@ fn many_files_repo(parent: &std::path::Path, n: usize) -> std::path::PathBuf {
     repo
 }
 
-/// Runs `cmd`, kills it with SIGKILL after `after`; returns whether it
-/// had already finished.
-fn kill_after(mut cmd: std::process::Command, after: std::time::Duration) -> bool {
-    let mut child = cmd.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).spawn().unwrap();
-    std::thread::sleep(after);
-    let done = child.try_wait().unwrap().is_some();
-    let _ = child.kill();
-    let _ = child.wait();
-    done
+/// Runs `cmd` with the process dying (abort: no unwinding, nothing
+/// flushed) at its `nth` store write; returns whether it ran through
+/// because it made fewer writes than that.
+fn die_at_put(mut cmd: std::process::Command, nth: u64) -> bool {
+    let o = cmd.env("MADO_FAILPOINT", format!("store-put#{nth}")).output().unwrap();
+    if !o.status.success() {
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains("failpoint store-put"), "failed, but not at the failpoint: {err}");
+    }
+    o.status.success()
+}
+
+/// Kill points spread over a run: the 1st, 2nd, 3rd, 5th, 8th, ... store
+/// write, until a run makes fewer writes than the point (it then ran
+/// through, and the loop ends). Each run after a death writes into the
+/// same store, as a retry would. Returns how many runs died.
+fn die_at_spread_points(m: &Mado, mut cmd: impl FnMut() -> std::process::Command, mut between: impl FnMut()) -> usize {
+    let (mut a, mut b) = (1u64, 2u64);
+    let mut died = 0;
+    loop {
+        between();
+        if die_at_put(cmd(), a) {
+            return died;
+        }
+        died += 1;
+        assert_consistent(m);
+        (a, b) = (b, a + b);
+        assert!(died < 40, "a run never ran through");
+    }
 }
 
 /// The store after a kill: closed, every ref whole; then `mado cache
@@ -95,53 +115,33 @@ fn assert_consistent(m: &Mado) {
 fn import_and_checkpoint_killed_at_many_points_stay_whole() {
     let m = Mado::local();
     let repo = many_files_repo(m.dir.path(), 1500);
-    // How long a whole import takes here, to spread the kill points over.
-    let t0 = std::time::Instant::now();
-    let probe = Mado::local();
-    probe.ok(&["import-git", repo.to_str().unwrap()]);
-    let full = t0.elapsed();
-    let points = 12;
-    let mut killed = 0;
-    for k in 0..points {
-        let after = full.mul_f64(k as f64 / points as f64);
-        if !kill_after(m.cmd(&["import-git", repo.to_str().unwrap()]), after) {
-            killed += 1;
-        }
-        assert_consistent(&m);
-    }
+    let import = || m.cmd(&["import-git", repo.to_str().unwrap()]);
+    let died = die_at_spread_points(&m, import, || {});
+    eprintln!("import died at {died} points");
+    assert!(died >= 8, "an import of 1,500 files dies at 8 spread points or more: {died}");
     m.ok(&["import-git", repo.to_str().unwrap()]);
     assert_consistent(&m);
     assert_cold_checkout_equals_clone(&m, &repo);
 
-    // Checkpoints of a plain working copy, killed at as many points.
+    // Checkpoints of a plain working copy, killed at as many points, with
+    // the working copy edited again before each run.
     let w = m.dir.path().join("w");
     m.ok(&["ws", "create", "k", "--dir", w.to_str().unwrap()]);
     let mut round = 0;
-    let mut edit_round = |w: &std::path::Path| {
+    let edit_round = || {
         round += 1;
         for i in (0..1500).step_by(3) {
             let p = w.join(format!("d{}/e{}/f{i}.txt", i % 37, i % 11));
             std::fs::write(p, format!("round {round} file {i}\n")).unwrap();
         }
     };
-    edit_round(&w);
-    let t0 = std::time::Instant::now();
-    m.ok(&["ws", "checkpoint", "--dir", w.to_str().unwrap()]);
-    let full = t0.elapsed();
-    for k in 0..points {
-        edit_round(&w);
-        let after = full.mul_f64(k as f64 / points as f64);
-        if !kill_after(m.cmd(&["ws", "checkpoint", "--dir", w.to_str().unwrap()]), after) {
-            killed += 1;
-        }
-        assert_consistent(&m);
-    }
-    m.ok(&["ws", "checkpoint", "--dir", w.to_str().unwrap()]);
+    let checkpoint = || m.cmd(&["ws", "checkpoint", "--dir", w.to_str().unwrap()]);
+    let died = die_at_spread_points(&m, checkpoint, edit_round);
+    eprintln!("checkpoint died at {died} points");
+    assert!(died >= 5, "a checkpoint of 500 changed files dies at 5 spread points or more: {died}");
     assert_consistent(&m);
     std::fs::remove_dir_all(m.cache_dir()).unwrap();
     let r = m.dir.path().join("r");
     m.ok(&["ws", "resume", "k", r.to_str().unwrap(), "--read-only"]);
     assert_same_state(&w, &r);
-    eprintln!("kill points tried: {}, of which the process was killed mid-run: {killed}", 2 * points);
-    assert!(killed >= points, "most kill points must land inside a run: {killed}");
 }

@@ -150,6 +150,7 @@ impl fmt::Display for CountingStore {
 #[async_trait]
 impl ObjectStore for CountingStore {
     async fn put_opts(&self, location: &Path, payload: PutPayload, opts: PutOptions) -> Result<PutResult> {
+        crate::failpoint::hit("store-put");
         let _rt = self.counters.start();
         self.counters.puts.fetch_add(1, Relaxed);
         self.counters.bytes_up.fetch_add(payload.content_length() as u64, Relaxed);
@@ -157,6 +158,7 @@ impl ObjectStore for CountingStore {
     }
 
     async fn put_multipart_opts(&self, location: &Path, opts: PutMultipartOptions) -> Result<Box<dyn MultipartUpload>> {
+        crate::failpoint::hit("store-put");
         let _rt = self.counters.start();
         self.counters.puts.fetch_add(1, Relaxed);
         self.inner.put_multipart_opts(location, opts).await
