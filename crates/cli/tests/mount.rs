@@ -96,8 +96,20 @@ fn mounted_snapshot_equals_git_clone() {
     assert_same_content(&clone, &mnt.dir);
     assert_eq!(std::fs::read_link(mnt.dir.join("src/escape")).unwrap(), Path::new("../../../../../etc/passwd"));
     assert!(std::fs::metadata(mnt.dir.join("run.sh")).unwrap().permissions().mode() & 0o111 != 0);
-    // Read-only.
-    assert!(std::fs::write(mnt.dir.join("new"), b"x").is_err());
+    // Read-only: every kind of change is EROFS, as on a read-only mount.
+    let d = &mnt.dir;
+    let erofs = Some(30);
+    assert_eq!(errno_of(std::fs::write(d.join("new"), b"x")), erofs, "create");
+    assert_eq!(errno_of(std::fs::OpenOptions::new().write(true).open(d.join("README.md"))), erofs, "open for write");
+    assert_eq!(errno_of(std::fs::create_dir(d.join("dir"))), erofs, "mkdir");
+    assert_eq!(errno_of(std::fs::remove_file(d.join("README.md"))), erofs, "unlink");
+    assert_eq!(errno_of(std::fs::remove_dir(d.join("src"))), erofs, "rmdir");
+    assert_eq!(errno_of(std::fs::rename(d.join("README.md"), d.join("R"))), erofs, "rename");
+    assert_eq!(errno_of(std::os::unix::fs::symlink("x", d.join("l"))), erofs, "symlink");
+    assert_eq!(errno_of(std::fs::hard_link(d.join("README.md"), d.join("h"))), erofs, "link");
+    let perm = std::fs::Permissions::from_mode(0o600);
+    assert_eq!(errno_of(std::fs::set_permissions(d.join("README.md"), perm)), erofs, "chmod");
+    assert_eq!(std::fs::read(d.join("README.md")).unwrap(), b"# fixture\n", "nothing changed");
     // Warm: a second mount reads everything from the cache, no GET at all
     // after it is up (passthrough serves the cached blobs).
     drop(mnt);

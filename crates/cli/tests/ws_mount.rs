@@ -60,10 +60,6 @@ fn more_edits(dir: &Path) {
     std::fs::write(dir.join("empty2"), "replaced again\n").unwrap();
 }
 
-fn errno_of(r: std::io::Result<impl Sized>) -> Option<i32> {
-    r.err().and_then(|e| e.raw_os_error())
-}
-
 #[test]
 fn a_mounted_workspace_checkpoints_what_a_plain_directory_would_and_resumes_identically_minio() {
     let Some(base) = s3_base() else { return };

@@ -14,12 +14,12 @@ pub mod gc;
 pub mod hash;
 pub mod import;
 pub mod materialize;
-pub mod mount;
 pub mod object;
 pub mod pack;
 pub mod publish;
 pub mod resolve;
 pub mod store;
+pub mod vfs;
 pub mod workspace;
 
 pub use error::{Error, Result};

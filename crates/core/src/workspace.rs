@@ -31,9 +31,9 @@ use crate::error::{Error, Result};
 use crate::fetch::Fetcher;
 use crate::hash::Hash;
 use crate::import::{upload_closure, Staged, UploadReport};
-use crate::mount::SnapshotFs;
 use crate::object::{check_ref_name, Entry, Kind, RefValue, Snapshot, Tree};
 use crate::store::{Remote, Space};
+use crate::vfs::SnapshotFs;
 
 /// The folder inside a working copy that holds mado's state for it.
 pub const STATE_DIR: &str = ".mado";

@@ -15,9 +15,9 @@ use std::sync::Arc;
 use mado_core::cache::DiskCache;
 use mado_core::fetch::Fetcher;
 use mado_core::import::Staged;
-use mado_core::mount::{NodeKind, OpenFile, SetAttr, SnapshotFs, ROOT_INO};
 use mado_core::object::{Kind, Tree};
 use mado_core::store::{OpenOptions, Remote};
+use mado_core::vfs::{NodeKind, OpenFile, SetAttr, SnapshotFs, ROOT_INO};
 use mado_core::Hash;
 
 /// Seeds that once failed (none yet); always run.

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use mado_core::fetch::{Attach, Fetcher};
-use mado_core::mount::SnapshotFs;
+use mado_core::vfs::SnapshotFs;
 use mado_core::{Error, Result};
 use serde_json::json;
 
@@ -142,7 +142,7 @@ pub fn run(
             core.preload_trees().await?;
         } else {
             // At least the root, so the first `ls` needs no round trip.
-            core.readdir(mado_core::mount::ROOT_INO).await?;
+            core.readdir(mado_core::vfs::ROOT_INO).await?;
         }
         Ok::<_, Error>((id, core, attach, ws, warnings))
     });

@@ -25,7 +25,7 @@ use fuser::{
     KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
     ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyWrite, Request, TimeOrNow, WriteFlags,
 };
-use mado_core::mount::{Attr, NodeKind, OpenFile, SetAttr, SnapshotFs, ROOT_INO};
+use mado_core::vfs::{Attr, NodeKind, OpenFile, SetAttr, SnapshotFs, ROOT_INO};
 use mado_core::Error;
 
 /// Kernel cache timeout for entries and attributes of a snapshot: content
@@ -235,7 +235,7 @@ impl Owner {
     }
 
     /// `.`, `..` and the entries, with attributes.
-    fn dir_entries(self, core: &SnapshotFs, ino: u64, list: mado_core::mount::DirList) -> Vec<(Vec<u8>, FileAttr)> {
+    fn dir_entries(self, core: &SnapshotFs, ino: u64, list: mado_core::vfs::DirList) -> Vec<(Vec<u8>, FileAttr)> {
         let mut out = Vec::with_capacity(list.len() + 2);
         if let Ok(a) = core.getattr(ino) {
             out.push((b".".to_vec(), self.attr(&a)));
@@ -288,6 +288,16 @@ fn fill(mut reply: ReplyDirectory, entries: Vec<(Vec<u8>, FileAttr)>, offset: u6
         }
     }
     reply.ok();
+}
+
+/// A read-only mount answers every change itself, before the core is
+/// asked (the core refuses too: this keeps the errno in one place here).
+macro_rules! writable_or_erofs {
+    ($self:ident, $reply:ident) => {
+        if !$self.core.is_writable() {
+            return $reply.error(Errno::EROFS);
+        }
+    };
 }
 
 impl Filesystem for MadoFs {
@@ -528,6 +538,7 @@ impl Filesystem for MadoFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        writable_or_erofs!(self, reply);
         let Some(f) = self.handles.lock().expect("handles lock").get(&fh.0).cloned() else {
             return reply.error(Errno::EBADF);
         };
@@ -568,6 +579,7 @@ impl Filesystem for MadoFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        writable_or_erofs!(self, reply);
         let a = SetAttr { size, mode, mtime: mtime.map(time_of) };
         if a.size.is_none() && a.mode.is_none() && a.mtime.is_none() {
             // atime, owners: not kept; answer with what is.
@@ -592,6 +604,7 @@ impl Filesystem for MadoFs {
         _flags: i32,
         reply: ReplyCreate,
     ) {
+        writable_or_erofs!(self, reply);
         if mode & libc::S_IFMT != 0 && mode & libc::S_IFMT != libc::S_IFREG {
             return reply.error(Errno::EPERM);
         }
@@ -626,22 +639,26 @@ impl Filesystem for MadoFs {
     }
 
     fn mkdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
+        writable_or_erofs!(self, reply);
         let (core, name) = (self.core.clone(), name.as_bytes().to_vec());
         self.entry_later(reply, async move { core.mkdir(parent.0, &name, mode & !umask).await });
     }
 
     fn symlink(&self, _req: &Request, parent: INodeNo, link_name: &OsStr, target: &std::path::Path, reply: ReplyEntry) {
+        writable_or_erofs!(self, reply);
         let (core, name) = (self.core.clone(), link_name.as_bytes().to_vec());
         let target = target.as_os_str().as_bytes().to_vec();
         self.entry_later(reply, async move { core.symlink(parent.0, &name, &target).await });
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        writable_or_erofs!(self, reply);
         let (core, name) = (self.core.clone(), name.as_bytes().to_vec());
         self.empty_later(reply, async move { core.unlink(parent.0, &name).await });
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        writable_or_erofs!(self, reply);
         let (core, name) = (self.core.clone(), name.as_bytes().to_vec());
         self.empty_later(reply, async move { core.rmdir(parent.0, &name).await });
     }
@@ -656,6 +673,7 @@ impl Filesystem for MadoFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
+        writable_or_erofs!(self, reply);
         if flags.contains(RenameFlags::RENAME_EXCHANGE) {
             return reply.error(Errno::EINVAL);
         }
@@ -665,6 +683,7 @@ impl Filesystem for MadoFs {
     }
 
     fn link(&self, _req: &Request, _ino: INodeNo, _newparent: INodeNo, _newname: &OsStr, reply: ReplyEntry) {
+        writable_or_erofs!(self, reply);
         // Trees have no hard links.
         reply.error(Errno::EPERM);
     }

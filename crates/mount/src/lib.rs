@@ -1,7 +1,7 @@
 //! mado's edge for mounts: the FUSE adapter ([`fs`]), the control socket
 //! each mount daemon serves ([`control`]), and the daemon that ties a
 //! snapshot, the adapter and the socket together ([`daemon`]). The
-//! filesystem logic itself is `mado_core::mount`.
+//! filesystem logic itself is `mado_core::vfs`.
 
 pub mod control;
 pub mod daemon;

@@ -398,3 +398,7 @@ pub fn assert_cold_checkout_equals_clone(m: &Mado, repo: &Path) {
     git(m.dir.path(), &["clone", "-q", repo.to_str().unwrap(), clone.to_str().unwrap()]);
     assert_same_tree(&clone, &co);
 }
+
+pub fn errno_of(r: std::io::Result<impl Sized>) -> Option<i32> {
+    r.err().and_then(|e| e.raw_os_error())
+}

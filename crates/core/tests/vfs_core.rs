@@ -1,4 +1,4 @@
-//! The mount's filesystem logic (`mado_core::mount::SnapshotFs`) without
+//! The mount's filesystem logic (`mado_core::vfs::SnapshotFs`) without
 //! FUSE: a real git repository imported through the core API, then
 //! lookup, readdir, getattr, readlink and reads (whole and chunked, at
 //! odd offsets) compared with the repository's own files; and the
@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use mado_core::cache::DiskCache;
 use mado_core::fetch::Fetcher;
-use mado_core::mount::{NodeKind, OpenFile, SnapshotFs, ROOT_INO};
 use mado_core::store::{OpenOptions, Remote};
+use mado_core::vfs::{NodeKind, OpenFile, SnapshotFs, ROOT_INO};
 
 fn git(dir: &std::path::Path, args: &[&str]) {
     let o = Command::new("git")
@@ -155,7 +155,7 @@ async fn writable_fs_edits_build_the_tree_git_builds() {
     fs.rename(src.ino, b"sub", ROOT_INO, b"moved", false).await.unwrap();
     fs.unlink(ROOT_INO, b"link").await.unwrap();
     let b = fs.lookup(src.ino, b"b.txt").await.unwrap();
-    fs.setattr(b.ino, mado_core::mount::SetAttr { mode: Some(0o755), ..Default::default() }).await.unwrap();
+    fs.setattr(b.ino, mado_core::vfs::SetAttr { mode: Some(0o755), ..Default::default() }).await.unwrap();
     fs.symlink(d.ino, b"up", b"../README").await.unwrap();
     let gone = fs.mkdir(ROOT_INO, b"gone", 0o755).await.unwrap();
     fs.create(gone.ino, b"x", 0o644).await.unwrap();
@@ -166,7 +166,7 @@ async fn writable_fs_edits_build_the_tree_git_builds() {
     let e = fs.rename(ROOT_INO, b"d", d.ino, b"self", false).await.unwrap_err();
     assert!(matches!(e, mado_core::Error::Fs { errno, .. } if errno == rustix::io::Errno::INVAL.raw_os_error()));
     let a = fs.lookup(fs.lookup(ROOT_INO, b"moved").await.unwrap().ino, b"a.rs").await.unwrap();
-    fs.setattr(a.ino, mado_core::mount::SetAttr { size: Some(2), ..Default::default() }).await.unwrap();
+    fs.setattr(a.ino, mado_core::vfs::SetAttr { size: Some(2), ..Default::default() }).await.unwrap();
 
     // The same edits in git.
     std::fs::write(repo.join("README"), b"hello\nworld\n").unwrap();

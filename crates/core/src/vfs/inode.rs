@@ -1,0 +1,278 @@
+//! The inode table: nodes by number (never reused within a mount), what
+//! each holds, the kernel's references and open handles, and folding idle
+//! directories back into their tree id so memory follows what is in use.
+
+use super::*;
+
+/// What a node holds.
+#[derive(Clone, Debug)]
+pub(super) enum Body {
+    /// A directory. `clean` is its tree id while nothing below changed;
+    /// `children` is `None` until something looks into it (then `clean`
+    /// is always set). `origin` is its path in the base snapshot, where
+    /// the mtimes of an unexpanded subtree are found.
+    Dir { clean: Option<Hash>, origin: Option<Vec<u8>>, children: Option<BTreeMap<Vec<u8>, u64>> },
+    /// A file, symlink or gitlink of the lower layer, untouched.
+    Lower(Entry),
+    /// A file of the upper layer (`upper/<blob>`); `clean` is its id and
+    /// chunking while its content is known.
+    Upper { blob: u64, size: u64, clean: Option<(Hash, bool)> },
+    /// A symlink made here.
+    Link(Vec<u8>),
+}
+#[derive(Clone, Debug)]
+pub(super) struct Node {
+    /// 0 once unlinked.
+    pub(super) parent: u64,
+    pub(super) name: Vec<u8>,
+    pub(super) perm: u16,
+    pub(super) mtime: (i64, u32),
+    /// Bumped on every content change (a checkpoint hashing a file keeps
+    /// its id only if nothing wrote meanwhile).
+    pub(super) version: u64,
+    /// References the kernel holds (entries it was given and has not
+    /// forgotten): a node is dropped only when nothing but the kernel knew
+    /// it and the kernel let go.
+    pub(super) lookups: u64,
+    /// Open handles: an unlinked file's upper blob stays until the last one
+    /// closes.
+    pub(super) opens: u32,
+    /// Mode or mtime set by the user (kept in memory, so never collapsed).
+    pub(super) touched: bool,
+    pub(super) body: Body,
+}
+impl Node {
+    pub(super) fn new(parent: u64, name: Vec<u8>, perm: u16, mtime: (i64, u32), body: Body) -> Node {
+        Node { parent, name, perm, mtime, version: 0, lookups: 0, opens: 0, touched: false, body }
+    }
+}
+pub(super) struct State {
+    /// By inode number. Numbers are never reused within a mount, so a
+    /// number the kernel still holds can never name another node.
+    pub(super) nodes: HashMap<u64, Node>,
+    pub(super) next_ino: u64,
+    pub(super) next_blob: u64,
+}
+impl State {
+    pub(super) fn with_root(root: Node) -> State {
+        State { nodes: HashMap::from([(ROOT_INO, root)]), next_ino: ROOT_INO + 1, next_blob: 1 }
+    }
+
+    pub(super) fn get(&self, ino: u64) -> Result<&Node> {
+        self.nodes.get(&ino).ok_or_else(|| Error::NotFound(format!("inode {ino}")))
+    }
+
+    pub(super) fn get_mut(&mut self, ino: u64) -> Result<&mut Node> {
+        self.nodes.get_mut(&ino).ok_or_else(|| Error::NotFound(format!("inode {ino}")))
+    }
+
+    pub(super) fn push(&mut self, n: Node) -> u64 {
+        let ino = self.next_ino;
+        self.next_ino += 1;
+        self.nodes.insert(ino, n);
+        ino
+    }
+
+    /// The children of a loaded directory; `Ok(None)` if not loaded yet.
+    pub(super) fn children(&self, ino: u64) -> Result<Option<&BTreeMap<Vec<u8>, u64>>> {
+        static EMPTY: BTreeMap<Vec<u8>, u64> = BTreeMap::new();
+        match &self.get(ino)?.body {
+            Body::Dir { children, .. } => Ok(children.as_ref()),
+            Body::Lower(e) if e.kind == Kind::Gitlink => Ok(Some(&EMPTY)),
+            _ => Err(Error::fs(Errno::NOTDIR, "not a directory")),
+        }
+    }
+
+    pub(super) fn child(&self, parent: u64, name: &[u8]) -> Result<u64> {
+        let ch = self.children(parent)?.ok_or_else(|| Error::NotFound("directory not loaded".into()))?;
+        ch.get(name).copied().ok_or_else(|| Error::NotFound(String::from_utf8_lossy(name).into_owned()))
+    }
+
+    pub(super) fn children_mut(&mut self, ino: u64) -> Result<&mut BTreeMap<Vec<u8>, u64>> {
+        match &mut self.get_mut(ino)?.body {
+            Body::Dir { children: Some(c), .. } => Ok(c),
+            Body::Lower(e) if e.kind == Kind::Gitlink => {
+                Err(Error::fs(Errno::PERM, "a submodule's directory cannot be changed"))
+            }
+            _ => Err(Error::fs(Errno::NOTDIR, "not a directory")),
+        }
+    }
+
+    /// Marks `ino` and every directory above it as changed. Clean
+    /// directories only ever sit below clean ones, so this stops at the
+    /// first directory already changed.
+    pub(super) fn dirty(&mut self, mut ino: u64) {
+        loop {
+            let Ok(n) = self.get_mut(ino) else { return };
+            n.version += 1;
+            if let Body::Dir { clean, .. } = &mut n.body {
+                if clean.is_none() && ino != ROOT_INO {
+                    // Already changed: its ancestors are too.
+                    return;
+                }
+                *clean = None;
+            }
+            if ino == ROOT_INO || n.parent == 0 {
+                return;
+            }
+            ino = n.parent;
+        }
+    }
+
+    /// A directory whose entries changed: new mtime, changed tree.
+    pub(super) fn touch_dir(&mut self, ino: u64) {
+        if let Ok(n) = self.get_mut(ino) {
+            n.mtime = now();
+        }
+        self.dirty(ino);
+    }
+
+    pub(super) fn is_ancestor(&self, a: u64, mut b: u64) -> bool {
+        loop {
+            if a == b {
+                return true;
+            }
+            match self.get(b) {
+                Ok(n) if b != ROOT_INO && n.parent != 0 => b = n.parent,
+                _ => return false,
+            }
+        }
+    }
+}
+
+impl SnapshotFs {
+    /// Takes back references counted for entries the kernel never got.
+    /// Unlike FORGET it tries no folding: a READDIRPLUS of a large
+    /// directory gives most of its entries back on every call, and
+    /// folding is judged on the next real FORGET.
+    pub fn uncount(&self, inos: &[u64]) {
+        let mut st = self.st_mut();
+        for ino in inos {
+            if let Ok(n) = st.get_mut(*ino) {
+                n.lookups = n.lookups.saturating_sub(1);
+            }
+            self.reap(&mut st, *ino);
+        }
+    }
+
+    /// Counts a new handle of `ino`. A node that was unlinked while no
+    /// handle held it is gone (its upper blob may be deleted already).
+    pub(super) fn count_open(&self, ino: u64) -> Result<()> {
+        let mut st = self.st_mut();
+        let n = st.get_mut(ino)?;
+        if ino != ROOT_INO && n.parent == 0 && n.opens == 0 {
+            return Err(Error::NotFound(format!("inode {ino} was removed")));
+        }
+        n.opens += 1;
+        Ok(())
+    }
+
+    /// A handle of `ino` was closed. The last close of an unlinked file
+    /// deletes its upper blob; a node neither open nor known to the kernel
+    /// any more is dropped.
+    pub fn release(&self, ino: u64) {
+        let mut st = self.st_mut();
+        let Ok(n) = st.get_mut(ino) else { return };
+        n.opens = n.opens.saturating_sub(1);
+        self.reap(&mut st, ino);
+    }
+
+    /// The kernel took `n` more references to `ino` (an entry reply, or an
+    /// entry of a READDIRPLUS reply).
+    pub fn note_lookup(&self, ino: u64, n: u64) {
+        if ino == ROOT_INO {
+            return;
+        }
+        if let Ok(node) = self.st_mut().get_mut(ino) {
+            node.lookups += n;
+        }
+    }
+
+    /// The kernel dropped `n` references to `ino` (FORGET).
+    pub fn forget(&self, ino: u64, n: u64) {
+        if ino == ROOT_INO {
+            return;
+        }
+        let mut st = self.st_mut();
+        let Ok(node) = st.get_mut(ino) else { return };
+        node.lookups = node.lookups.saturating_sub(n);
+        if node.parent == 0 {
+            self.reap(&mut st, ino);
+        } else {
+            let parent = node.parent;
+            self.collapse(&mut st, parent);
+        }
+    }
+
+    /// Drops a detached node nothing holds (and its blob, once no handle
+    /// has it open). Returns whether `ino` is gone.
+    pub(super) fn reap(&self, st: &mut State, ino: u64) -> bool {
+        let Ok(n) = st.get(ino) else { return true };
+        if ino == ROOT_INO || n.parent != 0 || n.opens > 0 {
+            return false;
+        }
+        if let Body::Upper { blob, .. } = n.body {
+            if let Ok(p) = self.blob_path(blob) {
+                let _ = std::fs::remove_file(p);
+            }
+        }
+        if n.lookups == 0 {
+            st.nodes.remove(&ino);
+            return true;
+        }
+        false
+    }
+
+    /// Folds the children of clean directory `dir` back into its tree id
+    /// when none of them is changed, open or known to the kernel: memory
+    /// follows what is changed or in use, not what was ever walked.
+    fn collapse(&self, st: &mut State, mut dir: u64) {
+        // Folding a directory makes it an idle leaf of its parent: go up
+        // while that folds too (`collapse_one` judges every child, the
+        // directory just folded included).
+        while dir != ROOT_INO && self.collapse_one(st, dir) {
+            // Only an attached directory folds, so it has a parent.
+            dir = match st.get(dir) {
+                Ok(n) => n.parent,
+                Err(_) => return,
+            };
+        }
+        if dir == ROOT_INO {
+            self.collapse_one(st, dir);
+        }
+    }
+
+    fn collapse_one(&self, st: &mut State, dir: u64) -> bool {
+        let Ok(Node { body: Body::Dir { clean: Some(id), children: Some(kids), .. }, .. }) = st.get(dir) else {
+            return false;
+        };
+        // Only a tree in memory can be unfolded again without waiting.
+        if self.tree_now(id).is_none() {
+            return false;
+        }
+        let idle = |c: &u64| {
+            st.get(*c).is_ok_and(|n| {
+                n.lookups == 0
+                    && n.opens == 0
+                    && !n.touched
+                    && matches!(n.body, Body::Lower(_) | Body::Dir { clean: Some(_), children: None, .. })
+            })
+        };
+        if !kids.values().all(idle) {
+            return false;
+        }
+        let kids: Vec<u64> = kids.values().copied().collect();
+        for k in kids {
+            st.nodes.remove(&k);
+        }
+        if let Ok(Node { body: Body::Dir { children, .. }, .. }) = st.get_mut(dir) {
+            *children = None;
+        }
+        true
+    }
+
+    /// How many nodes are in memory (for stats and memory tests).
+    pub fn node_count(&self) -> usize {
+        self.st().nodes.len()
+    }
+}

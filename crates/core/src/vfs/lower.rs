@@ -1,0 +1,312 @@
+//! Reads of the snapshot (the lower layer): loading a directory's tree
+//! into nodes, lookup, readdir, readlink, open and read, each bounded by
+//! the read timeout. The same paths serve a snapshot and a workspace.
+
+use super::*;
+
+impl SnapshotFs {
+    /// The tree of a directory, if already in memory.
+    pub(super) fn tree_now(&self, id: &Hash) -> Option<Arc<Tree>> {
+        self.trees.read().expect("trees lock").get(id).cloned()
+    }
+
+    async fn tree_by_id(&self, id: Hash, name: &str) -> Result<Arc<Tree>> {
+        if let Some(t) = self.tree_now(&id) {
+            return Ok(t);
+        }
+        let t = self.timed("reading a directory", self.fetcher.tree(id, name)).await?;
+        let t = Arc::new(t);
+        self.trees.write().expect("trees lock").insert(id, t.clone());
+        Ok(t)
+    }
+
+    /// Fills in the children of directory `ino` from `tree`.
+    fn expand(&self, st: &mut State, ino: u64, tree: &Tree) {
+        let Ok(n) = st.get(ino) else { return };
+        let Body::Dir { children: None, origin, .. } = &n.body else { return };
+        let origin = origin.clone();
+        let mut kids = BTreeMap::new();
+        for e in &tree.entries {
+            let o = origin.as_ref().map(|o| join(o, &e.name));
+            let mtime = o.as_deref().map(|o| self.base_mtime(o)).unwrap_or((self.time, 0));
+            let body = match e.kind {
+                Kind::Directory => Body::Dir { clean: Some(e.id), origin: o, children: None },
+                _ => Body::Lower(e.clone()),
+            };
+            let node = Node::new(ino, e.name.clone(), self.perm_of(e.kind), mtime, body);
+            kids.insert(e.name.clone(), st.push(node));
+        }
+        if let Ok(Node { body: Body::Dir { children, .. }, .. }) = st.get_mut(ino) {
+            *children = Some(kids);
+        }
+    }
+
+    /// Under the write lock: makes sure directory `ino`'s children are
+    /// loaded. A directory whose children were folded away (or never
+    /// loaded) has its tree in memory by then (`load` fetched it; folding
+    /// requires it), so this never waits; a request that raced a fold
+    /// sees the same children again.
+    pub(super) fn loaded(&self, st: &mut State, ino: u64) -> Result<()> {
+        if let Body::Dir { children: None, clean: Some(id), .. } = &st.get(ino)?.body {
+            let id = *id;
+            let t = self
+                .tree_now(&id)
+                .ok_or_else(|| Error::fs(Errno::IO, format!("the tree of inode {ino} left memory")))?;
+            self.expand(st, ino, &t);
+        }
+        Ok(())
+    }
+
+    /// Loads directory `ino`'s children if its tree is in memory:
+    /// `None` when it must be fetched first.
+    fn load_now(&self, ino: u64) -> Option<Result<()>> {
+        let id = {
+            let st = self.st();
+            match st.children(ino) {
+                Err(e) => return Some(Err(e)),
+                Ok(Some(_)) => return Some(Ok(())),
+                Ok(None) => match &st.get(ino).map(|n| &n.body) {
+                    Ok(Body::Dir { clean: Some(id), .. }) => *id,
+                    _ => return Some(Err(Error::NotFound(format!("inode {ino}")))),
+                },
+            }
+        };
+        let t = self.tree_now(&id)?;
+        let mut st = self.st_mut();
+        self.expand(&mut st, ino, &t);
+        Some(Ok(()))
+    }
+
+    /// Loads directory `ino`'s children, fetching its tree if needed.
+    pub(super) async fn load(&self, ino: u64) -> Result<()> {
+        loop {
+            if let Some(r) = self.load_now(ino) {
+                return r;
+            }
+            let (id, name) = {
+                let st = self.st();
+                let n = st.get(ino)?;
+                match &n.body {
+                    Body::Dir { clean: Some(id), .. } => (*id, String::from_utf8_lossy(&n.name).into_owned()),
+                    _ => return Err(Error::NotFound(format!("inode {ino}"))),
+                }
+            };
+            self.tree_by_id(id, &name).await?;
+        }
+    }
+
+    pub fn getattr(&self, ino: u64) -> Result<Attr> {
+        let st = self.st();
+        Ok(self.attr_of(ino, st.get(ino)?))
+    }
+
+    /// The child's attributes; with `count`, the kernel's reference to it
+    /// is counted under the same lock (so no fold can drop it between the
+    /// answer and the count).
+    fn lookup_loaded(&self, parent: u64, name: &[u8], count: bool) -> Result<Attr> {
+        let mut st = self.st_mut();
+        self.loaded(&mut st, parent)?;
+        let ino = st.child(parent, name)?;
+        let n = st.get_mut(ino)?;
+        if count {
+            n.lookups += 1;
+        }
+        Ok(self.attr_of(ino, n))
+    }
+
+    /// Lookup without waiting: `None` when the parent's tree is not in memory.
+    pub fn lookup_now(&self, parent: u64, name: &[u8]) -> Option<Result<Attr>> {
+        Some(self.load_now(parent)?.and_then(|_| self.lookup_loaded(parent, name, false)))
+    }
+
+    pub async fn lookup(&self, parent: u64, name: &[u8]) -> Result<Attr> {
+        self.load(parent).await?;
+        self.lookup_loaded(parent, name, false)
+    }
+
+    /// [`SnapshotFs::lookup_now`] for the kernel: the answer is a reference
+    /// it holds until FORGET.
+    pub fn lookup_now_counted(&self, parent: u64, name: &[u8]) -> Option<Result<Attr>> {
+        Some(self.load_now(parent)?.and_then(|_| self.lookup_loaded(parent, name, true)))
+    }
+
+    /// [`SnapshotFs::lookup`] for the kernel (see `lookup_now_counted`).
+    pub async fn lookup_counted(&self, parent: u64, name: &[u8]) -> Result<Attr> {
+        self.load(parent).await?;
+        self.lookup_loaded(parent, name, true)
+    }
+
+    /// The children with their attributes; those from index `count_from`
+    /// on are counted as references the kernel takes.
+    fn list(&self, ino: u64, count_from: Option<usize>) -> Result<DirList> {
+        let mut st = self.st_mut();
+        self.loaded(&mut st, ino)?;
+        let kids: Vec<(Vec<u8>, u64)> = st
+            .children(ino)?
+            .ok_or_else(|| Error::NotFound("directory not loaded".into()))?
+            .iter()
+            .map(|(n, c)| (n.clone(), *c))
+            .collect();
+        kids.into_iter()
+            .enumerate()
+            .map(|(i, (name, c))| {
+                let n = st.get_mut(c)?;
+                if count_from.is_some_and(|from| i >= from) {
+                    n.lookups += 1;
+                }
+                Ok((name, self.attr_of(c, n)))
+            })
+            .collect()
+    }
+
+    /// Entries of a directory with their attributes.
+    pub fn readdir_now(&self, ino: u64) -> Option<Result<DirList>> {
+        Some(self.load_now(ino)?.and_then(|_| self.list(ino, None)))
+    }
+
+    pub async fn readdir(&self, ino: u64) -> Result<DirList> {
+        self.load(ino).await?;
+        self.list(ino, None)
+    }
+
+    /// Entries for READDIRPLUS: those from index `from` on are references
+    /// the kernel may take, counted under the listing's lock; the caller
+    /// gives back ([`SnapshotFs::uncount`]) the ones that did not fit.
+    pub fn readdir_now_counted(&self, ino: u64, from: usize) -> Option<Result<DirList>> {
+        Some(self.load_now(ino)?.and_then(|_| self.list(ino, Some(from))))
+    }
+
+    /// [`SnapshotFs::readdir_now_counted`], fetching the tree if needed.
+    pub async fn readdir_counted(&self, ino: u64, from: usize) -> Result<DirList> {
+        self.load(ino).await?;
+        self.list(ino, Some(from))
+    }
+
+    /// The parent inode of a directory (for `..`).
+    pub fn parent_of(&self, ino: u64) -> u64 {
+        self.st().get(ino).map(|n| n.parent).ok().filter(|p| *p != 0).unwrap_or(ROOT_INO)
+    }
+
+    pub async fn readlink(&self, ino: u64) -> Result<Bytes> {
+        let body = self.st().get(ino)?.body.clone();
+        match body {
+            Body::Link(t) => Ok(Bytes::from(t)),
+            Body::Lower(e) if e.kind == Kind::Symlink => {
+                self.timed("reading a symlink", self.fetcher.content(&e, "")).await
+            }
+            _ => Err(Error::fs(Errno::INVAL, "not a symlink")),
+        }
+    }
+
+    /// Opens a file for reading: brings its content in (through its pack
+    /// on a cold read), so reads of a whole blob need no further request.
+    pub async fn open(&self, ino: u64) -> Result<OpenFile> {
+        let body = self.st().get(ino)?.body.clone();
+        let e = match body {
+            Body::Upper { .. } => {
+                let file = self.open_upper(ino, false)?;
+                return Ok(OpenFile::Upper { file, ino, writable: false });
+            }
+            Body::Lower(e) if matches!(e.kind, Kind::File | Kind::Executable) => e,
+            Body::Dir { .. } | Body::Lower(_) => return Err(Error::fs(Errno::ISDIR, "not a regular file")),
+            Body::Link(_) => return Err(Error::fs(Errno::LOOP, "a symlink")),
+        };
+        let path = String::from_utf8_lossy(&e.name).into_owned();
+        if e.chunked {
+            let manifest = self.timed("opening a file", self.fetcher.manifest(&e, &path)).await?;
+            let mut starts = Vec::with_capacity(manifest.chunks.len());
+            let mut at = 0;
+            for (len, _) in &manifest.chunks {
+                starts.push(at);
+                at += len;
+            }
+            let ino = self.is_writable().then_some(ino);
+            return Ok(OpenFile::Chunked { entry: e, manifest, starts, ino });
+        }
+        let data = self.timed("opening a file", self.fetcher.content(&e, &path)).await?;
+        let p = self.fetcher.cache.entry_path(&e.id);
+        let cache_path = p.exists().then_some(p);
+        self.count_open(ino)?;
+        Ok(OpenFile::Whole { data, cache_path, ino: self.is_writable().then_some(ino) })
+    }
+
+    /// `size` bytes at `offset` of an open file (fewer at the end).
+    pub async fn read(&self, f: &OpenFile, offset: u64, size: u32) -> Result<Bytes> {
+        self.reads.fetch_add(1, Relaxed);
+        if let OpenFile::Whole { ino: Some(ino), .. } | OpenFile::Chunked { ino: Some(ino), .. } = f {
+            // Opened from the lower layer: once another handle copied the
+            // file up, its bytes are the upper file's (a reader sees every
+            // completed write).
+            let blob = match &self.st().get(*ino)?.body {
+                Body::Upper { blob, .. } => Some(*blob),
+                _ => None,
+            };
+            if let Some(blob) = blob {
+                let p = self.blob_path(blob)?;
+                let file = std::fs::File::open(&p).map_err(Error::io(format!("opening {}", p.display())))?;
+                return read_upper(&file, offset, size);
+            }
+        }
+        match f {
+            OpenFile::Whole { data, .. } => {
+                let start = (offset as usize).min(data.len());
+                let end = (start + size as usize).min(data.len());
+                Ok(data.slice(start..end))
+            }
+            OpenFile::Upper { file, .. } => read_upper(file, offset, size),
+            OpenFile::Chunked { entry, manifest, starts, .. } => {
+                let end = (offset + size as u64).min(manifest.size);
+                if offset >= end {
+                    return Ok(Bytes::new());
+                }
+                let first = starts.partition_point(|s| *s <= offset) - 1;
+                let last = starts.partition_point(|s| *s < end) - 1;
+                let me = self.fetcher.clone();
+                let name = String::from_utf8_lossy(&entry.name).into_owned();
+                let parts: Vec<Bytes> = self
+                    .timed(
+                        "reading a file",
+                        futures::stream::iter((first..=last).map(|i| {
+                            let me = me.clone();
+                            let id = manifest.chunks[i].1;
+                            let name = name.clone();
+                            async move { me.get(Space::Objects, id, "chunk").await.map_err(|e| e.at_path(&name)) }
+                        }))
+                        .buffered(8)
+                        .try_collect(),
+                    )
+                    .await?;
+                let mut out = Vec::with_capacity((end - offset) as usize);
+                for (k, p) in parts.iter().enumerate() {
+                    let cs = starts[first + k];
+                    let from = offset.saturating_sub(cs) as usize;
+                    let to = ((end - cs) as usize).min(p.len());
+                    out.extend_from_slice(&p[from.min(to)..to]);
+                }
+                Ok(Bytes::from(out))
+            }
+        }
+    }
+
+    /// Loads every tree of the snapshot into memory (from the attached
+    /// index, or fetched level by level), so metadata needs no network.
+    pub async fn preload_trees(&self) -> Result<usize> {
+        let mut level = vec![self.root];
+        let mut n = 0;
+        while !level.is_empty() {
+            let trees: Vec<Arc<Tree>> = futures::stream::iter(level.iter().map(|id| self.tree_by_id(*id, "")))
+                .buffered(crate::store::CONCURRENCY)
+                .try_collect()
+                .await?;
+            n += trees.len();
+            level = trees
+                .iter()
+                .flat_map(|t| t.entries.iter().filter(|c| c.kind == Kind::Directory).map(|c| c.id))
+                .filter(|id| self.tree_now(id).is_none())
+                .collect();
+            level.sort();
+            level.dedup();
+        }
+        Ok(n)
+    }
+}

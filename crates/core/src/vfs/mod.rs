@@ -1,0 +1,313 @@
+//! A snapshot as a filesystem, with no FUSE in it: inodes, attributes,
+//! directory listings, reads and, for a workspace, writes. The FUSE
+//! adapter (crates/mount) only translates.
+//!
+//! **Read-only** ([`SnapshotFs::new`]): trees come inline with the pack
+//! index when one is attached, so lookup, getattr and readdir need no
+//! network after the mount is up; content is read through the fetcher (so
+//! through packs) and is immutable.
+//!
+//! **Read-write** ([`SnapshotFs::writable`]), for a workspace: the snapshot
+//! is the lazy lower layer and a local folder is the upper layer. Nodes
+//! live in memory; a directory stays a bare tree id until something looks
+//! into it. A file is copied up (its content written to `upper/<n>`) on the
+//! first open for writing or truncate; created files live there from the
+//! start. Every change clears the "clean" tree id of the directories above
+//! it, so a checkpoint ([`SnapshotFs::build`]) re-hashes only files written
+//! since the last one and re-encodes only the directories on their paths:
+//! its cost follows the changes, not the tree. Mtimes are kept per node
+//! and go to the snapshot's stat object, never into trees.
+//!
+//! A read that cannot finish within `read_timeout` fails (EIO) rather than
+//! hanging its caller; other files keep being served.
+//!
+//! Parts: `inode` (the table, references, folding), `lower` (snapshot
+//! reads), `overlay` (writes and copy-up, workspace only), `build`
+//! (checkpoint) and `saved` (the state file).
+
+use std::collections::{BTreeMap, HashMap};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
+use rustix::io::Errno;
+
+use crate::cache::DiskCache;
+use crate::error::{Error, Result};
+use crate::fetch::Fetcher;
+use crate::hash::Hash;
+use crate::import::Staged;
+use crate::object::{check_name, ChunkManifest, Entry, Kind, Tree};
+use crate::store::Space;
+use crate::workspace::StatObject;
+
+mod build;
+mod inode;
+mod lower;
+mod overlay;
+mod saved;
+#[cfg(test)]
+mod tests;
+
+pub use build::Built;
+use inode::{Body, Node, State};
+use overlay::read_upper;
+
+pub const ROOT_INO: u64 = 1;
+
+/// A directory listing: names with attributes.
+pub type DirList = Vec<(Vec<u8>, Attr)>;
+/// Default bound on one read's wait for the network.
+pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NodeKind {
+    Dir,
+    File,
+    Symlink,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Attr {
+    pub ino: u64,
+    pub kind: NodeKind,
+    pub size: u64,
+    pub perm: u16,
+    pub nlink: u32,
+    /// Seconds since the epoch and nanoseconds.
+    pub mtime: i64,
+    pub mtime_ns: u32,
+}
+
+/// An open file: its content source.
+pub enum OpenFile {
+    /// A whole blob, with the cache file holding it (for passthrough).
+    /// `ino` is set on a read-write mount, where the file may be copied up
+    /// and written through another handle while this one is open.
+    Whole { data: Bytes, cache_path: Option<PathBuf>, ino: Option<u64> },
+    /// A chunked file: chunks are read as ranges are asked for.
+    Chunked { entry: Entry, manifest: ChunkManifest, starts: Vec<u64>, ino: Option<u64> },
+    /// A file of the upper layer, read (and written) in place.
+    Upper { file: std::fs::File, ino: u64, writable: bool },
+}
+
+/// The upper layer of a read-write mount.
+struct Upper {
+    dir: PathBuf,
+    /// Mtimes of the base snapshot by path (origins refer to it).
+    base_stat: BTreeMap<Vec<u8>, (i64, u32)>,
+    base_stat_id: Option<Hash>,
+    /// Woken on every change (the daemon saves the state when woken).
+    changed: Arc<tokio::sync::Notify>,
+    changes: AtomicU64,
+}
+
+pub struct SnapshotFs {
+    fetcher: Arc<Fetcher>,
+    root: Hash,
+    time: i64,
+    state: RwLock<State>,
+    trees: RwLock<HashMap<Hash, Arc<Tree>>>,
+    upper: Option<RwLock<Upper>>,
+    /// Bound on one read's wait for the network, in milliseconds.
+    read_timeout_ms: AtomicU64,
+    /// Reads served (for stats).
+    reads: AtomicU64,
+}
+
+/// Attributes a caller may set (`None`: leave as is).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SetAttr {
+    pub size: Option<u64>,
+    pub mode: Option<u32>,
+    pub mtime: Option<(i64, u32)>,
+}
+
+fn timeout_err(what: &str, t: Duration) -> Error {
+    Error::Io {
+        context: format!("{what}: the store did not answer within {} s", t.as_secs()),
+        source: std::io::Error::from(std::io::ErrorKind::TimedOut),
+    }
+}
+
+fn now() -> (i64, u32) {
+    let d = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    (d.as_secs() as i64, d.subsec_nanos())
+}
+
+fn join(dir: &[u8], name: &[u8]) -> Vec<u8> {
+    if dir.is_empty() {
+        name.to_vec()
+    } else {
+        [dir, b"/", name].concat()
+    }
+}
+
+fn read_only() -> Error {
+    Error::fs(Errno::ROFS, "the snapshot is mounted read-only")
+}
+
+fn file_kind(perm: u16) -> Kind {
+    if perm & 0o111 != 0 {
+        Kind::Executable
+    } else {
+        Kind::File
+    }
+}
+
+impl SnapshotFs {
+    /// The read-only filesystem of tree `root`.
+    pub fn new(fetcher: Arc<Fetcher>, root: Hash, time: i64) -> SnapshotFs {
+        Self::with_state(fetcher, root, time, None, Self::fresh(root, (time, 0), 0o555))
+    }
+
+    /// A read-write filesystem over tree `root`, with its upper layer in
+    /// `upper_dir` and the mtimes of `base_stat` (the snapshot's stat object).
+    pub fn writable(
+        fetcher: Arc<Fetcher>,
+        root: Hash,
+        time: i64,
+        upper_dir: PathBuf,
+        base_stat: Option<(Hash, StatObject)>,
+    ) -> Result<SnapshotFs> {
+        std::fs::create_dir_all(&upper_dir).map_err(Error::io(format!("creating {}", upper_dir.display())))?;
+        let (id, map) = match base_stat {
+            Some((id, s)) => (Some(id), s.entries.into_iter().map(|(p, s, n)| (p, (s, n))).collect()),
+            None => (None, BTreeMap::new()),
+        };
+        let mtime = map.get(&Vec::new()).copied().unwrap_or((time, 0));
+        let upper = Upper {
+            dir: upper_dir,
+            base_stat: map,
+            base_stat_id: id,
+            changed: Arc::new(tokio::sync::Notify::new()),
+            changes: AtomicU64::new(0),
+        };
+        Ok(Self::with_state(fetcher, root, time, Some(upper), Self::fresh(root, mtime, 0o755)))
+    }
+
+    fn fresh(root: Hash, mtime: (i64, u32), perm: u16) -> State {
+        let body = Body::Dir { clean: Some(root), origin: Some(Vec::new()), children: None };
+        State::with_root(Node::new(ROOT_INO, Vec::new(), perm, mtime, body))
+    }
+
+    fn with_state(fetcher: Arc<Fetcher>, root: Hash, time: i64, upper: Option<Upper>, st: State) -> SnapshotFs {
+        SnapshotFs {
+            fetcher,
+            root,
+            time,
+            state: RwLock::new(st),
+            trees: RwLock::new(HashMap::new()),
+            upper: upper.map(RwLock::new),
+            read_timeout_ms: AtomicU64::new(DEFAULT_READ_TIMEOUT.as_millis() as u64),
+            reads: AtomicU64::new(0),
+        }
+    }
+
+    pub fn fetcher(&self) -> &Arc<Fetcher> {
+        &self.fetcher
+    }
+
+    pub fn set_read_timeout(&self, t: Duration) {
+        self.read_timeout_ms.store(t.as_millis() as u64, Relaxed);
+    }
+
+    fn read_timeout(&self) -> Duration {
+        Duration::from_millis(self.read_timeout_ms.load(Relaxed))
+    }
+
+    pub fn is_writable(&self) -> bool {
+        self.upper.is_some()
+    }
+
+    pub fn reads(&self) -> u64 {
+        self.reads.load(Relaxed)
+    }
+
+    /// Woken on every change of a read-write mount.
+    pub fn change_notifier(&self) -> Option<Arc<tokio::sync::Notify>> {
+        self.upper.as_ref().map(|u| u.read().expect("upper lock").changed.clone())
+    }
+
+    /// Changes since the mount started (0 when read-only).
+    pub fn changes(&self) -> u64 {
+        self.upper.as_ref().map(|u| u.read().expect("upper lock").changes.load(Relaxed)).unwrap_or(0)
+    }
+
+    fn changed(&self) {
+        if let Some(u) = &self.upper {
+            let u = u.read().expect("upper lock");
+            u.changes.fetch_add(1, Relaxed);
+            u.changed.notify_one();
+        }
+    }
+
+    /// The one place that decides read-only: every change goes through
+    /// here and is refused (EROFS) when there is no overlay.
+    fn overlay(&self) -> Result<std::sync::RwLockReadGuard<'_, Upper>> {
+        Ok(self.upper.as_ref().ok_or_else(read_only)?.read().expect("upper lock"))
+    }
+
+    fn writable_only(&self) -> Result<()> {
+        self.overlay().map(drop)
+    }
+
+    fn upper_dir(&self) -> Result<PathBuf> {
+        Ok(self.overlay()?.dir.clone())
+    }
+
+    fn blob_path(&self, blob: u64) -> Result<PathBuf> {
+        Ok(self.upper_dir()?.join(blob.to_string()))
+    }
+
+    fn st(&self) -> std::sync::RwLockReadGuard<'_, State> {
+        self.state.read().expect("state lock")
+    }
+
+    fn st_mut(&self) -> std::sync::RwLockWriteGuard<'_, State> {
+        self.state.write().expect("state lock")
+    }
+
+    fn attr_of(&self, ino: u64, n: &Node) -> Attr {
+        let (kind, size, nlink) = match &n.body {
+            Body::Dir { .. } => (NodeKind::Dir, 0, 2),
+            Body::Lower(e) => match e.kind {
+                Kind::Directory | Kind::Gitlink => (NodeKind::Dir, 0, 2),
+                Kind::Symlink => (NodeKind::Symlink, e.size, 1),
+                Kind::File | Kind::Executable => (NodeKind::File, e.size, 1),
+            },
+            Body::Upper { size, .. } => (NodeKind::File, *size, 1),
+            Body::Link(t) => (NodeKind::Symlink, t.len() as u64, 1),
+        };
+        let perm = if kind == NodeKind::Symlink { 0o777 } else { n.perm };
+        Attr { ino, kind, size, perm, nlink, mtime: n.mtime.0, mtime_ns: n.mtime.1 }
+    }
+
+    /// The permission bits a lower entry shows.
+    fn perm_of(&self, k: Kind) -> u16 {
+        let ro = self.upper.is_none();
+        match (k, ro) {
+            (Kind::File, true) => 0o444,
+            (Kind::File, false) => 0o644,
+            (Kind::Symlink, _) => 0o777,
+            (_, true) => 0o555,
+            (_, false) => 0o755,
+        }
+    }
+
+    fn base_mtime(&self, origin: &[u8]) -> (i64, u32) {
+        self.upper
+            .as_ref()
+            .and_then(|u| u.read().expect("upper lock").base_stat.get(origin).copied())
+            .unwrap_or((self.time, 0))
+    }
+
+    async fn timed<T>(&self, what: &str, fut: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+        let t = self.read_timeout();
+        tokio::time::timeout(t, fut).await.map_err(|_| timeout_err(what, t))?
+    }
+}

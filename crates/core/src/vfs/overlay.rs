@@ -1,0 +1,358 @@
+//! The overlay of a workspace: copy-up, writes, truncate and chmod,
+//! create, mkdir, symlink, unlink, rmdir and rename. Only a read-write
+//! filesystem has one; every entry point here refuses with EROFS
+//! otherwise (`SnapshotFs::overlay` decides).
+
+use super::*;
+
+/// The mode of a file's upper copy: the file's own permission bits (a
+/// 0600 file stays 0600 on the disk too), plus what the daemon needs to
+/// read and write it.
+fn upper_mode(perm: u16) -> u32 {
+    (perm as u32 & 0o777) | 0o600
+}
+fn write_upper(p: &Path, data: &[u8], perm: u16) -> Result<()> {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(upper_mode(perm))
+        .open(p)
+        .map_err(Error::io(format!("writing {}", p.display())))?;
+    f.write_all(data).map_err(Error::io(format!("writing {}", p.display())))
+}
+pub(super) fn read_upper(file: &std::fs::File, offset: u64, size: u32) -> Result<Bytes> {
+    let mut buf = vec![0u8; size as usize];
+    let mut got = 0;
+    while got < buf.len() {
+        match file.read_at(&mut buf[got..], offset + got as u64) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(Error::io("reading the upper layer")(e)),
+        }
+    }
+    buf.truncate(got);
+    Ok(Bytes::from(buf))
+}
+
+impl SnapshotFs {
+    /// Opens the upper file of `ino` and counts the handle, under the lock
+    /// that unlink takes: the blob cannot go between the check and the open.
+    pub(super) fn open_upper(&self, ino: u64, write: bool) -> Result<std::fs::File> {
+        let mut st = self.st_mut();
+        let n = st.get_mut(ino)?;
+        if ino != ROOT_INO && n.parent == 0 && n.opens == 0 {
+            return Err(Error::NotFound(format!("inode {ino} was removed")));
+        }
+        let Body::Upper { blob, .. } = n.body else {
+            return Err(Error::fs(Errno::NOENT, "the file changed while it was being opened"));
+        };
+        let p = self.blob_path(blob)?;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(write)
+            .open(&p)
+            .map_err(Error::io(format!("opening {}", p.display())))?;
+        n.opens += 1;
+        Ok(file)
+    }
+
+    /// Opens a file for writing (copying it up first).
+    pub async fn open_for_write(&self, ino: u64) -> Result<OpenFile> {
+        self.copy_up(ino).await?;
+        let file = self.open_upper(ino, true)?;
+        Ok(OpenFile::Upper { file, ino, writable: true })
+    }
+
+    /// Makes `ino` a file of the upper layer; returns its blob number.
+    async fn copy_up(&self, ino: u64) -> Result<u64> {
+        self.writable_only()?;
+        let e = match self.st().get(ino)?.body.clone() {
+            Body::Upper { blob, .. } => return Ok(blob),
+            Body::Lower(e) if matches!(e.kind, Kind::File | Kind::Executable) => e,
+            Body::Dir { .. } | Body::Lower(_) => return Err(Error::fs(Errno::ISDIR, "not a regular file")),
+            Body::Link(_) => return Err(Error::fs(Errno::LOOP, "a symlink")),
+        };
+        let name = String::from_utf8_lossy(&e.name).into_owned();
+        let data = self.timed("copying a file up", self.fetcher.content(&e, &name)).await?;
+        let blob = self.new_blob()?;
+        let p = self.blob_path(blob)?;
+        let perm = self.st().get(ino)?.perm;
+        write_upper(&p, &data, perm)?;
+        let mut st = self.st_mut();
+        let n = st.get_mut(ino)?;
+        match &n.body {
+            Body::Lower(cur) if cur.id == e.id => {
+                n.body = Body::Upper { blob, size: data.len() as u64, clean: Some((e.id, e.chunked)) };
+                drop(st);
+                self.changed();
+                Ok(blob)
+            }
+            Body::Upper { blob: b, .. } => {
+                // Another open copied it up first.
+                let b = *b;
+                drop(st);
+                let _ = std::fs::remove_file(&p);
+                Ok(b)
+            }
+            _ => Err(Error::fs(Errno::NOENT, "the file changed while it was being copied up")),
+        }
+    }
+
+    fn new_blob(&self) -> Result<u64> {
+        let mut st = self.st_mut();
+        st.next_blob += 1;
+        Ok(st.next_blob - 1)
+    }
+
+    /// Writes `data` at `offset` of a file opened for writing.
+    pub fn write(&self, f: &OpenFile, offset: u64, data: &[u8]) -> Result<u32> {
+        let OpenFile::Upper { file, ino, writable: true } = f else {
+            return Err(Error::fs(Errno::BADF, "the file is not open for writing"));
+        };
+        file.write_all_at(data, offset).map_err(Error::io("writing to the upper layer"))?;
+        let mut st = self.st_mut();
+        let n = st.get_mut(*ino)?;
+        if let Body::Upper { size, clean, .. } = &mut n.body {
+            *size = (*size).max(offset + data.len() as u64);
+            *clean = None;
+        }
+        n.mtime = now();
+        st.dirty(*ino);
+        drop(st);
+        self.changed();
+        Ok(data.len() as u32)
+    }
+
+    /// chmod, truncate and utimes.
+    pub async fn setattr(&self, ino: u64, a: SetAttr) -> Result<Attr> {
+        self.writable_only()?;
+        if let Some(size) = a.size {
+            let blob = self.copy_up(ino).await?;
+            let p = self.blob_path(blob)?;
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&p)
+                .map_err(Error::io(format!("opening {}", p.display())))?;
+            f.set_len(size).map_err(Error::io(format!("truncating {}", p.display())))?;
+            let mut st = self.st_mut();
+            let n = st.get_mut(ino)?;
+            if let Body::Upper { size: s, clean, .. } = &mut n.body {
+                *s = size;
+                *clean = None;
+            }
+            n.mtime = now();
+            st.dirty(ino);
+        }
+        {
+            let mut st = self.st_mut();
+            let n = st.get_mut(ino)?;
+            if a.mode.is_some() || a.mtime.is_some() {
+                n.touched = true;
+            }
+            if let Some(mode) = a.mode {
+                let before = n.perm & 0o111 != 0;
+                n.perm = (mode & 0o7777) as u16;
+                if let Body::Upper { blob, .. } = n.body {
+                    // The upper copy follows (best effort: the node is what counts).
+                    if let Ok(p) = self.blob_path(blob) {
+                        use std::os::unix::fs::PermissionsExt;
+                        let _ = std::fs::set_permissions(p, std::fs::Permissions::from_mode(upper_mode(n.perm)));
+                    }
+                }
+                let is_file = matches!(&n.body, Body::Upper { .. })
+                    || matches!(&n.body, Body::Lower(e) if matches!(e.kind, Kind::File | Kind::Executable));
+                if is_file && before != (n.perm & 0o111 != 0) {
+                    // The exec bit is in the tree entry.
+                    st.dirty(ino);
+                }
+            }
+            if let Some(t) = a.mtime {
+                st.get_mut(ino)?.mtime = t;
+            }
+        }
+        self.changed();
+        self.getattr(ino)
+    }
+
+    /// Adds node `n` named `name` to directory `parent`.
+    async fn insert(&self, parent: u64, name: &[u8], n: impl FnOnce(u64) -> Node) -> Result<Attr> {
+        self.writable_only()?;
+        check_name(name).map_err(|m| Error::fs(Errno::INVAL, m))?;
+        self.load(parent).await?;
+        let mut st = self.st_mut();
+        self.loaded(&mut st, parent)?;
+        if st.children_mut(parent)?.contains_key(name) {
+            return Err(Error::fs(Errno::EXIST, String::from_utf8_lossy(name).into_owned()));
+        }
+        let ino = st.push(n(parent));
+        st.children_mut(parent)?.insert(name.to_vec(), ino);
+        st.touch_dir(parent);
+        let a = self.attr_of(ino, st.get(ino)?);
+        drop(st);
+        self.changed();
+        Ok(a)
+    }
+
+    /// Creates an empty file and opens it for writing.
+    pub async fn create(&self, parent: u64, name: &[u8], mode: u32) -> Result<(Attr, OpenFile)> {
+        let blob = self.new_blob()?;
+        let p = self.blob_path(blob)?;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(upper_mode(mode as u16))
+            .open(&p)
+            .map_err(Error::io(format!("creating {}", p.display())))?;
+        let node = |parent| {
+            let mut n = Node::new(
+                parent,
+                name.to_vec(),
+                (mode & 0o7777) as u16,
+                now(),
+                Body::Upper { blob, size: 0, clean: None },
+            );
+            // Created open: the handle is released like any other.
+            n.opens = 1;
+            n
+        };
+        match self.insert(parent, name, node).await {
+            Ok(a) => Ok((a, OpenFile::Upper { file, ino: a.ino, writable: true })),
+            Err(e) => {
+                let _ = std::fs::remove_file(&p);
+                Err(e)
+            }
+        }
+    }
+
+    pub async fn mkdir(&self, parent: u64, name: &[u8], mode: u32) -> Result<Attr> {
+        let body = Body::Dir { clean: None, origin: None, children: Some(BTreeMap::new()) };
+        self.insert(parent, name, |parent| Node::new(parent, name.to_vec(), (mode & 0o7777) as u16, now(), body)).await
+    }
+
+    pub async fn symlink(&self, parent: u64, name: &[u8], target: &[u8]) -> Result<Attr> {
+        if target.is_empty() || target.contains(&0) {
+            return Err(Error::fs(Errno::INVAL, "empty symlink target"));
+        }
+        let body = Body::Link(target.to_vec());
+        self.insert(parent, name, |parent| Node::new(parent, name.to_vec(), 0o777, now(), body)).await
+    }
+
+    /// Detaches `ino` (already removed from its parent's children); its
+    /// upper blob goes now, or with the last handle still open on it.
+    fn detach(&self, st: &mut State, ino: u64) {
+        if let Ok(n) = st.get_mut(ino) {
+            n.parent = 0;
+        }
+        self.reap(st, ino);
+    }
+
+    fn is_dir_body(b: &Body) -> bool {
+        matches!(b, Body::Dir { .. }) || matches!(b, Body::Lower(e) if e.kind == Kind::Gitlink)
+    }
+
+    /// Whether `ino` may go as a directory (`as_dir`: rmdir, or replaced by
+    /// a directory) or as a non-directory (unlink, or replaced by a file):
+    /// the kinds must agree and a directory must be empty (and loaded).
+    fn may_remove(st: &State, ino: u64, as_dir: bool) -> Result<()> {
+        match (as_dir, Self::is_dir_body(&st.get(ino)?.body)) {
+            (true, false) => Err(Error::fs(Errno::NOTDIR, "not a directory")),
+            (false, true) => Err(Error::fs(Errno::ISDIR, "a directory")),
+            (true, true) if st.children(ino)?.is_some_and(|c| !c.is_empty()) => {
+                Err(Error::fs(Errno::NOTEMPTY, "directory not empty"))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    pub async fn unlink(&self, parent: u64, name: &[u8]) -> Result<()> {
+        self.remove(parent, name, false).await
+    }
+
+    pub async fn rmdir(&self, parent: u64, name: &[u8]) -> Result<()> {
+        self.remove(parent, name, true).await
+    }
+
+    async fn remove(&self, parent: u64, name: &[u8], dir: bool) -> Result<()> {
+        self.writable_only()?;
+        self.load(parent).await?;
+        let ino = self.st().child(parent, name)?;
+        if dir && matches!(self.st().get(ino)?.body, Body::Dir { .. }) {
+            self.load(ino).await?;
+        }
+        let mut st = self.st_mut();
+        self.loaded(&mut st, parent)?;
+        let ino = st.child(parent, name)?;
+        if dir && matches!(st.get(ino)?.body, Body::Dir { .. }) {
+            // Its emptiness is judged on its loaded children, never on a
+            // folded directory.
+            self.loaded(&mut st, ino)?;
+        }
+        Self::may_remove(&st, ino, dir)?;
+        st.children_mut(parent)?.remove(name);
+        self.detach(&mut st, ino);
+        st.touch_dir(parent);
+        drop(st);
+        self.changed();
+        Ok(())
+    }
+
+    /// Moves `parent/name` to `new_parent/new_name`, replacing a file or an
+    /// empty directory there (unless `no_replace`).
+    pub async fn rename(
+        &self,
+        parent: u64,
+        name: &[u8],
+        new_parent: u64,
+        new_name: &[u8],
+        no_replace: bool,
+    ) -> Result<()> {
+        self.writable_only()?;
+        check_name(new_name).map_err(|m| Error::fs(Errno::INVAL, m))?;
+        self.load(parent).await?;
+        self.load(new_parent).await?;
+        let target = self.st().child(new_parent, new_name).ok();
+        if let Some(t) = target {
+            if matches!(self.st().get(t)?.body, Body::Dir { .. }) {
+                self.load(t).await?;
+            }
+        }
+        let mut st = self.st_mut();
+        self.loaded(&mut st, parent)?;
+        self.loaded(&mut st, new_parent)?;
+        if let Ok(t) = st.child(new_parent, new_name) {
+            if matches!(st.get(t)?.body, Body::Dir { .. }) {
+                self.loaded(&mut st, t)?;
+            }
+        }
+        let src = st.child(parent, name)?;
+        let src_dir = Self::is_dir_body(&st.get(src)?.body);
+        if src_dir && st.is_ancestor(src, new_parent) {
+            return Err(Error::fs(Errno::INVAL, "cannot move a directory into itself"));
+        }
+        if let Ok(t) = st.child(new_parent, new_name) {
+            if t == src {
+                return Ok(());
+            }
+            if no_replace {
+                return Err(Error::fs(Errno::EXIST, String::from_utf8_lossy(new_name).into_owned()));
+            }
+            Self::may_remove(&st, t, src_dir)?;
+            st.children_mut(new_parent)?.remove(new_name);
+            self.detach(&mut st, t);
+        }
+        st.children_mut(parent)?.remove(name);
+        st.children_mut(new_parent)?.insert(new_name.to_vec(), src);
+        let n = st.get_mut(src)?;
+        n.parent = new_parent;
+        n.name = new_name.to_vec();
+        st.touch_dir(parent);
+        st.touch_dir(new_parent);
+        drop(st);
+        self.changed();
+        Ok(())
+    }
+}

@@ -1,0 +1,240 @@
+//! The saved state of a workspace mount (`overlay.state`, format in
+//! docs/FORMAT.md): what a restarted or killed daemon picks up.
+
+use super::*;
+
+// ---- The saved state of a read-write mount (`overlay.state`) ----
+//
+// Flat and checksummed (docs/FORMAT.md, "Overlay state"): one record per
+// node in memory, parents before children, each naming its parent by
+// record index, so no depth of directories can make it unreadable, and a
+// torn or rotten file reads as corrupt, never as an empty overlay.
+
+const OVERLAY_MAGIC: &[u8; 4] = b"MADV";
+const OVERLAY_VERSION: u8 = 2;
+/// Node bodies in the saved state.
+const REC_DIR: u8 = 0;
+const REC_LOWER: u8 = 1;
+const REC_UPPER: u8 = 2;
+const REC_LINK: u8 = 3;
+fn put_opt_hash(out: &mut Vec<u8>, h: Option<Hash>) {
+    match h {
+        None => out.push(0),
+        Some(h) => {
+            out.push(1);
+            out.extend_from_slice(h.as_bytes());
+        }
+    }
+}
+fn opt_hash(r: &mut crate::codec::Reader) -> std::result::Result<Option<Hash>, crate::codec::DecodeError> {
+    match r.u8()? {
+        0 => Ok(None),
+        1 => Ok(Some(r.hash()?)),
+        f => Err(crate::codec::DecodeError::Invalid(format!("bad flag {f}"))),
+    }
+}
+fn state_err(e: impl std::fmt::Display) -> Error {
+    Error::User(format!(
+        "the saved state of this workspace mount is unreadable ({e}); its upper files are kept; \
+         checkpoint from a backup of the state folder or remove it to start from the last checkpoint"
+    ))
+}
+/// The header of a saved state: what must be fetched before loading it.
+struct SavedHeader {
+    root: Hash,
+    time: i64,
+    base_stat: Option<Hash>,
+    next_blob: u64,
+}
+
+impl SnapshotFs {
+    /// The state of a read-write mount, for [`SnapshotFs::load_state`].
+    pub fn save_state(&self) -> Result<Vec<u8>> {
+        use crate::codec::{put_bytes, put_varint};
+        let u = self.overlay()?;
+        let st = self.st();
+        let mut out = Vec::with_capacity(64 + st.nodes.len() * 64);
+        out.extend_from_slice(OVERLAY_MAGIC);
+        out.push(OVERLAY_VERSION);
+        out.extend_from_slice(self.root.as_bytes());
+        out.extend_from_slice(&self.time.to_le_bytes());
+        put_opt_hash(&mut out, u.base_stat_id);
+        put_varint(&mut out, st.next_blob);
+        // Pre-order, iteratively: (ino, index of its parent's record).
+        let mut records: Vec<(u64, u64)> = Vec::new();
+        let mut stack = vec![(ROOT_INO, 0u64)];
+        while let Some((ino, parent)) = stack.pop() {
+            let me = records.len() as u64;
+            records.push((ino, parent));
+            if let Body::Dir { children: Some(c), .. } = &st.get(ino)?.body {
+                stack.extend(c.values().rev().map(|k| (*k, me)));
+            }
+        }
+        put_varint(&mut out, records.len() as u64);
+        for (ino, parent) in records {
+            let n = st.get(ino)?;
+            put_varint(&mut out, parent);
+            put_bytes(&mut out, &n.name);
+            put_varint(&mut out, n.perm as u64);
+            out.extend_from_slice(&n.mtime.0.to_le_bytes());
+            put_varint(&mut out, n.mtime.1 as u64);
+            match &n.body {
+                Body::Dir { clean, origin, children } => {
+                    out.push(REC_DIR);
+                    put_opt_hash(&mut out, *clean);
+                    match origin {
+                        None => out.push(0),
+                        Some(o) => {
+                            out.push(1);
+                            put_bytes(&mut out, o);
+                        }
+                    }
+                    out.push(children.is_some() as u8);
+                }
+                Body::Lower(e) => {
+                    out.push(REC_LOWER);
+                    out.push(e.kind as u8);
+                    out.push(e.chunked as u8);
+                    put_varint(&mut out, e.size);
+                    out.extend_from_slice(e.id.as_bytes());
+                }
+                Body::Upper { blob, size, .. } => {
+                    out.push(REC_UPPER);
+                    put_varint(&mut out, *blob);
+                    put_varint(&mut out, *size);
+                }
+                Body::Link(t) => {
+                    out.push(REC_LINK);
+                    put_bytes(&mut out, t);
+                }
+            }
+        }
+        let sum = Hash::of(&out);
+        out.extend_from_slice(sum.as_bytes());
+        Ok(out)
+    }
+
+    fn saved_header(bytes: &[u8]) -> Result<(SavedHeader, crate::codec::Reader<'_>)> {
+        if bytes.len() < 4 + 32 || !bytes.starts_with(OVERLAY_MAGIC) {
+            return Err(state_err("not an overlay state"));
+        }
+        let (body, sum) = bytes.split_at(bytes.len() - 32);
+        if Hash::of(body).as_bytes() != sum {
+            return Err(state_err("checksum mismatch: the file is torn or corrupt"));
+        }
+        let mut r = crate::codec::Reader::new(body);
+        let h = (|| {
+            r.magic(OVERLAY_MAGIC)?;
+            r.version("overlay state", OVERLAY_VERSION)?;
+            let root = r.hash()?;
+            let time = r.i64_le()?;
+            let base_stat = opt_hash(&mut r)?;
+            let next_blob = r.varint()?;
+            Ok::<_, crate::codec::DecodeError>(SavedHeader { root, time, base_stat, next_blob })
+        })()
+        .map_err(state_err)?;
+        Ok((h, r))
+    }
+
+    /// The base stat object id a saved state refers to (to fetch it
+    /// before [`SnapshotFs::load_state`]).
+    pub fn saved_base_stat(bytes: &[u8]) -> Result<Option<Hash>> {
+        Ok(Self::saved_header(bytes)?.0.base_stat)
+    }
+
+    /// Restores a read-write mount from its saved state. Files of the
+    /// upper layer are re-hashed at the next checkpoint (a crash may have
+    /// come between a write and the last save).
+    pub fn load_state(
+        fetcher: Arc<Fetcher>,
+        bytes: &[u8],
+        upper_dir: PathBuf,
+        base_stat: Option<(Hash, StatObject)>,
+    ) -> Result<SnapshotFs> {
+        use crate::codec::DecodeError;
+        let (h, mut r) = Self::saved_header(bytes)?;
+        let fs = SnapshotFs::writable(fetcher, h.root, h.time, upper_dir, base_stat)?;
+        let mut st = State { nodes: HashMap::new(), next_ino: ROOT_INO, next_blob: h.next_blob };
+        let n = r.count(16).map_err(state_err)?;
+        // Record index -> inode (records are numbered 0.., inodes 1..).
+        let mut inos: Vec<u64> = Vec::with_capacity(n);
+        let mut holders = Vec::new();
+        for i in 0..n {
+            let rec = (|| {
+                let parent = r.varint()?;
+                let name = r.bytes()?.to_vec();
+                let perm = r.varint()? as u16;
+                let mtime = (r.i64_le()?, r.varint()? as u32);
+                let body = match r.u8()? {
+                    REC_DIR => {
+                        let clean = opt_hash(&mut r)?;
+                        let origin = match r.u8()? {
+                            0 => None,
+                            1 => Some(r.bytes()?.to_vec()),
+                            f => return Err(DecodeError::Invalid(format!("bad origin flag {f}"))),
+                        };
+                        let loaded = r.u8()? != 0;
+                        if !loaded && clean.is_none() {
+                            return Err(DecodeError::Invalid("an unloaded directory without a tree".into()));
+                        }
+                        Body::Dir { clean, origin, children: loaded.then(BTreeMap::new) }
+                    }
+                    REC_LOWER => {
+                        let k = r.u8()?;
+                        let kind = [Kind::File, Kind::Executable, Kind::Symlink, Kind::Directory, Kind::Gitlink]
+                            .into_iter()
+                            .find(|x| *x as u8 == k)
+                            .ok_or_else(|| DecodeError::Invalid(format!("unknown kind {k}")))?;
+                        let chunked = r.u8()? != 0;
+                        let size = r.varint()?;
+                        let id = r.hash()?;
+                        Body::Lower(Entry { name: name.clone(), kind, chunked, size, id })
+                    }
+                    REC_UPPER => Body::Upper { blob: r.varint()?, size: r.varint()?, clean: None },
+                    REC_LINK => Body::Link(r.bytes()?.to_vec()),
+                    t => return Err(DecodeError::Invalid(format!("unknown record type {t}"))),
+                };
+                Ok((parent, name, perm, mtime, body))
+            })()
+            .map_err(state_err)?;
+            let (parent, name, perm, mtime, body) = rec;
+            let is_upper = matches!(body, Body::Upper { .. });
+            let ino = if i == 0 {
+                st.next_ino = ROOT_INO;
+                st.push(Node::new(ROOT_INO, name, perm, mtime, body))
+            } else {
+                let p = *inos
+                    .get(parent as usize)
+                    .filter(|_| (parent as usize) < i)
+                    .ok_or_else(|| state_err(format!("record {i} names parent {parent}, not an earlier record")))?;
+                check_name(&name).map_err(state_err)?;
+                let ino = st.push(Node::new(p, name.clone(), perm, mtime, body));
+                match &mut st.get_mut(p)?.body {
+                    Body::Dir { children: Some(c), .. } => {
+                        if c.insert(name, ino).is_some() {
+                            return Err(state_err(format!("record {i}: a name appears twice in one directory")));
+                        }
+                    }
+                    _ => return Err(state_err(format!("record {i}: its parent is not a loaded directory"))),
+                }
+                if is_upper {
+                    holders.push(p);
+                }
+                ino
+            };
+            inos.push(ino);
+        }
+        r.finish().map_err(state_err)?;
+        if n == 0 {
+            return Err(state_err("no root record"));
+        }
+        // Every directory above an upper file is rebuilt at the next
+        // checkpoint. The saved state keeps "changed directories only
+        // below changed ones", so `dirty` may stop early here too.
+        for h in holders {
+            st.dirty(h);
+        }
+        *fs.state.write().expect("state lock") = st;
+        Ok(fs)
+    }
+}

@@ -1,0 +1,249 @@
+//! Unit tests of the filesystem core that need its private parts (hooks
+//! between the steps of a checkpoint, node counts).
+
+use super::*;
+use crate::store::{OpenOptions, Remote};
+
+/// A read-write filesystem over an empty tree, in `dir`.
+fn empty_workspace(dir: &Path) -> (SnapshotFs, Arc<DiskCache>) {
+    let remote = Arc::new(Remote::open(&format!("file://{}/store", dir.display()), &OpenOptions::default()).unwrap());
+    let cache = Arc::new(DiskCache::open(dir.join("cache"), None).unwrap());
+    let empty = Tree::normalized(Vec::new()).unwrap().encode();
+    let root = Hash::of(&empty);
+    cache.put(&root, &empty).unwrap();
+    let f = Fetcher::new(remote, cache.clone());
+    (SnapshotFs::writable(f, root, 0, dir.join("upper"), None).unwrap(), cache)
+}
+
+#[tokio::test]
+async fn a_file_unlinked_while_a_checkpoint_hashes_it_is_counted_once() {
+    let d = tempfile::tempdir().unwrap();
+    let (fs, cache) = empty_workspace(d.path());
+    let (a, f) = fs.create(ROOT_INO, b"gone", 0o644).await.unwrap();
+    fs.write(&f, 0, b"hashed, then unlinked").unwrap();
+    let (_, g) = fs.create(ROOT_INO, b"kept", 0o644).await.unwrap();
+    fs.write(&g, 0, b"stays").unwrap();
+    let mut staged = Staged::default();
+    let unlink = || {
+        futures::executor::block_on(fs.unlink(ROOT_INO, b"gone")).unwrap();
+    };
+    let b = fs.build_with(&cache, &mut staged, || {}, unlink).unwrap();
+    assert!(fs.getattr(a.ino).is_ok());
+    assert_eq!(b.files_read, 2, "{b:?}");
+    assert_eq!(b.files_unchanged, 0, "{b:?}");
+    // Nothing changed since: the next build reads nothing and knows one file.
+    let b = fs.build(&cache, &mut Staged::default()).unwrap();
+    assert_eq!((b.files_read, b.files_unchanged, b.trees_built), (0, 1, 0), "{b:?}");
+}
+
+#[tokio::test]
+async fn an_unlinked_open_file_keeps_its_bytes_until_the_last_close_and_forget() {
+    let d = tempfile::tempdir().unwrap();
+    let (fs, _cache) = empty_workspace(d.path());
+    let (a, f) = fs.create(ROOT_INO, b"f", 0o644).await.unwrap();
+    fs.note_lookup(a.ino, 1);
+    fs.write(&f, 0, b"still here").unwrap();
+    let reader = fs.open(a.ino).await.unwrap();
+    fs.unlink(ROOT_INO, b"f").await.unwrap();
+    let blob = d.path().join("upper").join("1");
+    assert!(blob.exists(), "the blob went while handles were open");
+    assert_eq!(&fs.read(&reader, 0, 64).await.unwrap()[..], b"still here");
+    assert!(fs.getattr(a.ino).is_ok(), "an open file answers getattr (fstat)");
+    fs.release(a.ino);
+    assert!(blob.exists(), "one handle is still open");
+    fs.release(a.ino);
+    assert!(!blob.exists(), "the last close deletes the blob");
+    assert!(fs.getattr(a.ino).is_ok(), "the kernel still holds a reference");
+    fs.forget(a.ino, 1);
+    assert!(fs.getattr(a.ino).is_err(), "forgotten and unlinked: dropped");
+}
+
+#[tokio::test]
+async fn opening_a_file_unlinked_before_the_open_is_enoent_not_eio() {
+    let d = tempfile::tempdir().unwrap();
+    let (fs, _cache) = empty_workspace(d.path());
+    let (a, f) = fs.create(ROOT_INO, b"f", 0o644).await.unwrap();
+    fs.note_lookup(a.ino, 1);
+    fs.write(&f, 0, b"x").unwrap();
+    fs.release(a.ino);
+    fs.unlink(ROOT_INO, b"f").await.unwrap();
+    match fs.open(a.ino).await {
+        Err(Error::NotFound(_)) => {}
+        Err(e) => panic!("expected NotFound, got {e}"),
+        Ok(_) => panic!("opened a removed file"),
+    }
+}
+
+#[tokio::test]
+async fn deep_directories_save_and_load_without_recursion() {
+    let d = tempfile::tempdir().unwrap();
+    let (fs, cache) = empty_workspace(d.path());
+    let mut dir = ROOT_INO;
+    for _ in 0..5000 {
+        dir = fs.mkdir(dir, b"d", 0o755).await.unwrap().ino;
+    }
+    let (_, f) = fs.create(dir, b"leaf", 0o644).await.unwrap();
+    fs.write(&f, 0, b"deep").unwrap();
+    let saved = fs.save_state().unwrap();
+    let f2 = fs.fetcher().clone();
+    let back = SnapshotFs::load_state(f2, &saved, d.path().join("upper"), None).unwrap();
+    let mut ino = ROOT_INO;
+    for _ in 0..5000 {
+        ino = back.lookup(ino, b"d").await.unwrap().ino;
+    }
+    let leaf = back.lookup(ino, b"leaf").await.unwrap();
+    let h = back.open(leaf.ino).await.unwrap();
+    assert_eq!(&back.read(&h, 0, 16).await.unwrap()[..], b"deep");
+    // Both build the same tree.
+    let (x, y) =
+        (fs.build(&cache, &mut Staged::default()).unwrap(), back.build(&cache, &mut Staged::default()).unwrap());
+    assert_eq!(x.root, y.root);
+    // Any flipped byte or cut reads as corrupt, never as an empty overlay.
+    for at in [0, 5, saved.len() / 2, saved.len() - 1] {
+        let mut bad = saved.clone();
+        bad[at] ^= 0x40;
+        let e = SnapshotFs::load_state(fs.fetcher().clone(), &bad, d.path().join("upper"), None).err().unwrap();
+        assert!(e.to_string().contains("unreadable"), "{e}");
+    }
+    assert!(
+        SnapshotFs::load_state(fs.fetcher().clone(), &saved[..saved.len() - 3], d.path().join("upper"), None).is_err()
+    );
+}
+
+#[tokio::test]
+async fn forgotten_clean_nodes_fold_back_into_their_tree() {
+    let d = tempfile::tempdir().unwrap();
+    let remote =
+        Arc::new(Remote::open(&format!("file://{}/store", d.path().display()), &OpenOptions::default()).unwrap());
+    let cache = Arc::new(DiskCache::open(d.path().join("cache"), None).unwrap());
+    // A tree of 100 files in one directory, below the root.
+    let file = Hash::of(b"content");
+    cache.put(&file, b"content").unwrap();
+    let entries: Vec<Entry> = (0..100)
+        .map(|i| Entry { name: format!("f{i}").into_bytes(), kind: Kind::File, chunked: false, size: 7, id: file })
+        .collect();
+    let sub = Tree::normalized(entries).unwrap().encode();
+    let sub_id = Hash::of(&sub);
+    cache.put(&sub_id, &sub).unwrap();
+    let root = Tree::normalized(vec![Entry {
+        name: b"dir".to_vec(),
+        kind: Kind::Directory,
+        chunked: false,
+        size: 0,
+        id: sub_id,
+    }])
+    .unwrap()
+    .encode();
+    let root_id = Hash::of(&root);
+    cache.put(&root_id, &root).unwrap();
+    let fs = SnapshotFs::writable(Fetcher::new(remote, cache), root_id, 0, d.path().join("upper"), None).unwrap();
+    let dir = fs.lookup(ROOT_INO, b"dir").await.unwrap().ino;
+    fs.note_lookup(dir, 1);
+    let list = fs.readdir(dir).await.unwrap();
+    for (_, a) in &list {
+        fs.note_lookup(a.ino, 1);
+    }
+    assert_eq!(fs.node_count(), 102);
+    // One file still held by the kernel: nothing folds.
+    for (_, a) in &list[1..] {
+        fs.forget(a.ino, 1);
+    }
+    assert_eq!(fs.node_count(), 102);
+    fs.forget(list[0].1.ino, 1);
+    assert_eq!(fs.node_count(), 2, "the directory's children fold back into its tree id");
+    // A folded directory is never taken for empty.
+    match fs.rmdir(ROOT_INO, b"dir").await {
+        Err(Error::Fs { errno, .. }) if errno == Errno::NOTEMPTY.raw_os_error() => {}
+        r => panic!("rmdir of a folded, non-empty directory: {r:?}"),
+    }
+    // A counted lookup holds its node against folding.
+    let held = fs.lookup_counted(dir, b"f7").await.unwrap();
+    let others = fs.readdir(dir).await.unwrap();
+    fs.forget(others[0].1.ino, 0);
+    assert!(fs.getattr(held.ino).is_ok(), "a node the kernel holds was folded away");
+    fs.forget(held.ino, 1);
+    assert_eq!(fs.node_count(), 2);
+    // A lower file unlinked while nobody has it open is gone for an
+    // open by inode; one unlinked while open can be opened again
+    // through that handle's inode (`/proc/self/fd/N`).
+    // (The kernel still holds its inode: the node is there, detached.)
+    let gone = fs.lookup_counted(dir, b"f3").await.unwrap();
+    fs.unlink(dir, b"f3").await.unwrap();
+    assert!(fs.getattr(gone.ino).is_ok());
+    assert!(matches!(fs.open(gone.ino).await, Err(Error::NotFound(_))));
+    fs.forget(gone.ino, 1);
+    let kept = fs.lookup(dir, b"f4").await.unwrap();
+    let h = fs.open(kept.ino).await.unwrap();
+    fs.unlink(dir, b"f4").await.unwrap();
+    let again = fs.open(kept.ino).await.expect("reopened through an open handle");
+    assert_eq!(&fs.read(&again, 0, 16).await.unwrap()[..], b"content");
+    drop((h, again));
+    fs.release(kept.ino);
+    fs.release(kept.ino);
+    assert!(fs.getattr(kept.ino).is_err(), "closed, unlinked and never held by the kernel: dropped");
+    // And come back on the next look, with new inode numbers.
+    let again = fs.readdir(dir).await.unwrap();
+    assert_eq!(again.len(), 98);
+    assert!(again.iter().all(|(_, a)| a.ino > list.iter().map(|(_, b)| b.ino).max().unwrap()));
+}
+
+#[tokio::test]
+async fn folding_goes_up_while_whole_directories_are_idle() {
+    let d = tempfile::tempdir().unwrap();
+    let remote =
+        Arc::new(Remote::open(&format!("file://{}/store", d.path().display()), &OpenOptions::default()).unwrap());
+    let cache = Arc::new(DiskCache::open(d.path().join("cache"), None).unwrap());
+    let put_tree = |entries: Vec<Entry>| {
+        let t = Tree::normalized(entries).unwrap().encode();
+        let id = Hash::of(&t);
+        cache.put(&id, &t).unwrap();
+        id
+    };
+    let file = Hash::of(b"x");
+    cache.put(&file, b"x").unwrap();
+    let f = |n: &str| Entry { name: n.into(), kind: Kind::File, chunked: false, size: 1, id: file };
+    let dirent = |n: &str, id| Entry { name: n.into(), kind: Kind::Directory, chunked: false, size: 0, id };
+    let b = put_tree(vec![f("x"), f("y")]);
+    let a = put_tree(vec![dirent("b", b)]);
+    let root = put_tree(vec![dirent("a", a)]);
+    let fs = SnapshotFs::writable(Fetcher::new(remote, cache.clone()), root, 0, d.path().join("upper"), None).unwrap();
+    let a = fs.lookup_counted(ROOT_INO, b"a").await.unwrap().ino;
+    let b = fs.lookup_counted(a, b"b").await.unwrap().ino;
+    let x = fs.lookup_counted(b, b"x").await.unwrap().ino;
+    let y = fs.lookup_counted(b, b"y").await.unwrap().ino;
+    assert_eq!(fs.node_count(), 5);
+    fs.forget(a, 1);
+    fs.forget(b, 1);
+    fs.forget(x, 1);
+    assert_eq!(fs.node_count(), 5, "y is still held");
+    fs.forget(y, 1);
+    assert_eq!(fs.node_count(), 1, "b's files, then b, then a fold away");
+    assert_eq!(fs.readdir(ROOT_INO).await.unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn a_checkpoint_skips_a_file_unlinked_under_it_but_not_a_lost_blob() {
+    let d = tempfile::tempdir().unwrap();
+    let (fs, cache) = empty_workspace(d.path());
+    for name in [&b"gone"[..], b"kept"] {
+        let (a, f) = fs.create(ROOT_INO, name, 0o644).await.unwrap();
+        fs.write(&f, 0, name).unwrap();
+        fs.release(a.ino);
+    }
+    // Unlinked after the listing, before its read: skipped.
+    let unlink = || futures::executor::block_on(fs.unlink(ROOT_INO, b"gone")).unwrap();
+    let b = fs.build_with(&cache, &mut Staged::default(), unlink, || {}).unwrap();
+    assert_eq!(b.files_read, 1, "{b:?}");
+    // A blob that vanished under a file still in the tree is an error,
+    // never a tree that silently lacks the file.
+    let (a, f) = fs.create(ROOT_INO, b"lost", 0o644).await.unwrap();
+    fs.write(&f, 0, b"lost").unwrap();
+    fs.release(a.ino);
+    let blob = match &fs.st().get(a.ino).unwrap().body {
+        Body::Upper { blob, .. } => *blob,
+        _ => unreachable!(),
+    };
+    let remove = || std::fs::remove_file(d.path().join("upper").join(blob.to_string())).unwrap();
+    let e = fs.build_with(&cache, &mut Staged::default(), remove, || {}).unwrap_err();
+    assert!(e.to_string().contains(&blob.to_string()), "{e}");
+}
