@@ -1,0 +1,211 @@
+"""What a benchmark run produces, as typed records, and its JSON form.
+
+Owns the names everything else refers to: the result tables (`Table`), the
+subtrees, the store layouts and the row labels the report looks up; seed
+003's figures and the brief's goals (`BRIEF`), keyed by the same `Table`;
+one table cell (`Result`, with the proxy's `Counts`); a whole run (`Run`);
+and docs/bench-results.json, which `--report-only` reads back.
+"""
+import json
+from dataclasses import dataclass, field, fields
+from enum import Enum
+from typing import Dict, List, Optional, Tuple
+
+
+class Table(Enum):
+    """One results table of the report. The value is its name in
+    bench-results.json, its plot's title and its plot's file name."""
+    A_DENSE = "a-dense"
+    A_THIN = "a-thin"
+    B_DENSE = "b-dense"
+    B_THIN = "b-thin"
+    B_DENSE300 = "b-dense300"
+    C = "c"
+    D = "d"
+    E = "e"
+    F_READERS = "f-readers"
+    F_FG = "f-fg"
+    G = "g"
+    H_DENSE = "h-dense"
+    H_THIN = "h-thin"
+
+
+class Subtree(Enum):
+    """A directory of the synthetic repository; the value is its path."""
+    DENSE = "dense"
+    THIN = "thin"
+    DENSE300 = "dense300"
+
+
+class Layout(Enum):
+    """How the repository is stored; the value is its prefix in the bucket."""
+    UNPACKED = "unpacked"
+    V1 = "v1"
+    V2 = "v2"
+
+
+# The tables each subtree's scenarios fill.
+MATERIALIZE = {Subtree.DENSE: Table.A_DENSE, Subtree.THIN: Table.A_THIN}
+MOUNT = {Subtree.DENSE: Table.B_DENSE, Subtree.THIN: Table.B_THIN, Subtree.DENSE300: Table.B_DENSE300}
+PEERS = {Subtree.DENSE: Table.H_DENSE, Subtree.THIN: Table.H_THIN}
+
+
+# Row labels ("systems") that the summary and the ratios look up.
+def materialize_row(layout: Layout) -> str:
+    return f"mado {layout.value}"
+
+
+def mount_row(layout: Layout) -> str:
+    return f"mado mount {layout.value}"
+
+
+def readers_row(n: int) -> str:
+    return f"{n} readers"
+
+
+def writers_row(n: int) -> str:
+    return f"{n} writers"
+
+
+RESUME_ROW = "mado ws resume"
+IMPORT_ROW = "mado import-git"
+
+
+@dataclass(frozen=True)
+class Target:
+    seed: str  # seed 003's figure (an Intel N100), as BRIEF.md gives it
+    goal: str  # the brief's goal for it
+
+
+# By table and RTT in ms; None: the figure is not tied to an RTT.
+BRIEF: Dict[Tuple[Table, Optional[int]], Target] = {
+    (Table.A_DENSE, 20): Target("2 GETs, 1.4 s", "<= 2 GETs, <= 0.3 s"),
+    (Table.A_THIN, 20): Target("2 GETs, 10.4 s", "<= 3 GETs, <= 1 s"),
+    (Table.B_DENSE300, 50): Target("1 GET, 283 ms", "1 GET, <= 150 ms"),
+    (Table.C, 0): Target("2.1 s", "<= 0.3 s"),
+    (Table.C, 20): Target("5.3 s", "<= 0.4 s"),
+    (Table.C, 50): Target("9.7 s", "<= 0.5 s"),
+    (Table.D, None): Target("0.15 s", "<= 0.1 s"),
+    (Table.F_FG, 50): Target("p99 1.30-1.39x", "<= 1.2x"),
+    (Table.G, None): Target("0.5 W GETs", "clearly fewer than 0.5 W"),
+}
+# Time to the first file of a pack at RTT 50 ms: a column of the b tables,
+# not a table of its own, so it has no Table key.
+FIRST_FILE = Target("83 ms", "<= 60 ms")
+
+
+@dataclass(frozen=True)
+class Counts:
+    """The proxy's counts, each the median over a cell's runs."""
+    gets: int
+    requests: int
+    ranged: int
+    connections: int
+    bytes_down: int
+
+
+@dataclass(frozen=True)
+class Result:
+    """One cell: `system` at `rtt` ms in `table`. A measured cell has the
+    median/min/max wall time (s) over n cold runs and the median counts; a
+    cell that was not measured has a note saying why (and n, the runs that
+    had finished, when it failed part way)."""
+    table: Table
+    system: str
+    rtt: int
+    n: Optional[int] = None
+    median: Optional[float] = None
+    min: Optional[float] = None
+    max: Optional[float] = None
+    counts: Optional[Counts] = None
+    ttff: Optional[float] = None  # b: seconds to the first file's content
+    build_ms: Optional[float] = None  # d: the import's pack build
+    working_set: Optional[int] = None  # g: files in the working set W
+    p50_ms: Optional[float] = None  # f-fg: the foreground reader's per-file latency
+    p99_ms: Optional[float] = None
+    note: Optional[str] = None
+
+    def to_json(self) -> dict:
+        # The flat row of bench-results.json; fields left at None are absent.
+        row = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name in _CELL:
+                continue
+            if isinstance(v, Counts):
+                row.update((c.name, getattr(v, c.name)) for c in fields(Counts))
+            elif v is not None:
+                row[f.name] = v
+        return row
+
+    @classmethod
+    def from_json(cls, table: Table, system: str, rtt: int, row: dict) -> "Result":
+        names = [c.name for c in fields(Counts)]
+        counts = Counts(**{c: row[c] for c in names}) if all(c in row for c in names) else None
+        known = {f.name for f in fields(cls)} - _CELL - {"counts"}
+        return cls(table, system, rtt, counts=counts, **{k: v for k, v in row.items() if k in known})
+
+
+# Where a cell is: the nesting of bench-results.json, not fields of its row.
+_CELL = {"table", "system", "rtt"}
+
+
+class Results:
+    """Every cell of a run by table, system and RTT, in the order each was
+    first recorded: that order is the report's row and plot order."""
+
+    def __init__(self):
+        self._by: Dict[Table, Dict[str, Dict[int, Result]]] = {}
+
+    def add(self, r: Result):
+        # A later result for the same cell replaces it in place.
+        self._by.setdefault(r.table, {}).setdefault(r.system, {})[r.rtt] = r
+
+    def get(self, table: Table, system: str, rtt: int) -> Optional[Result]:
+        return self._by.get(table, {}).get(system, {}).get(rtt)
+
+    def rows(self, table: Table) -> Dict[str, Dict[int, Result]]:
+        """system -> RTT -> cell; empty when the table was not measured."""
+        return self._by.get(table, {})
+
+    def tables(self) -> List[Table]:
+        return list(self._by)
+
+
+@dataclass
+class Run:
+    """One benchmark run: its settings, its cells and the notes for the
+    report; what bench-results.json holds."""
+    rtts: List[int]
+    runs: int
+    subtree_files: Dict[Subtree, int]
+    ws_files: int
+    argv: List[str]
+    results: Results = field(default_factory=Results)
+    notes: List[str] = field(default_factory=list)
+    measured_at: Optional[str] = None
+    elapsed: float = 0.0
+
+    def save(self, path: str):
+        with open(path, "w") as f:
+            json.dump({"measured_at": self.measured_at, "elapsed": self.elapsed, "rtts": self.rtts,
+                       "runs": self.runs, "subtree_files": {s.value: n for s, n in self.subtree_files.items()},
+                       "ws_files": self.ws_files, "notes": self.notes, "argv": self.argv,
+                       "results": {t.value: {s: {str(r): c.to_json() for r, c in by.items()}
+                                             for s, by in self.results.rows(t).items()}
+                                   for t in self.results.tables()}}, f, indent=1)
+
+    @classmethod
+    def load(cls, path: str) -> "Run":
+        with open(path) as f:
+            saved = json.load(f)
+        run = cls(rtts=saved["rtts"], runs=saved["runs"], ws_files=saved["ws_files"], argv=saved["argv"],
+                  subtree_files={Subtree(s): n for s, n in saved["subtree_files"].items()},
+                  notes=saved["notes"], elapsed=saved.get("elapsed", 0),
+                  # Files written before the date was saved are from the first full run.
+                  measured_at=saved.get("measured_at", "2026-11-22 08:35 UTC"))
+        for t, systems in saved["results"].items():
+            for system, by in systems.items():
+                for r, row in by.items():
+                    run.results.add(Result.from_json(Table(t), system, int(r), row))
+        return run

@@ -1,0 +1,268 @@
+"""The benchmark's scenarios, a to h, one function or class each.
+
+Each is called once per RTT with the harness and yields its cells as
+`Result`s, one at a time, so the cells measured before a scenario fails
+still reach the report. What a scenario keeps from one RTT to the next
+(the workspace c resumes, the peers h stopped running) lives in its
+instance: `scenarios()` makes fresh ones for each run.
+"""
+import json, os, shutil, statistics, subprocess, threading, time
+from dataclasses import replace
+from typing import Callable, Dict, Iterator
+
+from harness import WS, Harness, Sample, log_result, sh, walk_read
+from results import (IMPORT_ROW, MATERIALIZE, MOUNT, PEERS, RESUME_ROW, Layout, Result, Subtree, Table,
+                     materialize_row, mount_row, readers_row, writers_row)
+
+DENSE = Subtree.DENSE.value
+
+
+def materialize(h: Harness, rtt: int) -> Iterator[Result]:
+    """a. Cold walk-and-read without the mount (`mado materialize`)."""
+    for sub in (Subtree.DENSE, Subtree.THIN):
+        for layout in Layout:
+            def run(cache, layout=layout, sub=sub):
+                h.mado_run(h.env(layout.value, cache), "materialize", sub.value)
+            # Emptying the cache is setup, outside the timed part.
+            yield h.cell(MATERIALIZE[sub], materialize_row(layout), rtt, h.s3proxy, h.fresh_cache, run)
+
+
+def mount_walk(h: Harness, rtt: int) -> Iterator[Result]:
+    """b. The same through the mount; time to first file."""
+    for sub in Subtree:
+        for layout in Layout:
+            mnt = os.path.join(h.work, "mnt")
+
+            def setup(layout=layout, mnt=mnt):
+                os.makedirs(mnt, exist_ok=True)
+                h.mado_run(h.env(layout.value, h.fresh_cache()), "mount", "main", mnt)
+                return mnt
+
+            def run(m, sub=sub):
+                t0 = time.perf_counter()
+                _, _, ttff = walk_read(os.path.join(m, sub.value))
+                return Sample(wall=time.perf_counter() - t0, ttff=ttff)
+
+            def teardown(m, layout=layout):
+                subprocess.run([h.mado, "umount", m], env=h.env(layout.value), capture_output=True)
+
+            yield h.cell(MOUNT[sub], mount_row(layout), rtt, h.s3proxy, setup, run, teardown,
+                         extra_of=lambda xs: dict(ttff=statistics.median(x.ttff for x in xs)))
+
+
+class Resume:
+    """c. Resume of a 2000 x 1 KiB workspace (created once, at the first RTT)."""
+
+    def __init__(self):
+        self.ready = False
+
+    def __call__(self, h: Harness, rtt: int) -> Iterator[Result]:
+        if not self.ready:
+            d0 = os.path.join(h.work, "ws0")
+            h.mado_run(h.env(WS, direct=True), "ws", "create", "bench", "--dir", d0)
+            # Free the lease, so each timed resume takes it (and pays for it).
+            h.mado_run(h.env(WS, direct=True), "ws", "release", "--dir", d0)
+            self.ready = True
+        dst = os.path.join(h.work, "resumed")
+
+        def setup():
+            shutil.rmtree(dst, ignore_errors=True)
+            return h.fresh_cache()
+
+        def run(cache):
+            h.mado_run(h.env(WS, cache), "ws", "resume", "bench", dst)
+
+        def teardown(cache):
+            # Untimed: give the lease back for the next run.
+            h.mado_run(h.env(WS, cache), "ws", "release", "--dir", dst)
+
+        yield h.cell(Table.C, RESUME_ROW, rtt, h.s3proxy, setup, run, teardown)
+
+
+def import_pack_build(h: Harness, rtt: int) -> Iterator[Result]:
+    """d. Import-time pack build of the 2000-file tree."""
+    k = [0]
+
+    def run(cache):
+        # A new store each run, so every import builds its packs.
+        k[0] += 1
+        out = h.mado_run(h.env(f"imp-{rtt}-{k[0]}", cache), "import-git", h.wsrepo, "--json")
+        rep = json.loads(out)
+        return Sample(build_ms=sum(p.get("build_ms", 0) for p in rep.get("packs", [])))
+
+    yield h.cell(Table.D, IMPORT_ROW, rtt, h.s3proxy, h.fresh_cache, run,
+                 extra_of=lambda xs: dict(build_ms=statistics.median(x.build_ms for x in xs)))
+
+
+def warm_mount(h: Harness, rtt: int) -> Iterator[Result]:
+    """e. Warm walk-and-read through the mount against the local disk."""
+    mnt = os.path.join(h.work, "mnt")
+    os.makedirs(mnt, exist_ok=True)
+    env = h.env(Layout.V2.value, h.fresh_cache())
+    h.mado_run(env, "mount", "main", mnt)
+    try:
+        walk_read(os.path.join(mnt, DENSE))  # warm it
+        for system, root in (("mado mount (warm)", mnt), ("local disk", h.repo)):
+            def run(_, root=root):
+                t0 = time.perf_counter()
+                walk_read(os.path.join(root, DENSE))
+                return Sample(wall=time.perf_counter() - t0)
+            yield h.cell(Table.E, system, rtt, h.s3proxy, None, run)
+    finally:
+        subprocess.run([h.mado, "umount", mnt], env=env, capture_output=True)
+
+
+def concurrency(h: Harness, rtt: int) -> Iterator[Result]:
+    """f. Concurrent readers; a foreground reader under background writers."""
+    files = sorted(os.listdir(os.path.join(h.repo, DENSE)))
+    mnt = os.path.join(h.work, "mnt")
+    os.makedirs(mnt, exist_ok=True)
+    v2 = Layout.V2.value
+    for readers in (1, 2, 4, 8):
+        def setup():
+            h.mado_run(h.env(v2, h.fresh_cache()), "mount", "main", mnt)
+            return mnt
+
+        def run(m, readers=readers):
+            # Reader i reads 60 % of the files starting at its own offset:
+            # every file is read by several readers.
+            span = int(len(files) * 0.6)
+
+            def reader(i):
+                start = i * len(files) // 8
+                for j in range(span):
+                    with open(os.path.join(m, DENSE, files[(start + j) % len(files)]), "rb") as f:
+                        f.read()
+            ts = [threading.Thread(target=reader, args=(i,)) for i in range(readers)]
+            t0 = time.perf_counter()
+            [t.start() for t in ts]
+            [t.join() for t in ts]
+            return Sample(wall=time.perf_counter() - t0)
+
+        yield h.cell(Table.F_READERS, readers_row(readers), rtt, h.s3proxy, setup, run,
+                     lambda m: subprocess.run([h.mado, "umount", m], capture_output=True, env=h.env(v2)))
+    for agents in ((0, 2) if h.quick else (0, 2, 4, 8)):
+        yield foreground(h, rtt, agents, files, mnt)
+
+
+def foreground(h: Harness, rtt: int, agents: int, files, mnt) -> Result:
+    """Per-file read latency of a foreground reader through a cold
+    mount while `agents` workspaces write and checkpoint in a loop."""
+    v2 = Layout.V2.value
+    stop = threading.Event()
+    dirs = []
+    for i in range(agents):
+        d = os.path.join(h.work, f"agent-{rtt}-{i}")
+        if not os.path.exists(d):
+            h.mado_run(h.env(WS, direct=False), "ws", "create", f"agent-{rtt}-{i}", "--dir", d)
+        dirs.append(d)
+
+    def agent(d):
+        k = 0
+        while not stop.is_set():
+            for j in range(20):
+                with open(os.path.join(d, f"out{j}.txt"), "w") as f:
+                    f.write(f"{k} {j}\n" * 50)
+            subprocess.run([h.mado, "ws", "checkpoint", "--dir", d], env=h.env(WS, d + "-cache"),
+                           capture_output=True)
+            k += 1
+
+    lat = []
+
+    def setup():
+        h.mado_run(h.env(v2, h.fresh_cache()), "mount", "main", mnt)
+        ts = [threading.Thread(target=agent, args=(d,), daemon=True) for d in dirs]
+        [t.start() for t in ts]
+        time.sleep(0.5 if agents else 0)
+        return (mnt, ts)
+
+    def run(ctx):
+        m, _ = ctx
+        t0 = time.perf_counter()
+        for name in files:
+            s = time.perf_counter()
+            with open(os.path.join(m, DENSE, name), "rb") as f:
+                f.read()
+            lat.append(time.perf_counter() - s)
+        return Sample(wall=time.perf_counter() - t0)
+
+    def teardown(ctx):
+        m, ts = ctx
+        stop.set()
+        [t.join(60) for t in ts]
+        subprocess.run([h.mado, "umount", m], capture_output=True, env=h.env(v2))
+
+    res = h.cell(Table.F_FG, writers_row(agents), rtt, h.s3proxy, setup, run, teardown)
+    # Over every run's reads, also those of a cell that failed part way.
+    if lat:
+        lat.sort()
+        res = replace(res, p50_ms=lat[len(lat) // 2] * 1000, p99_ms=lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000)
+    return res
+
+
+def capped_cache(h: Harness, rtt: int) -> Iterator[Result]:
+    """g. The cache capped at half the working set: GETs on the second pass."""
+    dense = os.path.join(h.repo, DENSE)
+    total = sum(os.path.getsize(os.path.join(dense, f)) for f in os.listdir(dense))
+    for layout in (Layout.UNPACKED, Layout.V2):
+        cache = os.path.join(h.work, "capped")
+
+        def setup(layout=layout):
+            shutil.rmtree(cache, ignore_errors=True)
+            e = dict(h.env(layout.value, cache), MADO_DISK_CACHE_MAX_BYTES=str(total // 2))
+            h.mado_run(e, "materialize", DENSE)  # first pass, not timed
+            return e
+
+        def run(e):
+            h.mado_run(e, "materialize", DENSE)
+
+        yield h.cell(Table.G, materialize_row(layout), rtt, h.s3proxy, setup, run,
+                     extra_of=lambda xs: dict(working_set=h.subtree_files[Subtree.DENSE]))
+
+
+class Peers:
+    """h. The peers (git, rclone, s3fs) on the same subtrees. A FUSE peer
+    that overran the time limit is not run again at a higher RTT."""
+
+    def __init__(self):
+        self.skip = {}  # (system, subtree) -> the note its later cells get
+
+    def __call__(self, h: Harness, rtt: int) -> Iterator[Result]:
+        url = f"git://127.0.0.1:{h.gitproxy.port}/repo.git"
+        for sub in (Subtree.DENSE, Subtree.THIN):
+            table = PEERS[sub]
+            dst = os.path.join(h.work, "clone")
+
+            def clean():
+                shutil.rmtree(dst, ignore_errors=True)
+
+            def sparse(_, sub=sub):
+                sh("git", "clone", "-q", "--depth", "1", "--filter=blob:none", "--sparse", url, dst)
+                sh("git", "-C", dst, "sparse-checkout", "set", sub.value)
+                walk_read(os.path.join(dst, sub.value))
+
+            yield h.cell(table, "git sparse partial", rtt, h.gitproxy, clean, sparse, lambda _: clean())
+
+            def full(_, sub=sub):
+                sh("git", "clone", "-q", "--depth", "1", url, dst)
+                walk_read(os.path.join(dst, sub.value))
+
+            yield h.cell(table, "git clone --depth 1", rtt, h.gitproxy, clean, full, lambda _: clean())
+
+            def walk(m, sub=sub):
+                walk_read(os.path.join(m, sub.value))
+
+            for system, setup in (("rclone mount", h.rclone_mount), ("s3fs", h.s3fs_mount)):
+                if self.skip.get((system, sub)):
+                    yield log_result(Result(table, system, rtt, note=self.skip[(system, sub)]))
+                    continue
+                res = h.cell(table, system, rtt, h.s3proxy, setup, walk, h.fuse_teardown)
+                yield res
+                if res.median is None:
+                    self.skip[(system, sub)] = "not run: slower than the time limit at a lower RTT"
+
+
+def scenarios() -> Dict[str, Callable[[Harness, int], Iterator[Result]]]:
+    """By the letter `--only` takes."""
+    return {"a": materialize, "b": mount_walk, "c": Resume(), "d": import_pack_build, "e": warm_mount,
+            "f": concurrency, "g": capped_cache, "h": Peers()}
