@@ -11,31 +11,18 @@
 //!    cost one HEAD), then write leaves, trees deepest-first, snapshots,
 //!    and finally move the ref with compare-and-swap.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::path::Path;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use futures::{StreamExt, TryStreamExt};
 
 use crate::cache::DiskCache;
-use crate::chunk::{split, Split};
 use crate::error::{Error, Result};
 use crate::hash::Hash;
 use crate::object::{check_name, Entry, Kind, RefValue, Snapshot, Tree};
-use crate::store::{Remote, Space, CONCURRENCY};
-
-/// Objects staged in the cache by phase 1, with the tree structure needed
-/// to upload them in closure order.
-#[derive(Default)]
-pub struct Staged {
-    /// Tree id -> (encoded bytes, child ids that are objects).
-    trees: HashMap<Hash, (Bytes, Vec<Hash>)>,
-    /// Chunk manifest id -> chunk ids.
-    manifests: HashMap<Hash, Vec<Hash>>,
-    pub files: u64,
-    pub bytes: u64,
-}
+use crate::store::{Remote, Space};
+use crate::upload::{upload_closure, Staged, UploadReport};
 
 /// One commit, staged.
 pub struct StagedRev {
@@ -237,177 +224,6 @@ impl Walker<'_, '_> {
     fn store_content(&mut self, data: &[u8]) -> Result<(Hash, bool)> {
         self.staged.content(self.cache, data)
     }
-}
-
-impl Staged {
-    /// Stores a file's content in the cache (split if large); returns its
-    /// id and whether it is chunked.
-    pub fn content(&mut self, cache: &DiskCache, data: &[u8]) -> Result<(Hash, bool)> {
-        self.files += 1;
-        self.bytes += data.len() as u64;
-        match split(data) {
-            Split::Whole { id } => {
-                cache.put(&id, data)?;
-                Ok((id, false))
-            }
-            Split::Chunked { encoded, id, chunks, .. } => {
-                for (cid, piece) in &chunks {
-                    cache.put(cid, piece)?;
-                }
-                cache.put(&id, &encoded)?;
-                self.manifests.insert(id, chunks.iter().map(|(h, _)| *h).collect());
-                Ok((id, true))
-            }
-        }
-    }
-
-    /// Stores a tree in the cache and remembers its children for upload.
-    pub fn tree(&mut self, cache: &DiskCache, tree: &Tree) -> Result<Hash> {
-        let enc = tree.encode();
-        let id = Hash::of(&enc);
-        cache.put(&id, &enc)?;
-        let children = tree.entries.iter().filter(|e| e.kind != Kind::Gitlink).map(|e| e.id).collect();
-        self.trees.insert(id, (Bytes::from(enc), children));
-        Ok(id)
-    }
-}
-
-/// What an upload did.
-#[derive(Debug, Default, Clone, serde::Serialize, serde::Deserialize)]
-pub struct UploadReport {
-    pub objects_uploaded: u64,
-    pub bytes_uploaded: u64,
-    pub trees_uploaded: u64,
-    pub snapshots_uploaded: u64,
-}
-
-/// Phase 2: uploads what the store lacks below `roots`, in closure order.
-pub async fn upload_closure(
-    remote: &Remote,
-    cache: &DiskCache,
-    staged: &Staged,
-    roots: &[Hash],
-) -> Result<UploadReport> {
-    let mut report = UploadReport::default();
-    // Top-down: one batch of HEADs per tree level, pruning present subtrees.
-    let mut frontier: Vec<Hash> = roots.to_vec();
-    let mut seen: HashSet<Hash> = frontier.iter().copied().collect();
-    let mut missing_levels: Vec<Vec<Hash>> = Vec::new();
-    let mut missing_leaves: Vec<Hash> = Vec::new();
-    while !frontier.is_empty() {
-        let have = remote.have_objects(Space::Objects, &frontier).await?;
-        let mut next = Vec::new();
-        let mut level = Vec::new();
-        for (id, present) in frontier.iter().zip(have) {
-            if present {
-                continue;
-            }
-            let kids: &[Hash] = if let Some((_, kids)) = staged.trees.get(id) {
-                level.push(*id);
-                kids
-            } else if let Some(chunks) = staged.manifests.get(id) {
-                missing_leaves.push(*id);
-                chunks
-            } else {
-                missing_leaves.push(*id);
-                &[]
-            };
-            for k in kids {
-                if seen.insert(*k) {
-                    next.push(*k);
-                }
-            }
-        }
-        missing_levels.push(level);
-        frontier = next;
-    }
-    // Leaves (blobs, chunks, manifests) first, all in flight together.
-    // A manifest before its chunks would break the closure rule, so
-    // manifests go after the plain leaves.
-    let (manifests, plain): (Vec<Hash>, Vec<Hash>) =
-        missing_leaves.into_iter().partition(|id| staged.manifests.contains_key(id));
-    for batch in [plain, manifests] {
-        let sizes: Vec<u64> = futures::stream::iter(batch.into_iter().map(|id| async move {
-            let bytes = cache.get(&id).ok_or_else(|| {
-                Error::User(format!(
-                    "object {id} was evicted from the disk cache before upload; raise MADO_DISK_CACHE_MAX_BYTES and import again"
-                ))
-            })?;
-            let n = bytes.len() as u64;
-            remote.put_object(Space::Objects, &id, Bytes::from(bytes)).await?;
-            Ok::<u64, Error>(n)
-        }))
-        .buffer_unordered(CONCURRENCY)
-        .try_collect()
-        .await?;
-        report.objects_uploaded += sizes.len() as u64;
-        report.bytes_uploaded += sizes.iter().sum::<u64>();
-    }
-    // Trees by height: a tree goes up only once every missing tree below it
-    // is in the store, whatever depth it was first reached at (a subtree
-    // shared by two paths at different depths gets one height).
-    let mut missing_trees: Vec<Hash> = missing_levels.into_iter().flatten().collect();
-    missing_trees.sort();
-    missing_trees.dedup();
-    for (i, batch) in
-        tree_batches(&missing_trees, |id| staged.trees.get(id).map(|(_, k)| k.as_slice())).into_iter().enumerate()
-    {
-        if i > 0 {
-            crate::failpoint::hit("upload-between-tree-batches");
-        }
-        let n: Vec<u64> = futures::stream::iter(batch.into_iter().map(|id| async move {
-            let bytes = staged.trees[&id].0.clone();
-            let n = bytes.len() as u64;
-            remote.put_object(Space::Objects, &id, bytes).await?;
-            Ok::<u64, Error>(n)
-        }))
-        .buffer_unordered(CONCURRENCY)
-        .try_collect()
-        .await?;
-        report.trees_uploaded += n.len() as u64;
-        report.objects_uploaded += n.len() as u64;
-        report.bytes_uploaded += n.iter().sum::<u64>();
-    }
-    Ok(report)
-}
-
-/// Groups `trees` (the trees to upload) into batches by height: batch 0
-/// holds trees none of whose children is in `trees`, batch k trees whose
-/// highest child in `trees` is in batch k-1. Uploading batch after batch
-/// keeps the closure rule. Iterative, so a tree thousands of levels deep
-/// cannot overflow the stack.
-pub(crate) fn tree_batches<'a>(trees: &[Hash], kids: impl Fn(&Hash) -> Option<&'a [Hash]>) -> Vec<Vec<Hash>> {
-    let wanted: HashSet<Hash> = trees.iter().copied().collect();
-    let mut height: HashMap<Hash, usize> = HashMap::with_capacity(trees.len());
-    for start in trees {
-        if height.contains_key(start) {
-            continue;
-        }
-        // Post-order: (tree, children already pushed?).
-        let mut stack = vec![(*start, false)];
-        while let Some((id, expanded)) = stack.pop() {
-            if height.contains_key(&id) {
-                continue;
-            }
-            let children: Vec<Hash> = kids(&id).unwrap_or(&[]).iter().copied().filter(|k| wanted.contains(k)).collect();
-            if !expanded {
-                stack.push((id, true));
-                stack.extend(children.into_iter().filter(|k| !height.contains_key(k)).map(|k| (k, false)));
-                continue;
-            }
-            let h = children.iter().filter_map(|k| height.get(k)).map(|h| h + 1).max().unwrap_or(0);
-            height.insert(id, h);
-        }
-    }
-    let mut batches: Vec<Vec<Hash>> = Vec::new();
-    for id in trees {
-        let h = height[id];
-        if batches.len() <= h {
-            batches.resize_with(h + 1, Vec::new);
-        }
-        batches[h].push(*id);
-    }
-    batches
 }
 
 /// One imported commit.
@@ -649,65 +465,4 @@ pub async fn import_git(
         .await
         .map_err(|e| Error::Io { context: "import task".into(), source: std::io::Error::other(e) })??;
     publish(remote, &cache, &staged, &revs, ref_name, packs).await
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn h(n: u8) -> Hash {
-        Hash([n; 32])
-    }
-
-    /// Checks the closure rule on a batch plan: every tree's children
-    /// that are uploaded too sit in strictly earlier batches.
-    fn assert_closure(batches: &[Vec<Hash>], kids: &HashMap<Hash, Vec<Hash>>) {
-        let mut batch_of = HashMap::new();
-        for (i, b) in batches.iter().enumerate() {
-            for id in b {
-                assert!(batch_of.insert(*id, i).is_none(), "{id} planned twice");
-            }
-        }
-        for (id, b) in &batch_of {
-            for k in kids.get(id).into_iter().flatten() {
-                if let Some(kb) = batch_of.get(k) {
-                    assert!(kb < b, "{k} (batch {kb}) does not go before its parent {id} (batch {b})");
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn a_subtree_at_two_depths_goes_before_both_parents() {
-        // root -> a -> b -> shared -> leaf; root -> shared (shallow).
-        let kids: HashMap<Hash, Vec<Hash>> =
-            [(h(1), vec![h(2), h(4)]), (h(2), vec![h(3)]), (h(3), vec![h(4)]), (h(4), vec![h(5)]), (h(5), vec![])]
-                .into_iter()
-                .collect();
-        let trees: Vec<Hash> = (1..=5).map(h).collect();
-        let batches = tree_batches(&trees, |id| kids.get(id).map(|v| v.as_slice()));
-        assert_closure(&batches, &kids);
-        assert_eq!(batches.len(), 5, "a chain of five trees needs five batches: {batches:?}");
-        assert_eq!(batches[0], vec![h(5)]);
-        assert_eq!(batches[4], vec![h(1)]);
-        // Children already in the store (not in `trees`) do not delay a parent.
-        let partial = tree_batches(&[h(1), h(2)], |id| kids.get(id).map(|v| v.as_slice()));
-        assert_eq!(partial, vec![vec![h(2)], vec![h(1)]]);
-    }
-
-    #[test]
-    fn deep_chains_do_not_overflow_the_stack() {
-        let n = 20_000u32;
-        let id = |i: u32| {
-            let mut b = [0u8; 32];
-            b[..4].copy_from_slice(&i.to_le_bytes());
-            Hash(b)
-        };
-        let kids: HashMap<Hash, Vec<Hash>> =
-            (0..n).map(|i| (id(i), if i + 1 < n { vec![id(i + 1)] } else { vec![] })).collect();
-        let trees: Vec<Hash> = (0..n).map(id).collect();
-        let batches = tree_batches(&trees, |x| kids.get(x).map(|v| v.as_slice()));
-        assert_eq!(batches.len(), n as usize);
-        assert_closure(&batches, &kids);
-    }
 }

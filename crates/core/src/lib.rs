@@ -19,6 +19,7 @@ pub mod pack;
 pub mod publish;
 pub mod resolve;
 pub mod store;
+pub mod upload;
 pub mod vfs;
 pub mod workspace;
 

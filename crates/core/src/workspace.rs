@@ -26,13 +26,12 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use crate::cache::DiskCache;
-use crate::codec::{put_bytes, put_varint, DecodeError, Reader};
 use crate::error::{Error, Result};
 use crate::fetch::Fetcher;
 use crate::hash::Hash;
-use crate::import::{upload_closure, Staged, UploadReport};
-use crate::object::{check_ref_name, Entry, Kind, RefValue, Snapshot, Tree};
+use crate::object::{check_ref_name, Entry, Kind, Lease, RefValue, Snapshot, StatObject, Tree};
 use crate::store::{Remote, Space};
+use crate::upload::{upload_closure, Staged, UploadReport};
 use crate::vfs::SnapshotFs;
 
 /// The folder inside a working copy that holds mado's state for it.
@@ -41,79 +40,6 @@ pub const STATE_DIR: &str = ".mado";
 pub const OVERLAY_FILE: &str = "overlay.state";
 /// How long a lease lasts without renewal (each checkpoint renews it).
 pub const LEASE_SECS: i64 = 15 * 60;
-
-const STAT_MAGIC: &[u8; 4] = b"MADF";
-const LEASE_MAGIC: &[u8; 4] = b"MADL";
-
-/// Per-snapshot file times: (path, seconds, nanoseconds), sorted by path.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct StatObject {
-    pub entries: Vec<(Vec<u8>, i64, u32)>,
-}
-
-impl StatObject {
-    pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(16 + self.entries.len() * 24);
-        out.extend_from_slice(STAT_MAGIC);
-        out.push(1);
-        put_varint(&mut out, self.entries.len() as u64);
-        for (p, s, n) in &self.entries {
-            put_bytes(&mut out, p);
-            out.extend_from_slice(&s.to_le_bytes());
-            put_varint(&mut out, *n as u64);
-        }
-        out
-    }
-
-    pub fn decode(buf: &[u8]) -> Result<StatObject, DecodeError> {
-        let mut r = Reader::new(buf);
-        r.magic(STAT_MAGIC)?;
-        r.version("stat object", 1)?;
-        let n = r.count(10)?;
-        let mut entries = Vec::with_capacity(n);
-        for _ in 0..n {
-            let p = r.bytes()?.to_vec();
-            if p.split(|c| *c == b'/').any(|seg| seg == b".." || seg == b".") || p.starts_with(b"/") || p.contains(&0) {
-                return Err(DecodeError::Invalid(format!("bad path {:?}", String::from_utf8_lossy(&p))));
-            }
-            let s = r.i64_le()?;
-            let nanos = r.varint()?;
-            if nanos >= 1_000_000_000 {
-                return Err(DecodeError::Invalid("nanoseconds out of range".into()));
-            }
-            entries.push((p, s, nanos as u32));
-        }
-        r.finish()?;
-        Ok(StatObject { entries })
-    }
-}
-
-/// A workspace lease.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Lease {
-    pub holder: String,
-    /// Seconds since the epoch.
-    pub expires: i64,
-}
-
-impl Lease {
-    pub fn encode(&self) -> Vec<u8> {
-        let mut out = LEASE_MAGIC.to_vec();
-        out.push(1);
-        put_bytes(&mut out, self.holder.as_bytes());
-        out.extend_from_slice(&self.expires.to_le_bytes());
-        out
-    }
-    pub fn decode(buf: &[u8]) -> Result<Lease, DecodeError> {
-        let mut r = Reader::new(buf);
-        r.magic(LEASE_MAGIC)?;
-        r.version("lease", 1)?;
-        let holder = String::from_utf8(r.bytes()?.to_vec()).map_err(|_| DecodeError::Invalid("holder".into()))?;
-        let expires = r.i64_le()?;
-        r.finish()?;
-        Ok(Lease { holder, expires })
-    }
-}
 
 fn now() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)

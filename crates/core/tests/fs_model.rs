@@ -14,9 +14,9 @@ use std::sync::Arc;
 
 use mado_core::cache::DiskCache;
 use mado_core::fetch::Fetcher;
-use mado_core::import::Staged;
 use mado_core::object::{Kind, Tree};
 use mado_core::store::{OpenOptions, Remote};
+use mado_core::upload::Staged;
 use mado_core::vfs::{NodeKind, OpenFile, SetAttr, SnapshotFs, ROOT_INO};
 use mado_core::Hash;
 
@@ -182,7 +182,7 @@ struct World {
     model: std::path::PathBuf,
     /// The last checkpoint's stat object: a remount starts from it, as
     /// `ws resume --mount` does.
-    base: Option<(Hash, mado_core::workspace::StatObject)>,
+    base: Option<(Hash, mado_core::object::StatObject)>,
     /// The upper layer's folder.
     upper: std::path::PathBuf,
 }

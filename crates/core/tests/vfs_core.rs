@@ -121,7 +121,7 @@ async fn import_head(remote: &Arc<Remote>, cache: &Arc<DiskCache>, repo: &std::p
 /// directories above it, and the saved state reloads to the same tree.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writable_fs_edits_build_the_tree_git_builds() {
-    use mado_core::import::Staged;
+    use mado_core::upload::Staged;
     let t = tempfile::tempdir().unwrap();
     let repo = t.path().join("repo");
     std::fs::create_dir_all(repo.join("src/sub")).unwrap();

@@ -40,10 +40,10 @@ use crate::cache::DiskCache;
 use crate::error::{Error, Result};
 use crate::fetch::Fetcher;
 use crate::hash::Hash;
-use crate::import::Staged;
+use crate::object::StatObject;
 use crate::object::{check_name, ChunkManifest, Entry, Kind, Tree};
 use crate::store::Space;
-use crate::workspace::StatObject;
+use crate::upload::Staged;
 
 mod build;
 mod inode;

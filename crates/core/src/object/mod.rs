@@ -6,6 +6,12 @@
 //! bytes) and returns [`DecodeError`] instead of panicking, so a hostile
 //! object can never reach the checkout or mount code unchecked.
 
+mod lease;
+mod stat;
+
+pub use lease::Lease;
+pub use stat::StatObject;
+
 use crate::codec::{put_bytes, put_varint, DecodeError, Reader};
 use crate::hash::Hash;
 
