@@ -12,6 +12,11 @@
 //! - `MADO_DISK_CACHE_MAX_BYTES` caps the size: hits refresh an entry's
 //!   mtime, and a write that takes the total over the cap evicts the least
 //!   recently used entries. A single entry larger than the cap is kept.
+//! - Layout (every path in the cache folder is built here):
+//!   `objects/<2 hex>/<64 hex>` verified entries; `packs/index/<tree>`
+//!   copies of pack indexes (the local pointer); `packs/locks/` one lock
+//!   per pack being exploded; `workspaces/<key>/` a mounted workspace's
+//!   state; `mounts/` control sockets and logs of running mounts.
 
 use std::fs;
 use std::io::{ErrorKind, Write};
@@ -78,6 +83,11 @@ fn parse_cap(v: &str) -> Option<u64> {
     v.trim().parse::<u64>().ok().filter(|&n| n > 0)
 }
 
+/// Control sockets and logs of the running mounts.
+pub fn mounts_dir() -> Result<PathBuf> {
+    Ok(default_dir()?.join("mounts"))
+}
+
 /// The per-user cache directory.
 pub fn default_dir() -> Result<PathBuf> {
     if let Some(d) = std::env::var_os("MADO_CACHE_DIR").filter(|d| !d.is_empty()) {
@@ -117,6 +127,23 @@ impl DiskCache {
 
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// Where a copy of `tree`'s pack index is kept (the local pointer).
+    pub fn index_path(&self, tree: &Hash) -> PathBuf {
+        self.root.join("packs").join("index").join(tree.to_hex())
+    }
+
+    /// The lock one process holds while it explodes pack `id`.
+    pub fn pack_lock_path(&self, id: &Hash) -> PathBuf {
+        self.root.join("packs").join("locks").join(format!("{}.lock", id.to_hex()))
+    }
+
+    /// The folder holding the state of workspace `name` of remote `remote`
+    /// while it is mounted (overlay state and upper layer).
+    pub fn workspace_dir(&self, remote: &str, name: &str) -> PathBuf {
+        let key = blake3::hash(format!("{remote}\n{name}").as_bytes()).to_hex();
+        self.root.join("workspaces").join(&key[..24])
     }
 
     /// Where the entry for `id` lives (it may be absent).

@@ -25,7 +25,6 @@ use std::sync::{Arc, Mutex, RwLock};
 use bytes::Bytes;
 use futures::future::{BoxFuture, FutureExt, Shared};
 use futures::{StreamExt, TryStreamExt};
-use object_store::{GetOptions, GetRange, ObjectStoreExt};
 use serde::Serialize;
 
 use crate::cache::DiskCache;
@@ -179,17 +178,6 @@ fn unshare(e: Arc<Error>) -> Error {
     }
 }
 
-/// Store key of the derived pointer: the index of `tree`.
-pub fn index_key(tree: &Hash) -> String {
-    format!("packs/index/{}", tree.to_hex())
-}
-
-/// Store key of a pack.
-pub fn pack_key(id: &Hash) -> String {
-    let hex = id.to_hex();
-    format!("packs/{}/{hex}", &hex[..2])
-}
-
 impl Fetcher {
     pub fn new(remote: Arc<Remote>, cache: Arc<DiskCache>) -> Arc<Fetcher> {
         Arc::new(Fetcher {
@@ -269,7 +257,7 @@ impl Fetcher {
 
     /// The local pointer: where a copy of `tree`'s index is kept.
     pub fn local_pointer(&self, tree: &Hash) -> PathBuf {
-        self.cache.root().join("packs").join("index").join(tree.to_hex())
+        self.cache.index_path(tree)
     }
 
     /// HEADs every attached pack (one round trip); those missing are marked
@@ -283,7 +271,7 @@ impl Fetcher {
             v
         };
         let heads = packs.iter().map(|id| async move {
-            let present = self.remote.exists(&self.remote.key(&pack_key(id))).await?;
+            let present = self.remote.has_pack(id).await?;
             Ok::<_, Error>((!present).then_some(*id))
         });
         let mut missing = 0;
@@ -324,14 +312,8 @@ impl Fetcher {
             // A bad local copy: drop it and ask the store.
             let _ = std::fs::remove_file(&local);
         }
-        let key = self.remote.key(&index_key(&tree));
-        let bytes = match self.remote.object_store().get(&key).await {
-            Ok(r) => match r.bytes().await {
-                Ok(b) => b,
-                Err(e) => return Ok(Err(Attach::Undecodable { detail: format!("reading {key}: {e}") })),
-            },
-            Err(object_store::Error::NotFound { .. }) => return Ok(Err(Attach::NoIndex)),
-            Err(e) => return Err(self.remote.remote_err("GET", &key, e)),
+        let Some(bytes) = self.remote.get_index(&tree).await? else {
+            return Ok(Err(Attach::NoIndex));
         };
         let idx = match PackIndex::decode(&bytes) {
             Ok(i) => i,
@@ -469,13 +451,7 @@ impl Fetcher {
     /// One member by its own byte range; `None` on any failure.
     async fn fetch_member(&self, pack: &PackEntry, i: usize) -> Option<Bytes> {
         let m = &pack.members[i];
-        let key = self.remote.key(&pack_key(&pack.id));
-        let opts =
-            GetOptions { range: Some(GetRange::Bounded(m.offset..m.offset + m.stored_len)), ..Default::default() };
-        let got = match self.remote.object_store().get_opts(&key, opts).await {
-            Ok(r) => r.bytes().await.map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
-        };
+        let got = self.remote.pack_range(&pack.id, m.offset..m.offset + m.stored_len).await.map_err(|e| e.to_string());
         match got.and_then(|b| decode_member(m, &b)) {
             Ok(raw) => {
                 let _ = self.cache.put(&m.id, &raw);
@@ -493,7 +469,7 @@ impl Fetcher {
     async fn run_pack(self: Arc<Self>, pack: Arc<PackEntry>, flight: Arc<PackFlight>) {
         let finish = |flight: &PackFlight| flight.finish();
         // One process at a time per pack; the loser then finds the cache full.
-        let lock_path = self.cache.root().join("packs").join("locks").join(format!("{}.lock", pack.id.to_hex()));
+        let lock_path = self.cache.pack_lock_path(&pack.id);
         // Without the lock (an unwritable cache) we may fetch twice: still correct.
         let _lock = crate::fsutil::lock_file(lock_path).await.ok();
         let (lo, hi) = self.span(&pack);
@@ -521,15 +497,12 @@ impl Fetcher {
         lo: usize,
         hi: usize,
     ) -> std::result::Result<(), String> {
-        let key = self.remote.key(&pack_key(&pack.id));
         let (first, last) = (&pack.members[lo], &pack.members[hi]);
         let (base, end) = (first.offset, last.offset + last.stored_len);
-        let opts = GetOptions { range: Some(GetRange::Bounded(base..end)), ..Default::default() };
-        let r = self.remote.object_store().get_opts(&key, opts).await.map_err(|e| match e {
-            object_store::Error::NotFound { .. } => "missing from the store (swept?)".to_string(),
+        let mut stream = self.remote.pack_stream(&pack.id, base..end).await.map_err(|e| match e {
+            Error::NotFound(_) => "missing from the store (swept?)".to_string(),
             e => format!("GET failed: {e}"),
         })?;
-        let mut stream = r.into_stream();
         let mut buf: Vec<u8> = Vec::new();
         let mut next = lo;
         let stop = hi + 1;

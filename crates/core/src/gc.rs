@@ -17,7 +17,6 @@ use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path;
-use object_store::ObjectStoreExt;
 use serde::Serialize;
 
 use crate::error::{Error, Result};
@@ -25,7 +24,7 @@ use crate::fetch::Fetcher;
 use crate::hash::Hash;
 use crate::object::{ChunkManifest, Kind};
 use crate::pack::PackIndex;
-use crate::store::{Space, CONCURRENCY};
+use crate::store::{layout, Space, CONCURRENCY};
 
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct GcReport {
@@ -50,15 +49,8 @@ struct Listed {
 }
 
 async fn list(f: &Fetcher, prefix: &str, grace: Duration) -> Result<Vec<Listed>> {
-    let key = f.remote.key(prefix);
     let cutoff = chrono_now_minus(grace);
-    let metas: Vec<_> = f
-        .remote
-        .object_store()
-        .list(Some(&key))
-        .try_collect()
-        .await
-        .map_err(|e| f.remote.remote_err("LIST", &key, e))?;
+    let metas = f.remote.list(prefix).await?;
     Ok(metas
         .into_iter()
         .map(|m| Listed {
@@ -201,22 +193,20 @@ async fn gc_locked(f: &Arc<Fetcher>, grace: Duration, dry_run: bool) -> Result<G
     };
     let parse = |it: &Listed| it.name.parse::<Hash>().ok();
     // 1. Snapshots.
-    let listed = list(f, "snapshots", grace).await?;
+    let listed = list(f, layout::SNAPSHOTS, grace).await?;
     let mut young = 0;
     let mut bytes = 0;
     let keep_snap = |it: &Listed| parse(it).is_some_and(|h| snaps.contains(&h));
     doomed.push(take(listed, &keep_snap, &mut report.deleted_snapshots, &mut young, &mut bytes));
     // 2. Indexes of trees no ref reaches; 3. packs no kept index names.
-    let indexes = list(f, "packs/index", grace).await?;
+    let indexes = list(f, layout::INDEXES, grace).await?;
     let mut kept_packs: HashSet<Hash> = HashSet::new();
     for it in &indexes {
         let keep = parse(it).is_some_and(|h| live.contains(&h));
         if keep || it.young {
-            if let Ok(r) = f.remote.object_store().get(&it.key).await {
-                if let Ok(b) = r.bytes().await {
-                    if let Ok(idx) = PackIndex::decode(&b) {
-                        kept_packs.extend(idx.packs.iter().map(|p| p.id));
-                    }
+            if let Ok(Some(b)) = f.remote.get_if_present(&it.key).await {
+                if let Ok(idx) = PackIndex::decode(&b) {
+                    kept_packs.extend(idx.packs.iter().map(|p| p.id));
                 }
             }
         }
@@ -224,17 +214,17 @@ async fn gc_locked(f: &Arc<Fetcher>, grace: Duration, dry_run: bool) -> Result<G
     let keep_index = |it: &Listed| parse(it).is_some_and(|h| live.contains(&h));
     doomed.push(take(indexes, &keep_index, &mut report.deleted_indexes, &mut young, &mut bytes));
     let packs: Vec<Listed> =
-        list(f, "packs", grace).await?.into_iter().filter(|it| !it.key.as_ref().contains("/index/")).collect();
+        list(f, layout::PACKS, grace).await?.into_iter().filter(|it| !it.key.as_ref().contains("/index/")).collect();
     let keep_pack = |it: &Listed| parse(it).is_some_and(|h| kept_packs.contains(&h));
     doomed.push(take(packs, &keep_pack, &mut report.deleted_packs, &mut young, &mut bytes));
     // 4. Objects: trees, then manifests, then the rest. The kind is read
     // from the magic of objects about to go (cache or store).
-    let objects = list(f, "objects", grace).await?;
+    let objects = list(f, layout::OBJECTS, grace).await?;
     let keep_obj = |it: &Listed| parse(it).is_some_and(|h| live.contains(&h));
     let dead = take(objects, &keep_obj, &mut report.deleted_objects, &mut young, &mut bytes);
     let mut by_rank: [Vec<Path>; 3] = Default::default();
     for key in dead {
-        let rank = match f.remote.object_store().get_range(&key, 0..4).await {
+        let rank = match f.remote.head_bytes(&key, 4).await {
             Ok(m) if &m[..] == b"MADT" => 0,
             Ok(m) if &m[..] == b"MADM" => 1,
             _ => 2,
@@ -246,13 +236,7 @@ async fn gc_locked(f: &Arc<Fetcher>, grace: Duration, dry_run: bool) -> Result<G
     report.bytes_freed = bytes;
     if !dry_run {
         for batch in doomed {
-            let stream = futures::stream::iter(batch.into_iter().map(Ok)).boxed();
-            f.remote
-                .object_store()
-                .delete_stream(stream)
-                .try_collect::<Vec<_>>()
-                .await
-                .map_err(|e| f.remote.remote_err("DELETE", &f.remote.key(""), e))?;
+            f.remote.delete_keys(batch).await?;
         }
     }
     Ok(report)

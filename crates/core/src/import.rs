@@ -264,9 +264,7 @@ pub async fn publish(
     let index_probe = async {
         let mut out = Vec::new();
         if packs.is_some() {
-            let heads = roots.iter().map(|r| async move {
-                remote.exists(&remote.key(&crate::fetch::index_key(r))).await.map(|present| (*r, present))
-            });
+            let heads = roots.iter().map(|r| async move { remote.has_index(r).await.map(|present| (*r, present)) });
             for r in futures::future::join_all(heads).await {
                 out.push(r?);
             }

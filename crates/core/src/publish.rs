@@ -14,12 +14,11 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use futures::StreamExt;
-use object_store::{ObjectStoreExt, PutPayload};
+
 use serde::Serialize;
 
 use crate::cache::DiskCache;
 use crate::error::{Error, Result};
-use crate::fetch::{index_key, pack_key};
 use crate::fsutil::save_cache_file;
 use crate::hash::Hash;
 use crate::pack::{build, Mode};
@@ -97,16 +96,11 @@ pub async fn publish_packs(
     });
     let uploads = futures::stream::poll_fn(|cx| rx.poll_recv(cx))
         .map(|(id, bytes)| async move {
-            let key = remote.key(&pack_key(&id));
-            if remote.exists(&key).await? {
+            if remote.has_pack(&id).await? {
                 return Ok::<u64, Error>(0);
             }
             let n = bytes.len() as u64;
-            remote
-                .object_store()
-                .put(&key, PutPayload::from(bytes))
-                .await
-                .map_err(|e| remote.remote_err("PUT", &key, e))?;
+            remote.put_pack(&id, Bytes::from(bytes)).await?;
             Ok(n)
         })
         .buffer_unordered(4)
@@ -124,26 +118,17 @@ pub async fn publish_packs(
     }
     let idx = built.index;
     let enc = idx.encode();
-    let key = remote.key(&index_key(&tree));
     let same = if opts.index_check == IndexCheck::Compare {
-        match remote.object_store().get(&key).await {
-            Ok(r) => r.bytes().await.map(|b| b[..] == enc[..]).unwrap_or(false),
-            Err(object_store::Error::NotFound { .. }) => false,
-            Err(e) => return Err(remote.remote_err("GET", &key, e)),
-        }
+        remote.get_index(&tree).await?.is_some_and(|b| b[..] == enc[..])
     } else {
         false
     };
     if !same {
-        remote
-            .object_store()
-            .put(&key, PutPayload::from(Bytes::from(enc.clone())))
-            .await
-            .map_err(|e| remote.remote_err("PUT", &key, e))?;
+        remote.put_index(&tree, Bytes::from(enc.clone())).await?;
         report.index_uploaded = true;
         report.bytes_uploaded += enc.len() as u64;
     }
-    save_cache_file(&cache.root().join("packs").join("index").join(tree.to_hex()), &enc);
+    save_cache_file(&cache.index_path(&tree), &enc);
     let members = idx.member_count();
     report.tree = tree.to_hex();
     report.mode = idx.mode.label().to_string();

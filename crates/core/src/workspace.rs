@@ -57,7 +57,7 @@ use crate::failpoint::hit as failpoint;
 /// another holder keeps is refused with [`Error::LeaseHeld`]; an expired
 /// one is taken only with `steal`; a released one is free.
 pub async fn take_lease(remote: &Remote, name: &str, holder: &str, steal: bool) -> Result<()> {
-    let key = remote.key(&format!("leases/{}", ws_ref(name)?));
+    let key = remote.key(&crate::store::layout::lease(&ws_ref(name)?));
     for _ in 0..3 {
         let cur = remote.read_versioned(&key).await?;
         let expected = match &cur {
@@ -90,7 +90,7 @@ pub async fn take_lease(remote: &Remote, name: &str, holder: &str, steal: bool) 
 /// can take it at once (without --steal). Returns false when `holder` did
 /// not hold it (nothing is changed then).
 pub async fn release_lease(remote: &Remote, name: &str, holder: &str) -> Result<bool> {
-    let key = remote.key(&format!("leases/{}", ws_ref(name)?));
+    let key = remote.key(&crate::store::layout::lease(&ws_ref(name)?));
     for _ in 0..3 {
         let Some((bytes, ver)) = remote.read_versioned(&key).await? else { return Ok(false) };
         match Lease::decode(&bytes) {
@@ -804,12 +804,6 @@ pub struct MountedWorkspace {
     pub warnings: Vec<String>,
 }
 
-/// The folder holding the state of workspace `name` of `remote` when mounted.
-pub fn mount_state_dir(cache: &DiskCache, remote: &str, name: &str) -> PathBuf {
-    let key = blake3::hash(format!("{remote}\n{name}").as_bytes()).to_hex();
-    cache.root().join("workspaces").join(&key[..24])
-}
-
 /// Opens workspace `name` for a read-write mount at `mountpoint`. Round
 /// trips: the ref; the snapshot and the pack index together; the stat
 /// object and the lease together. Changes left by an earlier mount of the
@@ -825,7 +819,7 @@ pub async fn open_mount(
     let (snap, attach) = futures::join!(fetcher.snapshot(v.snapshot), fetcher.attach(v.root));
     let snap = snap?;
     let attach = attach?;
-    let sd = mount_state_dir(&fetcher.cache, fetcher.remote.url(), name);
+    let sd = fetcher.cache.workspace_dir(fetcher.remote.url(), name);
     let mut warnings = Vec::new();
     if sd.join("overlay.json").exists() && !sd.join(OVERLAY_FILE).exists() {
         return Err(Error::User(format!(
@@ -959,8 +953,7 @@ pub async fn remove(remote: &Remote, name: &str) -> Result<()> {
         return Err(Error::NotFound(format!("no workspace named {name}")));
     }
     remote.delete_ref(&refname).await?;
-    let key = remote.key(&format!("leases/{refname}"));
-    let _ = object_store::ObjectStoreExt::delete(&**remote.object_store(), &key).await;
+    remote.delete_lease(&refname).await;
     Ok(())
 }
 

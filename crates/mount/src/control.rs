@@ -14,7 +14,7 @@ use std::time::Duration;
 
 /// The folder for sockets, logs and state of running mounts.
 pub fn runtime_dir() -> std::io::Result<PathBuf> {
-    let dir = mado_core::cache::default_dir().map_err(std::io::Error::other)?.join("mounts");
+    let dir = mado_core::cache::mounts_dir().map_err(std::io::Error::other)?;
     std::fs::create_dir_all(&dir)?;
     Ok(dir)
 }

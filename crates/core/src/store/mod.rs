@@ -1,6 +1,7 @@
-//! The remote: where snapshots live. This module owns the key layout in the
-//! object store, opening a store from its URL, verified object reads, and
-//! refs moved with compare-and-swap.
+//! The remote: where snapshots live, and the only door to the store. Keys
+//! are built by [`layout`]; this module opens a store from its URL, does
+//! verified object reads, pack and index transfers, locks, and moves
+//! refs with compare-and-swap.
 //!
 //! Key layout under the URL's prefix (docs/FORMAT.md, "Store layout"):
 //! - `objects/<2 hex>/<64 hex>`: blobs, chunks, chunk manifests, trees;
@@ -15,6 +16,7 @@
 
 pub mod counting;
 pub mod delay;
+pub mod layout;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -24,7 +26,8 @@ use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path;
 use object_store::{
-    ClientOptions, GetOptions, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, RetryConfig, UpdateVersion,
+    ClientOptions, GetOptions, GetRange, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, RetryConfig,
+    UpdateVersion,
 };
 
 use crate::error::{Error, Result};
@@ -196,13 +199,8 @@ impl Remote {
         self.counters.stats()
     }
 
-    /// The underlying (counted) object store, for layers that add their own keys.
-    pub fn object_store(&self) -> &Arc<dyn ObjectStore> {
-        &self.store
-    }
-
-    /// Full key for `rel` under this remote's prefix.
-    pub fn key(&self, rel: &str) -> Path {
+    /// Full key for `rel` (built by [`layout`]) under this remote's prefix.
+    pub(crate) fn key(&self, rel: &str) -> Path {
         if self.prefix.is_empty() {
             Path::from(rel)
         } else {
@@ -211,12 +209,7 @@ impl Remote {
     }
 
     pub fn object_key(&self, space: Space, id: &Hash) -> Path {
-        let hex = id.to_hex();
-        let dir = match space {
-            Space::Objects => "objects",
-            Space::Snapshots => "snapshots",
-        };
-        self.key(&format!("{dir}/{}/{hex}", &hex[..2]))
+        self.key(&layout::object(space, id))
     }
 
     /// The error for a failed request, with the URL, the key and a hint.
@@ -325,7 +318,7 @@ impl Remote {
     /// Snapshot ids starting with `prefix` (at least 2 hex digits): one LIST.
     pub async fn snapshots_with_prefix(&self, prefix: &str) -> Result<Vec<Hash>> {
         let prefix = prefix.to_ascii_lowercase();
-        let dir = self.key(&format!("snapshots/{}", &prefix[..2]));
+        let dir = self.key(&layout::snapshot_fanout(&prefix[..2]));
         let listed = self.store.list_with_delimiter(Some(&dir)).await.map_err(|e| self.remote_err("LIST", &dir, e))?;
         Ok(listed
             .objects
@@ -338,7 +331,7 @@ impl Remote {
 
     fn ref_key(&self, name: &str) -> Result<Path> {
         check_ref_name(name).map_err(Error::User)?;
-        Ok(self.key(&format!("refs/{name}")))
+        Ok(self.key(&layout::reference(name)))
     }
 
     /// Reads a small mutable object (a ref, a lease) and the version to
@@ -502,14 +495,14 @@ impl Remote {
     /// holder dies. One PUT.
     pub async fn put_lock(&self, kind: LockKind) -> Result<StoreLock> {
         let expires = unix_now() + LOCK_TTL.as_secs() as i64;
-        let key = self.key(&format!("locks/gc/{}.{expires}.{:016x}", kind.label(), rand::random::<u64>()));
+        let key = self.key(&layout::lock(kind.label(), expires, rand::random::<u64>()));
         self.store.put(&key, PutPayload::from(Bytes::new())).await.map_err(|e| self.remote_err("PUT", &key, e))?;
         Ok(StoreLock { key, kind, expires })
     }
 
     /// The live locks other than `mine` (expired ones are ignored). One LIST.
     pub async fn other_locks(&self, mine: &StoreLock) -> Result<Vec<StoreLock>> {
-        let base = self.key("locks/gc");
+        let base = self.key(layout::LOCKS);
         let metas: Vec<_> =
             self.store.list(Some(&base)).try_collect().await.map_err(|e| self.remote_err("LIST", &base, e))?;
         let now = unix_now();
@@ -561,6 +554,103 @@ impl Remote {
             )));
         }
         Ok(lock)
+    }
+
+    /// HEAD of a pack.
+    pub async fn has_pack(&self, id: &Hash) -> Result<bool> {
+        self.exists(&self.key(&layout::pack(id))).await
+    }
+
+    /// Uploads a pack.
+    pub async fn put_pack(&self, id: &Hash, bytes: Bytes) -> Result<()> {
+        let key = self.key(&layout::pack(id));
+        self.store.put(&key, PutPayload::from(bytes)).await.map_err(|e| self.remote_err("PUT", &key, e))?;
+        Ok(())
+    }
+
+    /// Bytes `range` of a pack, as one buffer (a member read alone).
+    pub async fn pack_range(&self, id: &Hash, range: std::ops::Range<u64>) -> Result<Bytes> {
+        let key = self.key(&layout::pack(id));
+        let opts = GetOptions { range: Some(GetRange::Bounded(range)), ..Default::default() };
+        let r = self.store.get_opts(&key, opts).await.map_err(|e| self.get_err(&key, e))?;
+        r.bytes().await.map_err(|e| self.remote_err("GET", &key, e))
+    }
+
+    /// Bytes `range` of a pack as they arrive (one ranged GET), so a pack
+    /// is exploded while it downloads. A pack missing from the store is
+    /// [`Error::NotFound`].
+    pub async fn pack_stream(
+        &self,
+        id: &Hash,
+        range: std::ops::Range<u64>,
+    ) -> Result<futures::stream::BoxStream<'static, Result<Bytes>>> {
+        let key = self.key(&layout::pack(id));
+        let opts = GetOptions { range: Some(GetRange::Bounded(range)), ..Default::default() };
+        let r = self.store.get_opts(&key, opts).await.map_err(|e| self.get_err(&key, e))?;
+        Ok(r.into_stream()
+            .map_err(move |e| Error::Io { context: format!("reading {key}"), source: std::io::Error::other(e) })
+            .boxed())
+    }
+
+    /// HEAD of tree `tree`'s pack index.
+    pub async fn has_index(&self, tree: &Hash) -> Result<bool> {
+        self.exists(&self.key(&layout::index(tree))).await
+    }
+
+    /// Tree `tree`'s pack index, `None` if it has none.
+    pub async fn get_index(&self, tree: &Hash) -> Result<Option<Bytes>> {
+        self.get_if_present(&self.key(&layout::index(tree))).await
+    }
+
+    pub async fn put_index(&self, tree: &Hash, bytes: Bytes) -> Result<()> {
+        let key = self.key(&layout::index(tree));
+        self.store.put(&key, PutPayload::from(bytes)).await.map_err(|e| self.remote_err("PUT", &key, e))?;
+        Ok(())
+    }
+
+    /// A whole object by a key that a listing returned; `None` if gone.
+    pub async fn get_if_present(&self, key: &Path) -> Result<Option<Bytes>> {
+        match self.store.get(key).await {
+            Ok(r) => Ok(Some(r.bytes().await.map_err(|e| self.remote_err("GET", key, e))?)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(self.remote_err("GET", key, e)),
+        }
+    }
+
+    /// The first bytes of an object by a key that a listing returned.
+    pub async fn head_bytes(&self, key: &Path, n: u64) -> Result<Bytes> {
+        self.store.get_range(key, 0..n).await.map_err(|e| self.get_err(key, e))
+    }
+
+    /// Everything under `prefix` (a [`layout`] directory). One LIST, paged.
+    pub async fn list(&self, prefix: &str) -> Result<Vec<object_store::ObjectMeta>> {
+        let key = self.key(prefix);
+        self.store.list(Some(&key)).try_collect().await.map_err(|e| self.remote_err("LIST", &key, e))
+    }
+
+    /// Deletes keys a listing returned (batched where the store can).
+    pub async fn delete_keys(&self, keys: Vec<Path>) -> Result<()> {
+        let stream = futures::stream::iter(keys.into_iter().map(Ok)).boxed();
+        self.store
+            .delete_stream(stream)
+            .try_collect::<Vec<_>>()
+            .await
+            .map_err(|e| self.remote_err("DELETE", &self.key(""), e))?;
+        Ok(())
+    }
+
+    /// Deletes a workspace's lease (best effort: a lease left behind
+    /// names a ref that no longer exists).
+    pub async fn delete_lease(&self, ws_ref: &str) {
+        let _ = self.store.delete(&self.key(&layout::lease(ws_ref))).await;
+    }
+
+    /// A GET's error, with a missing key as [`Error::NotFound`].
+    fn get_err(&self, key: &Path, e: object_store::Error) -> Error {
+        match e {
+            object_store::Error::NotFound { .. } => Error::NotFound(format!("{key} is missing from {}", self.url)),
+            e => self.remote_err("GET", key, e),
+        }
     }
 
     /// Deletes a ref (no compare).
