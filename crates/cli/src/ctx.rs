@@ -221,25 +221,3 @@ impl Ctx {
         }
     }
 }
-
-/// Prints `e` once with its causes and returns the exit code.
-pub fn report_error(e: &anyhow::Error) -> i32 {
-    let user = e.chain().any(|c| c.downcast_ref::<mado_core::Error>().is_some_and(|m| m.is_user_error()));
-    eprintln!("error: {e}");
-    // Each cause once: error types that print their source in their own
-    // message would otherwise repeat it at every level.
-    let mut shown = e.to_string();
-    for cause in e.chain().skip(1) {
-        let c = cause.to_string();
-        if shown.contains(&c) {
-            continue;
-        }
-        eprintln!("  caused by: {c}");
-        shown.push_str(&c);
-    }
-    if user {
-        1
-    } else {
-        2
-    }
-}

@@ -268,3 +268,22 @@ fn a_checkpoint_killed_after_the_ref_moved_is_not_taken_for_a_stale_copy() {
     assert_eq!(st["head"], cp["snapshot"], "{st}");
     assert!(st.get("pending").is_none(), "{st}");
 }
+
+/// A working copy whose own state file is torn: exit 1 (the user's to
+/// repair) naming the file, and nothing is uploaded.
+#[test]
+fn a_torn_workspace_state_is_a_local_state_error_naming_the_file() {
+    let m = Mado::local();
+    setup(&m);
+    let w = m.dir.path().join("w");
+    m.ok(&["ws", "create", "torn", "--dir", w.to_str().unwrap()]);
+    let state = w.join(".mado/workspace.json");
+    let text = std::fs::read_to_string(&state).unwrap();
+    std::fs::write(&state, &text[..text.len() / 2]).unwrap();
+    std::fs::write(w.join("new.txt"), "new\n").unwrap();
+    let before = m.json(&["ws", "list"])[0]["snapshot"].clone();
+    let err = m.fails(&["ws", "checkpoint", "--dir", w.to_str().unwrap()], 1);
+    assert!(err.contains("workspace.json") && err.contains("unreadable"), "{err}");
+    assert!(!err.contains("internal error"), "{err}");
+    assert_eq!(m.json(&["ws", "list"])[0]["snapshot"], before);
+}

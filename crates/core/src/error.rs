@@ -51,6 +51,15 @@ pub enum Error {
     #[error("git: {0}")]
     Git(String),
 
+    /// mado's own local state (a working copy's `.mado`, a mount's saved
+    /// state) cannot be read or written; the message says what to do.
+    #[error("{path}: {detail}")]
+    LocalState { path: String, detail: String },
+
+    /// A broken invariant: a bug in mado, never the user's doing.
+    #[error("internal error (a bug in mado, please report it): {0}")]
+    Internal(String),
+
     /// A filesystem operation refused, with the errno a mount answers.
     #[error("{what}: {}", std::io::Error::from_raw_os_error(*errno))]
     Fs { errno: i32, what: String },
@@ -126,7 +135,13 @@ impl Error {
                 | Error::RefMoved { .. }
                 | Error::UnsafePath { .. }
                 | Error::LeaseHeld { .. }
+                | Error::LocalState { .. }
         )
+    }
+
+    /// A problem of mado's own local state at `path`.
+    pub fn local_state(path: &std::path::Path, detail: impl Into<String>) -> Error {
+        Error::LocalState { path: path.display().to_string(), detail: detail.into() }
     }
 
     /// A refused filesystem operation (`errno` as in libc).

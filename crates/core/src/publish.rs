@@ -87,7 +87,10 @@ pub async fn publish_packs(
                 || Error::User(format!("object {id} is not in the disk cache; run `mado materialize` first")),
             )
         };
-        let mut emit = |id, bytes| tx.blocking_send((id, bytes)).map_err(|_| Error::User("pack upload stopped".into()));
+        let mut emit = |id, bytes| {
+            tx.blocking_send((id, bytes))
+                .map_err(|_| Error::Internal("the pack upload stopped before the builder".into()))
+        };
         // Planning recurses once per tree level.
         crate::fsutil::on_deep_stack(|| match &opts.base {
             Some(base) => crate::pack::build_delta(tree, opts.cap, base, &src, &mut emit),

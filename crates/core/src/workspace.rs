@@ -187,7 +187,9 @@ pub fn load_state_at(sd: &Path) -> Result<LocalState> {
             p.display()
         ))
     })?;
-    serde_json::from_str(&text).map_err(|e| Error::User(format!("{}: {e}", p.display())))
+    serde_json::from_str(&text).map_err(|e| {
+        Error::local_state(&p, format!("unreadable ({e}); restore it from a backup, or resume the workspace afresh"))
+    })
 }
 
 fn save_state(dir: &Path, s: &LocalState) -> Result<()> {
@@ -196,7 +198,7 @@ fn save_state(dir: &Path, s: &LocalState) -> Result<()> {
 
 fn save_state_at(d: &Path, s: &LocalState) -> Result<()> {
     std::fs::create_dir_all(d).map_err(Error::io(format!("creating {}", d.display())))?;
-    let text = serde_json::to_string_pretty(s).map_err(|e| Error::User(format!("encoding workspace.json: {e}")))?;
+    let text = serde_json::to_string_pretty(s).map_err(|e| Error::Internal(format!("encoding workspace.json: {e}")))?;
     crate::fsutil::save_atomic(&d.join("workspace.json"), text.as_bytes())
 }
 
@@ -279,10 +281,7 @@ fn walk_dir(
         let gitlink = sc.rows.get(&key).filter(|row| row.gitlink && ft.is_dir());
         let entry = if let Some(row) = gitlink.filter(|_| crate::checkout::is_empty_dir(&p).unwrap_or(false)) {
             new_sc.rows.insert(key, row.clone());
-            let id = row
-                .id
-                .parse()
-                .map_err(|_| Error::User(format!("bad gitlink id in the stat cache for {}", p.display())))?;
+            let id = row.id.parse().map_err(|_| Error::local_state(&p, "a bad gitlink id in the stat cache"))?;
             Entry { name, kind: Kind::Gitlink, chunked: false, size: 0, id }
         } else if ft.is_dir() {
             let id = walk_dir(&p, &r, cache, staged, sc, new_sc, w)?;
@@ -410,7 +409,12 @@ pub async fn checkpoint_mount(
     // A checkpoint is refused while the overlay cannot be saved: after a
     // crash, what it would report as checkpointed could not be found again.
     save_mount_state(fs, state_dir).map_err(|e| {
-        Error::User(format!("refusing to checkpoint: the workspace's state cannot be saved ({e}); free space or fix permissions under {}", state_dir.display()))
+        Error::local_state(
+            state_dir,
+            format!(
+                "refusing to checkpoint: the workspace's state cannot be saved ({e}); free space or fix permissions"
+            ),
+        )
     })?;
     if fs.needs_trees_for_build() {
         fs.preload_trees().await?;

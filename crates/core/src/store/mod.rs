@@ -372,7 +372,7 @@ impl Remote {
                 (None, None) => true,
                 (Some(RefVersion::Local(want)), Some((_, RefVersion::Local(have)))) => want == have,
                 (Some(RefVersion::Conditional { .. }), _) => {
-                    return Err(Error::User("a version read from another store".into()))
+                    return Err(Error::Internal("a ref version read from another store".into()))
                 }
                 _ => false,
             };
@@ -387,7 +387,7 @@ impl Remote {
             Some(RefVersion::Conditional { e_tag, version }) => {
                 PutMode::Update(UpdateVersion { e_tag: e_tag.clone(), version: version.clone() })
             }
-            Some(RefVersion::Local(_)) => return Err(Error::User("a version read from another store".into())),
+            Some(RefVersion::Local(_)) => return Err(Error::Internal("a ref version read from another store".into())),
         };
         let opts = PutOptions { mode, ..Default::default() };
         match self.store.put_opts(key, payload, opts).await {

@@ -20,7 +20,7 @@ pub struct Built {
 fn list_tree_paths(fs: &SnapshotFs, id: Hash, path: &[u8], out: &mut StatObject) -> Result<()> {
     let mut stack = vec![(id, path.to_vec())];
     while let Some((id, path)) = stack.pop() {
-        let t = fs.tree_now(&id).ok_or_else(|| Error::User(format!("tree {id} is not loaded")))?;
+        let t = fs.tree_now(&id).ok_or_else(|| Error::Internal(format!("tree {id} is not loaded")))?;
         for e in &t.entries {
             let p = join(&path, &e.name);
             out.entries.push((p.clone(), fs.time, 0));
@@ -161,7 +161,7 @@ impl SnapshotFs {
                     let n = st.get(ino)?;
                     let (name, clean) = match &n.body {
                         Body::Dir { clean, .. } => (n.name.clone(), *clean),
-                        _ => return Err(Error::User("internal: a directory changed kind during a checkpoint".into())),
+                        _ => return Err(Error::Internal("a directory changed kind during a checkpoint".into())),
                     };
                     let id = match clean {
                         Some(id) => id,
@@ -182,7 +182,7 @@ impl SnapshotFs {
                 }
             }
         }
-        out.pop().ok_or_else(|| Error::User("internal: no root entry".into()))
+        out.pop().ok_or_else(|| Error::Internal("a checkpoint built no root entry".into()))
     }
 
     /// The entry of one node that is not a loaded directory.
@@ -203,12 +203,12 @@ impl SnapshotFs {
         let entry = |kind, chunked, size, id| Entry { name: n.name.clone(), kind, chunked, size, id };
         Ok(match &n.body {
             Body::Dir { clean, origin, children: None } => {
-                let id = clean.ok_or_else(|| Error::User("an unloaded directory without a tree".into()))?;
+                let id = clean.ok_or_else(|| Error::Internal("an unloaded directory without a tree".into()))?;
                 self.carry_stat(origin.as_deref(), id, path, &mut b.stat)?;
                 entry(Kind::Directory, false, 0, id)
             }
             Body::Dir { children: Some(_), .. } => {
-                return Err(Error::User("internal: a loaded directory reached build_leaf".into()));
+                return Err(Error::Internal("a loaded directory reached build_leaf".into()));
             }
             Body::Lower(e) if matches!(e.kind, Kind::File | Kind::Executable) => {
                 entry(file_kind(n.perm), e.chunked, e.size, e.id)

@@ -34,10 +34,13 @@ fn opt_hash(r: &mut crate::codec::Reader) -> std::result::Result<Option<Hash>, c
     }
 }
 fn state_err(e: impl std::fmt::Display) -> Error {
-    Error::User(format!(
-        "the saved state of this workspace mount is unreadable ({e}); its upper files are kept; \
-         checkpoint from a backup of the state folder or remove it to start from the last checkpoint"
-    ))
+    Error::LocalState {
+        path: "the saved state of this workspace mount".into(),
+        detail: format!(
+            "unreadable ({e}); its upper files are kept; \
+             checkpoint from a backup of the state folder or remove it to start from the last checkpoint"
+        ),
+    }
 }
 /// The header of a saved state: what must be fetched before loading it.
 struct SavedHeader {
