@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use bytes::Bytes;
 use futures::future::{BoxFuture, FutureExt, Shared};
 use futures::{StreamExt, TryStreamExt};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::cache::DiskCache;
 use crate::error::{Error, Result};
@@ -42,7 +42,7 @@ const WRITE_BATCH_BYTES: usize = 1 << 20;
 const WRITE_BATCH_MEMBERS: usize = 256;
 
 /// How the index of an attached tree was found.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Discovery {
     /// The local pointer (a copy of the index in the disk cache).
@@ -52,11 +52,11 @@ pub enum Discovery {
 }
 
 /// The result of looking for a tree's pack index.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "state", rename_all = "kebab-case")]
 pub enum Attach {
     Attached {
-        mode: &'static str,
+        mode: String,
         version: u8,
         dirs: u64,
         packs: usize,
@@ -89,7 +89,7 @@ pub struct FetchCounters {
     pub pack_failures: AtomicU64,
 }
 
-#[derive(Clone, Copy, Debug, Default, Serialize)]
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
 pub struct FetchStats {
     pub packs_exploded: u64,
     pub members_from_packs: u64,
@@ -329,7 +329,7 @@ impl Fetcher {
     fn install(&self, idx: PackIndex, via: Discovery) -> Attach {
         let mut set = self.packs.write().expect("packs lock");
         let status = Attach::Attached {
-            mode: idx.mode.label(),
+            mode: idx.mode.label().to_string(),
             version: crate::pack::PACK_VERSION,
             dirs: idx.dirs,
             packs: idx.packs.len(),

@@ -1,6 +1,6 @@
 //! The control socket: one Unix socket per mount, through which `mado
-//! pack-status` and `mado stats` ask the running daemon. Requests and
-//! answers are one line of JSON each: `{"op":"pack-status"}`.
+//! pack-status`, `mado stats` and `mado ws checkpoint` ask the running
+//! daemon. What they say is [`crate::protocol`].
 //!
 //! Sockets live in `<disk cache>/mounts/`, named by a hash of the mount
 //! point's absolute path, so a client finds the socket of the mount that
@@ -11,6 +11,8 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+use crate::protocol::{decode_request, Reply, Request};
 
 /// The folder for sockets, logs and state of running mounts.
 pub fn runtime_dir() -> std::io::Result<PathBuf> {
@@ -61,29 +63,21 @@ pub fn find_mount(dir: &Path) -> std::io::Result<Option<(PathBuf, PathBuf)>> {
     }
 }
 
-/// Sends one request and reads one answer (bounded waits).
-pub fn request(sock: &Path, op: &str) -> std::io::Result<serde_json::Value> {
-    request_with(sock, &serde_json::json!({ "op": op }), Duration::from_secs(10))
-}
-
-/// Sends request `req` (an object with at least `op`) and waits up to
-/// `wait` for the answer.
-pub fn request_with(sock: &Path, req: &serde_json::Value, wait: Duration) -> std::io::Result<serde_json::Value> {
+/// Sends `req` and waits up to `wait` for the reply.
+pub fn request(sock: &Path, req: &Request, wait: Duration) -> std::io::Result<Reply> {
     let mut s = UnixStream::connect(sock)?;
     s.set_read_timeout(Some(wait))?;
     s.set_write_timeout(Some(Duration::from_secs(10)))?;
-    writeln!(s, "{req}")?;
+    let line = serde_json::to_string(req).map_err(std::io::Error::other)?;
+    writeln!(s, "{line}")?;
     let mut line = String::new();
     BufReader::new(s).read_line(&mut line)?;
     serde_json::from_str(&line).map_err(std::io::Error::other)
 }
 
-/// Maps a request to its answer.
-pub type Answer = std::sync::Arc<
-    dyn Fn(serde_json::Value) -> std::pin::Pin<Box<dyn std::future::Future<Output = serde_json::Value> + Send>>
-        + Send
-        + Sync,
->;
+/// Maps a request to its reply.
+pub type Answer =
+    std::sync::Arc<dyn Fn(Request) -> std::pin::Pin<Box<dyn std::future::Future<Output = Reply> + Send>> + Send + Sync>;
 
 /// Serves requests until the listener is dropped.
 pub async fn serve(listener: tokio::net::UnixListener, answer: Answer) {
@@ -94,8 +88,14 @@ pub async fn serve(listener: tokio::net::UnixListener, answer: Answer) {
             let (r, mut w) = stream.into_split();
             let mut lines = tokio::io::BufReader::new(r).lines();
             while let Ok(Some(line)) = lines.next_line().await {
-                let req = serde_json::from_str::<serde_json::Value>(&line).unwrap_or_default();
-                let mut out = answer(req).await.to_string();
+                let reply = match decode_request(&line) {
+                    Ok(req) => answer(req).await,
+                    Err(message) => Reply::Error { message, user_error: true },
+                };
+                let mut out = serde_json::to_string(&reply).unwrap_or_else(|e| {
+                    let e = Reply::Error { message: format!("encoding the reply: {e}"), user_error: false };
+                    serde_json::to_string(&e).expect("an error reply encodes")
+                });
                 out.push('\n');
                 if w.write_all(out.as_bytes()).await.is_err() {
                     break;

@@ -16,10 +16,10 @@ use std::time::{Duration, Instant};
 use mado_core::fetch::{Attach, Fetcher};
 use mado_core::vfs::SnapshotFs;
 use mado_core::{Error, Result};
-use serde_json::json;
 
 use crate::control;
 use crate::fs::MadoFs;
+use crate::protocol::{MountStats, Op, PackStatus, Reply, Request, WorkspaceStats};
 
 pub struct MountOptions {
     /// A ref or snapshot id (read-only), or with `workspace` the workspace name.
@@ -65,9 +65,11 @@ pub fn unmount_and_wait(p: &Path, wait: Duration) -> std::io::Result<()> {
     let pid = control::absolute(p)
         .and_then(|mp| control::socket_path(&mp))
         .ok()
-        .and_then(|sock| control::request(&sock, "stats").ok())
-        .and_then(|v| v["pid"].as_u64())
-        .and_then(|pid| rustix::process::Pid::from_raw(pid as i32));
+        .and_then(|sock| control::request(&sock, &Request::new(Op::Stats), Duration::from_secs(10)).ok())
+        .and_then(|r| match r {
+            Reply::Stats(s) => rustix::process::Pid::from_raw(s.pid as i32),
+            _ => None,
+        });
     let pidfd = pid.and_then(|pid| rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).ok());
     unmount(p)?;
     if let Some(fd) = pidfd {
@@ -178,82 +180,82 @@ pub fn run(
         let passthrough = passthrough.clone();
         let ws = ws.clone();
         let save_error = save_error.clone();
-        Arc::new(move |req: serde_json::Value| {
-            let op = req["op"].as_str().unwrap_or_default().to_string();
-            if op == "checkpoint" {
-                let (fetcher, core, ws, mp) = (fetcher.clone(), core.clone(), ws.clone(), mp.clone());
-                let save_error = save_error.clone();
-                return Box::pin(async move {
-                    let Some(ws) = ws else {
-                        return json!({ "error": "this mount is a read-only snapshot, not a workspace" });
-                    };
-                    // Refused before anything is done: a checkpoint asked
-                    // for by name must be of this mount's workspace.
-                    if let Some(n) = req["name"].as_str().filter(|n| *n != ws.name) {
-                        return json!({
-                            "error": format!("{} is a mount of workspace {}, not {n}", mp.display(), ws.name),
-                            "user_error": true,
-                        });
-                    }
-                    let message = req["message"].as_str().unwrap_or("checkpoint").to_string();
-                    let lease = mado_core::workspace::CheckpointLease {
-                        steal: req["steal"].as_bool().unwrap_or(false),
-                        force: req["force"].as_bool().unwrap_or(false),
-                    };
-                    // On a thread of its own: the checkpoint's future is not
-                    // Send (it borrows across its upload streams).
-                    let h = tokio::runtime::Handle::current();
-                    let before = fetcher.remote.stats();
-                    let f2 = fetcher.clone();
-                    let r = tokio::task::spawn_blocking(move || {
-                        h.block_on(mado_core::workspace::checkpoint_mount(
-                            &fetcher,
-                            &core,
-                            &ws.state_dir,
-                            &message,
-                            lease,
-                        ))
-                    })
-                    .await;
-                    match r {
-                        Ok(Ok(r)) => {
-                            // The checkpoint saved the state itself.
-                            *save_error.lock().expect("save error lock") = None;
-                            json!({ "ok": r, "remote": f2.remote.stats().since(&before) })
-                        }
-                        Ok(Err(e)) => json!({ "error": e.to_string(), "user_error": e.is_user_error() }),
-                        Err(e) => json!({ "error": format!("checkpoint task failed: {e}") }),
-                    }
-                });
-            }
-            let v = match op.as_str() {
-                "pack-status" => {
+        Arc::new(move |req: Request| {
+            let (message, steal, force, name) = match req.op {
+                Op::Checkpoint { message, steal, force, name } => (message, steal, force, name),
+                Op::PackStatus => {
                     let s = status.lock().expect("status lock").clone();
-                    json!({
-                        "mountpoint": mp, "ref": spec, "snapshot": snapshot,
-                        "attached": matches!(s, Attach::Attached { .. }),
-                        "status": s, "message": reason_text(&s),
-                    })
+                    let reply = Reply::PackStatus(PackStatus {
+                        mountpoint: mp.clone(),
+                        spec: spec.clone(),
+                        snapshot: snapshot.clone(),
+                        attached: matches!(s, Attach::Attached { .. }),
+                        message: reason_text(&s),
+                        status: s,
+                    });
+                    return Box::pin(async move { reply });
                 }
-                "stats" => json!({
-                    "mountpoint": mp, "ref": spec, "snapshot": snapshot,
-                    "uptime_ms": started.elapsed().as_millis() as u64,
-                    "pid": std::process::id(),
-                    "remote": fetcher.remote.stats(),
-                    "packs": fetcher.stats(),
-                    "cache": fetcher.cache.stats(),
-                    "reads": core.reads(),
-                    "nodes_in_memory": core.node_count(),
-                    "passthrough": passthrough.load(Relaxed),
-                    "workspace": ws.as_ref().map(|w| json!({
-                        "name": w.name, "state_dir": w.state_dir, "reopened": w.reopened,
-                        "changes": core.changes(),
-                        "last_save_error": save_error.lock().expect("save error lock").clone(),
-                    })),
-                }),
-                other => json!({ "error": format!("unknown op {other:?}") }),
+                Op::Stats => {
+                    let reply = Reply::Stats(Box::new(MountStats {
+                        mountpoint: mp.clone(),
+                        spec: spec.clone(),
+                        snapshot: snapshot.clone(),
+                        uptime_ms: started.elapsed().as_millis() as u64,
+                        pid: std::process::id(),
+                        remote: fetcher.remote.stats(),
+                        packs: fetcher.stats(),
+                        cache: fetcher.cache.stats(),
+                        reads: core.reads(),
+                        nodes_in_memory: core.node_count(),
+                        passthrough: passthrough.load(Relaxed),
+                        workspace: ws.as_ref().map(|w| WorkspaceStats {
+                            name: w.name.clone(),
+                            state_dir: w.state_dir.clone(),
+                            reopened: w.reopened,
+                            changes: core.changes(),
+                            last_save_error: save_error.lock().expect("save error lock").clone(),
+                        }),
+                    }));
+                    return Box::pin(async move { reply });
+                }
             };
-            Box::pin(async move { v })
+            let (fetcher, core, ws, mp) = (fetcher.clone(), core.clone(), ws.clone(), mp.clone());
+            let save_error = save_error.clone();
+            Box::pin(async move {
+                let Some(ws) = ws else {
+                    return Reply::Error {
+                        message: "this mount is a read-only snapshot, not a workspace".into(),
+                        user_error: true,
+                    };
+                };
+                // Refused before anything is done: a checkpoint asked for
+                // by name must be of this mount's workspace.
+                if let Some(n) = name.filter(|n| *n != ws.name) {
+                    return Reply::Error {
+                        message: format!("{} is a mount of workspace {}, not {n}", mp.display(), ws.name),
+                        user_error: true,
+                    };
+                }
+                let lease = mado_core::workspace::CheckpointLease { steal, force };
+                // On a thread of its own: the checkpoint's future is not
+                // Send (it borrows across its upload streams).
+                let h = tokio::runtime::Handle::current();
+                let before = fetcher.remote.stats();
+                let f2 = fetcher.clone();
+                let r = tokio::task::spawn_blocking(move || {
+                    h.block_on(mado_core::workspace::checkpoint_mount(&fetcher, &core, &ws.state_dir, &message, lease))
+                })
+                .await;
+                match r {
+                    Ok(Ok(report)) => {
+                        // The checkpoint saved the state itself.
+                        *save_error.lock().expect("save error lock") = None;
+                        Reply::Checkpoint { report, remote: f2.remote.stats().since(&before) }
+                    }
+                    Ok(Err(e)) => Reply::Error { message: e.to_string(), user_error: e.is_user_error() },
+                    Err(e) => Reply::Error { message: format!("checkpoint task failed: {e}"), user_error: false },
+                }
+            })
         })
     };
     rt.spawn(control::serve(listener, answer));

@@ -1,8 +1,9 @@
 //! mado's edge for mounts: the FUSE adapter ([`fs`]), the control socket
-//! each mount daemon serves ([`control`]), and the daemon that ties a
+//! each mount daemon serves ([`control`]) and what it speaks ([`protocol`]), and the daemon that ties a
 //! snapshot, the adapter and the socket together ([`daemon`]). The
 //! filesystem logic itself is `mado_core::vfs`.
 
 pub mod control;
 pub mod daemon;
 pub mod fs;
+pub mod protocol;

@@ -19,6 +19,7 @@ mod ws;
 
 use anyhow::Result;
 use clap::Subcommand;
+use mado_mount::protocol::{Op, Reply, Request};
 
 use crate::ctx::Ctx;
 
@@ -80,35 +81,35 @@ async fn dispatch(cmd: Command, ctx: &Ctx) -> Result<()> {
 }
 
 /// Sends `op` to the daemon of the mount holding `dir` (default: the
-/// current directory).
-fn ask_daemon(dir: Option<std::path::PathBuf>, op: &str) -> Result<serde_json::Value> {
+/// current directory) and waits up to `wait` for its reply; an error reply
+/// becomes an error (the user's when the daemon says so).
+fn ask_daemon(dir: Option<&std::path::Path>, op: Op, wait: std::time::Duration) -> Result<Reply> {
     let dir = match dir {
-        Some(d) => d,
+        Some(d) => d.to_path_buf(),
         None => std::env::current_dir()?,
     };
-    ask_daemon_with(&dir, &serde_json::json!({ "op": op }), std::time::Duration::from_secs(10))
-}
-
-/// Sends request `req` to the daemon of the mount holding `dir`, waiting up
-/// to `wait` for its answer.
-fn ask_daemon_with(
-    dir: &std::path::Path,
-    req: &serde_json::Value,
-    wait: std::time::Duration,
-) -> Result<serde_json::Value> {
-    let Some((mp, sock)) = mado_mount::control::find_mount(dir)? else {
+    let Some((mp, sock)) = mado_mount::control::find_mount(&dir)? else {
         return Err(mado_core::Error::User(format!(
             "no mado mount at or above {}; start one with `mado mount REF DIR`",
             dir.display()
         ))
         .into());
     };
-    mado_mount::control::request_with(&sock, req, wait).map_err(|e| {
+    let reply = mado_mount::control::request(&sock, &Request::new(op), wait).map_err(|e| {
         mado_core::Error::User(format!(
             "the daemon of {} does not answer ({e}); if it died, run `mado umount {}`",
             mp.display(),
             mp.display()
         ))
-        .into()
-    })
+    })?;
+    match reply {
+        Reply::Error { message, user_error: true } => Err(mado_core::Error::User(message).into()),
+        Reply::Error { message, user_error: false } => Err(anyhow::anyhow!(message)),
+        r => Ok(r),
+    }
+}
+
+/// A reply of another kind than asked for: a daemon of another version.
+fn unexpected(r: &Reply) -> anyhow::Error {
+    anyhow::anyhow!("the mount's daemon answered with an unexpected reply ({r:?}); remount it")
 }

@@ -2,6 +2,8 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::Args;
+use mado_mount::protocol::{Op, Reply};
+use std::time::Duration;
 
 use crate::ctx::Ctx;
 
@@ -15,10 +17,13 @@ pub struct PackStatusArgs {
 }
 
 pub async fn run(a: PackStatusArgs, ctx: &Ctx) -> Result<()> {
-    let v = super::ask_daemon(a.dir, "pack-status")?;
+    let v = match super::ask_daemon(a.dir.as_deref(), Op::PackStatus, Duration::from_secs(10))? {
+        Reply::PackStatus(s) => s,
+        r => return Err(super::unexpected(&r)),
+    };
     if ctx.json {
         return ctx.print_json(&v);
     }
-    println!("{}: {}", v["mountpoint"].as_str().unwrap_or("?"), v["message"].as_str().unwrap_or("?"));
+    println!("{}: {}", v.mountpoint.display(), v.message);
     Ok(())
 }

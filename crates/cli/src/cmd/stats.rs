@@ -2,6 +2,8 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::Args;
+use mado_mount::protocol::{Op, Reply};
+use std::time::Duration;
 
 use crate::ctx::Ctx;
 
@@ -14,28 +16,28 @@ pub struct StatsArgs {
 }
 
 pub async fn run(a: StatsArgs, ctx: &Ctx) -> Result<()> {
-    let v = super::ask_daemon(a.dir, "stats")?;
+    let v = match super::ask_daemon(a.dir.as_deref(), Op::Stats, Duration::from_secs(10))? {
+        Reply::Stats(s) => s,
+        r => return Err(super::unexpected(&r)),
+    };
     if ctx.json {
         return ctx.print_json(&v);
     }
-    let r = &v["remote"];
-    let p = &v["packs"];
-    let c = &v["cache"];
-    println!("mount:  {} ({} ms up)", v["mountpoint"].as_str().unwrap_or("?"), v["uptime_ms"]);
+    let (r, p, c) = (&v.remote, &v.packs, &v.cache);
+    println!("mount:  {} ({} ms up)", v.mountpoint.display(), v.uptime_ms);
     println!(
         "remote: {} GETs ({} ranged), {} HEADs, {} bytes down",
-        r["gets"].as_u64().unwrap_or(0) + r["ranged_gets"].as_u64().unwrap_or(0),
-        r["ranged_gets"],
-        r["heads"],
-        r["bytes_down"]
+        r.all_gets(),
+        r.ranged_gets,
+        r.heads,
+        r.bytes_down
     );
-    println!("cache:  {} hits, {} misses, {} healed", c["hits"], c["misses"], c["healed"]);
-    println!("packs:  {} exploded, {} members served", p["packs_exploded"], p["members_from_packs"]);
-    println!("nodes:  {} in memory", v["nodes_in_memory"]);
-    let w = &v["workspace"];
-    if w.is_object() {
-        println!("workspace: {} ({} changes since mounted)", w["name"].as_str().unwrap_or("?"), w["changes"]);
-        if let Some(e) = w["last_save_error"].as_str() {
+    println!("cache:  {} hits, {} misses, {} healed", c.hits, c.misses, c.healed);
+    println!("packs:  {} exploded, {} members served", p.packs_exploded, p.members_from_packs);
+    println!("nodes:  {} in memory", v.nodes_in_memory);
+    if let Some(w) = &v.workspace {
+        println!("workspace: {} ({} changes since mounted)", w.name, w.changes);
+        if let Some(e) = &w.last_save_error {
             println!("warning: the workspace's state could not be saved: {e}");
             println!("  changes since the last good save would be lost if the daemon died; checkpoints are refused");
         }

@@ -2,7 +2,9 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::{Args, Subcommand};
+use mado_core::store::Stats;
 use mado_core::workspace;
+use mado_mount::protocol::{Op, Reply};
 
 use crate::ctx::Ctx;
 
@@ -174,7 +176,7 @@ pub async fn run(c: WsCommand, ctx: &Ctx) -> Result<()> {
                         start.display()
                     ))
                 })?;
-                (checkpoint_dir(&fetcher, &dir, &a).await?, serde_json::to_value(fetcher.remote.stats())?)
+                (checkpoint_dir(&fetcher, &dir, &a).await?, fetcher.remote.stats())
             };
             print_checkpoint(ctx, &r, remote)
         }
@@ -254,32 +256,23 @@ async fn checkpoint_dir(
 
 /// Asks the daemon of the workspace mount holding `start` to checkpoint
 /// (it refuses a `name` other than its workspace's before doing anything).
-fn checkpoint_mount(
-    start: &std::path::Path,
-    a: &CheckpointArgs,
-) -> Result<(workspace::CheckpointReport, serde_json::Value)> {
-    let req = serde_json::json!({
-        "op": "checkpoint", "message": a.message, "steal": a.steal, "force": a.force, "name": a.name,
-    });
-    let v = super::ask_daemon_with(start, &req, std::time::Duration::from_secs(24 * 3600))?;
-    if let Some(e) = v["error"].as_str() {
-        if v["user_error"].as_bool().unwrap_or(true) {
-            return Err(mado_core::Error::User(e.to_string()).into());
-        }
-        return Err(anyhow::anyhow!("{e}"));
+fn checkpoint_mount(start: &std::path::Path, a: &CheckpointArgs) -> Result<(workspace::CheckpointReport, Stats)> {
+    let op = Op::Checkpoint { message: a.message.clone(), steal: a.steal, force: a.force, name: a.name.clone() };
+    // A checkpoint of a large change may take long: no short bound here.
+    match super::ask_daemon(Some(start), op, std::time::Duration::from_secs(24 * 3600))? {
+        Reply::Checkpoint { report, remote } => Ok((report, remote)),
+        r => Err(super::unexpected(&r)),
     }
-    let r: workspace::CheckpointReport = serde_json::from_value(v["ok"].clone())?;
-    Ok((r, v["remote"].clone()))
 }
 
-fn print_checkpoint(ctx: &Ctx, r: &workspace::CheckpointReport, remote: serde_json::Value) -> Result<()> {
+fn print_checkpoint(ctx: &Ctx, r: &workspace::CheckpointReport, remote: Stats) -> Result<()> {
     ctx.step(format!("read {} files, {} unchanged", r.files_read, r.files_unchanged));
     if ctx.json {
         #[derive(serde::Serialize)]
         struct Out<'a> {
             #[serde(flatten)]
             r: &'a workspace::CheckpointReport,
-            remote: serde_json::Value,
+            remote: Stats,
         }
         return ctx.print_json(&Out { r, remote });
     }

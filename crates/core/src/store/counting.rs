@@ -20,7 +20,7 @@ use object_store::{
     CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore, PutMultipartOptions,
     PutOptions, PutPayload, PutResult, Result,
 };
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 #[derive(Default, Debug)]
 pub struct Counters {
@@ -37,7 +37,7 @@ pub struct Counters {
 }
 
 /// A point-in-time copy of [`Counters`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Stats {
     /// Whole-object GETs.
     pub gets: u64,

@@ -1,0 +1,141 @@
+//! The control protocol between a running mount and the `mado` commands
+//! that ask it (`stats`, `pack-status`, `ws checkpoint`): typed, versioned
+//! requests and replies, one line of JSON each way (docs/FORMAT.md,
+//! "Control protocol"). The daemon and the CLI share these types, so a
+//! field cannot be renamed on one side only.
+
+use std::path::PathBuf;
+
+use mado_core::cache::CacheStats;
+use mado_core::fetch::{Attach, FetchStats};
+use mado_core::store::Stats;
+use mado_core::workspace::CheckpointReport;
+use serde::{Deserialize, Serialize};
+
+/// Bumped on any change a peer of the previous version would misread.
+pub const VERSION: u32 = 1;
+
+/// A request, with the protocol version it was written for.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Request {
+    pub v: u32,
+    #[serde(flatten)]
+    pub op: Op,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "kebab-case")]
+pub enum Op {
+    PackStatus,
+    Stats,
+    /// Checkpoint the mounted workspace (`name`, when given, must be it).
+    Checkpoint {
+        message: String,
+        steal: bool,
+        force: bool,
+        name: Option<String>,
+    },
+}
+
+impl Request {
+    pub fn new(op: Op) -> Request {
+        Request { v: VERSION, op }
+    }
+}
+
+/// A reply. An error says whether it is the user's to fix (exit 1).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(tag = "reply", rename_all = "kebab-case")]
+pub enum Reply {
+    PackStatus(PackStatus),
+    Stats(Box<MountStats>),
+    Checkpoint { report: CheckpointReport, remote: Stats },
+    Error { message: String, user_error: bool },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PackStatus {
+    pub mountpoint: PathBuf,
+    #[serde(rename = "ref")]
+    pub spec: String,
+    pub snapshot: String,
+    pub attached: bool,
+    pub status: Attach,
+    /// `status` in a sentence, with what to do about it.
+    pub message: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct MountStats {
+    pub mountpoint: PathBuf,
+    #[serde(rename = "ref")]
+    pub spec: String,
+    pub snapshot: String,
+    pub uptime_ms: u64,
+    pub pid: u32,
+    pub remote: Stats,
+    pub packs: FetchStats,
+    pub cache: CacheStats,
+    pub reads: u64,
+    pub nodes_in_memory: usize,
+    pub passthrough: bool,
+    pub workspace: Option<WorkspaceStats>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct WorkspaceStats {
+    pub name: String,
+    pub state_dir: PathBuf,
+    pub reopened: bool,
+    /// Changes since the mount started.
+    pub changes: u64,
+    /// Why the last save of the overlay state failed, while it fails.
+    pub last_save_error: Option<String>,
+}
+
+/// Decodes a request line; a line of another version or an unknown op is
+/// refused with the reason (a daemon started by another mado version), to
+/// be sent back as an error reply.
+pub fn decode_request(line: &str) -> Result<Request, String> {
+    let v: serde_json::Value = serde_json::from_str(line).map_err(|e| format!("a request that is not JSON: {e}"))?;
+    if v["v"].as_u64() != Some(VERSION as u64) {
+        return Err(format!(
+            "this mount's daemon speaks control protocol v{VERSION}, the request is v{}; \
+             remount with the same mado version as the command",
+            v["v"]
+        ));
+    }
+    serde_json::from_value(v).map_err(|e| format!("an unknown request: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The wire form is a format: these lines must keep decoding.
+    #[test]
+    fn requests_have_a_stable_wire_form() {
+        let line = r#"{"v":1,"op":"checkpoint","message":"m","steal":false,"force":true,"name":null}"#;
+        let r = decode_request(line).unwrap();
+        let want = Op::Checkpoint { message: "m".into(), steal: false, force: true, name: None };
+        assert_eq!(r, Request::new(want));
+        assert_eq!(serde_json::to_string(&r).unwrap(), line);
+        assert_eq!(decode_request(r#"{"v":1,"op":"stats"}"#).unwrap().op, Op::Stats);
+        assert_eq!(decode_request(r#"{"v":1,"op":"pack-status"}"#).unwrap().op, Op::PackStatus);
+    }
+
+    #[test]
+    fn other_versions_and_unknown_ops_are_refused_with_a_reason() {
+        for (line, says) in [
+            (r#"{"v":2,"op":"stats"}"#, "protocol v1"),
+            (r#"{"op":"stats"}"#, "protocol v1"),
+            (r#"{"v":1,"op":"format-disk"}"#, "unknown request"),
+            ("not json", "not JSON"),
+        ] {
+            match decode_request(line) {
+                Err(message) => assert!(message.contains(says), "{line}: {message}"),
+                Ok(r) => panic!("{line}: {r:?}"),
+            }
+        }
+    }
+}
