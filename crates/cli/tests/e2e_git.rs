@@ -68,18 +68,6 @@ fn clone_equivalence(m: &Mado) {
 }
 
 #[test]
-fn import_checkout_matches_git_clone_local() {
-    clone_equivalence(&Mado::local());
-}
-
-#[test]
-fn import_checkout_matches_git_clone_minio() {
-    if let Some(base) = s3_base() {
-        clone_equivalence(&Mado::s3(&base));
-    }
-}
-
-#[test]
 fn log_chains_imports_on_the_ref() {
     let m = Mado::local();
     let repo = fixture_repo(m.dir.path());
@@ -96,4 +84,12 @@ fn log_chains_imports_on_the_ref() {
     assert_eq!(log[1]["snapshot"], first["imported"][0]["snapshot"]);
     assert_eq!(log[0]["message"], "second\n");
     assert!(log[1]["source"].as_str().unwrap().starts_with("git:"));
+}
+
+#[test]
+fn import_checkout_matches_git_clone_on_every_backend() {
+    for (label, m) in Mado::every_backend() {
+        eprintln!("backend: {label}");
+        clone_equivalence(&m);
+    }
 }

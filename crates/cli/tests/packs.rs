@@ -116,18 +116,6 @@ fn packed_subtree_costs_one_ranged_get(m: &Mado) {
 }
 
 #[test]
-fn packed_subtree_costs_one_ranged_get_local() {
-    packed_subtree_costs_one_ranged_get(&Mado::local());
-}
-
-#[test]
-fn packed_subtree_costs_one_ranged_get_minio() {
-    if let Some(base) = s3_base() {
-        packed_subtree_costs_one_ranged_get(&Mado::s3(&base));
-    }
-}
-
-#[test]
 fn unpacked_subtree_costs_one_get_per_object_minio() {
     let Some(base) = s3_base() else { return };
     let m = Mado::s3(&base);
@@ -326,4 +314,12 @@ fn an_import_whose_packs_fail_completes_with_a_warning() {
     assert_cold_checkout_equals_clone(&m, &repo);
     // The retry the warning names works.
     m.ok(&["pack", "--recursive"]);
+}
+
+#[test]
+fn packed_subtree_costs_one_ranged_get_on_every_backend() {
+    for (label, m) in Mado::every_backend() {
+        eprintln!("backend: {label}");
+        packed_subtree_costs_one_ranged_get(&m);
+    }
 }

@@ -52,18 +52,6 @@ fn checkpoint_resume_round_trip(m: &Mado) {
 }
 
 #[test]
-fn checkpoint_resume_round_trip_minio() {
-    if let Some(base) = s3_base() {
-        checkpoint_resume_round_trip(&Mado::s3(&base));
-    }
-}
-
-#[test]
-fn checkpoint_resume_round_trip_local() {
-    checkpoint_resume_round_trip(&Mado::local());
-}
-
-#[test]
 fn same_edits_in_two_workspaces_share_every_file_and_tree_minio() {
     let Some(base) = s3_base() else { return };
     let m = Mado::s3(&base);
@@ -286,4 +274,12 @@ fn a_torn_workspace_state_is_a_local_state_error_naming_the_file() {
     assert!(err.contains("workspace.json") && err.contains("unreadable"), "{err}");
     assert!(!err.contains("internal error"), "{err}");
     assert_eq!(m.json(&["ws", "list"])[0]["snapshot"], before);
+}
+
+#[test]
+fn checkpoint_resume_round_trip_on_every_backend() {
+    for (label, m) in Mado::every_backend() {
+        eprintln!("backend: {label}");
+        checkpoint_resume_round_trip(&m);
+    }
 }

@@ -50,3 +50,50 @@ async fn a_missing_object_is_reported_to_every_waiter() {
         assert!(e.contains(&id.to_hex()) && e.contains("not found"), "{e}");
     }
 }
+
+/// A server that answers with garbage once: the read fails naming the
+/// object, nothing bad is cached, and the next read gets the real bytes.
+#[tokio::test]
+async fn garbage_from_the_server_is_refused_and_never_cached() {
+    use mado_core::store::fault::{Failure, Fault, FaultStore, Op};
+    let dir = tempfile::tempdir().unwrap();
+    let faults = Arc::new(FaultStore::new(Arc::new(object_store::memory::InMemory::new())));
+    let remote = Arc::new(Remote::from_store("memory://garbage", faults.clone()));
+    let data = Bytes::from_static(b"the real content");
+    let id = Hash::of(&data);
+    remote.put_object(Space::Objects, &id, data.clone()).await.unwrap();
+    faults.add(Fault {
+        op: Op::Get,
+        key_contains: id.to_hex(),
+        times: 1,
+        failure: Failure::Garbage(b"<html>502 Bad Gateway</html>".to_vec()),
+    });
+    let cache = Arc::new(DiskCache::open(dir.path().join("cache"), None).unwrap());
+    let f = Fetcher::new(remote, cache.clone());
+    let e = f.get(Space::Objects, id, "blob").await.unwrap_err();
+    assert!(matches!(e, mado_core::Error::Corrupt { .. }), "{e}");
+    assert!(e.to_string().contains(&id.to_hex()), "{e}");
+    assert!(!cache.contains(&id), "garbage reached the cache");
+    assert_eq!(faults.pending(), 0);
+    assert_eq!(f.get(Space::Objects, id, "blob").await.unwrap(), data);
+    assert!(cache.contains(&id));
+}
+
+/// A connection that breaks on a GET: an error naming the key and the
+/// store, and a retry that works.
+#[tokio::test]
+async fn a_broken_connection_is_an_error_naming_the_object_and_a_retry_works() {
+    use mado_core::store::fault::{Failure, Fault, FaultStore, Op};
+    let dir = tempfile::tempdir().unwrap();
+    let faults = Arc::new(FaultStore::new(Arc::new(object_store::memory::InMemory::new())));
+    let remote = Arc::new(Remote::from_store("memory://broken", faults.clone()));
+    let data = Bytes::from_static(b"content behind a flaky link");
+    let id = Hash::of(&data);
+    remote.put_object(Space::Objects, &id, data.clone()).await.unwrap();
+    faults.add(Fault { op: Op::Get, key_contains: String::new(), times: 1, failure: Failure::Error });
+    let cache = Arc::new(DiskCache::open(dir.path().join("cache"), None).unwrap());
+    let f = Fetcher::new(remote, cache);
+    let e = f.get(Space::Objects, id, "blob").await.unwrap_err().to_string();
+    assert!(e.contains(&id.to_hex()) && e.contains("memory://broken"), "{e}");
+    assert_eq!(f.get(Space::Objects, id, "blob").await.unwrap(), data);
+}

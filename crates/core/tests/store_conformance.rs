@@ -32,7 +32,10 @@ fn random_prefix() -> String {
 /// Remotes to test: (label, url, keep-alive for a temp dir).
 fn backends() -> Vec<(String, String, Option<tempfile::TempDir>)> {
     let dir = tempfile::tempdir().unwrap();
-    let mut v = vec![("local".to_string(), format!("file://{}", dir.path().display()), Some(dir))];
+    let mut v = vec![
+        ("local".to_string(), format!("file://{}", dir.path().display()), Some(dir)),
+        ("memory".to_string(), format!("memory://{}", random_prefix()), None),
+    ];
     if let Some(base) = s3_base() {
         v.push(("s3".to_string(), format!("{}/{}", base.trim_end_matches('/'), random_prefix()), None));
     }

@@ -37,6 +37,16 @@ impl Mado {
         Mado { dir, remote }
     }
 
+    /// One of each backend the tests have: the local store, and MinIO
+    /// when the suite runs with one (`make test` always does).
+    pub fn every_backend() -> Vec<(&'static str, Mado)> {
+        let mut v = vec![("local", Mado::local())];
+        if let Some(base) = s3_base() {
+            v.push(("minio", Mado::s3(&base)));
+        }
+        v
+    }
+
     pub fn s3(base: &str) -> Mado {
         let dir = tempfile::tempdir().unwrap();
         let remote = format!("{}/e2e-{:016x}", base.trim_end_matches('/'), rand::random::<u64>());

@@ -2,6 +2,10 @@
 //! network latency in tests and quick measurements (the benchmark harness
 //! uses a real TCP proxy instead). With a delay, the round-trip depth the
 //! counting wrapper reports shows up directly in wall time.
+//!
+//! Not object_store's `ThrottledStore`: over a local folder its GET panics
+//! (object_store 0.14.2 `throttle.rs`, `throttle_get`: a file payload is
+//! `unimplemented!()`), and the local folder is mado's default store.
 
 use std::fmt;
 use std::sync::Arc;

@@ -16,6 +16,7 @@
 
 pub mod counting;
 pub mod delay;
+pub mod fault;
 pub mod layout;
 
 use std::path::PathBuf;
@@ -127,6 +128,14 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 const MAX_RETRIES: usize = 2;
 const RETRY_TIMEOUT: Duration = Duration::from_secs(15);
 
+/// The in-memory store named by `url` (one per URL per process).
+fn memory_store(url: &str) -> Arc<dyn ObjectStore> {
+    static STORES: std::sync::OnceLock<std::sync::Mutex<std::collections::HashMap<String, Arc<dyn ObjectStore>>>> =
+        std::sync::OnceLock::new();
+    let mut stores = STORES.get_or_init(Default::default).lock().expect("memory stores lock");
+    stores.entry(url.to_string()).or_insert_with(|| Arc::new(object_store::memory::InMemory::new())).clone()
+}
+
 impl Remote {
     /// Opens `file:///abs/path` or `s3://bucket[/prefix]`. S3 settings come
     /// from the standard AWS environment variables (`AWS_ENDPOINT_URL`,
@@ -148,6 +157,11 @@ impl Remote {
                     .map_err(|e| Error::User(format!("remote URL {url:?}: cannot open {}: {e}", root.display())))?;
                 (Arc::new(fs), String::new(), Some(root))
             }
+            // A store in this process's memory, shared by every remote of
+            // the same URL and gone when the process ends: for unit tests
+            // of the layers above the store, never in place of a real
+            // backend.
+            "memory" => (memory_store(url), String::new(), None),
             "s3" => {
                 let bucket = parsed.host_str().unwrap_or_default().to_string();
                 if bucket.is_empty() {
@@ -189,6 +203,15 @@ impl Remote {
         let counters = Arc::new(Counters::default());
         let store = Arc::new(CountingStore::new(inner, counters.clone()));
         Ok(Remote { url: url.to_string(), store, prefix, local_root, counters })
+    }
+
+    /// A remote over `store` as given, with no URL to parse: for tests of
+    /// the layers above that wrap a real backend (`memory://`, a local
+    /// folder), e.g. in a [`fault::FaultStore`].
+    pub fn from_store(label: &str, store: Arc<dyn ObjectStore>) -> Remote {
+        let counters = Arc::new(Counters::default());
+        let store = Arc::new(CountingStore::new(store, counters.clone()));
+        Remote { url: label.to_string(), store, prefix: String::new(), local_root: None, counters }
     }
 
     pub fn url(&self) -> &str {
@@ -664,69 +687,19 @@ impl Remote {
 mod tests {
     use super::*;
     use object_store::memory::InMemory;
-    use object_store::{GetResult, ListResult, MultipartUpload, ObjectMeta, PutMultipartOptions, PutResult};
-
-    /// Applies every PUT, then reports the connection as reset (the answer
-    /// lost on the way back): the failure a client cannot tell from "not
-    /// applied" without looking.
-    #[derive(Debug)]
-    struct LostAnswers(InMemory);
-
-    impl std::fmt::Display for LostAnswers {
-        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            write!(f, "LostAnswers")
-        }
-    }
-
-    #[async_trait::async_trait]
-    impl ObjectStore for LostAnswers {
-        async fn put_opts(
-            &self,
-            location: &Path,
-            payload: PutPayload,
-            opts: PutOptions,
-        ) -> object_store::Result<PutResult> {
-            self.0.put_opts(location, payload, opts).await?;
-            Err(object_store::Error::Generic { store: "test", source: "connection reset by peer".into() })
-        }
-        async fn put_multipart_opts(
-            &self,
-            location: &Path,
-            opts: PutMultipartOptions,
-        ) -> object_store::Result<Box<dyn MultipartUpload>> {
-            self.0.put_multipart_opts(location, opts).await
-        }
-        async fn get_opts(&self, location: &Path, options: GetOptions) -> object_store::Result<GetResult> {
-            self.0.get_opts(location, options).await
-        }
-        fn delete_stream(
-            &self,
-            locations: futures::stream::BoxStream<'static, object_store::Result<Path>>,
-        ) -> futures::stream::BoxStream<'static, object_store::Result<Path>> {
-            self.0.delete_stream(locations)
-        }
-        fn list(&self, prefix: Option<&Path>) -> futures::stream::BoxStream<'static, object_store::Result<ObjectMeta>> {
-            self.0.list(prefix)
-        }
-        async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
-            self.0.list_with_delimiter(prefix).await
-        }
-        async fn copy_opts(
-            &self,
-            from: &Path,
-            to: &Path,
-            options: object_store::CopyOptions,
-        ) -> object_store::Result<()> {
-            self.0.copy_opts(from, to, options).await
-        }
-    }
 
     #[tokio::test]
     async fn a_ref_cas_whose_answer_was_lost_is_read_back_as_applied() {
-        let counters = Arc::new(Counters::default());
-        let store: Arc<dyn ObjectStore> =
-            Arc::new(CountingStore::new(Arc::new(LostAnswers(InMemory::new())), counters.clone()));
-        let r = Remote { url: "s3://test".into(), store, prefix: String::new(), local_root: None, counters };
+        let faults = Arc::new(fault::FaultStore::new(Arc::new(InMemory::new())));
+        // Every ref PUT is applied and its answer lost.
+        let lose = fault::Fault {
+            op: fault::Op::Put,
+            key_contains: "refs/".into(),
+            times: u32::MAX,
+            failure: fault::Failure::LoseAnswer,
+        };
+        faults.add(lose);
+        let r = Remote::from_store("memory://test", faults.clone());
         let v = RefValue { snapshot: Hash([1; 32]), root: Hash([2; 32]) };
         r.cas_ref("main", None, v).await.expect("applied, although the answer was lost");
         assert_eq!(r.read_ref("main").await.unwrap().unwrap().0, v);
