@@ -48,3 +48,27 @@ impl StatObject {
         Ok(StatObject { entries })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::object::Lease;
+
+    #[test]
+    fn stat_object_golden_and_hostile() {
+        let s = StatObject { entries: vec![(b"".to_vec(), 5, 0), (b"a/b".to_vec(), 1_700_000_000, 123)] };
+        let enc = s.encode();
+        let hex: String = enc.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(hex, "4d41444601020005000000000000000003612f6200f15365000000007b");
+        assert_eq!(StatObject::decode(&enc).unwrap(), s);
+        for bad in [&b"../x"[..], b"/etc", b"a/../b", b"a\0"] {
+            let t = StatObject { entries: vec![(bad.to_vec(), 0, 0)] };
+            assert!(StatObject::decode(&t.encode()).is_err(), "{bad:?}");
+        }
+        for cut in 0..enc.len() {
+            assert!(StatObject::decode(&enc[..cut]).is_err());
+        }
+        let l = Lease { holder: "me".into(), expires: 9 };
+        assert_eq!(Lease::decode(&l.encode()).unwrap(), l);
+    }
+}

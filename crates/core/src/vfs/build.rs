@@ -16,6 +16,7 @@ pub struct Built {
     /// Directories re-encoded.
     pub trees_built: u64,
 }
+
 /// Lists the paths of tree `id` (already in memory) with the snapshot time.
 fn list_tree_paths(fs: &SnapshotFs, id: Hash, path: &[u8], out: &mut StatObject) -> Result<()> {
     let mut stack = vec![(id, path.to_vec())];

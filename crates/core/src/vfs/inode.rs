@@ -20,6 +20,7 @@ pub(super) enum Body {
     /// A symlink made here.
     Link(Vec<u8>),
 }
+
 #[derive(Clone, Debug)]
 pub(super) struct Node {
     /// 0 once unlinked.
@@ -41,11 +42,13 @@ pub(super) struct Node {
     pub(super) touched: bool,
     pub(super) body: Body,
 }
+
 impl Node {
     pub(super) fn new(parent: u64, name: Vec<u8>, perm: u16, mtime: (i64, u32), body: Body) -> Node {
         Node { parent, name, perm, mtime, version: 0, lookups: 0, opens: 0, touched: false, body }
     }
 }
+
 pub(super) struct State {
     /// By inode number. Numbers are never reused within a mount, so a
     /// number the kernel still holds can never name another node.
@@ -53,6 +56,7 @@ pub(super) struct State {
     pub(super) next_ino: u64,
     pub(super) next_blob: u64,
 }
+
 impl State {
     pub(super) fn with_root(root: Node) -> State {
         State { nodes: HashMap::from([(ROOT_INO, root)]), next_ino: ROOT_INO + 1, next_blob: 1 }

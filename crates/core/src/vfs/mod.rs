@@ -54,6 +54,7 @@ mod saved;
 mod tests;
 
 pub use build::Built;
+
 use inode::{Body, Node, State};
 use overlay::read_upper;
 

@@ -11,6 +11,7 @@ use super::*;
 fn upper_mode(perm: u16) -> u32 {
     (perm as u32 & 0o777) | 0o600
 }
+
 fn write_upper(p: &Path, data: &[u8], perm: u16) -> Result<()> {
     use std::io::Write;
     let mut f = std::fs::OpenOptions::new()
@@ -21,6 +22,7 @@ fn write_upper(p: &Path, data: &[u8], perm: u16) -> Result<()> {
         .map_err(Error::io(format!("writing {}", p.display())))?;
     f.write_all(data).map_err(Error::io(format!("writing {}", p.display())))
 }
+
 pub(super) fn read_upper(file: &std::fs::File, offset: u64, size: u32) -> Result<Bytes> {
     let mut buf = vec![0u8; size as usize];
     let mut got = 0;

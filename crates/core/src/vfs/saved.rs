@@ -26,6 +26,7 @@ fn put_opt_hash(out: &mut Vec<u8>, h: Option<Hash>) {
         }
     }
 }
+
 fn opt_hash(r: &mut crate::codec::Reader) -> std::result::Result<Option<Hash>, crate::codec::DecodeError> {
     match r.u8()? {
         0 => Ok(None),
@@ -33,6 +34,7 @@ fn opt_hash(r: &mut crate::codec::Reader) -> std::result::Result<Option<Hash>, c
         f => Err(crate::codec::DecodeError::Invalid(format!("bad flag {f}"))),
     }
 }
+
 fn state_err(e: impl std::fmt::Display) -> Error {
     Error::LocalState {
         path: "the saved state of this workspace mount".into(),
@@ -42,6 +44,7 @@ fn state_err(e: impl std::fmt::Display) -> Error {
         ),
     }
 }
+
 /// The header of a saved state: what must be fetched before loading it.
 struct SavedHeader {
     root: Hash,

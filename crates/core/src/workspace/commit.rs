@@ -1,0 +1,150 @@
+//! What both kinds of checkpoint share once content is staged: lease,
+//! ref and store lock together, the upload in closure order, packs, the
+//! snapshot, and last the ref's compare-and-swap.
+
+use super::*;
+
+pub(super) fn author() -> String {
+    let user = std::env::var("USER").unwrap_or_else(|_| "mado".into());
+    let host = std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_string()).unwrap_or_default();
+    format!("{user}@{host}")
+}
+
+/// The shared part of a checkpoint: lease and ref, `stage` (on a blocking
+/// thread), then objects, packs, snapshot and, last, the ref.
+pub(super) async fn commit(
+    fetcher: &Arc<Fetcher>,
+    st: &LocalState,
+    state_at: &Path,
+    message: &str,
+    opts: CheckpointLease,
+    stage: impl FnOnce(Arc<DiskCache>) -> Result<(Staged, Walked)> + Send + 'static,
+) -> Result<(CheckpointReport, Walked, Hash)> {
+    let remote = &fetcher.remote;
+    let refname = ws_ref(&st.name)?;
+    if st.read_only {
+        return Err(Error::User(format!(
+            "this working copy of workspace {} was resumed --read-only and cannot checkpoint; \
+             resume it again without --read-only once its lease is free",
+            st.name
+        )));
+    }
+    // The lease, the ref and the writer's store lock go together (the lock
+    // is a PUT then a LIST, as long as the lease's GET then conditional PUT).
+    let (lease, cur, lock) = futures::join!(
+        take_lease(remote, &st.name, &st.holder, opts.steal),
+        remote.read_ref(&refname),
+        remote.begin_write()
+    );
+    let lock = lock?;
+    let r = commit_locked(fetcher, st, state_at, message, opts, stage, lease, cur).await;
+    // After the ref moved (or failed to): gc may sweep again.
+    remote.drop_lock(lock).await;
+    r
+}
+
+/// The rest of [`commit`], under the writer's store lock.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn commit_locked(
+    fetcher: &Arc<Fetcher>,
+    st: &LocalState,
+    state_at: &Path,
+    message: &str,
+    opts: CheckpointLease,
+    stage: impl FnOnce(Arc<DiskCache>) -> Result<(Staged, Walked)> + Send + 'static,
+    lease: Result<()>,
+    cur: Result<Option<(RefValue, crate::store::RefVersion)>>,
+) -> Result<(CheckpointReport, Walked, Hash)> {
+    let remote = &fetcher.remote;
+    let cache = fetcher.cache.clone();
+    let refname = ws_ref(&st.name)?;
+    lease?;
+    let (cur, ver) = cur?.ok_or_else(|| Error::NotFound(format!("workspace {} has no ref {refname}", st.name)))?;
+    // Like a push that is not a fast-forward: the workspace moved on since
+    // this working copy's base (another copy checkpointed), and a
+    // checkpoint here would drop those changes from its head.
+    let ours = cur.snapshot.to_hex() == st.head || st.pending.as_deref() == Some(&cur.snapshot.to_hex());
+    if !ours && !opts.force {
+        let moved = fetcher.snapshot(cur.snapshot).await.ok();
+        let by =
+            moved.map(|s| format!(" (by {} at {})", s.author, crate::error::local_time(s.time))).unwrap_or_default();
+        return Err(Error::User(format!(
+            "workspace {} moved to {}{by} since this working copy's base {}; \
+             resume it elsewhere to continue from there, or `mado ws checkpoint --force` to replace it with this copy",
+            st.name,
+            &cur.snapshot.to_hex()[..12],
+            &st.head[..12.min(st.head.len())]
+        )));
+    }
+    let c2 = cache.clone();
+    let (staged, walked) = tokio::task::spawn_blocking(move || stage(c2))
+        .await
+        .map_err(|e| Error::Io { context: "walking the workspace".into(), source: std::io::Error::other(e) })??;
+    let stat_bytes = walked.stat.encode();
+    let stat_id = Hash::of(&stat_bytes);
+    cache.put(&stat_id, &stat_bytes)?;
+    let parent_snap = fetcher.snapshot(cur.snapshot).await?;
+    let mut report = CheckpointReport {
+        workspace: st.name.clone(),
+        parent: cur.snapshot.to_hex(),
+        files_read: walked.files_read,
+        files_unchanged: walked.files_unchanged,
+        trees_built: walked.trees_built,
+        ..Default::default()
+    };
+    if parent_snap.root == walked.root && parent_snap.stat == Some(stat_id) {
+        report.snapshot = cur.snapshot.to_hex();
+        report.unchanged = true;
+        return Ok((report, walked, stat_id));
+    }
+    // Objects and trees (what the store lacks), and the stat object.
+    report.upload = upload_closure(remote, &cache, &staged, &[walked.root, stat_id]).await?;
+    failpoint("checkpoint-after-objects");
+    // Packs for the new tree, on top of the parent's: only new content is
+    // packed and uploaded, so the cost follows the change.
+    if parent_snap.root != walked.root {
+        let base = fetcher.locate(parent_snap.root).await?.ok().map(|(idx, _)| Arc::new(idx));
+        let opts = crate::publish::PackOptions {
+            mode: crate::pack::Mode::Recursive,
+            cap: crate::pack::DEFAULT_MAX_PACK_BYTES,
+            index_check: crate::publish::IndexCheck::KnownAbsent,
+            base,
+        };
+        let p = crate::publish::publish_packs(remote, &cache, walked.root, opts, Some(fetcher.clone())).await?;
+        report.packs_uploaded = p.packs_uploaded;
+    }
+    failpoint("checkpoint-after-packs");
+    let snap = Snapshot {
+        root: walked.root,
+        parents: vec![cur.snapshot],
+        time: now(),
+        author: author(),
+        message: message.to_string(),
+        source: format!("ws:{}", st.name),
+        stat: Some(stat_id),
+    };
+    let enc = snap.encode();
+    let sid = Hash::of(&enc);
+    cache.put(&sid, &enc)?;
+    remote.put_object(Space::Snapshots, &sid, Bytes::from(enc)).await?;
+    failpoint("checkpoint-after-snapshot");
+    crate::failpoint::pause("checkpoint-before-ref");
+    let mut intent = st.clone();
+    intent.pending = Some(sid.to_hex());
+    save_state_at(state_at, &intent)?;
+    remote.cas_ref(&refname, Some(&ver), RefValue { snapshot: sid, root: walked.root }).await?;
+    failpoint("checkpoint-after-ref");
+    report.snapshot = sid.to_hex();
+    Ok((report, walked, stat_id))
+}
+
+/// What walking a working copy produced.
+pub(super) struct Walked {
+    pub(super) root: Hash,
+    pub(super) stat: StatObject,
+    pub(super) files_read: u64,
+    pub(super) files_unchanged: u64,
+    pub(super) trees_built: Option<u64>,
+    /// The plain directory's new stat cache.
+    pub(super) statcache: Option<StatCache>,
+}

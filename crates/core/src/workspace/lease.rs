@@ -1,0 +1,63 @@
+//! The single-writer lease of a workspace: taken and renewed by
+//! compare-and-swap, released so another working copy can take it.
+
+use super::*;
+
+/// Takes or renews the lease of workspace `name` for `holder`. A lease
+/// another holder keeps is refused with [`Error::LeaseHeld`]; an expired
+/// one is taken only with `steal`; a released one is free.
+pub async fn take_lease(remote: &Remote, name: &str, holder: &str, steal: bool) -> Result<()> {
+    let key = remote.key(&crate::store::layout::lease(&ws_ref(name)?));
+    for _ in 0..3 {
+        let cur = remote.read_versioned(&key).await?;
+        let expected = match &cur {
+            None => None,
+            Some((bytes, ver)) => match Lease::decode(bytes).ok() {
+                Some(l) if l.holder == holder || l.holder.is_empty() => Some(ver.clone()),
+                Some(l) if l.expires > now() || !steal => {
+                    return Err(Error::LeaseHeld {
+                        name: name.to_string(),
+                        holder: l.holder,
+                        expires: l.expires,
+                        expired: l.expires <= now(),
+                    })
+                }
+                // Expired and stolen, or undecodable (overwritten).
+                _ => Some(ver.clone()),
+            },
+        };
+        let lease = Lease { holder: holder.to_string(), expires: now() + LEASE_SECS };
+        if remote.cas_put(&key, expected.as_ref(), lease.encode()).await?.is_ok() {
+            return Ok(());
+        }
+    }
+    Err(Error::User(format!(
+        "workspace {name}: the lease kept changing under us (another working copy is taking it); try again"
+    )))
+}
+
+/// Gives up `holder`'s lease of workspace `name`, so another working copy
+/// can take it at once (without --steal). Returns false when `holder` did
+/// not hold it (nothing is changed then).
+pub async fn release_lease(remote: &Remote, name: &str, holder: &str) -> Result<bool> {
+    let key = remote.key(&crate::store::layout::lease(&ws_ref(name)?));
+    for _ in 0..3 {
+        let Some((bytes, ver)) = remote.read_versioned(&key).await? else { return Ok(false) };
+        match Lease::decode(&bytes) {
+            Ok(l) if l.holder == holder => {}
+            _ => return Ok(false),
+        }
+        let released = Lease { holder: String::new(), expires: 0 };
+        if remote.cas_put(&key, Some(&ver), released.encode()).await?.is_ok() {
+            return Ok(true);
+        }
+    }
+    Err(Error::User(format!("workspace {name}: the lease kept changing under us; try again")))
+}
+
+/// Releases the lease a plain working copy at `dir` holds.
+pub async fn release(fetcher: &Arc<Fetcher>, dir: &Path) -> Result<(String, bool)> {
+    let st = load_state(dir)?;
+    let released = release_lease(&fetcher.remote, &st.name, &st.holder).await?;
+    Ok((st.name, released))
+}

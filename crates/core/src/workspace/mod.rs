@@ -1,0 +1,213 @@
+//! Workspaces: a ref `ws/<name>`, a single-writer lease, and a working
+//! copy (a plain directory, or a read-write mount).
+//!
+//! - **Checkpoint**: walk the working copy (unchanged files are recognised
+//!   by a stat cache, as git's index does, not re-read), stage new content
+//!   and trees in the disk cache, upload what the store lacks (closure
+//!   order), the stat object, the packs, the snapshot, and last move the
+//!   ref with compare-and-swap. Killed at any step, the ref is at the old
+//!   snapshot or at a complete new one.
+//! - **Mtimes live outside trees**, in a per-snapshot stat object, so two
+//!   workspaces with the same content share every tree.
+//! - **Lease**: `leases/ws/<name>`, holder and expiry, taken and renewed by
+//!   conditional PUT. Another holder's lease is an error naming it and its
+//!   expiry; `--steal` takes an expired one.
+//! - **Resume**: check the snapshot out (through packs, many reads in
+//!   flight) and restore every mtime, so a build tool sees nothing to redo.
+//!
+//! Parts: `lease` (take, renew, release), `working_copy` (a plain
+//! directory: its state, stat cache, walk and materialize), `mounted` (a
+//! workspace served by a mount: open, saved state, checkpoint), `commit`
+//! (what both checkpoints share: lease, upload, snapshot, ref CAS).
+
+use std::collections::BTreeMap;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+use crate::cache::DiskCache;
+use crate::error::{Error, Result};
+use crate::fetch::Fetcher;
+use crate::hash::Hash;
+use crate::object::{check_ref_name, Entry, Kind, Lease, RefValue, Snapshot, StatObject, Tree};
+use crate::store::{Remote, Space};
+use crate::upload::{upload_closure, Staged, UploadReport};
+use crate::vfs::SnapshotFs;
+
+mod commit;
+mod lease;
+mod mounted;
+mod working_copy;
+
+use commit::*;
+pub use lease::{release, release_lease, take_lease};
+pub use mounted::{checkpoint_mount, open_mount, save_mount_state, MountedWorkspace, StateSaver};
+use working_copy::*;
+pub use working_copy::{checkpoint, find_working_copy, load_state, load_state_at, LocalState};
+
+/// The folder inside a working copy that holds mado's state for it.
+pub const STATE_DIR: &str = ".mado";
+
+/// A mounted workspace's overlay state, in its state folder (docs/FORMAT.md).
+pub const OVERLAY_FILE: &str = "overlay.state";
+
+/// How long a lease lasts without renewal (each checkpoint renews it).
+pub const LEASE_SECS: i64 = 15 * 60;
+
+fn now() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
+}
+
+fn ws_ref(name: &str) -> Result<String> {
+    let r = format!("ws/{name}");
+    check_ref_name(&r).map_err(Error::User)?;
+    Ok(r)
+}
+
+use crate::failpoint::hit as failpoint;
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct CheckpointReport {
+    pub workspace: String,
+    pub snapshot: String,
+    pub parent: String,
+    /// Nothing changed since the last checkpoint: no new snapshot.
+    pub unchanged: bool,
+    pub files_read: u64,
+    pub files_unchanged: u64,
+    /// Directories re-encoded (a mount knows; a plain directory re-encodes all).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trees_built: Option<u64>,
+    pub upload: UploadReport,
+    pub packs_uploaded: u64,
+}
+
+/// How a checkpoint treats the lease and the workspace's head.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CheckpointLease {
+    /// Take the lease even though another holder had it, once expired.
+    pub steal: bool,
+    /// Replace the workspace's head although it moved since this working
+    /// copy's base (the newer checkpoints stay in the log, not in the head).
+    pub force: bool,
+}
+
+fn holder_id(dir: &Path) -> String {
+    let host = std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_string()).unwrap_or_default();
+    format!(
+        "{}@{host}:{}:{:08x}",
+        std::env::var("USER").unwrap_or_else(|_| "mado".into()),
+        dir.display(),
+        rand::random::<u32>()
+    )
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ResumeReport {
+    pub workspace: String,
+    pub snapshot: String,
+    pub dir: String,
+    pub files: u64,
+    pub mtimes_restored: u64,
+    /// Resumed without the lease (`--read-only`).
+    pub read_only: bool,
+}
+
+/// Whether a resume takes the workspace's lease.
+#[derive(Clone, Copy, Debug)]
+pub enum ResumeLease {
+    /// Take it (`steal`: even from an expired holder); refuse if held.
+    Take { steal: bool },
+    /// A copy that never checkpoints: no lease.
+    ReadOnly,
+}
+
+/// `ws create`: a new workspace from `spec`, materialized into `dir`.
+pub async fn create(
+    fetcher: &Arc<Fetcher>,
+    name: &str,
+    spec: &str,
+    dir: &Path,
+    progress: &(dyn Fn(u64, u64) + Sync),
+) -> Result<ResumeReport> {
+    if !crate::checkout::is_empty_dir(dir)? {
+        return Err(Error::User(format!("{} is not empty; create into a new or empty directory", dir.display())));
+    }
+    let (snapshot, root) = create_ref(fetcher, name, spec).await?;
+    materialize_into(fetcher, name, snapshot, root, dir, ResumeLease::Take { steal: false }, progress).await
+}
+
+/// The ref of workspace `name` (an error naming it when there is none).
+async fn read_ws_ref(fetcher: &Fetcher, name: &str) -> Result<RefValue> {
+    let refname = ws_ref(name)?;
+    let (v, _) = fetcher
+        .remote
+        .read_ref(&refname)
+        .await?
+        .ok_or_else(|| Error::NotFound(format!("no workspace named {name}; see `mado ws list`")))?;
+    Ok(v)
+}
+
+/// Creates the ref of a new workspace from `spec`.
+pub async fn create_ref(fetcher: &Arc<Fetcher>, name: &str, spec: &str) -> Result<(Hash, Hash)> {
+    let refname = ws_ref(name)?;
+    let r = crate::resolve::resolve(&fetcher.remote, spec).await?;
+    let root = match r.root {
+        Some(root) => root,
+        None => fetcher.snapshot(r.snapshot).await?.root,
+    };
+    fetcher.remote.cas_ref(&refname, None, RefValue { snapshot: r.snapshot, root }).await.map_err(|e| match e {
+        Error::RefMoved { .. } => Error::User(format!(
+            "workspace {name} already exists; use `mado ws resume {name} DIR` to get a working copy"
+        )),
+        e => e,
+    })?;
+    Ok((r.snapshot, root))
+}
+
+/// `ws resume`: the workspace's latest checkpoint into `dir`, byte for byte.
+pub async fn resume(
+    fetcher: &Arc<Fetcher>,
+    name: &str,
+    dir: &Path,
+    lease: ResumeLease,
+    progress: &(dyn Fn(u64, u64) + Sync),
+) -> Result<ResumeReport> {
+    let v = read_ws_ref(fetcher, name).await?;
+    materialize_into(fetcher, name, v.snapshot, v.root, dir, lease, progress).await
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct WsInfo {
+    pub name: String,
+    pub snapshot: String,
+    pub time: i64,
+    pub message: String,
+}
+
+/// Every workspace in the store.
+pub async fn list(fetcher: &Arc<Fetcher>) -> Result<Vec<WsInfo>> {
+    let mut out = Vec::new();
+    for (name, v) in fetcher.remote.list_refs().await? {
+        let Some(ws) = name.strip_prefix("ws/") else { continue };
+        let s = fetcher.snapshot(v.snapshot).await?;
+        out.push(WsInfo { name: ws.to_string(), snapshot: v.snapshot.to_hex(), time: s.time, message: s.message });
+    }
+    Ok(out)
+}
+
+/// Deletes the workspace's ref and lease (working copies are left alone).
+pub async fn remove(remote: &Remote, name: &str) -> Result<()> {
+    let refname = ws_ref(name)?;
+    if remote.read_ref(&refname).await?.is_none() {
+        return Err(Error::NotFound(format!("no workspace named {name}")));
+    }
+    remote.delete_ref(&refname).await?;
+    remote.delete_lease(&refname).await;
+    Ok(())
+}

@@ -1,0 +1,197 @@
+//! A workspace served by a read-write mount: opening it (base snapshot,
+//! stat object and lease together), saving its overlay state, and
+//! checkpointing from the filesystem core.
+
+use super::*;
+
+/// Checkpoints a read-write mount: only files written since the last
+/// checkpoint are hashed and only the directories above them re-encoded.
+pub async fn checkpoint_mount(
+    fetcher: &Arc<Fetcher>,
+    fs: &Arc<SnapshotFs>,
+    state_dir: &Path,
+    message: &str,
+    lease: CheckpointLease,
+) -> Result<CheckpointReport> {
+    let mut st = load_state_at(state_dir)?;
+    // A checkpoint is refused while the overlay cannot be saved: after a
+    // crash, what it would report as checkpointed could not be found again.
+    save_mount_state(fs, state_dir).map_err(|e| {
+        Error::local_state(
+            state_dir,
+            format!(
+                "refusing to checkpoint: the workspace's state cannot be saved ({e}); free space or fix permissions"
+            ),
+        )
+    })?;
+    if fs.needs_trees_for_build() {
+        fs.preload_trees().await?;
+    }
+    let fs2 = fs.clone();
+    let stage = move |cache: Arc<DiskCache>| {
+        let mut staged = Staged::default();
+        let b = fs2.build(&cache, &mut staged)?;
+        let w = Walked {
+            root: b.root,
+            stat: b.stat,
+            files_read: b.files_read,
+            files_unchanged: b.files_unchanged,
+            trees_built: Some(b.trees_built),
+            statcache: None,
+        };
+        Ok((staged, w))
+    };
+    let (report, walked, stat_id) = commit(fetcher, &st, state_dir, message, lease, stage).await?;
+    if !report.unchanged || st.pending.is_some() {
+        fs.rebase(stat_id, &walked.stat);
+        st.head = report.snapshot.clone();
+        st.pending = None;
+        save_state_at(state_dir, &st)?;
+    }
+    save_mount_state(fs, state_dir)?;
+    Ok(report)
+}
+
+/// Saves a mounted workspace's state when it changed since the last save:
+/// shared by the saver that runs after each burst of changes and by
+/// fsync, so concurrent and repeated requests cost one save.
+pub struct StateSaver {
+    state_dir: PathBuf,
+    /// `SnapshotFs::changes()` as of the last good save.
+    saved: std::sync::Mutex<u64>,
+}
+
+impl StateSaver {
+    pub fn new(state_dir: PathBuf) -> StateSaver {
+        StateSaver { state_dir, saved: std::sync::Mutex::new(0) }
+    }
+
+    /// Returns once every change made before the call is on disk
+    /// (written, fsynced and renamed into place).
+    pub fn save(&self, fs: &SnapshotFs) -> Result<()> {
+        let mut saved = self.saved.lock().expect("saver lock");
+        let now = fs.changes();
+        if now <= *saved {
+            return Ok(());
+        }
+        save_mount_state(fs, &self.state_dir)?;
+        *saved = now;
+        Ok(())
+    }
+}
+
+/// Writes a read-write mount's state (atomically) into its folder.
+pub fn save_mount_state(fs: &SnapshotFs, state_dir: &Path) -> Result<()> {
+    let bytes = fs.save_state()?;
+    crate::fsutil::save_atomic(&state_dir.join(OVERLAY_FILE), &bytes)
+}
+
+/// A workspace opened for a read-write mount.
+pub struct MountedWorkspace {
+    pub fs: Arc<SnapshotFs>,
+    /// Where its state lives: `<cache>/workspaces/<key>/` (`workspace.json`,
+    /// `overlay.json` and the upper layer in `upper/`).
+    pub state_dir: PathBuf,
+    pub snapshot: Hash,
+    /// Whether (and how) its pack index was attached.
+    pub attach: crate::fetch::Attach,
+    /// Uncheckpointed changes from an earlier mount were picked up.
+    pub reopened: bool,
+    /// The lease holder id this mount took the lease as.
+    pub holder: String,
+    pub warnings: Vec<String>,
+}
+
+/// Opens workspace `name` for a read-write mount at `mountpoint`. Round
+/// trips: the ref; the snapshot and the pack index together; the stat
+/// object and the lease together. Changes left by an earlier mount of the
+/// same checkpoint on this machine are picked up; changes on top of an
+/// older checkpoint are set aside (and named in a warning).
+pub async fn open_mount(
+    fetcher: &Arc<Fetcher>,
+    name: &str,
+    mountpoint: &Path,
+    steal: bool,
+) -> Result<MountedWorkspace> {
+    let v = read_ws_ref(fetcher, name).await?;
+    let (snap, attach) = futures::join!(fetcher.snapshot(v.snapshot), fetcher.attach(v.root));
+    let snap = snap?;
+    let attach = attach?;
+    let sd = fetcher.cache.workspace_dir(fetcher.remote.url(), name);
+    let mut warnings = Vec::new();
+    if sd.join("overlay.json").exists() && !sd.join(OVERLAY_FILE).exists() {
+        return Err(Error::User(format!(
+            "{} holds changes saved by an older mado (overlay.json); check them out with that version, \
+             or move the folder away to start from the last checkpoint",
+            sd.display()
+        )));
+    }
+    let saved = std::fs::read(sd.join(OVERLAY_FILE)).ok();
+    // Changes saved here and a working-copy record that cannot be read:
+    // refuse rather than start over (which would delete the upper files).
+    let prev = match load_state_at(&sd) {
+        Ok(p) => Some(p),
+        Err(e) if saved.is_some() => return Err(e),
+        Err(_) => None,
+    };
+    let reopen = match (&prev, &saved) {
+        (Some(p), Some(_)) if p.head == v.snapshot.to_hex() || p.pending == Some(v.snapshot.to_hex()) => true,
+        (Some(p), _) => {
+            let aside = sd.with_extension(format!("old-{}", now()));
+            let _ = std::fs::rename(&sd, &aside);
+            warnings.push(format!(
+                "local changes made on top of checkpoint {} were set aside in {} (the workspace is now at {})",
+                &p.head[..12.min(p.head.len())],
+                aside.display(),
+                &v.snapshot.to_hex()[..12]
+            ));
+            false
+        }
+        _ => false,
+    };
+    let holder = match (&prev, reopen) {
+        (Some(p), true) => p.holder.clone(),
+        _ => holder_id(mountpoint),
+    };
+    // The base stat object: the snapshot's, or the one the saved state
+    // was rebased on.
+    let base_id = match (&saved, reopen) {
+        (Some(b), true) => SnapshotFs::saved_base_stat(b)?,
+        _ => snap.stat,
+    };
+    let stat_fut = async {
+        match base_id {
+            Some(id) => {
+                let b = fetcher.get(Space::Objects, id, "stat object").await?;
+                StatObject::decode(&b).map(|s| Some((id, s))).map_err(|e| Error::corrupt(id, "stat object", "", e))
+            }
+            None => Ok(None),
+        }
+    };
+    let (stat, lease) = futures::join!(stat_fut, take_lease(&fetcher.remote, name, &holder, steal));
+    let stat = stat?;
+    // A read-write mount without the lease could never checkpoint.
+    lease?;
+    let upper = sd.join("upper");
+    let fs = match (&saved, reopen) {
+        (Some(b), true) => SnapshotFs::load_state(fetcher.clone(), b, upper, stat)?,
+        _ => {
+            let _ = std::fs::remove_dir_all(&upper);
+            SnapshotFs::writable(fetcher.clone(), v.root, snap.time, upper, stat)?
+        }
+    };
+    let fs = Arc::new(fs);
+    save_state_at(
+        &sd,
+        &LocalState {
+            name: name.to_string(),
+            remote: fetcher.remote.url().to_string(),
+            head: v.snapshot.to_hex(),
+            holder: holder.clone(),
+            read_only: false,
+            pending: None,
+        },
+    )?;
+    save_mount_state(&fs, &sd)?;
+    Ok(MountedWorkspace { fs, state_dir: sd, snapshot: v.snapshot, attach, reopened: reopen, holder, warnings })
+}
