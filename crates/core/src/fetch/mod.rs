@@ -1,0 +1,199 @@
+//! The fetcher: every read of committed content goes through here.
+//!
+//! 1. A verified disk-cache hit costs no network.
+//! 2. An object covered by an attached pack index is read through its
+//!    pack: the first request starts one ranged GET of the pack body, and
+//!    the members are exploded into the cache as the bytes stream in. Every
+//!    waiter is woken as soon as *its* member has arrived and verified, not
+//!    when the whole pack has. Concurrent requests for members of one pack
+//!    share that GET; across processes, an flock on the pack makes the
+//!    second process wait for the first and then read the cache.
+//! 3. Anything else is fetched alone (many in flight), and concurrent
+//!    requests for one id collapse into one GET.
+//!
+//! A pack that is missing, truncated or holds a bad member produces a
+//! warning naming it, and the reads fall back to per-object fetches;
+//! nothing unverified enters the cache. Every wait is woken by an event
+//! (a future completing, a watch channel changing, a lock being released),
+//! never by a timer.
+//!
+//! Parts: this file (single-flight gets, counters, warnings), `attach`
+//! (index discovery), `packs` (pack streaming), `typed` (typed readers).
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, RwLock};
+
+use bytes::Bytes;
+use futures::future::{BoxFuture, FutureExt, Shared};
+use futures::{StreamExt, TryStreamExt};
+use serde::{Deserialize, Serialize};
+
+use crate::cache::DiskCache;
+use crate::error::{Error, Result};
+use crate::hash::Hash;
+use crate::object::{ChunkManifest, Entry, Kind, Snapshot, Tree};
+use crate::pack::{decode_member, PackEntry, PackIndex};
+use crate::store::{Remote, Space, CONCURRENCY};
+
+mod attach;
+mod packs;
+mod typed;
+
+use attach::PackSet;
+pub use attach::{Attach, Discovery};
+use packs::PackFlight;
+
+type Flight = Shared<BoxFuture<'static, Result<Bytes, Arc<Error>>>>;
+
+#[derive(Default, Debug)]
+pub struct FetchCounters {
+    pub packs_exploded: AtomicU64,
+    pub members_from_packs: AtomicU64,
+    /// Members handed to a waiter before their pack finished arriving.
+    pub members_early: AtomicU64,
+    pub pack_failures: AtomicU64,
+}
+
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
+pub struct FetchStats {
+    pub packs_exploded: u64,
+    pub members_from_packs: u64,
+    pub members_early: u64,
+    pub pack_failures: u64,
+}
+
+pub struct Fetcher {
+    pub remote: Arc<Remote>,
+    pub cache: Arc<DiskCache>,
+    inflight: Mutex<HashMap<(Space, Hash), Flight>>,
+    packs: RwLock<PackSet>,
+    pack_flights: Mutex<HashMap<Hash, Arc<PackFlight>>>,
+    bad_packs: Mutex<HashSet<Hash>>,
+    /// Pack downloads in progress (their cache writes may outlive the
+    /// reads they served): awaited by [`Fetcher::drain`].
+    pack_tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// Bounds concurrent cache-write batches from pack explodes: unbounded,
+    /// dozens of packs writing at once thrash the disk.
+    write_permits: Arc<tokio::sync::Semaphore>,
+    warnings: Mutex<Vec<String>>,
+    /// What the current walk will read (see [`Fetcher::want`]).
+    wanted: RwLock<Option<Arc<HashSet<Hash>>>>,
+    pub counters: FetchCounters,
+}
+
+/// Re-creates an error shared between waiters of one flight.
+fn unshare(e: Arc<Error>) -> Error {
+    match Arc::try_unwrap(e) {
+        Ok(e) => e,
+        Err(e) => match &*e {
+            Error::ObjectMissing { id, what, path } => Error::ObjectMissing { id: *id, what, path: path.clone() },
+            Error::Corrupt { id, what, path, detail } => {
+                Error::Corrupt { id: *id, what, path: path.clone(), detail: detail.clone() }
+            }
+            other => Error::Io { context: other.to_string(), source: std::io::Error::other("shared fetch failed") },
+        },
+    }
+}
+
+impl Fetcher {
+    pub fn new(remote: Arc<Remote>, cache: Arc<DiskCache>) -> Arc<Fetcher> {
+        Arc::new(Fetcher {
+            remote,
+            cache,
+            inflight: Mutex::new(HashMap::new()),
+            packs: RwLock::new(PackSet::default()),
+            pack_flights: Mutex::new(HashMap::new()),
+            bad_packs: Mutex::new(HashSet::new()),
+            pack_tasks: Mutex::new(Vec::new()),
+            write_permits: Arc::new(tokio::sync::Semaphore::new(
+                std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2),
+            )),
+            warnings: Mutex::new(Vec::new()),
+            wanted: RwLock::new(None),
+            counters: FetchCounters::default(),
+        })
+    }
+
+    /// Declares the objects a walk is about to read (`None`: no hint). A
+    /// pack started meanwhile is fetched only over the span of its members
+    /// that are wanted when that span is under half the pack, still in one
+    /// ranged GET: members are in path order, so a subtree is one span, and
+    /// a subtree walk does not pull the rest of a whole-tree (v2) pack.
+    pub fn want(&self, ids: Option<HashSet<Hash>>) {
+        *self.wanted.write().expect("wanted lock") = ids.map(Arc::new);
+    }
+
+    pub fn stats(&self) -> FetchStats {
+        let c = &self.counters;
+        FetchStats {
+            packs_exploded: c.packs_exploded.load(Relaxed),
+            members_from_packs: c.members_from_packs.load(Relaxed),
+            members_early: c.members_early.load(Relaxed),
+            pack_failures: c.pack_failures.load(Relaxed),
+        }
+    }
+
+    /// Waits until every pack download started so far has finished writing
+    /// its members to the cache (call before the process exits).
+    pub async fn drain(&self) {
+        loop {
+            let tasks = std::mem::take(&mut *self.pack_tasks.lock().expect("pack tasks lock"));
+            if tasks.is_empty() {
+                return;
+            }
+            for t in tasks {
+                let _ = t.await;
+            }
+        }
+    }
+
+    /// Warnings gathered so far (each names a pack), drained.
+    pub fn take_warnings(&self) -> Vec<String> {
+        std::mem::take(&mut *self.warnings.lock().expect("warnings lock"))
+    }
+
+    fn warn(&self, w: String) {
+        self.warnings.lock().expect("warnings lock").push(w);
+    }
+
+    /// The bytes of object `id`, from the cache, a pack, or the remote.
+    pub async fn get(self: &Arc<Self>, space: Space, id: Hash, what: &'static str) -> Result<Bytes> {
+        if let Some(b) = self.cache.get(&id) {
+            return Ok(Bytes::from(b));
+        }
+        if space == Space::Objects {
+            let hit = self.packs.read().expect("packs lock").members.get(&id).cloned();
+            if let Some((pack, i)) = hit {
+                if let Some(b) = self.from_pack(pack, i).await {
+                    return Ok(b);
+                }
+            }
+        }
+        self.get_alone(space, id, what).await
+    }
+
+    async fn get_alone(self: &Arc<Self>, space: Space, id: Hash, what: &'static str) -> Result<Bytes> {
+        let flight = {
+            let mut map = self.inflight.lock().expect("inflight lock");
+            map.entry((space, id))
+                .or_insert_with(|| {
+                    let me = self.clone();
+                    async move {
+                        let r = me.remote.get_object(space, &id, what).await;
+                        if let Ok(b) = &r {
+                            // A failed cache write costs only a later re-fetch.
+                            let _ = me.cache.put(&id, b);
+                        }
+                        me.inflight.lock().expect("inflight lock").remove(&(space, id));
+                        r.map_err(Arc::new)
+                    }
+                    .boxed()
+                    .shared()
+                })
+                .clone()
+        };
+        flight.await.map_err(unshare)
+    }
+}
