@@ -323,3 +323,59 @@ fn packed_subtree_costs_one_ranged_get_on_every_backend() {
         packed_subtree_costs_one_ranged_get(&m);
     }
 }
+
+/// `mado checkout REF DIR PATH...`: only the named paths, each at its own
+/// place, equal to git's; from a cold cache only their span of the packs
+/// comes down; hostile or missing paths are refused before anything is
+/// written.
+#[test]
+fn subtree_checkout_writes_only_the_named_paths_and_downloads_their_span() {
+    let m = Mado::local();
+    let repo = real_repo(m.dir.path());
+    m.ok(&["import-git", repo.to_str().unwrap()]);
+
+    wipe_cache(&m);
+    let full = m.dir.path().join("full");
+    let whole = m.json(&["checkout", "main", full.to_str().unwrap()]);
+
+    // Cold, one subtree (named twice over): its span of the pack only.
+    wipe_cache(&m);
+    let one = m.dir.path().join("one");
+    let sync = "vendor/tokio/src/sync";
+    let sub =
+        m.json(&["checkout", "main", one.to_str().unwrap(), "vendor/tokio/src/sync/", "vendor/tokio/src/sync/mpsc"]);
+    assert_same_tree(&repo.join(sync), &one.join(sync));
+    let down = |v: &serde_json::Value| v["remote"]["bytes_down"].as_u64().unwrap();
+    assert!(sub["remote"]["ranged_gets"].as_u64().unwrap() >= 1, "read through packs: {sub}");
+    assert!(
+        down(&sub) * 2 < down(&whole),
+        "a subtree's span, not the whole packs: {} of {} bytes",
+        down(&sub),
+        down(&whole)
+    );
+
+    // Several paths, each at its own place, and nothing else.
+    let co = m.dir.path().join("co");
+    let two = m.json(&["checkout", "main", co.to_str().unwrap(), "README", "vendor/tokio/src"]);
+    assert_eq!(two["paths"].as_array().unwrap().len(), 2, "{two}");
+    assert_same_tree(&repo.join("vendor/tokio/src"), &co.join("vendor/tokio/src"));
+    assert_eq!(std::fs::read(co.join("README")).unwrap(), b"real sources\n");
+    let top: Vec<_> = std::fs::read_dir(co.join("vendor")).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(top, vec![std::ffi::OsString::from("tokio")], "only the named paths");
+    assert!(!co.join("vendor/tokio/Cargo.toml").exists());
+
+    // Refused before anything is written, naming the path.
+    let bad = m.dir.path().join("bad");
+    for (path, says) in [
+        ("../etc", ".."),
+        ("/etc/passwd", "absolute"),
+        ("vendor/../README", ".."),
+        ("vendor/nope", "vendor/nope"),
+        ("README/x", "README"),
+        ("", "empty"),
+    ] {
+        let err = m.fails(&["checkout", "main", bad.to_str().unwrap(), path], 1);
+        assert!(err.contains(says), "{path:?}: {err}");
+        assert!(!bad.exists(), "{path:?}: the target was created");
+    }
+}

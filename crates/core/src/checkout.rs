@@ -43,6 +43,9 @@ pub struct CheckoutReport {
 pub struct CheckoutOptions<'a> {
     /// Write into a non-empty directory, replacing what is in the way.
     pub force: bool,
+    /// Only these paths of the tree (directories or files), each written at
+    /// its own path under the target; empty: the whole tree.
+    pub paths: &'a [String],
     /// Called with (files done, files total).
     pub progress: &'a (dyn Fn(u64, u64) + Sync),
 }
@@ -215,7 +218,43 @@ fn join(dir: &[u8], name: &[u8]) -> Vec<u8> {
     }
 }
 
-/// Writes the tree `root` into `dest`.
+/// A path the user named inside a tree, as `/`-separated names: relative,
+/// no `.` or `..`, no empty names (a trailing `/` is allowed).
+pub fn check_tree_path(p: &str) -> Result<Vec<u8>> {
+    let trimmed = p.trim_end_matches('/');
+    let bad = |reason: &str| Error::UnsafePath { path: p.to_string(), reason: reason.to_string() };
+    if trimmed.is_empty() {
+        return Err(bad("an empty path names no entry (omit it for the whole tree)"));
+    }
+    if p.starts_with('/') {
+        return Err(bad("an absolute path; name a path inside the snapshot, relative to its root"));
+    }
+    for name in trimmed.split('/') {
+        crate::object::check_name(name.as_bytes()).map_err(|reason| bad(&reason))?;
+    }
+    Ok(trimmed.as_bytes().to_vec())
+}
+
+/// The named paths, checked, with any path below another one dropped
+/// (its ancestor brings it), sorted.
+fn roots_of(paths: &[String]) -> Result<Vec<Vec<u8>>> {
+    let mut v: Vec<Vec<u8>> = paths.iter().map(|p| check_tree_path(p)).collect::<Result<_>>()?;
+    v.sort();
+    v.dedup();
+    let mut out: Vec<Vec<u8>> = Vec::new();
+    for p in v {
+        let covered = out.iter().any(|a| p.starts_with(a) && p.get(a.len()) == Some(&b'/'));
+        if !covered {
+            out.push(p);
+        }
+    }
+    Ok(out)
+}
+
+/// One entry written: its kind, bytes, path and tree entry.
+type Written = (Kind, u64, Vec<u8>, Entry);
+
+/// Writes the tree `root` (or only `opts.paths` of it) into `dest`.
 pub async fn checkout(
     fetcher: &Arc<Fetcher>,
     root: Hash,
@@ -228,15 +267,62 @@ pub async fn checkout(
             dest.display()
         )));
     }
+    // Named paths are checked and looked up before anything is written.
+    let roots = roots_of(opts.paths)?;
+    let found: Vec<Option<Entry>> = futures::stream::iter(roots.iter().map(|p| {
+        let f = fetcher.clone();
+        async move { f.lookup(root, &lossy(p)).await }
+    }))
+    .buffered(CONCURRENCY)
+    .try_collect()
+    .await?;
+    let named: Vec<(Vec<u8>, Entry)> = roots
+        .into_iter()
+        .zip(found)
+        .map(|(p, e)| {
+            e.map(|e| (p.clone(), e)).ok_or_else(|| Error::NotFound(format!("{} is not in the snapshot", lossy(&p))))
+        })
+        .collect::<Result<_>>()?;
     std::fs::create_dir_all(dest).map_err(Error::io(format!("creating {}", dest.display())))?;
     let root_fd = Arc::new(
         rustix::fs::open(dest, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
             .map_err(|e| Error::Io { context: format!("opening {}", dest.display()), source: e.into() })?,
     );
     let mut report = CheckoutReport::default();
-    // Trees, one level at a time; directories are created as found.
     let mut files: Vec<(Vec<u8>, Entry)> = Vec::new();
-    let mut level: Vec<(Vec<u8>, Hash)> = vec![(Vec::new(), root)];
+    let mut level: Vec<(Vec<u8>, Hash)> = Vec::new();
+    if opts.paths.is_empty() {
+        level.push((Vec::new(), root));
+    } else {
+        // Each named path at its own place: its parents first (as plain
+        // directories), then the entry itself.
+        let mut made: std::collections::HashSet<Vec<u8>> = std::collections::HashSet::new();
+        for (p, e) in named {
+            let mut at = 0;
+            while let Some(i) = p[at..].iter().position(|c| *c == b'/') {
+                let parent = p[..at + i].to_vec();
+                if made.insert(parent.clone()) {
+                    make_dir(&root_fd, &parent, opts.force)?;
+                    report.dirs += 1;
+                }
+                at += i + 1;
+            }
+            match e.kind {
+                Kind::Directory | Kind::Gitlink => {
+                    make_dir(&root_fd, &p, opts.force)?;
+                    made.insert(p.clone());
+                    report.dirs += 1;
+                    if e.kind == Kind::Directory {
+                        level.push((p, e.id));
+                    } else {
+                        report.written.push((p, e));
+                    }
+                }
+                _ => files.push((p, e)),
+            }
+        }
+    }
+    // Trees, one level at a time; directories are created as found.
     while !level.is_empty() {
         let trees: Vec<_> = futures::stream::iter(level.iter().map(|(path, id)| {
             let f = fetcher.clone();
@@ -266,10 +352,15 @@ pub async fn checkout(
         }
         level = next;
     }
+    // Only the named subtrees' span of a larger pack needs to come.
+    let subset = !opts.paths.is_empty();
+    if subset {
+        fetcher.want(Some(files.iter().map(|(_, e)| e.id).collect()));
+    }
     // File contents, many in flight; each written as soon as it arrives.
     let total = files.len() as u64;
     let done = std::sync::atomic::AtomicU64::new(0);
-    let results: Vec<(Kind, u64, Vec<u8>, Entry)> = futures::stream::iter(files.into_iter().map(|(p, e)| {
+    let results: Result<Vec<Written>> = futures::stream::iter(files.into_iter().map(|(p, e)| {
         let f = fetcher.clone();
         let root_fd = root_fd.clone();
         let done = &done;
@@ -287,7 +378,11 @@ pub async fn checkout(
     }))
     .buffer_unordered(CONCURRENCY)
     .try_collect()
-    .await?;
+    .await;
+    if subset {
+        fetcher.want(None);
+    }
+    let results: Vec<Written> = results?;
     for (kind, n, p, e) in results {
         if kind == Kind::Symlink {
             report.symlinks += 1;
@@ -303,6 +398,19 @@ pub async fn checkout(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn named_paths_are_checked_and_covered_ones_dropped() {
+        let ok = |p: &str| check_tree_path(p).unwrap();
+        assert_eq!(ok("a/b/"), b"a/b");
+        assert_eq!(ok("a"), b"a");
+        for bad in ["", "/", "/etc", "a/../b", "..", "./a", "a//b", "a/./b"] {
+            assert!(matches!(check_tree_path(bad), Err(Error::UnsafePath { .. })), "{bad:?}");
+        }
+        let paths = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let roots = roots_of(&paths(&["src/lib", "src", "README", "src2/x", "src/", "srcx"])).unwrap();
+        assert_eq!(roots, vec![b"README".to_vec(), b"src".to_vec(), b"src2/x".to_vec(), b"srcx".to_vec()]);
+    }
 
     #[test]
     fn writes_refuse_to_pass_through_symlinks() {

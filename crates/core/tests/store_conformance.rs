@@ -73,6 +73,42 @@ async fn corrupt_objects_are_reported_with_their_id(r: &Remote) {
     }
 }
 
+async fn packs_indexes_listings_and_deletes(r: &Remote) {
+    use futures::TryStreamExt;
+    let id = Hash::of(b"a pack");
+    let body = Bytes::from_static(b"0123456789abcdef");
+    assert!(!r.has_pack(&id).await.unwrap());
+    match r.pack_range(&id, 0..4).await {
+        Err(Error::NotFound(m)) => assert!(m.contains(&id.to_hex()), "{m}"),
+        other => panic!("a missing pack is NotFound: {other:?}"),
+    }
+    r.put_pack(&id, body.clone()).await.unwrap();
+    assert!(r.has_pack(&id).await.unwrap());
+    assert_eq!(r.pack_range(&id, 2..6).await.unwrap(), Bytes::from_static(b"2345"));
+    let streamed: Vec<Bytes> = r.pack_stream(&id, 4..16).await.unwrap().try_collect().await.unwrap();
+    assert_eq!(streamed.concat(), b"456789abcdef");
+
+    let tree = Hash::of(b"a tree");
+    assert!(!r.has_index(&tree).await.unwrap());
+    assert_eq!(r.get_index(&tree).await.unwrap(), None);
+    r.put_index(&tree, Bytes::from_static(b"MADI...")).await.unwrap();
+    assert!(r.has_index(&tree).await.unwrap());
+    assert_eq!(r.get_index(&tree).await.unwrap(), Some(Bytes::from_static(b"MADI...")));
+
+    // The listing of packs holds the pack and the index (under packs/index).
+    let listed = r.list(mado_core::store::layout::PACKS).await.unwrap();
+    let keys: Vec<String> = listed.iter().map(|m| m.location.to_string()).collect();
+    assert!(keys.iter().any(|k| k.ends_with(&id.to_hex())), "{keys:?}");
+    assert!(keys.iter().any(|k| k.ends_with(&tree.to_hex())), "{keys:?}");
+    let index_key = listed.iter().find(|m| m.location.as_ref().ends_with(&tree.to_hex())).unwrap().location.clone();
+    assert_eq!(r.head_bytes(&index_key, 4).await.unwrap(), Bytes::from_static(b"MADI"));
+    assert!(r.get_if_present(&index_key).await.unwrap().is_some());
+    r.delete_keys(listed.into_iter().map(|m| m.location).collect()).await.unwrap();
+    assert!(!r.has_pack(&id).await.unwrap() && !r.has_index(&tree).await.unwrap());
+    assert_eq!(r.get_if_present(&index_key).await.unwrap(), None);
+    assert!(r.list(mado_core::store::layout::PACKS).await.unwrap().is_empty());
+}
+
 async fn snapshot_prefixes_resolve(r: &Remote) {
     let a = Bytes::from_static(b"snapshot a");
     let id = Hash::of(&a);
@@ -155,6 +191,7 @@ async fn run_all(label: &str, url: &str) {
     objects_round_trip_and_verify(&r).await;
     corrupt_objects_are_reported_with_their_id(&r).await;
     snapshot_prefixes_resolve(&r).await;
+    packs_indexes_listings_and_deletes(&r).await;
     refs_move_by_compare_and_swap(&r).await;
     concurrent_cas_has_one_winner(url).await;
     counting_wrapper_counts(&open(url)).await;

@@ -302,8 +302,12 @@ pub(super) async fn materialize_into(
             None => Ok(None),
         }
     };
-    let co_fut =
-        crate::checkout::checkout(fetcher, snap.root, dir, crate::checkout::CheckoutOptions { force: false, progress });
+    let co_fut = crate::checkout::checkout(
+        fetcher,
+        snap.root,
+        dir,
+        crate::checkout::CheckoutOptions { force: false, paths: &[], progress },
+    );
     let lease_fut = async {
         match lease_mode {
             ResumeLease::Take { steal } => take_lease(&fetcher.remote, name, &holder, steal).await,
