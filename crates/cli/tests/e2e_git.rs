@@ -75,8 +75,14 @@ fn log_chains_imports_on_the_ref() {
     std::fs::write(repo.join("README.md"), "changed\n").unwrap();
     git(&repo, &["commit", "-qam", "second"]);
     let second = m.json(&["import-git", repo.to_str().unwrap()]);
-    // Only the changed file and the root tree are new.
-    assert_eq!(second["upload"]["objects_uploaded"], 2, "{second}");
+    // Packs-first: only the changed file goes up, in one new pack on top
+    // of the first import's index; nothing is HEADed or stored alone.
+    let p = &second["packs"][0];
+    assert_eq!(p["packs_uploaded"], 1, "{second}");
+    assert!(p["bytes_uploaded"].as_u64().unwrap() < 2_000, "{second}");
+    assert_eq!(second["upload"]["objects_uploaded"], 0, "{second}");
+    assert_eq!(second["remote"]["heads"], 1, "the index probe only: {second}");
+    assert_eq!(second["remote"]["puts"], 5, "lock, pack, index, snapshot, ref: {second}");
     let log = m.json(&["log", "main"]);
     let log = log.as_array().unwrap();
     assert_eq!(log.len(), 2);

@@ -171,21 +171,27 @@ fn second_pack_run_uploads_nothing() {
     assert_eq!(v2["packs_uploaded"], 0, "the v2 packs are still there: {v2}");
 }
 
-/// Corrupts the one pack of the import in the local store with `damage`,
-/// then reads cold and checks the fallback.
-fn pack_fallback(damage: &dyn Fn(&Path)) {
-    let m = Mado::local();
-    let repo = fixture_repo(m.dir.path());
-    let imp = m.json(&["import-git", repo.to_str().unwrap()]);
-    assert_eq!(imp["packs"][0]["packs"], 1);
-    let packs_dir = m.store_dir().join("packs");
-    let pack = std::fs::read_dir(&packs_dir)
+/// The one pack file in the local store.
+fn the_pack(m: &Mado) -> PathBuf {
+    std::fs::read_dir(m.store_dir().join("packs"))
         .unwrap()
         .map(|e| e.unwrap().path())
         .filter(|p| p.file_name().unwrap() != "index")
         .flat_map(|d| std::fs::read_dir(d).unwrap().map(|e| e.unwrap().path()))
         .next()
-        .unwrap();
+        .unwrap()
+}
+
+/// A store of objects stored alone (from before packs-first) with packs
+/// built as a cache of them (`mado pack`): corrupts the one pack with
+/// `damage`, then reads cold and checks the fallback to the objects.
+fn pack_fallback(damage: &dyn Fn(&Path)) {
+    let m = Mado::local();
+    let repo = fixture_repo(m.dir.path());
+    m.ok(&["import-git", repo.to_str().unwrap(), "--no-packs"]);
+    let packed = m.json(&["pack", "--recursive"]);
+    assert_eq!(packed["packs"], 1, "{packed}");
+    let pack = the_pack(&m);
     let pack_id = pack.file_name().unwrap().to_string_lossy().into_owned();
     damage(&pack);
     wipe_cache(&m);
@@ -228,7 +234,8 @@ fn missing_pack_falls_back_per_object() {
 fn undecodable_index_falls_back_per_object() {
     let m = Mado::local();
     let repo = fixture_repo(m.dir.path());
-    m.ok(&["import-git", repo.to_str().unwrap()]);
+    m.ok(&["import-git", repo.to_str().unwrap(), "--no-packs"]);
+    m.ok(&["pack", "--recursive"]);
     let idx_dir = m.store_dir().join("packs/index");
     for e in std::fs::read_dir(&idx_dir).unwrap() {
         std::fs::write(e.unwrap().path(), b"MADI\x01garbage").unwrap();
@@ -300,20 +307,45 @@ fn a_small_subtree_of_a_big_pack_fetches_only_its_span() {
     assert_eq!(big["remote"]["ranged_gets"], 1, "{big}");
 }
 
-/// Packs are a cache: when they cannot be published at the end of an
-/// import (after every object is up), the import still succeeds, says so,
-/// and reads fall back to one request per object.
+/// Packs-first: an import whose packs cannot be published fails and
+/// leaves the ref where it was; a rerun publishes them.
 #[test]
-fn an_import_whose_packs_fail_completes_with_a_warning() {
+fn an_import_whose_packs_fail_leaves_the_ref_and_a_rerun_works() {
     let m = Mado::local();
     let repo = fixture_repo(m.dir.path());
     let o = m.cmd(&["import-git", repo.to_str().unwrap()]).env("MADO_FAIL", "publish-packs").output().unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "{err}");
-    assert!(err.contains("could not be published") && err.contains("mado pack --recursive"), "{err}");
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("publish-packs"), "{err}");
+    assert!(!m.store_dir().join("refs/main").exists(), "the ref moved without its content");
+    m.ok(&["import-git", repo.to_str().unwrap()]);
     assert_cold_checkout_equals_clone(&m, &repo);
-    // The retry the warning names works.
-    m.ok(&["pack", "--recursive"]);
+}
+
+/// Packs-first: content lives only in packs, so a damaged pack is an error
+/// naming the pack and the file, never a wrong byte and never a bad cache
+/// entry; the rest of the store is untouched.
+#[test]
+fn a_damaged_pack_of_a_packs_first_store_is_named_and_nothing_bad_is_cached() {
+    let m = Mado::local();
+    let repo = fixture_repo(m.dir.path());
+    let imp = m.json(&["import-git", repo.to_str().unwrap()]);
+    assert_eq!(imp["packs"][0]["packs"], 1, "{imp}");
+    assert!(!m.store_dir().join("objects").exists(), "nothing stored alone: {imp}");
+    let pack = the_pack(&m);
+    let pack_id = pack.file_name().unwrap().to_string_lossy().into_owned();
+    let mut b = std::fs::read(&pack).unwrap();
+    let n = b.len();
+    b[n - 3] ^= 0xff; // inside the last member
+    std::fs::write(&pack, b).unwrap();
+    wipe_cache(&m);
+    let o = m.run(&["checkout", "main", m.dir.path().join("co").to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains(&pack_id), "the pack is named: {err}");
+    assert!(err.contains("not found in the store"), "the object read alone is missing: {err}");
+    let v = m.json(&["cache", "verify"]);
+    assert_eq!(v["bad"].as_array().unwrap().len(), 0, "{v}");
 }
 
 #[test]

@@ -294,11 +294,33 @@ pub async fn publish(
         // Something to publish: the writer's lock (a PUT, then a LIST for a
         // sweeping gc) before the first dedup HEAD, so gc never deletes an
         // object this import finds present and reuses (docs/DESIGN.md).
-        let lock = remote.begin_write().await?;
+        // Packs-first: the index of what the ref holds is the base (what
+        // the store has), fetched alongside the lock.
+        let primary = packs.as_ref().filter(|o| o.primary).cloned();
+        let base = async {
+            match (&primary, &current) {
+                (Some(_), Some((v, _, _))) => index_of(remote, &v.root).await,
+                _ => Ok(None),
+            }
+        };
+        let (lock, base) = futures::join!(remote.begin_write(), base);
+        let lock = lock?;
         let r = async {
-            let mut upload = upload_closure(remote, cache, staged, &roots).await?;
-            let r = finish_publish(remote, cache, revs, ref_name, packs, Ok(current), &mut upload, indexed).await;
-            r.map(|x| (x, upload))
+            let mut upload = UploadReport::default();
+            let (mut reports, packs, indexed) = match primary {
+                Some(opts) => {
+                    let reports = publish_primary(remote, cache, &indexed?, base?, &opts, &mut upload).await?;
+                    (reports, None, Ok(Vec::new()))
+                }
+                None => {
+                    upload = upload_closure(remote, cache, staged, &roots).await?;
+                    (Vec::new(), packs, indexed)
+                }
+            };
+            let (imported, more, warnings) =
+                finish_publish(remote, cache, revs, ref_name, packs, Ok(current), &mut upload, indexed).await?;
+            reports.extend(more);
+            Ok::<_, Error>(((imported, reports, warnings), upload))
         }
         .await;
         // After the ref moved (or failed to): gc may sweep again.
@@ -317,6 +339,50 @@ pub async fn publish(
 }
 
 type CurrentRef = Option<(RefValue, crate::store::RefVersion, Snapshot)>;
+
+/// Tree `root`'s pack index in the store, if it has one that decodes.
+async fn index_of(remote: &Remote, root: &Hash) -> Result<Option<Arc<crate::pack::PackIndex>>> {
+    Ok(remote.get_index(root).await?.and_then(|b| crate::pack::PackIndex::decode(&b).ok()).map(Arc::new))
+}
+
+/// Packs-first: each new root's content goes up as packs (plus the
+/// objects too large for one, alone), then its index, built on top of
+/// `base` (the index of what the ref held, then of each root before it),
+/// so only members the store lacks are packed. No HEAD per object: what
+/// the store has is what the base index names.
+async fn publish_primary(
+    remote: &Remote,
+    cache: &Arc<DiskCache>,
+    indexed: &[(Hash, bool)],
+    mut base: Option<Arc<crate::pack::PackIndex>>,
+    opts: &crate::publish::PackOptions,
+    upload: &mut UploadReport,
+) -> Result<Vec<crate::publish::PackReport>> {
+    let mut reports = Vec::new();
+    let mut done = HashSet::new();
+    for (root, present) in indexed {
+        if !done.insert(*root) {
+            continue;
+        }
+        if *present {
+            base = index_of(remote, root).await?;
+            continue;
+        }
+        let o = crate::publish::PackOptions {
+            index_check: crate::publish::IndexCheck::KnownAbsent,
+            base: base.clone(),
+            primary: true,
+            ..opts.clone()
+        };
+        let r = crate::publish::publish_packs(remote, cache, *root, o, None).await?;
+        upload.objects_uploaded += r.loose_uploaded;
+        upload.bytes_uploaded += r.bytes_uploaded;
+        reports.push(r);
+        let local = std::fs::read(cache.index_path(root)).ok();
+        base = local.and_then(|b| crate::pack::PackIndex::decode(&b).ok()).map(Arc::new);
+    }
+    Ok(reports)
+}
 
 /// The rest of [`publish`], under the writer's lock: packs, snapshots and
 /// the ref.

@@ -335,6 +335,9 @@ pub struct Built {
     pub index: PackIndex,
     /// Objects too large for any pack (fetched alone).
     pub unpacked: u64,
+    /// Those objects' ids: when packs are how content goes up, they go
+    /// up alone.
+    pub loose: Vec<(Hash, MemberKind)>,
 }
 
 struct Walk<'a> {
@@ -344,6 +347,7 @@ struct Walk<'a> {
     dirs: u64,
     cap: u64,
     unpacked: u64,
+    loose: Vec<(Hash, MemberKind)>,
 }
 
 impl Walk<'_> {
@@ -360,6 +364,7 @@ impl Walk<'_> {
         if !e.chunked {
             if e.size > CHUNK_THRESHOLD {
                 self.unpacked += 1;
+                self.loose.push((e.id, MemberKind::Blob));
                 return Ok(None);
             }
             return Ok(Some(FileMembers { members: vec![(e.id, MemberKind::Blob)], bytes: e.size }));
@@ -369,6 +374,8 @@ impl Walk<'_> {
         let bytes = mb.len() as u64 + m.size;
         if bytes > self.cap {
             self.unpacked += 1 + m.chunks.len() as u64;
+            self.loose.extend(m.chunks.iter().map(|(_, c)| (*c, MemberKind::Chunk)));
+            self.loose.push((e.id, MemberKind::Manifest));
             return Ok(None);
         }
         let mut members = vec![(e.id, MemberKind::Manifest)];
@@ -500,7 +507,8 @@ pub fn build_delta(
     src: &Source<'_>,
     emit: &mut dyn FnMut(Hash, Vec<u8>) -> Result<()>,
 ) -> Result<Built> {
-    let mut w = Walk { src, trees: Vec::new(), seen_trees: HashSet::new(), dirs: 0, cap, unpacked: 0 };
+    let mut w =
+        Walk { src, trees: Vec::new(), seen_trees: HashSet::new(), dirs: 0, cap, unpacked: 0, loose: Vec::new() };
     let root = w.dir(tree)?;
     let mut all = Vec::new();
     flatten(&root, &mut all);
@@ -545,6 +553,7 @@ pub fn build_delta(
     Ok(Built {
         index: PackIndex { tree, mode: Mode::Recursive, dirs: w.dirs, packs, trees: w.trees },
         unpacked: w.unpacked,
+        loose: w.loose,
     })
 }
 
@@ -557,7 +566,8 @@ pub fn build(
     src: &Source<'_>,
     emit: &mut dyn FnMut(Hash, Vec<u8>) -> Result<()>,
 ) -> Result<Built> {
-    let mut w = Walk { src, trees: Vec::new(), seen_trees: HashSet::new(), dirs: 0, cap, unpacked: 0 };
+    let mut w =
+        Walk { src, trees: Vec::new(), seen_trees: HashSet::new(), dirs: 0, cap, unpacked: 0, loose: Vec::new() };
     let root = w.dir(tree)?;
     let mut groups = Vec::new();
     match mode {
@@ -583,9 +593,15 @@ pub fn build(
         let packed: HashSet<Hash> = packs.iter().flat_map(|p| p.members.iter().map(|m| m.id)).collect();
         let mut all = Vec::new();
         flatten(&root, &mut all);
-        w.unpacked += all.iter().filter(|(id, _)| !packed.contains(id)).count() as u64;
+        let alone: Vec<(Hash, MemberKind)> = all.into_iter().filter(|(id, _)| !packed.contains(id)).collect();
+        w.unpacked += alone.len() as u64;
+        w.loose.extend(alone);
     }
-    Ok(Built { index: PackIndex { tree, mode, dirs: w.dirs, packs, trees: w.trees }, unpacked: w.unpacked })
+    Ok(Built {
+        index: PackIndex { tree, mode, dirs: w.dirs, packs, trees: w.trees },
+        unpacked: w.unpacked,
+        loose: w.loose,
+    })
 }
 
 #[cfg(test)]

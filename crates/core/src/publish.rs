@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 
 use serde::Serialize;
 
@@ -21,8 +21,8 @@ use crate::cache::DiskCache;
 use crate::error::{Error, Result};
 use crate::fsutil::save_cache_file;
 use crate::hash::Hash;
-use crate::pack::{build, Mode};
-use crate::store::Remote;
+use crate::pack::{build, MemberKind, Mode};
+use crate::store::{Remote, Space, CONCURRENCY};
 
 #[derive(Clone, Debug)]
 pub struct PackOptions {
@@ -32,6 +32,10 @@ pub struct PackOptions {
     /// Build on top of this index (a checkpoint's parent): only new
     /// members are packed and uploaded.
     pub base: Option<std::sync::Arc<crate::pack::PackIndex>>,
+    /// Packs are how this content goes up (not a cache of objects stored
+    /// alone): new packs are PUT without a HEAD (they hold only new
+    /// members), and objects too large for any pack go up alone.
+    pub primary: bool,
 }
 
 /// How to decide whether the index must be written.
@@ -54,6 +58,8 @@ pub struct PackReport {
     pub dirs: u64,
     pub packs_uploaded: u64,
     pub bytes_uploaded: u64,
+    /// Objects too large for a pack, uploaded alone (packs-first only).
+    pub loose_uploaded: u64,
     pub index_uploaded: bool,
     pub index_bytes: u64,
     pub build_ms: u64,
@@ -99,7 +105,7 @@ pub async fn publish_packs(
     });
     let uploads = futures::stream::poll_fn(|cx| rx.poll_recv(cx))
         .map(|(id, bytes)| async move {
-            if remote.has_pack(&id).await? {
+            if !opts.primary && remote.has_pack(&id).await? {
                 return Ok::<u64, Error>(0);
             }
             let n = bytes.len() as u64;
@@ -119,6 +125,12 @@ pub async fn publish_packs(
             report.bytes_uploaded += n;
         }
     }
+    // Every member of the tree is now in a pack the index names, or must
+    // be stored alone: those the store lacks go up (packs-first content
+    // never went up alone; a rebuild may leave out what a pack held).
+    let (n, bytes) = upload_loose(remote, cache, &built.loose).await?;
+    report.loose_uploaded = n;
+    report.bytes_uploaded += bytes;
     let idx = built.index;
     let enc = idx.encode();
     let same = if opts.index_check == IndexCheck::Compare {
@@ -144,4 +156,34 @@ pub async fn publish_packs(
     report.model_gets_unpacked = idx.trees.len() as u64 + members as u64 + built.unpacked;
     report.model_gets_packed = 1 + idx.packs.len() as u64 + built.unpacked;
     Ok(report)
+}
+
+/// Uploads the objects a build left out of every pack (too large, or not
+/// in a dense directory), those the store lacks: one HEAD batch, then chunks and blobs,
+/// then manifests (the closure rule). Returns (objects, bytes) uploaded.
+async fn upload_loose(remote: &Remote, cache: &DiskCache, loose: &[(Hash, MemberKind)]) -> Result<(u64, u64)> {
+    let ids: Vec<Hash> = loose.iter().map(|(id, _)| *id).collect();
+    let have = remote.have_objects(Space::Objects, &ids).await?;
+    let missing: Vec<(Hash, MemberKind)> =
+        loose.iter().zip(have).filter(|(_, present)| !present).map(|(m, _)| *m).collect();
+    let (manifests, leaves): (Vec<_>, Vec<_>) = missing.into_iter().partition(|(_, k)| *k == MemberKind::Manifest);
+    let (mut n, mut bytes) = (0, 0);
+    for batch in [leaves, manifests] {
+        let sizes: Vec<u64> = futures::stream::iter(batch.into_iter().map(|(id, _)| async move {
+            let b = cache.get(&id).ok_or_else(|| {
+                Error::User(format!(
+                    "object {id} is neither in the store nor in the disk cache; run `mado materialize` first"
+                ))
+            })?;
+            let len = b.len() as u64;
+            remote.put_object(Space::Objects, &id, Bytes::from(b)).await?;
+            Ok::<u64, Error>(len)
+        }))
+        .buffer_unordered(CONCURRENCY)
+        .try_collect()
+        .await?;
+        n += sizes.len() as u64;
+        bytes += sizes.iter().sum::<u64>();
+    }
+    Ok((n, bytes))
 }

@@ -50,6 +50,7 @@ pub async fn run(a: ImportGitArgs, ctx: &Ctx) -> Result<()> {
             cap: a.max_pack_bytes,
             index_check: mado_core::publish::IndexCheck::KnownAbsent,
             base: None,
+            primary: true,
         }),
         Arc::new(move |n| pb2.set_position(n)),
     )

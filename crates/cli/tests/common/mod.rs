@@ -281,16 +281,38 @@ pub fn fuse_usable() -> bool {
     ok
 }
 
-/// Every object file of a local store: id -> bytes.
+/// Every object of a local store, id -> bytes: those stored alone, the
+/// trees that pack indexes carry inline, and the members of the packs the
+/// indexes name (each verified: a member whose bytes do not hash to its id
+/// counts as absent).
 pub fn store_objects(store: &Path) -> BTreeMap<mado_core::Hash, Vec<u8>> {
     let mut out = BTreeMap::new();
-    let objects = store.join("objects");
-    let Ok(dirs) = std::fs::read_dir(&objects) else { return out };
-    for d in dirs {
-        for f in std::fs::read_dir(d.unwrap().path()).unwrap() {
-            let f = f.unwrap();
-            if let Ok(id) = f.file_name().to_string_lossy().parse::<mado_core::Hash>() {
-                out.insert(id, std::fs::read(f.path()).unwrap());
+    if let Ok(dirs) = std::fs::read_dir(store.join("objects")) {
+        for d in dirs {
+            for f in std::fs::read_dir(d.unwrap().path()).unwrap() {
+                let f = f.unwrap();
+                if let Ok(id) = f.file_name().to_string_lossy().parse::<mado_core::Hash>() {
+                    out.insert(id, std::fs::read(f.path()).unwrap());
+                }
+            }
+        }
+    }
+    let Ok(indexes) = std::fs::read_dir(store.join("packs/index")) else { return out };
+    for i in indexes {
+        let Ok(idx) = mado_core::pack::PackIndex::decode(&std::fs::read(i.unwrap().path()).unwrap()) else { continue };
+        for (id, t) in idx.trees {
+            out.insert(id, t);
+        }
+        for p in &idx.packs {
+            let hex = p.id.to_hex();
+            let Ok(body) = std::fs::read(store.join("packs").join(&hex[..2]).join(&hex)) else { continue };
+            for m in &p.members {
+                let Some(stored) = body.get(m.offset as usize..(m.offset + m.stored_len) as usize) else { continue };
+                if let Ok(raw) = mado_core::pack::decode_member(m, stored) {
+                    if mado_core::Hash::of(&raw) == m.id {
+                        out.insert(m.id, raw);
+                    }
+                }
             }
         }
     }

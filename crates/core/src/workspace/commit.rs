@@ -97,20 +97,57 @@ pub(super) async fn commit_locked(
         report.unchanged = true;
         return Ok((report, walked, stat_id));
     }
-    // Objects and trees (what the store lacks), and the stat object.
-    report.upload = upload_closure(remote, &cache, &staged, &[walked.root, stat_id]).await?;
-    failpoint("checkpoint-after-objects");
-    // Packs for the new tree, on top of the parent's: only new content is
-    // packed and uploaded, so the cost follows the change.
-    if parent_snap.root != walked.root {
-        let base = fetcher.locate(parent_snap.root).await?.ok().map(|(idx, _)| Arc::new(idx));
-        let opts = crate::publish::PackOptions {
-            mode: crate::pack::Mode::Recursive,
-            cap: crate::pack::DEFAULT_MAX_PACK_BYTES,
-            index_check: crate::publish::IndexCheck::KnownAbsent,
-            base,
+    // What the store has: the parent's index (its packs and the trees it
+    // carries). With one, content goes up packs-first on top of it: new
+    // members only, no HEAD per object; the stat object alone, alongside.
+    // A tree already indexed in the store (another workspace made the same
+    // edits) has all its content there: nothing but the stat object goes up.
+    let (base, indexed) = match parent_snap.root == walked.root {
+        true => (None, true),
+        false => {
+            let (base, indexed) = futures::join!(fetcher.locate(parent_snap.root), remote.has_index(&walked.root));
+            (base?.ok().map(|(idx, _)| Arc::new(idx)), indexed?)
+        }
+    };
+    let pack_opts = |base, primary| crate::publish::PackOptions {
+        mode: crate::pack::Mode::Recursive,
+        cap: crate::pack::DEFAULT_MAX_PACK_BYTES,
+        index_check: crate::publish::IndexCheck::KnownAbsent,
+        base,
+        primary,
+    };
+    if indexed {
+        // Only mtimes changed, or the tree is indexed already: the stat
+        // object is all that is new.
+        report.upload = upload_closure(remote, &cache, &staged, &[stat_id]).await?;
+        failpoint("checkpoint-after-objects");
+    } else if let Some(base) = base {
+        let stat = async {
+            remote.put_object(Space::Objects, &stat_id, Bytes::from(stat_bytes.clone())).await?;
+            failpoint("checkpoint-after-objects");
+            Ok::<_, Error>(())
         };
-        let p = crate::publish::publish_packs(remote, &cache, walked.root, opts, Some(fetcher.clone())).await?;
+        let packs = crate::publish::publish_packs(
+            remote,
+            &cache,
+            walked.root,
+            pack_opts(Some(base), true),
+            Some(fetcher.clone()),
+        );
+        let (stat, p) = futures::join!(stat, packs);
+        stat?;
+        let p = p?;
+        report.upload.objects_uploaded = 1 + p.loose_uploaded;
+        report.upload.bytes_uploaded = stat_bytes.len() as u64 + p.bytes_uploaded;
+        report.packs_uploaded = p.packs_uploaded;
+    } else {
+        // A parent with no index (a store from before packs-first): objects
+        // and trees alone, in closure order, and packs as a cache of them.
+        report.upload = upload_closure(remote, &cache, &staged, &[walked.root, stat_id]).await?;
+        failpoint("checkpoint-after-objects");
+        let p =
+            crate::publish::publish_packs(remote, &cache, walked.root, pack_opts(None, false), Some(fetcher.clone()))
+                .await?;
         report.packs_uploaded = p.packs_uploaded;
     }
     failpoint("checkpoint-after-packs");
