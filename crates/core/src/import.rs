@@ -6,10 +6,13 @@
 //!    clone` would (read from the commit's own tree, not the worktree),
 //!    split large files, and write every object into the disk cache.
 //!    Hostile names are refused here, with the path.
-//! 2. **Upload** (async): find what the store lacks top-down (by the
-//!    closure rule a present tree proves its subtree, so unchanged subtrees
-//!    cost one HEAD), then write leaves, trees deepest-first, snapshots,
-//!    and finally move the ref with compare-and-swap.
+//! 2. **Upload** (async), packs-first by default: what the store has is
+//!    what the index of the ref's tree names, so the new members go up as
+//!    packs built on top of it (no HEAD or PUT per object), then the index,
+//!    alongside the snapshots, and finally the ref moves with
+//!    compare-and-swap. With `--no-packs`: find what the store lacks
+//!    top-down (a present tree proves its subtree), then write leaves,
+//!    trees by height, snapshots, and the ref.
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -288,7 +291,9 @@ pub async fn publish(
     };
     let ((imported, pack_reports, warnings), upload) = if noop {
         let mut upload = UploadReport::default();
-        let r = finish_publish(remote, cache, revs, ref_name, packs, Ok(current), &mut upload, indexed).await?;
+        let nothing = async { Ok((Vec::new(), UploadReport::default())) };
+        let r =
+            finish_publish(remote, cache, revs, ref_name, packs, Ok(current), &mut upload, indexed, nothing).await?;
         (r, upload)
     } else {
         // Something to publish: the writer's lock (a PUT, then a LIST for a
@@ -307,20 +312,23 @@ pub async fn publish(
         let lock = lock?;
         let r = async {
             let mut upload = UploadReport::default();
-            let (mut reports, packs, indexed) = match primary {
+            // Packs-first: the packs and index go up alongside the
+            // snapshots (nothing reaches either before the ref moves).
+            let (alongside, packs, indexed) = match primary {
                 Some(opts) => {
-                    let reports = publish_primary(remote, cache, &indexed?, base?, &opts, &mut upload).await?;
-                    (reports, None, Ok(Vec::new()))
+                    let (indexed, base) = (indexed?, base?);
+                    let f = async move { publish_primary(remote, cache, &indexed, base, &opts).await };
+                    (futures::future::Either::Left(f), None, Ok(Vec::new()))
                 }
                 None => {
                     upload = upload_closure(remote, cache, staged, &roots).await?;
-                    (Vec::new(), packs, indexed)
+                    let none = async { Ok((Vec::new(), UploadReport::default())) };
+                    (futures::future::Either::Right(none), packs, indexed)
                 }
             };
-            let (imported, more, warnings) =
-                finish_publish(remote, cache, revs, ref_name, packs, Ok(current), &mut upload, indexed).await?;
-            reports.extend(more);
-            Ok::<_, Error>(((imported, reports, warnings), upload))
+            let r = finish_publish(remote, cache, revs, ref_name, packs, Ok(current), &mut upload, indexed, alongside)
+                .await?;
+            Ok::<_, Error>((r, upload))
         }
         .await;
         // After the ref moved (or failed to): gc may sweep again.
@@ -356,8 +364,8 @@ async fn publish_primary(
     indexed: &[(Hash, bool)],
     mut base: Option<Arc<crate::pack::PackIndex>>,
     opts: &crate::publish::PackOptions,
-    upload: &mut UploadReport,
-) -> Result<Vec<crate::publish::PackReport>> {
+) -> Result<(Vec<crate::publish::PackReport>, UploadReport)> {
+    let mut upload = UploadReport::default();
     let mut reports = Vec::new();
     let mut done = HashSet::new();
     for (root, present) in indexed {
@@ -381,7 +389,7 @@ async fn publish_primary(
         let local = std::fs::read(cache.index_path(root)).ok();
         base = local.and_then(|b| crate::pack::PackIndex::decode(&b).ok()).map(Arc::new);
     }
-    Ok(reports)
+    Ok((reports, upload))
 }
 
 /// The rest of [`publish`], under the writer's lock: packs, snapshots and
@@ -396,6 +404,7 @@ async fn finish_publish(
     current: Result<CurrentRef>,
     upload: &mut UploadReport,
     indexed: Result<Vec<(Hash, bool)>>,
+    alongside: impl std::future::Future<Output = Result<(Vec<crate::publish::PackReport>, UploadReport)>>,
 ) -> Result<(Vec<Imported>, Vec<crate::publish::PackReport>, Vec<String>)> {
     let (current, indexed) = (current?, indexed?);
     // Packs for each tip whose index is not published yet, built from what
@@ -435,44 +444,53 @@ async fn finish_publish(
     let mut parent: Option<(Hash, Snapshot)> = current.as_ref().map(|(v, _, s)| (v.snapshot, s.clone()));
     let current = current.map(|(v, ver, _)| (v, ver));
     let mut imported = Vec::new();
-    for r in revs {
-        let source = format!("git:{}", r.commit);
-        if let Some((pid, p)) = &parent {
-            if p.root == r.root && p.source == source {
-                imported.push(Imported {
-                    rev: r.rev.clone(),
-                    commit: r.commit.clone(),
-                    snapshot: pid.to_hex(),
-                    root: r.root.to_hex(),
-                    new_snapshot: false,
-                });
-                continue;
+    let snapshots = async {
+        for r in revs {
+            let source = format!("git:{}", r.commit);
+            if let Some((pid, p)) = &parent {
+                if p.root == r.root && p.source == source {
+                    imported.push(Imported {
+                        rev: r.rev.clone(),
+                        commit: r.commit.clone(),
+                        snapshot: pid.to_hex(),
+                        root: r.root.to_hex(),
+                        new_snapshot: false,
+                    });
+                    continue;
+                }
             }
+            let snap = Snapshot {
+                root: r.root,
+                parents: parent.as_ref().map(|(id, _)| vec![*id]).unwrap_or_default(),
+                time: r.time,
+                author: r.author.clone(),
+                message: r.message.clone(),
+                source,
+                stat: None,
+            };
+            let enc = snap.encode();
+            let id = Hash::of(&enc);
+            cache.put(&id, &enc)?;
+            upload.bytes_uploaded += enc.len() as u64;
+            upload.snapshots_uploaded += 1;
+            remote.put_object(Space::Snapshots, &id, Bytes::from(enc)).await?;
+            imported.push(Imported {
+                rev: r.rev.clone(),
+                commit: r.commit.clone(),
+                snapshot: id.to_hex(),
+                root: r.root.to_hex(),
+                new_snapshot: true,
+            });
+            parent = Some((id, snap));
         }
-        let snap = Snapshot {
-            root: r.root,
-            parents: parent.as_ref().map(|(id, _)| vec![*id]).unwrap_or_default(),
-            time: r.time,
-            author: r.author.clone(),
-            message: r.message.clone(),
-            source,
-            stat: None,
-        };
-        let enc = snap.encode();
-        let id = Hash::of(&enc);
-        cache.put(&id, &enc)?;
-        upload.bytes_uploaded += enc.len() as u64;
-        upload.snapshots_uploaded += 1;
-        remote.put_object(Space::Snapshots, &id, Bytes::from(enc)).await?;
-        imported.push(Imported {
-            rev: r.rev.clone(),
-            commit: r.commit.clone(),
-            snapshot: id.to_hex(),
-            root: r.root.to_hex(),
-            new_snapshot: true,
-        });
-        parent = Some((id, snap));
-    }
+        Ok::<_, Error>(())
+    };
+    let (done, along) = futures::join!(snapshots, alongside);
+    done?;
+    let (more, up) = along?;
+    pack_reports.extend(more);
+    upload.objects_uploaded += up.objects_uploaded;
+    upload.bytes_uploaded += up.bytes_uploaded;
     let tip = parent.as_ref().map(|(id, s)| (*id, s.root));
     if let Some((tip, root)) = tip {
         if current.as_ref().map(|(v, _)| v.snapshot) != Some(tip) {

@@ -10,9 +10,10 @@
 //!   member table, plus every tree of the covered subtree inline. With the
 //!   index in hand a reader lists any directory with no further request and
 //!   reads any member with one ranged GET of its pack.
-//! - Packs are a cache, never a GC root: every object in a pack is also
-//!   stored alone, and losing a pack only makes reads fall back to
-//!   per-object GETs.
+//! - Packs are how content goes up (packs-first, docs/PACKS.md): an import
+//!   stores its objects only in packs (those too large for one alone), and
+//!   its trees inline in the index. In stores from before, every object is
+//!   also stored alone and packs are a cache of them.
 //!
 //! How pack roots are chosen (docs/PACKS.md): v2 (recursive, the default)
 //! treats a directory whose whole subtree fits the cap as one unit, and
