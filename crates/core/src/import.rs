@@ -46,7 +46,7 @@ pub fn stage(
     repo_path: &Path,
     revs: &[String],
     cache: &DiskCache,
-    progress: &(dyn Fn(u64) + Sync),
+    progress: &(dyn Fn(u64, u64) + Sync),
 ) -> Result<(Staged, Vec<StagedRev>)> {
     crate::fsutil::on_deep_stack(|| stage_here(repo_path, revs, cache, progress))
 }
@@ -55,7 +55,7 @@ fn stage_here(
     repo_path: &Path,
     revs: &[String],
     cache: &DiskCache,
-    progress: &(dyn Fn(u64) + Sync),
+    progress: &(dyn Fn(u64, u64) + Sync),
 ) -> Result<(Staged, Vec<StagedRev>)> {
     let repo = gix::open(repo_path)
         .map_err(|e| Error::User(format!("{} is not a git repository I can open: {e}", repo_path.display())))?;
@@ -112,7 +112,7 @@ struct Walker<'a, 'r> {
     cache: &'a DiskCache,
     staged: &'a mut Staged,
     pipeline: Option<gix::filter::Pipeline<'r>>,
-    progress: &'a (dyn Fn(u64) + Sync),
+    progress: &'a (dyn Fn(u64, u64) + Sync),
 }
 
 fn join(dir: &str, name: &[u8]) -> String {
@@ -174,7 +174,7 @@ impl Walker<'_, '_> {
                             (k, self.convert(&blob.data, &p)?.into())
                         }
                     };
-                    (self.progress)(self.staged.files + 1);
+                    (self.progress)(self.staged.files + 1, self.staged.bytes + data.len() as u64);
                     let (id, chunked) = self.store_content(&data)?;
                     Entry { name: name.to_vec(), kind: k, chunked, size: data.len() as u64, id }
                 }
@@ -530,7 +530,7 @@ pub async fn import_git(
     revs: Vec<String>,
     ref_name: &str,
     packs: Option<crate::publish::PackOptions>,
-    progress: Arc<dyn Fn(u64) + Send + Sync>,
+    progress: Arc<dyn Fn(u64, u64) + Send + Sync>,
 ) -> Result<ImportReport> {
     crate::object::check_ref_name(ref_name).map_err(Error::User)?;
     if ref_name.starts_with("ws/") {

@@ -51,10 +51,17 @@ async fn snapshot_fs_answers_like_the_files() {
         base: None,
         primary: true,
     };
-    let rep =
-        mado_core::import::import_git(&remote, cache, &repo, vec!["HEAD".into()], "main", Some(opts), Arc::new(|_| {}))
-            .await
-            .unwrap();
+    let rep = mado_core::import::import_git(
+        &remote,
+        cache,
+        &repo,
+        vec!["HEAD".into()],
+        "main",
+        Some(opts),
+        Arc::new(|_, _| {}),
+    )
+    .await
+    .unwrap();
     // A fresh cache, as on another machine.
     let cache = Arc::new(DiskCache::open(t.path().join("cache2"), None).unwrap());
     let f = Fetcher::new(remote.clone(), cache);
@@ -109,10 +116,17 @@ async fn snapshot_fs_answers_like_the_files() {
 
 /// Imports the repository's HEAD without packs; returns its root tree.
 async fn import_head(remote: &Arc<Remote>, cache: &Arc<DiskCache>, repo: &std::path::Path) -> mado_core::Hash {
-    let rep =
-        mado_core::import::import_git(remote, cache.clone(), repo, vec!["HEAD".into()], "main", None, Arc::new(|_| {}))
-            .await
-            .unwrap();
+    let rep = mado_core::import::import_git(
+        remote,
+        cache.clone(),
+        repo,
+        vec!["HEAD".into()],
+        "main",
+        None,
+        Arc::new(|_, _| {}),
+    )
+    .await
+    .unwrap();
     rep.imported[0].root.parse().unwrap()
 }
 

@@ -36,7 +36,8 @@ pub async fn run(a: ImportGitArgs, ctx: &Ctx) -> Result<()> {
     let remote = ctx.remote()?;
     let cache = ctx.cache()?;
     let revs = if a.revs.is_empty() { vec!["HEAD".to_string()] } else { a.revs };
-    let pb = ctx.progress(None, "importing files");
+    let started = std::time::Instant::now();
+    let pb = ctx.progress(None, "reading files");
     let pb2 = pb.clone();
     ctx.step(format!("staging {} revision(s) from {}", revs.len(), a.repo.display()));
     let report = mado_core::import::import_git(
@@ -52,7 +53,13 @@ pub async fn run(a: ImportGitArgs, ctx: &Ctx) -> Result<()> {
             base: None,
             primary: true,
         }),
-        Arc::new(move |n| pb2.set_position(n)),
+        Arc::new(move |files, bytes| {
+            pb2.set_position(files);
+            // Every 256 files: a message per file would cost more than it tells.
+            if files % 256 == 0 {
+                pb2.set_message(format!("reading files ({} MB)", bytes >> 20));
+            }
+        }),
     )
     .await;
     pb.finish_and_clear();
@@ -60,6 +67,7 @@ pub async fn run(a: ImportGitArgs, ctx: &Ctx) -> Result<()> {
     for w in &report.warnings {
         eprintln!("warning: {w}");
     }
+    let secs = started.elapsed().as_secs_f64().max(1e-3);
     for p in &report.packs {
         ctx.step(format!(
             "packed tree {}: {} packs, {} members, {} uploaded, built in {} ms",
@@ -90,13 +98,26 @@ pub async fn run(a: ImportGitArgs, ctx: &Ctx) -> Result<()> {
         let note = if i.new_snapshot { "" } else { " (unchanged)" };
         println!("{} {} -> {}{note}", i.rev, &i.commit[..12.min(i.commit.len())], i.snapshot);
     }
+    let packs: usize = report.packs.iter().map(|p| p.packs).sum();
+    let new_packs: u64 = report.packs.iter().map(|p| p.packs_uploaded).sum();
+    let up = &report.upload;
+    let sent = if up.snapshots_uploaded == 0 {
+        "nothing new to upload".to_string()
+    } else {
+        format!(
+            "uploaded {new_packs} new packs (of {packs}), {} objects alone and {} snapshots: {} MB",
+            up.objects_uploaded,
+            up.snapshots_uploaded,
+            up.bytes_uploaded >> 20
+        )
+    };
     println!(
-        "{}: {} files, {} bytes; uploaded {} objects ({} bytes)",
+        "{}: {} files, {} MB read; {sent}; {:.1} s ({:.0} MB/s read)",
         report.ref_name,
         report.files,
-        report.bytes,
-        report.upload.objects_uploaded + report.upload.snapshots_uploaded,
-        report.upload.bytes_uploaded
+        report.bytes >> 20,
+        secs,
+        report.bytes as f64 / secs / 1e6,
     );
     Ok(())
 }
