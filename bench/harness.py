@@ -8,7 +8,7 @@ GETs, connections, bytes) reset around each, and their medians as a
 `Result`. What the scenarios measure is in scenarios.py.
 """
 import json, os, random, shutil, socket, statistics, subprocess, sys, tempfile, threading, time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Callable, List, Optional
 
 from results import Counts, Layout, Result, Subtree, Table
@@ -75,9 +75,11 @@ class Proxy:
     def reset(self) -> Counts:
         """The counts since the last reset; starts counting afresh."""
         st = self.cmd("reset")
-        return Counts(gets=st.get("methods", {}).get("GET", 0), requests=st.get("requests", 0),
+        methods = st.get("methods", {})
+        return Counts(gets=methods.get("GET", 0), requests=st.get("requests", 0),
                       ranged=st.get("ranged_gets", 0), connections=st.get("connections", 0),
-                      bytes_down=st.get("bytes_down", 0))
+                      bytes_down=st.get("bytes_down", 0), puts=methods.get("PUT", 0),
+                      heads=methods.get("HEAD", 0), bytes_up=st.get("bytes_up", 0))
 
     def stop(self):
         self.p.terminate()
@@ -85,8 +87,11 @@ class Proxy:
 
 
 def median_counts(cs: List[Counts]) -> Counts:
-    return Counts(*(int(statistics.median(col)) for col in zip(*((c.gets, c.requests, c.ranged, c.connections,
-                                                                   c.bytes_down) for c in cs))))
+    """Each count's median over the runs (None where a run has none)."""
+    def med(name):
+        col = [getattr(c, name) for c in cs]
+        return None if None in col else int(statistics.median(col))
+    return Counts(**{f.name: med(f.name) for f in fields(Counts)})
 
 
 @dataclass(frozen=True)
@@ -130,10 +135,14 @@ def unmount(path):
 
 
 def log_result(r: Result) -> Result:
-    med = r.median
+    med, k = r.median, r.counts
+    counts = ""
+    if k and k.requests:  # the S3 proxy
+        counts = f", {k.gets} GETs" + (f", {k.puts} PUTs" if k.puts else "")
+    elif k and k.bytes_up:  # the git proxy counts no requests
+        counts = f", {k.bytes_up / 1e6:.1f} MB up"
     log(f"{r.table.value:12} {r.system:22} rtt {r.rtt:>3}: "
-        + (f"{med:.3f} s" if isinstance(med, float) else str(r.note or "-"))
-        + (f", {r.counts.gets} GETs" if r.counts else ""))
+        + (f"{med:.3f} s" if isinstance(med, float) else str(r.note or "-")) + counts)
     return r
 
 
@@ -169,10 +178,17 @@ class Harness:
         self.git_port = free_port()
         gitroot = os.path.join(self.work, "git")
         os.makedirs(gitroot, exist_ok=True)
+        self.gitroot = gitroot
+        # receive-pack too: scenario d pushes (anonymously, over git://) into
+        # fresh bare repositories under gitroot.
         self.git_daemon = subprocess.Popen(
-            ["git", "daemon", "--reuseaddr", "--export-all", f"--base-path={gitroot}", "--listen=127.0.0.1",
-             f"--port={self.git_port}", gitroot], stderr=subprocess.DEVNULL)
+            ["git", "daemon", "--reuseaddr", "--export-all", "--enable=receive-pack", f"--base-path={gitroot}",
+             "--listen=127.0.0.1", f"--port={self.git_port}", gitroot], stderr=subprocess.DEVNULL)
         self.gitproxy = Proxy(self.proxy_bin, f"127.0.0.1:{self.git_port}", http=False)
+
+    def git_url(self, name):
+        """The git:// URL of gitroot/`name` through the git proxy."""
+        return f"git://127.0.0.1:{self.gitproxy.port}/{name}"
 
     def set_rtt(self, ms):
         self.s3proxy.rtt(ms)

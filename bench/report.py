@@ -10,8 +10,9 @@ import datetime, os
 from typing import Callable, List, Optional, Sequence, Tuple
 
 from harness import ROOT, log
-from results import (BRIEF, FIRST_FILE, IMPORT_ROW, MATERIALIZE, MOUNT, PEERS, RESUME_ROW, Layout, Result, Run,
-                     Subtree, Table, materialize_row, mount_row, writers_row)
+from results import (BRIEF, FIRST_FILE, GIT_PUSH_ROW, IMPORT_ROW, IMPORT_VS_PUSH, MATERIALIZE, MOUNT, PEERS,
+                     RESUME_ROW, Counts, Layout, Result, Run, Subtree, Table, materialize_row, mount_row,
+                     writers_row)
 
 # Their cells also give the bytes and connections: the cold walks and the peers.
 TRAFFIC = {Table.A_DENSE, Table.A_THIN, Table.B_DENSE, Table.B_THIN, Table.B_DENSE300, Table.H_DENSE, Table.H_THIN}
@@ -21,9 +22,26 @@ BASE_WRITERS = writers_row(0)
 # An extra column: its heading and its text for the cell at the highest RTT.
 Column = Tuple[str, Callable[[Optional[Result]], str]]
 FIRST_FILE_COL: Column = ("first file", lambda r: f"{r.ttff * 1000:.1f} ms" if r and r.ttff else "–")
-BUILD_COL: Column = ("pack build", lambda r: f"{(r and r.build_ms) or 0:.0f} ms")
+BUILD_COL: Column = ("pack build", lambda r: f"{r.build_ms:.0f} ms" if r and r.build_ms is not None else "–")
 LATENCY_COLS: List[Column] = [("p50", lambda r: f"{(r and r.p50_ms) or 0:.2f} ms"),
                               ("p99", lambda r: f"{(r and r.p99_ms) or 0:.2f} ms")]
+
+
+def upload_counts(k: Counts) -> str:
+    """Table d's counts: requests by method (the S3 proxy only; the git
+    proxy sees none), bytes up and connections."""
+    out = []
+    if k.requests:
+        out.append(f"{k.puts} PUT, {k.heads} HEAD, {k.gets} GET" if k.puts is not None
+                   else f"{k.requests} requests, {k.gets} GET")
+    if k.bytes_up is not None:
+        out.append(f"{k.bytes_up / 1e6:.1f} MB up")
+    return ", ".join(out + [f"{k.connections} conn"])
+
+
+def debug_build(argv: List[str]) -> bool:
+    """Whether run.py's command line chose the debug build."""
+    return "--profile=debug" in argv or any(a == "--profile" and b == "debug" for a, b in zip(argv, argv[1:]))
 
 
 def fmt_t(r: Optional[Result]) -> str:
@@ -45,6 +63,12 @@ class Report:
     def table(self, key: Table, title: str, extra_cols: Sequence[Column] = ()) -> List[str]:
         res = self.results.rows(key)
         out = [f"### {title}", ""]
+        part = self.run.parts.get(key)
+        if part:
+            out += [f"*Measured later*, on {part.measured_at} in {part.elapsed:.0f} s, by "
+                    f"`python3 bench/run.py {' '.join(part.argv)}` ({part.runs} cold runs per cell at most, RTT "
+                    + " / ".join(map(str, part.rtts)) + " ms), and merged into the run above."
+                    + (" mado is the debug build in this table." if debug_build(part.argv) else ""), ""]
         if not res:
             out += ["not yet measured in this run", ""]
             return out
@@ -59,7 +83,9 @@ class Report:
             for r in rtts:
                 row = by_rtt.get(r)
                 c = fmt_t(row)
-                if row and row.counts:
+                if row and row.counts and key == Table.D:
+                    c += "; " + upload_counts(row.counts)
+                elif row and row.counts:
                     k = row.counts
                     c += f"; {k.gets} GET" + (f" ({k.ranged} ranged)" if k.ranged else "")
                     if key in TRAFFIC:
@@ -105,8 +131,16 @@ class Report:
                      " / ".join(t(get(Table.C, RESUME_ROW, r)) for r in rtts)))
         d = get(Table.D, IMPORT_ROW, rtts[0])
         target = BRIEF[(Table.D, None)]
+        part = self.run.parts.get(Table.D)
+        debug = " (debug build)" if part and debug_build(part.argv) else ""
         rows.append((f"import-time pack build, {self.run.ws_files}-file tree", target.seed, target.goal,
-                     f"{d.build_ms or 0:.0f} ms build (whole import {t(d)} at RTT {rtts[0]})" if d else "–"))
+                     f"{d.build_ms or 0:.0f} ms build (whole import {t(d)} at RTT {rtts[0]}){debug}" if d else "–"))
+        pairs = self.import_vs_push()
+        if pairs:
+            rows.append((f"first import of the {self.run.ws_files}-file tree against `git push` of it, RTT "
+                         + " / ".join(str(r) for r, _, _ in pairs) + " ms", IMPORT_VS_PUSH.seed, IMPORT_VS_PUSH.goal,
+                         " / ".join(f"{m.median / g.median:.1f}×" for _, m, g in pairs) + " ("
+                         + " / ".join(f"{t(m)} against {t(g)}" for _, m, g in pairs) + ")" + debug))
         most = [k for k in self.results.rows(Table.F_FG) if k != BASE_WRITERS]
         base = get(Table.F_FG, BASE_WRITERS, hi)
         base = base.p99_ms if base else None
@@ -128,6 +162,22 @@ class Report:
                "| case | seed 003 | goal | mado in this run |", "|---|---|---|---|"]
         out += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
         return out + [""]
+
+    def import_vs_push(self) -> List[Tuple[int, Result, Result]]:
+        """(RTT, mado's import, git push) at each RTT where both were measured."""
+        out = []
+        for r in self.rtts:
+            m, g = self.results.get(Table.D, IMPORT_ROW, r), self.results.get(Table.D, GIT_PUSH_ROW, r)
+            if m and g and m.median and g.median:
+                out.append((r, m, g))
+        return out
+
+    def push_ratio_line(self) -> List[str]:
+        pairs = self.import_vs_push()
+        if not pairs:
+            return []
+        return [f"mado import-git / git push (goal {IMPORT_VS_PUSH.goal}, issue #13): "
+                + ", ".join(f"**{m.median / g.median:.1f}×** at RTT {r} ms" for r, m, g in pairs), ""]
 
     def ratios(self, sub: Subtree) -> List[str]:
         """mado v2 (mount and materialize) against the best peer, per RTT."""
@@ -195,7 +245,10 @@ def write(run: Run, path: str, quick: bool):
     cmd = "make bench" if not quick else "bench/run.py --quick"
     L = ["# Benchmarks", "",
          f"Produced by `{cmd}` ({' '.join(run.argv) or 'defaults'}) on {run.measured_at}, in {run.elapsed:.0f} s, "
-         f"on this project's machine (2 cores, 24 GiB, a VM). Every number below comes from that one run.", "",
+         f"on this project's machine (2 cores, 24 GiB, a VM). Every number below comes from that one run"
+         + (", except in the tables marked *measured later*: a later run of some scenarios measured them again "
+            "and its cells replaced theirs (`bench/run.py --only … --merge bench-results.json`)." if run.parts
+            else "."), "",
          "Latency is injected by `latency-proxy` (crates/bench) on loopback: each direction of every "
          "connection is delayed by RTT/2 and a new connection pays one more RTT (the handshake). MinIO "
          "sits behind it for mado, rclone and s3fs; `git daemon` behind another for git. Counts (GETs, "
@@ -218,8 +271,10 @@ def write(run: Run, path: str, quick: bool):
     L += rep.table(Table.B_DENSE300, f"b. Cold walk through the mount, {files[Subtree.DENSE300]}-file dense "
                    "directory (seed row: 300 files; first file: seed 83 ms, goal ≤ 60 ms at 50 ms)", [FIRST_FILE_COL])
     L += rep.table(Table.C, f"c. Resume of a {ws} × 1 KiB workspace (`mado ws resume`)")
-    L += rep.table(Table.D, f"d. Import of the {ws}-file tree, with its pack build (seed: 0.15 s "
-                   "build; goal ≤ 0.1 s)", [BUILD_COL])
+    L += rep.table(Table.D, f"d. First import of the {ws}-file tree, with its pack build (seed: 0.15 s "
+                   f"build; goal ≤ 0.1 s), against `git push` of the same repository into an empty one (goal "
+                   f"{IMPORT_VS_PUSH.goal})", [BUILD_COL])
+    L += rep.push_ratio_line()
     L += rep.table(Table.E, "e. Warm walk-and-read of the dense subtree: mount against the local disk")
     L += rep.table(Table.F_READERS, "f. Concurrent readers of overlapping parts of the dense subtree, one cold "
                    "mount (GETs must stay flat)")

@@ -7,7 +7,7 @@ one table cell (`Result`, with the proxy's `Counts`); a whole run (`Run`);
 and docs/bench-results.json, which `--report-only` reads back.
 """
 import json
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from enum import Enum
 from typing import Dict, List, Optional, Tuple
 
@@ -69,6 +69,9 @@ def writers_row(n: int) -> str:
 
 RESUME_ROW = "mado ws resume"
 IMPORT_ROW = "mado import-git"
+# d's peer (issue #13): `git push` of the same repository into a fresh empty
+# bare repository, through the git proxy (git:// to `git daemon`).
+GIT_PUSH_ROW = "git push (git://)"
 
 
 @dataclass(frozen=True)
@@ -92,16 +95,26 @@ BRIEF: Dict[Tuple[Table, Optional[int]], Target] = {
 # Time to the first file of a pack at RTT 50 ms: a column of the b tables,
 # not a table of its own, so it has no Table key.
 FIRST_FILE = Target("83 ms", "<= 60 ms")
+# Issue #13's goal for the first import (table d), at every RTT: mado
+# import-git's wall time over git push's of the same tree, same proxy. Not
+# a seed 003 figure, so not in BRIEF (its table rows say "seed 003").
+IMPORT_VS_PUSH = Target("–", "≤ 3× git push")
 
 
 @dataclass(frozen=True)
 class Counts:
-    """The proxy's counts, each the median over a cell's runs."""
+    """The proxy's counts, each the median over a cell's runs. Requests
+    (and so GETs, PUTs, HEADs, ranged GETs) are only counted by the HTTP
+    proxy: the git proxy counts connections and bytes. The fields with a
+    default were added later: a saved cell without them has None."""
     gets: int
     requests: int
     ranged: int
     connections: int
     bytes_down: int
+    puts: Optional[int] = None
+    heads: Optional[int] = None
+    bytes_up: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -133,7 +146,7 @@ class Result:
             if f.name in _CELL:
                 continue
             if isinstance(v, Counts):
-                row.update((c.name, getattr(v, c.name)) for c in fields(Counts))
+                row.update((c.name, getattr(v, c.name)) for c in fields(Counts) if getattr(v, c.name) is not None)
             elif v is not None:
                 row[f.name] = v
         return row
@@ -141,7 +154,8 @@ class Result:
     @classmethod
     def from_json(cls, table: Table, system: str, rtt: int, row: dict) -> "Result":
         names = [c.name for c in fields(Counts)]
-        counts = Counts(**{c: row[c] for c in names}) if all(c in row for c in names) else None
+        required = [c.name for c in fields(Counts) if c.default is MISSING]
+        counts = Counts(**{c: row[c] for c in names if c in row}) if all(c in row for c in required) else None
         known = {f.name for f in fields(cls)} - _CELL - {"counts"}
         return cls(table, system, rtt, counts=counts, **{k: v for k, v in row.items() if k in known})
 
@@ -171,11 +185,30 @@ class Results:
     def tables(self) -> List[Table]:
         return list(self._by)
 
+    def replace_table(self, table: Table, rows: Dict[str, Dict[int, Result]]):
+        """Puts `rows` in place of the table's rows (the table keeps its
+        place among the tables; its rows are the new ones, in their order)."""
+        self._by[table] = {system: dict(by) for system, by in rows.items()}
+
+
+@dataclass(frozen=True)
+class Part:
+    """Where the cells of a table measured by a later, partial run come
+    from (`run.py --only X --merge JSON`): that run's date, length,
+    command line, runs per cell and RTTs."""
+    measured_at: str
+    elapsed: float
+    argv: List[str]
+    runs: int
+    rtts: List[int]
+
 
 @dataclass
 class Run:
     """One benchmark run: its settings, its cells and the notes for the
-    report; what bench-results.json holds."""
+    report; what bench-results.json holds. A run that other, partial runs
+    were merged into (`merge`) keeps its own settings and lists, in
+    `parts`, the tables those replaced and where they come from."""
     rtts: List[int]
     runs: int
     subtree_files: Dict[Subtree, int]
@@ -185,6 +218,30 @@ class Run:
     notes: List[str] = field(default_factory=list)
     measured_at: Optional[str] = None
     elapsed: float = 0.0
+    parts: Dict[Table, Part] = field(default_factory=dict)
+
+    def check_mergeable(self, later: "Run"):
+        """Raises ValueError unless `later`'s cells can stand in this run's
+        report: the same trees (a --quick run has smaller ones) and RTTs
+        among this run's."""
+        if later.subtree_files != self.subtree_files or later.ws_files != self.ws_files:
+            raise ValueError("the runs measured different trees (is one of them --quick?)")
+        if not set(later.rtts) <= set(self.rtts):
+            raise ValueError(f"RTTs {later.rtts} are not among the saved run's {self.rtts}")
+
+    def merge(self, later: "Run"):
+        """Takes the tables `later` measured in place of this run's (each
+        table whole: rows `later` no longer has go too), records where they
+        come from, and adds `later`'s notes."""
+        self.check_mergeable(later)
+        part = Part(measured_at=later.measured_at or "", elapsed=later.elapsed, argv=later.argv,
+                    runs=later.runs, rtts=later.rtts)
+        for t in later.results.tables():
+            self.results.replace_table(t, later.results.rows(t))
+            self.parts[t] = part
+        # Notes of earlier runs about the replaced tables stay: they name
+        # their scenario and RTT, and the new ones say when they are from.
+        self.notes += [f"{n} (run of {part.measured_at})" for n in later.notes]
 
     def save(self, path: str):
         with open(path, "w") as f:
@@ -193,7 +250,10 @@ class Run:
                        "ws_files": self.ws_files, "notes": self.notes, "argv": self.argv,
                        "results": {t.value: {s: {str(r): c.to_json() for r, c in by.items()}
                                              for s, by in self.results.rows(t).items()}
-                                   for t in self.results.tables()}}, f, indent=1)
+                                   for t in self.results.tables()},
+                       # Only after a merge (an older file has none).
+                       **({"parts": {t.value: {f.name: getattr(p, f.name) for f in fields(Part)}
+                                     for t, p in self.parts.items()}} if self.parts else {})}, f, indent=1)
 
     @classmethod
     def load(cls, path: str) -> "Run":
@@ -203,7 +263,8 @@ class Run:
                   subtree_files={Subtree(s): n for s, n in saved["subtree_files"].items()},
                   notes=saved["notes"], elapsed=saved.get("elapsed", 0),
                   # Files written before the date was saved are from the first full run.
-                  measured_at=saved.get("measured_at", "2026-11-22 08:35 UTC"))
+                  measured_at=saved.get("measured_at", "2026-11-22 08:35 UTC"),
+                  parts={Table(t): Part(**p) for t, p in saved.get("parts", {}).items()})
         for t, systems in saved["results"].items():
             for system, by in systems.items():
                 for r, row in by.items():

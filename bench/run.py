@@ -5,7 +5,19 @@ counting proxy on loopback, at each RTT. Writes docs/BENCHMARKS.md and
 PNG plots under docs/.
 
     bench/run.py [--quick] [--runs N] [--rtts 0,20,50] [--out docs/BENCHMARKS.md]
-                 [--profile release|debug] [--only a,b,...]
+                 [--profile release|debug] [--only a,b,...] [--merge JSON]
+    bench/run.py --report-only docs/bench-results.json
+
+`--only d` (or `--only c,d`) runs only those scenarios (a to h) at each
+RTT; the setup (MinIO, the stores, the repositories) is the same. Alone,
+it writes a report of those tables only. With `--merge
+docs/bench-results.json` the tables it measured replace that saved run's
+(each table whole) and the report is of the saved run with them: the
+other tables keep their numbers, and the replaced ones say which command
+measured them and when. The trees must be the same (no --quick into a
+full run) and the RTTs among the saved run's. The JSON is read before the
+run starts; bench-results.json is written beside --out, so merging into
+docs/bench-results.json with the default --out updates it in place.
 
 The proxy (`latency-proxy`, crates/bench) delays each direction of every
 connection by RTT/2 and a new connection by one more RTT (the handshake);
@@ -37,9 +49,11 @@ def main():
     ap.add_argument("--rtts")
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "BENCHMARKS.md"))
     ap.add_argument("--profile", default="release", choices=["release", "debug"])
-    ap.add_argument("--only", default="a,b,c,d,e,f,g,h")
+    ap.add_argument("--only", default="a,b,c,d,e,f,g,h", help="scenarios to run, e.g. d or c,d (default: all)")
     ap.add_argument("--timeout", type=float)
     ap.add_argument("--report-only", metavar="JSON", help="rewrite the report from a saved bench-results.json")
+    ap.add_argument("--merge", metavar="JSON", help="merge this run's tables into a saved bench-results.json "
+                    "and report the result (see above)")
     a = ap.parse_args()
     a.runs = a.runs or (1 if a.quick else 5)
     a.timeout = a.timeout or (60 if a.quick else 300)
@@ -47,6 +61,14 @@ def main():
     if a.report_only:
         report.write(Run.load(a.report_only), a.out, a.quick)
         return
+    todo = scenarios()
+    only = a.only.split(",")
+    unknown = [s for s in only if s not in todo]
+    if unknown:
+        ap.error(f"--only: no scenario {','.join(unknown)} (there are {','.join(todo)})")
+    base = Run.load(a.merge) if a.merge else None
+    if base and not set(rtts) <= set(base.rtts):
+        ap.error(f"--merge: RTTs {rtts} are not among the saved run's {base.rtts}")
     t0 = time.time()
     h = Harness(a.quick, a.runs, a.timeout, a.profile)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
@@ -54,12 +76,16 @@ def main():
         h.build()
         h.start_servers()
         h.gen_repo()
-        h.load_stores()
         run = Run(rtts=rtts, runs=a.runs, subtree_files=h.subtree_files, ws_files=h.ws_files, argv=sys.argv[1:])
-        todo = scenarios()
+        if base:
+            try:
+                base.check_mergeable(run)  # before the scenarios, not after an hour of them
+            except ValueError as e:
+                sys.exit(f"--merge {a.merge}: {e}")
+        h.load_stores()
         for rtt in rtts:
             h.set_rtt(rtt)
-            for s in a.only.split(","):
+            for s in only:
                 log(f"scenario {s} at RTT {rtt} ms")
                 try:
                     for result in todo[s](h, rtt):
@@ -68,6 +94,10 @@ def main():
                     run.notes.append(f"scenario {s} at RTT {rtt} ms failed: {e}".splitlines()[0])
                     log("FAILED", s, rtt, e)
         run.elapsed = time.time() - t0
+        if base:
+            run.measured_at = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+            base.merge(run)
+            run = base
         report.write(run, a.out, a.quick)
     finally:
         h.close()
