@@ -116,41 +116,8 @@ pub(super) async fn commit_locked(
         base,
         primary,
     };
-    if indexed {
-        // Only mtimes changed, or the tree is indexed already: the stat
-        // object is all that is new.
-        report.upload = upload_closure(remote, &cache, &staged, &[stat_id]).await?;
-        failpoint("checkpoint-after-objects");
-    } else if let Some(base) = base {
-        let stat = async {
-            remote.put_object(Space::Objects, &stat_id, Bytes::from(stat_bytes.clone())).await?;
-            failpoint("checkpoint-after-objects");
-            Ok::<_, Error>(())
-        };
-        let packs = crate::publish::publish_packs(
-            remote,
-            &cache,
-            walked.root,
-            pack_opts(Some(base), true),
-            Some(fetcher.clone()),
-        );
-        let (stat, p) = futures::join!(stat, packs);
-        stat?;
-        let p = p?;
-        report.upload.objects_uploaded = 1 + p.loose_uploaded;
-        report.upload.bytes_uploaded = stat_bytes.len() as u64 + p.bytes_uploaded;
-        report.packs_uploaded = p.packs_uploaded;
-    } else {
-        // A parent with no index (a store from before packs-first): objects
-        // and trees alone, in closure order, and packs as a cache of them.
-        report.upload = upload_closure(remote, &cache, &staged, &[walked.root, stat_id]).await?;
-        failpoint("checkpoint-after-objects");
-        let p =
-            crate::publish::publish_packs(remote, &cache, walked.root, pack_opts(None, false), Some(fetcher.clone()))
-                .await?;
-        report.packs_uploaded = p.packs_uploaded;
-    }
-    failpoint("checkpoint-after-packs");
+    // The snapshot goes up alongside the content: nothing reaches it
+    // before the ref moves, and the ref moves only once both are up.
     let snap = Snapshot {
         root: walked.root,
         parents: vec![cur.snapshot],
@@ -163,8 +130,57 @@ pub(super) async fn commit_locked(
     let enc = snap.encode();
     let sid = Hash::of(&enc);
     cache.put(&sid, &enc)?;
-    remote.put_object(Space::Snapshots, &sid, Bytes::from(enc)).await?;
-    failpoint("checkpoint-after-snapshot");
+    let snapshot = async {
+        remote.put_object(Space::Snapshots, &sid, Bytes::from(enc)).await?;
+        failpoint("checkpoint-after-snapshot");
+        Ok::<_, Error>(())
+    };
+    let uploads = async {
+        if indexed {
+            // Only mtimes changed, or the tree is indexed already: the stat
+            // object is all that is new.
+            report.upload = upload_closure(remote, &cache, &staged, &[stat_id]).await?;
+            failpoint("checkpoint-after-objects");
+        } else if let Some(base) = base {
+            let stat = async {
+                remote.put_object(Space::Objects, &stat_id, Bytes::from(stat_bytes.clone())).await?;
+                failpoint("checkpoint-after-objects");
+                Ok::<_, Error>(())
+            };
+            let packs = crate::publish::publish_packs(
+                remote,
+                &cache,
+                walked.root,
+                pack_opts(Some(base), true),
+                Some(fetcher.clone()),
+            );
+            let (stat, p) = futures::join!(stat, packs);
+            stat?;
+            let p = p?;
+            report.upload.objects_uploaded = 1 + p.loose_uploaded;
+            report.upload.bytes_uploaded = stat_bytes.len() as u64 + p.bytes_uploaded;
+            report.packs_uploaded = p.packs_uploaded;
+        } else {
+            // A parent with no index (a store from before packs-first): objects
+            // and trees alone, in closure order, and packs as a cache of them.
+            report.upload = upload_closure(remote, &cache, &staged, &[walked.root, stat_id]).await?;
+            failpoint("checkpoint-after-objects");
+            let p = crate::publish::publish_packs(
+                remote,
+                &cache,
+                walked.root,
+                pack_opts(None, false),
+                Some(fetcher.clone()),
+            )
+            .await?;
+            report.packs_uploaded = p.packs_uploaded;
+        }
+        failpoint("checkpoint-after-packs");
+        Ok::<_, Error>(())
+    };
+    let (uploaded, snapshot) = futures::join!(uploads, snapshot);
+    uploaded?;
+    snapshot?;
     crate::failpoint::pause("checkpoint-before-ref");
     let mut intent = st.clone();
     intent.pending = Some(sid.to_hex());
