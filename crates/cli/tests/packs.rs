@@ -411,3 +411,31 @@ fn subtree_checkout_writes_only_the_named_paths_and_downloads_their_span() {
         assert!(!bad.exists(), "{path:?}: the target was created");
     }
 }
+
+/// Packs-first: objects too large for any pack (here a 5 MB chunked file
+/// with a 1 MB cap) go up alone, chunks before their manifest, and read
+/// back; the next import finds them there and sends them no more.
+#[test]
+fn objects_too_large_for_a_pack_go_up_alone_once() {
+    let m = Mado::local();
+    let repo = fixture_repo(m.dir.path());
+    let imp = m.json(&["import-git", repo.to_str().unwrap(), "--max-pack-bytes", "1000000"]);
+    let p = &imp["packs"][0];
+    let alone = p["loose_uploaded"].as_u64().unwrap();
+    assert!(alone >= 3, "a manifest and its chunks: {imp}");
+    assert_eq!(p["unpacked_objects"].as_u64(), Some(alone), "{imp}");
+    assert_store_closed(&m.store_dir());
+    assert_refs_whole(&m.store_dir());
+    assert_cold_checkout_equals_clone(&m, &repo);
+
+    std::fs::write(repo.join("README.md"), "changed\n").unwrap();
+    git(&repo, &["commit", "-qam", "second"]);
+    let next = m.json(&["import-git", repo.to_str().unwrap(), "--max-pack-bytes", "1000000"]);
+    assert_eq!(next["packs"][0]["loose_uploaded"], 0, "{next}");
+    assert_eq!(next["packs"][0]["packs_uploaded"], 1, "{next}");
+    wipe_cache(&m);
+    let co2 = m.dir.path().join("co2");
+    m.ok(&["checkout", "main", co2.to_str().unwrap()]);
+    assert_eq!(std::fs::read(co2.join("README.md")).unwrap(), b"changed\n");
+    assert_eq!(std::fs::read(co2.join("big.bin")).unwrap(), std::fs::read(repo.join("big.bin")).unwrap());
+}
