@@ -20,7 +20,7 @@ step "$mado" import-git "$repo" --verbose
 step "$mado" import-git "$repo" --verbose          # same commit again: uploads nothing
 step "$mado" log -n 1
 step "$mado" ls main
-rm -rf "$HOME/.cache/mado"                         # cold cache: every object is fetched
+rm -rf "$HOME/.cache/mado"                         # cold cache: the packs are fetched
 step "$mado" checkout main "$demo/cold" --verbose
 step "$mado" checkout main "$demo/warm" --verbose  # warm cache: only the ref is read
 step "$mado" cache stats
