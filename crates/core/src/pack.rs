@@ -628,6 +628,27 @@ mod tests {
     use crate::object::Entry;
     use std::collections::HashMap;
 
+    /// zstd only where it saves an eighth, and never on tiny members.
+    #[test]
+    fn members_are_compressed_only_when_it_pays() {
+        let text = b"fn main() { println!(\"hello\"); }\n".repeat(300);
+        assert_eq!(stored_form(&text).0, Codec::Zstd);
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let noise: Vec<u8> = (0..4096)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x >> 32) as u8
+            })
+            .collect();
+        assert_eq!(stored_form(&noise).0, Codec::Raw, "incompressible bytes stay raw");
+        let mostly_noise = [noise.clone(), vec![0u8; 300]].concat();
+        assert_eq!(stored_form(&mostly_noise).0, Codec::Raw, "a saving under an eighth is not worth a frame");
+        let small = b"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"; // 63 bytes
+        assert_eq!(stored_form(small).0, Codec::Raw, "under 64 bytes stays raw");
+    }
+
     #[test]
     fn members_compressed_on_every_core_keep_their_bytes_and_order() {
         let data: Vec<Vec<u8>> =
