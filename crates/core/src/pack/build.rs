@@ -1,0 +1,299 @@
+//! Building packs for a tree: walking it in path order, planning which
+//! members go together (v2 recursive, v1 per directory, or a delta on top
+//! of a base index), and handing each finished pack to the caller.
+
+use std::collections::HashSet;
+
+use super::*;
+
+/// Reads an object's bytes while building (from the disk cache at import).
+pub type Source<'a> = dyn Fn(&Hash) -> Result<Vec<u8>> + 'a;
+
+/// A file's members as they go in a pack.
+struct FileMembers {
+    members: Vec<(Hash, MemberKind)>,
+    bytes: u64,
+}
+
+struct Dir {
+    files: Vec<FileMembers>,
+    /// Child directories, in name order, interleaved with files by
+    /// position: (index into files before which this child comes, child).
+    children: Vec<(usize, Dir)>,
+    bytes: u64,
+    count: u64,
+}
+
+/// What a builder produced.
+pub struct Built {
+    pub index: PackIndex,
+    /// Objects too large for any pack (fetched alone).
+    pub unpacked: u64,
+    /// Those objects' ids: when packs are how content goes up, they go
+    /// up alone.
+    pub loose: Vec<(Hash, MemberKind)>,
+}
+
+struct Walk<'a> {
+    src: &'a Source<'a>,
+    trees: Vec<(Hash, Vec<u8>)>,
+    seen_trees: HashSet<Hash>,
+    dirs: u64,
+    cap: u64,
+    unpacked: u64,
+    loose: Vec<(Hash, MemberKind)>,
+}
+
+impl Walk<'_> {
+    fn load(&mut self, id: Hash) -> Result<Tree> {
+        let bytes = (self.src)(&id)?;
+        let t = Tree::decode(&bytes).map_err(|e| Error::corrupt(id, "tree", "", e))?;
+        if self.seen_trees.insert(id) {
+            self.trees.push((id, bytes));
+        }
+        Ok(t)
+    }
+
+    fn file(&mut self, e: &crate::object::Entry) -> Result<Option<FileMembers>> {
+        if !e.chunked {
+            if e.size > CHUNK_THRESHOLD {
+                self.unpacked += 1;
+                self.loose.push((e.id, MemberKind::Blob));
+                return Ok(None);
+            }
+            return Ok(Some(FileMembers { members: vec![(e.id, MemberKind::Blob)], bytes: e.size }));
+        }
+        let mb = (self.src)(&e.id)?;
+        let m = ChunkManifest::decode(&mb).map_err(|er| Error::corrupt(e.id, "chunk manifest", "", er))?;
+        let bytes = mb.len() as u64 + m.size;
+        if bytes > self.cap {
+            self.unpacked += 1 + m.chunks.len() as u64;
+            self.loose.extend(m.chunks.iter().map(|(_, c)| (*c, MemberKind::Chunk)));
+            self.loose.push((e.id, MemberKind::Manifest));
+            return Ok(None);
+        }
+        let mut members = vec![(e.id, MemberKind::Manifest)];
+        members.extend(m.chunks.iter().map(|(_, c)| (*c, MemberKind::Chunk)));
+        Ok(Some(FileMembers { members, bytes }))
+    }
+
+    fn dir(&mut self, id: Hash) -> Result<Dir> {
+        self.dirs += 1;
+        let t = self.load(id)?;
+        let mut d = Dir { files: Vec::new(), children: Vec::new(), bytes: 0, count: 0 };
+        for e in &t.entries {
+            match e.kind {
+                Kind::Directory => {
+                    let c = self.dir(e.id)?;
+                    d.bytes += c.bytes;
+                    d.count += c.count;
+                    d.children.push((d.files.len(), c));
+                }
+                Kind::Gitlink => {}
+                _ => {
+                    if let Some(f) = self.file(e)? {
+                        d.bytes += f.bytes;
+                        d.count += 1;
+                        d.files.push(f);
+                    }
+                }
+            }
+        }
+        Ok(d)
+    }
+}
+
+/// A run of members that must stay together, in walk order.
+struct Unit {
+    members: Vec<(Hash, MemberKind)>,
+    bytes: u64,
+}
+
+fn flatten(d: &Dir, out: &mut Vec<(Hash, MemberKind)>) {
+    let mut ci = 0;
+    for (i, f) in d.files.iter().enumerate() {
+        while ci < d.children.len() && d.children[ci].0 == i {
+            flatten(&d.children[ci].1, out);
+            ci += 1;
+        }
+        out.extend(f.members.iter().copied());
+    }
+    for (_, c) in &d.children[ci..] {
+        flatten(c, out);
+    }
+}
+
+/// v2: see the module comment. Emits groups of units, each one pack.
+fn plan_recursive(d: &Dir, cap: u64, groups: &mut Vec<Vec<Unit>>) {
+    if d.bytes <= cap {
+        let mut members = Vec::new();
+        flatten(d, &mut members);
+        groups.push(vec![Unit { members, bytes: d.bytes }]);
+        return;
+    }
+    let mut units = Vec::new();
+    let mut ci = 0;
+    let flush = |units: &mut Vec<Unit>, groups: &mut Vec<Vec<Unit>>| {
+        group_units(std::mem::take(units), cap, groups);
+    };
+    let child = |c: &Dir, units: &mut Vec<Unit>, groups: &mut Vec<Vec<Unit>>| {
+        if c.bytes <= cap {
+            let mut members = Vec::new();
+            flatten(c, &mut members);
+            units.push(Unit { members, bytes: c.bytes });
+        } else {
+            // Keep name order: what came before goes into packs first.
+            flush(units, groups);
+            plan_recursive(c, cap, groups);
+        }
+    };
+    for (i, f) in d.files.iter().enumerate() {
+        while ci < d.children.len() && d.children[ci].0 == i {
+            child(&d.children[ci].1, &mut units, groups);
+            ci += 1;
+        }
+        units.push(Unit { members: f.members.clone(), bytes: f.bytes });
+    }
+    for (_, c) in &d.children[ci..] {
+        child(c, &mut units, groups);
+    }
+    group_units(units, cap, groups);
+}
+
+/// Consecutive units, greedily, into groups of at most `cap` bytes.
+fn group_units(units: Vec<Unit>, cap: u64, groups: &mut Vec<Vec<Unit>>) {
+    let mut cur: Vec<Unit> = Vec::new();
+    let mut bytes = 0;
+    for u in units {
+        if !cur.is_empty() && bytes + u.bytes > cap {
+            groups.push(std::mem::take(&mut cur));
+            bytes = 0;
+        }
+        bytes += u.bytes;
+        cur.push(u);
+    }
+    if !cur.is_empty() {
+        groups.push(cur);
+    }
+}
+
+/// v1: each dense directory's own small files.
+fn plan_per_dir(d: &Dir, groups: &mut Vec<Vec<Unit>>) {
+    let small: Vec<&FileMembers> = d.files.iter().filter(|f| f.members.len() == 1).collect();
+    if small.len() >= PER_DIR_MIN_FILES {
+        groups.push(small.iter().map(|f| Unit { members: f.members.clone(), bytes: f.bytes }).collect());
+    }
+    for (_, c) in &d.children {
+        plan_per_dir(c, groups);
+    }
+}
+
+/// Builds packs for `tree` incrementally on top of `base` (the index of the
+/// tree it was derived from, e.g. the previous checkpoint): members already
+/// in one of `base`'s packs stay there, and only new members go into new
+/// packs (of at most `cap`, in walk order). The resulting index lists the
+/// base packs still used, then the new ones. Upload follows the change,
+/// not the tree; `mado pack` rebuilds compactly when wanted.
+pub fn build_delta(
+    tree: Hash,
+    cap: u64,
+    base: &PackIndex,
+    src: &Source<'_>,
+    emit: &mut dyn FnMut(Hash, Vec<u8>) -> Result<()>,
+) -> Result<Built> {
+    let mut w =
+        Walk { src, trees: Vec::new(), seen_trees: HashSet::new(), dirs: 0, cap, unpacked: 0, loose: Vec::new() };
+    let root = w.dir(tree)?;
+    let mut all = Vec::new();
+    flatten(&root, &mut all);
+    let in_base: std::collections::HashMap<Hash, usize> =
+        base.packs.iter().enumerate().flat_map(|(pi, p)| p.members.iter().map(move |m| (m.id, pi))).collect();
+    let mut used = vec![false; base.packs.len()];
+    let mut seen = HashSet::new();
+    let mut fresh: Vec<(Hash, MemberKind)> = Vec::new();
+    for (id, kind) in all {
+        if !seen.insert(id) {
+            continue;
+        }
+        match in_base.get(&id) {
+            Some(pi) => used[*pi] = true,
+            None => fresh.push((id, kind)),
+        }
+    }
+    let mut packs: Vec<PackEntry> = base.packs.iter().zip(&used).filter(|(_, u)| **u).map(|(p, _)| p.clone()).collect();
+    let mut group: Vec<(Hash, MemberKind, Vec<u8>)> = Vec::new();
+    let mut bytes = 0u64;
+    let mut flush = |group: &mut Vec<(Hash, MemberKind, Vec<u8>)>, packs: &mut Vec<PackEntry>| -> Result<()> {
+        if group.is_empty() {
+            return Ok(());
+        }
+        let members: Vec<(Hash, MemberKind, &[u8])> = group.iter().map(|(h, k, d)| (*h, *k, d.as_slice())).collect();
+        let (b, entry) = build_pack(&members);
+        emit(entry.id, b)?;
+        packs.push(entry);
+        group.clear();
+        Ok(())
+    };
+    for (id, kind) in fresh {
+        let data = src(&id)?;
+        if bytes + data.len() as u64 > cap && !group.is_empty() {
+            flush(&mut group, &mut packs)?;
+            bytes = 0;
+        }
+        bytes += data.len() as u64;
+        group.push((id, kind, data));
+    }
+    flush(&mut group, &mut packs)?;
+    Ok(Built {
+        index: PackIndex { tree, mode: Mode::Recursive, dirs: w.dirs, packs, trees: w.trees },
+        unpacked: w.unpacked,
+        loose: w.loose,
+    })
+}
+
+/// Builds the packs for `tree`, handing each (id, bytes) to `emit` as it is
+/// made (so at most one pack is in memory), and returns the index.
+pub fn build(
+    tree: Hash,
+    mode: Mode,
+    cap: u64,
+    src: &Source<'_>,
+    emit: &mut dyn FnMut(Hash, Vec<u8>) -> Result<()>,
+) -> Result<Built> {
+    let mut w =
+        Walk { src, trees: Vec::new(), seen_trees: HashSet::new(), dirs: 0, cap, unpacked: 0, loose: Vec::new() };
+    let root = w.dir(tree)?;
+    let mut groups = Vec::new();
+    match mode {
+        Mode::Recursive => plan_recursive(&root, cap, &mut groups),
+        Mode::PerDir => plan_per_dir(&root, &mut groups),
+    }
+    let mut seen = HashSet::new();
+    let mut packs = Vec::new();
+    for g in groups {
+        let ids: Vec<(Hash, MemberKind)> =
+            g.into_iter().flat_map(|u| u.members).filter(|(id, _)| seen.insert(*id)).collect();
+        if ids.is_empty() {
+            continue;
+        }
+        let data: Vec<Vec<u8>> = ids.iter().map(|(id, _)| src(id)).collect::<Result<_>>()?;
+        let members: Vec<(Hash, MemberKind, &[u8])> =
+            ids.iter().zip(&data).map(|((id, k), d)| (*id, *k, d.as_slice())).collect();
+        let (bytes, entry) = build_pack(&members);
+        emit(entry.id, bytes)?;
+        packs.push(entry);
+    }
+    if mode == Mode::PerDir {
+        let packed: HashSet<Hash> = packs.iter().flat_map(|p| p.members.iter().map(|m| m.id)).collect();
+        let mut all = Vec::new();
+        flatten(&root, &mut all);
+        let alone: Vec<(Hash, MemberKind)> = all.into_iter().filter(|(id, _)| !packed.contains(id)).collect();
+        w.unpacked += alone.len() as u64;
+        w.loose.extend(alone);
+    }
+    Ok(Built {
+        index: PackIndex { tree, mode, dirs: w.dirs, packs, trees: w.trees },
+        unpacked: w.unpacked,
+        loose: w.loose,
+    })
+}
