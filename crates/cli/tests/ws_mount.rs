@@ -38,9 +38,11 @@ impl WsMount<'_> {
     }
 }
 
+/// `ws create --mount` into a directory that does not exist yet: it is
+/// made, as `checkout` makes its target.
 fn create<'a>(m: &'a Mado, name: &str) -> WsMount<'a> {
     let dir = m.dir.path().join(format!("mnt-{name}"));
-    std::fs::create_dir_all(&dir).unwrap();
+    assert!(!dir.exists());
     let out = m.ok(&["ws", "create", name, "--from", "main", "--mount", dir.to_str().unwrap()]);
     assert!(out.contains("read-write"), "{out}");
     WsMount { m, dir }

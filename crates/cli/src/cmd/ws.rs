@@ -129,10 +129,14 @@ pub async fn run(c: WsCommand, ctx: &Ctx) -> Result<()> {
     let fetcher = ctx.fetcher()?;
     match c {
         WsCommand::Create(CreateArgs { name, from, mount: Some(mp), .. }) => {
+            // A new workspace's mount point is made for it, as `ws create
+            // --dir` and `checkout` make their directory.
+            if !mp.exists() {
+                std::fs::create_dir_all(&mp)
+                    .map_err(|e| mado_core::Error::User(format!("cannot create {}: {e}", mp.display())))?;
+            }
             if !mp.is_dir() {
-                return Err(
-                    mado_core::Error::User(format!("{} is not a directory; create it first", mp.display())).into()
-                );
+                return Err(mado_core::Error::User(format!("{} is not a directory", mp.display())).into());
             }
             workspace::create_ref(&fetcher, &name, &from).await?;
             ctx.step("workspace ref created");
