@@ -385,9 +385,8 @@ async fn publish_primary(
         let r = crate::publish::publish_packs(remote, cache, *root, o, None).await?;
         upload.objects_uploaded += r.loose_uploaded;
         upload.bytes_uploaded += r.bytes_uploaded;
+        base = r.index.clone();
         reports.push(r);
-        let local = std::fs::read(cache.index_path(root)).ok();
-        base = local.and_then(|b| crate::pack::PackIndex::decode(&b).ok()).map(Arc::new);
     }
     Ok((reports, upload))
 }

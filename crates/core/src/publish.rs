@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 
 use serde::Serialize;
 
@@ -22,7 +22,7 @@ use crate::error::{Error, Result};
 use crate::fsutil::save_cache_file;
 use crate::hash::Hash;
 use crate::pack::{build, MemberKind, Mode};
-use crate::store::{Remote, Space, CONCURRENCY};
+use crate::store::{Remote, Space};
 
 #[derive(Clone, Debug)]
 pub struct PackOptions {
@@ -68,6 +68,9 @@ pub struct PackReport {
     /// unpacked objects).
     pub model_gets_unpacked: u64,
     pub model_gets_packed: u64,
+    /// The index published (a next build on top of it needs no re-read).
+    #[serde(skip)]
+    pub index: Option<Arc<crate::pack::PackIndex>>,
 }
 
 /// Builds `tree`'s packs from objects in the disk cache and publishes them.
@@ -155,6 +158,7 @@ pub async fn publish_packs(
     report.build_ms = started.elapsed().as_millis() as u64;
     report.model_gets_unpacked = idx.trees.len() as u64 + members as u64 + built.unpacked;
     report.model_gets_packed = 1 + idx.packs.len() as u64 + built.unpacked;
+    report.index = Some(Arc::new(idx));
     Ok(report)
 }
 
@@ -167,23 +171,8 @@ async fn upload_loose(remote: &Remote, cache: &DiskCache, loose: &[(Hash, Member
     let missing: Vec<(Hash, MemberKind)> =
         loose.iter().zip(have).filter(|(_, present)| !present).map(|(m, _)| *m).collect();
     let (manifests, leaves): (Vec<_>, Vec<_>) = missing.into_iter().partition(|(_, k)| *k == MemberKind::Manifest);
-    let (mut n, mut bytes) = (0, 0);
-    for batch in [leaves, manifests] {
-        let sizes: Vec<u64> = futures::stream::iter(batch.into_iter().map(|(id, _)| async move {
-            let b = cache.get(&id).ok_or_else(|| {
-                Error::User(format!(
-                    "object {id} is neither in the store nor in the disk cache; run `mado materialize` first"
-                ))
-            })?;
-            let len = b.len() as u64;
-            remote.put_object(Space::Objects, &id, Bytes::from(b)).await?;
-            Ok::<u64, Error>(len)
-        }))
-        .buffer_unordered(CONCURRENCY)
-        .try_collect()
-        .await?;
-        n += sizes.len() as u64;
-        bytes += sizes.iter().sum::<u64>();
-    }
-    Ok((n, bytes))
+    let ids = |v: Vec<(Hash, MemberKind)>| v.into_iter().map(|(id, _)| id).collect();
+    let absent =
+        |id: &Hash| format!("object {id} is neither in the store nor in the disk cache; run `mado materialize` first");
+    crate::upload::put_from_cache(remote, cache, ids(leaves), ids(manifests), &absent).await
 }

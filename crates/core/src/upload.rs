@@ -115,23 +115,14 @@ pub async fn upload_closure(
     // manifests go after the plain leaves.
     let (manifests, plain): (Vec<Hash>, Vec<Hash>) =
         missing_leaves.into_iter().partition(|id| staged.manifests.contains_key(id));
-    for batch in [plain, manifests] {
-        let sizes: Vec<u64> = futures::stream::iter(batch.into_iter().map(|id| async move {
-            let bytes = cache.get(&id).ok_or_else(|| {
-                Error::User(format!(
-                    "object {id} was evicted from the disk cache before upload; raise MADO_DISK_CACHE_MAX_BYTES and import again"
-                ))
-            })?;
-            let n = bytes.len() as u64;
-            remote.put_object(Space::Objects, &id, Bytes::from(bytes)).await?;
-            Ok::<u64, Error>(n)
-        }))
-        .buffer_unordered(CONCURRENCY)
-        .try_collect()
-        .await?;
-        report.objects_uploaded += sizes.len() as u64;
-        report.bytes_uploaded += sizes.iter().sum::<u64>();
-    }
+    let evicted = |id: &Hash| {
+        format!(
+            "object {id} was evicted from the disk cache before upload; raise MADO_DISK_CACHE_MAX_BYTES and import again"
+        )
+    };
+    let (n, bytes) = put_from_cache(remote, cache, plain, manifests, &evicted).await?;
+    report.objects_uploaded += n;
+    report.bytes_uploaded += bytes;
     // Trees by height: a tree goes up only once every missing tree below it
     // is in the store, whatever depth it was first reached at (a subtree
     // shared by two paths at different depths gets one height).
@@ -158,6 +149,34 @@ pub async fn upload_closure(
         report.bytes_uploaded += n.iter().sum::<u64>();
     }
     Ok(report)
+}
+
+/// Uploads objects from the disk cache: `leaves` (blobs, chunks) all in
+/// flight together, then `manifests` (a manifest before its chunks would
+/// break the closure rule). `absent` words the error for an object the
+/// cache no longer holds. Returns (objects, bytes) uploaded.
+pub(crate) async fn put_from_cache(
+    remote: &Remote,
+    cache: &DiskCache,
+    leaves: Vec<Hash>,
+    manifests: Vec<Hash>,
+    absent: &(dyn Fn(&Hash) -> String + Sync),
+) -> Result<(u64, u64)> {
+    let (mut n, mut bytes) = (0, 0);
+    for batch in [leaves, manifests] {
+        let sizes: Vec<u64> = futures::stream::iter(batch.into_iter().map(|id| async move {
+            let b = cache.get(&id).ok_or_else(|| Error::User(absent(&id)))?;
+            let len = b.len() as u64;
+            remote.put_object(Space::Objects, &id, Bytes::from(b)).await?;
+            Ok::<u64, Error>(len)
+        }))
+        .buffer_unordered(CONCURRENCY)
+        .try_collect()
+        .await?;
+        n += sizes.len() as u64;
+        bytes += sizes.iter().sum::<u64>();
+    }
+    Ok((n, bytes))
 }
 
 /// Groups `trees` (the trees to upload) into batches by height: batch 0
