@@ -402,8 +402,9 @@ fn subtree_checkout_writes_only_the_named_paths_and_downloads_their_span() {
         ("../etc", ".."),
         ("/etc/passwd", "absolute"),
         ("vendor/../README", ".."),
-        ("vendor/nope", "vendor/nope"),
-        ("README/x", "README"),
+        ("vendor/nope", "vendor/nope is not in the snapshot"),
+        ("vendor/nope/deeper", "vendor/nope/deeper is not in the snapshot"),
+        ("README/x", "README/x"),
         ("", "empty"),
     ] {
         let err = m.fails(&["checkout", "main", bad.to_str().unwrap(), path], 1);

@@ -271,7 +271,13 @@ pub async fn checkout(
     let roots = roots_of(opts.paths)?;
     let found: Vec<Option<Entry>> = futures::stream::iter(roots.iter().map(|p| {
         let f = fetcher.clone();
-        async move { f.lookup(root, &lossy(p)).await }
+        async move {
+            // A missing directory on the way names the whole path asked for.
+            f.lookup(root, &lossy(p)).await.map_err(|e| match e {
+                Error::NotFound(why) => Error::NotFound(format!("{} is not in the snapshot ({why})", lossy(p))),
+                e => e,
+            })
+        }
     }))
     .buffered(CONCURRENCY)
     .try_collect()
