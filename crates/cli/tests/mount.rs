@@ -91,7 +91,7 @@ fn mounted_snapshot_equals_git_clone() {
     m.ok(&["import-git", repo.to_str().unwrap()]);
     let clone = m.dir.path().join("clone");
     git(m.dir.path(), &["clone", "-q", repo.to_str().unwrap(), clone.to_str().unwrap()]);
-    std::fs::remove_dir_all(m.cache_dir().join("objects")).unwrap();
+    empty_cache(&m);
     let mnt = mount(&m, "main", "mnt", &[], &[]);
     assert_same_content(&clone, &mnt.dir);
     assert_eq!(std::fs::read_link(mnt.dir.join("src/escape")).unwrap(), Path::new("../../../../../etc/passwd"));
@@ -420,7 +420,7 @@ fn mount_answers_like_a_plain_checkout() {
     m.ok(&["import-git", repo.to_str().unwrap()]);
     let co = m.dir.path().join("co");
     m.ok(&["checkout", "main", co.to_str().unwrap()]);
-    let _ = std::fs::remove_dir_all(m.cache_dir().join("objects"));
+    empty_cache(&m);
     let mnt = mount(&m, "main", "mnt", &["--no-passthrough"], &[]);
     let paths = all_paths(&co);
     let n = paths.len();

@@ -440,3 +440,43 @@ fn objects_too_large_for_a_pack_go_up_alone_once() {
     assert_eq!(std::fs::read(co2.join("README.md")).unwrap(), b"changed\n");
     assert_eq!(std::fs::read(co2.join("big.bin")).unwrap(), std::fs::read(repo.join("big.bin")).unwrap());
 }
+
+/// A cold fetch keeps each pack as one cache file (not a file per member),
+/// reads are served from it with no network, and a damaged pack file is
+/// detected, never served, and fetched again.
+#[test]
+fn a_fetched_pack_is_one_cache_file_and_heals_when_damaged() {
+    let m = Mado::local();
+    let repo = real_repo(m.dir.path());
+    m.ok(&["import-git", repo.to_str().unwrap()]);
+    let files = count_files(&repo.join("vendor"));
+    wipe_cache(&m);
+    let mat = m.json(&["materialize", "vendor"]);
+    assert_eq!(mat["files"].as_u64().unwrap(), files);
+    let stats = m.json(&["cache", "stats"]);
+    let packs = stats["packs"].as_u64().unwrap();
+    assert!(packs >= 1, "{stats}");
+    assert!(stats["entries"].as_u64().unwrap() < 10, "members are not exploded into loose files: {stats}");
+    let co = m.dir.path().join("co");
+    let warm = m.json(&["checkout", "main", co.to_str().unwrap()]);
+    assert_eq!(gets(&warm), 1, "the ref only: {warm}");
+    assert_same_tree(&repo.join("vendor"), &co.join("vendor"));
+
+    // Flip a byte in the middle of every cached pack file.
+    let data = m.cache_dir().join("packs/data");
+    for e in std::fs::read_dir(&data).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "pack") {
+            let mut b = std::fs::read(&p).unwrap();
+            let mid = b.len() / 2;
+            b[mid] ^= 0x55;
+            std::fs::write(&p, b).unwrap();
+        }
+    }
+    let co2 = m.dir.path().join("co2");
+    let healed = m.json(&["checkout", "main", co2.to_str().unwrap()]);
+    assert_same_tree(&repo.join("vendor"), &co2.join("vendor"));
+    assert!(gets(&healed) > 1, "the damaged part was fetched again: {healed}");
+    let v = m.json(&["cache", "verify"]);
+    assert_eq!(v["bad"].as_array().unwrap().len(), 0, "nothing bad was kept: {v}");
+}

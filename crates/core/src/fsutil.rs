@@ -22,6 +22,11 @@ pub fn save_cache_file(path: &Path, bytes: &[u8]) {
     let _ = replace(path, bytes, false);
 }
 
+/// Like [`save_cache_file`], but says when it failed.
+pub fn replace_cache_file(path: &Path, bytes: &[u8]) -> Result<()> {
+    replace(path, bytes, false)
+}
+
 fn replace(path: &Path, bytes: &[u8], durable: bool) -> Result<()> {
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).map_err(Error::io(format!("creating {}", dir.display())))?;

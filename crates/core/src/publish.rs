@@ -90,9 +90,34 @@ pub async fn publish_packs(
     let started = Instant::now();
     let (tx, mut rx) = tokio::sync::mpsc::channel::<(Hash, Vec<u8>)>(2);
     let c = cache.clone();
+    let base = opts.base.clone();
+    let rt = tokio::runtime::Handle::current();
     let builder = tokio::task::spawn_blocking(move || {
+        // What the base index packs is read from the cache's copy of its
+        // pack (a resume or a mount read it through that pack).
+        let in_base = std::sync::OnceLock::new();
+        let from_base = |id: &Hash| {
+            let map = in_base.get_or_init(|| {
+                let mut m = std::collections::HashMap::new();
+                for p in base.iter().flat_map(|b| b.packs.iter()) {
+                    for member in &p.members {
+                        m.insert(member.id, p.id);
+                    }
+                }
+                m
+            });
+            map.get(id).and_then(|pack| c.pack_get(pack, id))
+        };
         let src = |id: &Hash| {
-            c.get(id).or_else(|| inline.as_ref().and_then(|f| f.inline_tree(id)).map(|t| (*t).clone())).ok_or_else(
+            let through =
+                |f: &Arc<crate::fetch::Fetcher>| f.cached(id).or_else(|| f.inline_tree(id).map(|t| (*t).clone()));
+            // Last, the store (a lazy mount may never have read a file the
+            // delta build must re-read).
+            let fetched = || {
+                let f = inline.as_ref()?;
+                rt.block_on(f.get(crate::store::Space::Objects, *id, "object")).ok().map(|b| b.to_vec())
+            };
+            inline.as_ref().map_or_else(|| c.get(id), through).or_else(|| from_base(id)).or_else(fetched).ok_or_else(
                 || Error::User(format!("object {id} is not in the disk cache; run `mado materialize` first")),
             )
         };

@@ -23,7 +23,7 @@ pub async fn run(c: CacheCommand, ctx: &Ctx) -> Result<()> {
                 return ctx.print_json(&u);
             }
             println!("path:    {}", u.path);
-            println!("entries: {}", u.entries);
+            println!("entries: {} loose objects, {} packs", u.entries, u.packs);
             println!("bytes:   {}", u.bytes);
             println!("cap:     {}", u.cap.map_or("unbounded".to_string(), |c| format!("{c} bytes")));
         }
@@ -37,7 +37,7 @@ pub async fn run(c: CacheCommand, ctx: &Ctx) -> Result<()> {
             if ctx.json {
                 return ctx.print_json(&r);
             }
-            println!("checked {} entries, {} bad (removed)", r.checked, r.bad.len());
+            println!("checked {} entries (loose objects and packs), {} bad (removed)", r.checked, r.bad.len());
             for b in &r.bad {
                 println!("  removed {b}");
             }

@@ -434,3 +434,11 @@ pub fn assert_cold_checkout_equals_clone(m: &Mado, repo: &Path) {
 pub fn errno_of(r: std::io::Result<impl Sized>) -> Option<i32> {
     r.err().and_then(|e| e.raw_os_error())
 }
+
+/// Empties the disk cache of content (loose objects and cached packs),
+/// keeping pack index pointers and workspace state.
+#[allow(dead_code)]
+pub fn empty_cache(m: &Mado) {
+    let _ = std::fs::remove_dir_all(m.cache_dir().join("objects"));
+    let _ = std::fs::remove_dir_all(m.cache_dir().join("packs").join("data"));
+}

@@ -160,18 +160,31 @@ impl Fetcher {
 
     /// The bytes of object `id`, from the cache, a pack, or the remote.
     pub async fn get(self: &Arc<Self>, space: Space, id: Hash, what: &'static str) -> Result<Bytes> {
+        let hit = match space {
+            Space::Objects => self.packs.read().expect("packs lock").members.get(&id).cloned(),
+            _ => None,
+        };
+        if let Some((pack, _)) = &hit {
+            if let Some(b) = self.cache.pack_get(&pack.id, &id) {
+                return Ok(Bytes::from(b));
+            }
+        }
         if let Some(b) = self.cache.get(&id) {
             return Ok(Bytes::from(b));
         }
-        if space == Space::Objects {
-            let hit = self.packs.read().expect("packs lock").members.get(&id).cloned();
-            if let Some((pack, i)) = hit {
-                if let Some(b) = self.from_pack(pack, i).await {
-                    return Ok(b);
-                }
+        if let Some((pack, i)) = hit {
+            if let Some(b) = self.from_pack(pack, i).await {
+                return Ok(b);
             }
         }
         self.get_alone(space, id, what).await
+    }
+
+    /// Object `id` if the disk cache holds it, loose or in a cached pack
+    /// this fetcher's indexes name (no network).
+    pub fn cached(&self, id: &Hash) -> Option<Vec<u8>> {
+        let hit = self.packs.read().expect("packs lock").members.get(id).cloned();
+        hit.and_then(|(pack, _)| self.cache.pack_get(&pack.id, id)).or_else(|| self.cache.get(id))
     }
 
     async fn get_alone(self: &Arc<Self>, space: Space, id: Hash, what: &'static str) -> Result<Bytes> {

@@ -1,14 +1,12 @@
-//! Reading through packs: one ranged GET per pack (or span of it), members
-//! exploded into the cache as the bytes stream in, each waiter woken when
-//! its own member has verified; a member read alone when its pack fails.
+//! Reading through packs: one ranged GET per pack (or span of it), its
+//! bytes kept in the cache as one file as they stream in, each waiter woken
+//! when its own member has verified; a member read alone when its pack fails.
 
 use super::*;
 
-/// A batch of exploded members goes to the disk cache once it holds this
-/// many bytes or members (or the pack ends).
+/// Fetched pack bytes go to the disk cache in writes of at least this
+/// many bytes (or when the pack ends).
 pub(super) const WRITE_BATCH_BYTES: usize = 1 << 20;
-
-pub(super) const WRITE_BATCH_MEMBERS: usize = 256;
 
 /// One pack being downloaded. Each waiter parks on its own member: the
 /// arrival of member `i` wakes only the readers of member `i` (a shared
@@ -75,6 +73,14 @@ impl Fetcher {
             return None;
         }
         let running = self.pack_flights.lock().expect("pack flights lock").contains_key(&pack.id);
+        if !running {
+            // A flight may have ended since the caller missed the cache:
+            // what it fetched is recorded before it ends.
+            let id = &pack.members[i].id;
+            if let Some(b) = self.cache.pack_get(&pack.id, id).or_else(|| self.cache.get(id)) {
+                return Some(Bytes::from(b));
+            }
+        }
         if !running && self.mostly_cached(&pack) {
             // A warm pack missing a few members (evicted, healed): read just
             // this member's byte range rather than the whole pack.
@@ -118,18 +124,26 @@ impl Fetcher {
                 }
                 Some(b)
             }
-            // Another process exploded the pack into the cache.
-            None => self.cache.get(&pack.members[i].id).map(Bytes::from),
+            // Another process fetched the pack into the cache.
+            None => {
+                let id = &pack.members[i].id;
+                self.cache.pack_get(&pack.id, id).or_else(|| self.cache.get(id)).map(Bytes::from)
+            }
         }
     }
 
     /// True when at least half the pack's members are in the cache.
     fn mostly_cached(&self, pack: &PackEntry) -> bool {
-        let have = pack.members.iter().filter(|m| self.cache.contains(&m.id)).count();
+        let have = pack.members.iter().filter(|m| self.in_cache(pack, m)).count();
         have * 2 >= pack.members.len() && !pack.members.is_empty()
     }
 
-    /// One member by its own byte range; `None` on any failure.
+    fn in_cache(&self, pack: &PackEntry, m: &crate::pack::Member) -> bool {
+        self.cache.pack_has(&pack.id, &m.id) || self.cache.contains(&m.id)
+    }
+
+    /// One member by its own byte range (kept as a loose entry); `None` on
+    /// any failure.
     async fn fetch_member(&self, pack: &PackEntry, i: usize) -> Option<Bytes> {
         let m = &pack.members[i];
         let got = self.remote.pack_range(&pack.id, m.offset..m.offset + m.stored_len).await.map_err(|e| e.to_string());
@@ -154,12 +168,13 @@ impl Fetcher {
         // Without the lock (an unwritable cache) we may fetch twice: still correct.
         let _lock = crate::fsutil::lock_file(lock_path).await.ok();
         let (lo, hi) = self.span(&pack);
-        if pack.members.is_empty() || pack.members[lo..=hi].iter().all(|m| self.cache.contains(&m.id)) {
+        if pack.members.is_empty() || pack.members[lo..=hi].iter().all(|m| self.in_cache(&pack, m)) {
             finish(&flight);
             self.pack_flights.lock().expect("pack flights lock").remove(&pack.id);
             return;
         }
         if let Err(e) = self.stream_pack(&pack, &flight, lo, hi).await {
+            self.cache.discard_unrecorded(&pack.id);
             self.counters.pack_failures.fetch_add(1, Relaxed);
             self.bad_packs.lock().expect("bad packs lock").insert(pack.id);
             self.warn(format!("pack {}: {e}; reading its objects one by one", pack.id));
@@ -170,7 +185,10 @@ impl Fetcher {
         self.pack_flights.lock().expect("pack flights lock").remove(&pack.id);
     }
 
-    /// Streams members `lo..=hi` of `pack` (one ranged GET) into the cache.
+    /// Streams members `lo..=hi` of `pack` (one ranged GET) into the
+    /// cache's copy of the pack: the bytes go to one file at their own
+    /// offsets, in batches written off this task, and the members are
+    /// recorded as present once every batch is on disk.
     async fn stream_pack(
         &self,
         pack: &PackEntry,
@@ -184,34 +202,37 @@ impl Fetcher {
             Error::NotFound(_) => "missing from the store (swept?)".to_string(),
             e => format!("GET failed: {e}"),
         })?;
-        let mut buf: Vec<u8> = Vec::new();
+        // Without a cache file (an unwritable cache) readers are still served.
+        let writer = self.cache.pack_writer(&pack.id).ok().map(Arc::new);
+        // `buf` holds the pack's bytes from offset `at`; members before
+        // `next` are decoded, and their bytes leave `buf` in batches.
+        let mut buf = bytes::BytesMut::new();
+        let mut at = base;
         let mut next = lo;
         let stop = hi + 1;
         let mut bad = 0usize;
-        // Cache writes run on the blocking pool, off this task: waiters are
-        // handed their member from memory the moment it has verified.
+        let mut good: Vec<crate::pack::Member> = Vec::with_capacity(stop - lo);
         let mut writes = Vec::new();
-        let mut batch: Vec<(Hash, Bytes)> = Vec::new();
-        let mut batch_bytes = 0usize;
+        let mut done_to = base; // pack offset up to which members are decoded
         while next < stop {
             let chunk = match stream.next().await {
                 Some(Ok(c)) => c,
-                Some(Err(e)) => return Err(format!("read failed after {} bytes: {e}", buf.len())),
-                None => return Err(format!("truncated: {} of {} body bytes", buf.len(), end - base)),
+                Some(Err(e)) => return Err(format!("read failed after {} bytes: {e}", done_to - base)),
+                None => {
+                    return Err(format!("truncated: {} of {} body bytes", at + buf.len() as u64 - base, end - base))
+                }
             };
             buf.extend_from_slice(&chunk);
             while next < stop {
                 let m = &pack.members[next];
-                let (start, end) = ((m.offset - base) as usize, (m.offset - base + m.stored_len) as usize);
-                if end > buf.len() {
+                let (start, stop_at) = ((m.offset - at) as usize, (m.offset - at + m.stored_len) as usize);
+                if stop_at > buf.len() {
                     break;
                 }
-                match decode_member(m, &buf[start..end]) {
+                match decode_member(m, &buf[start..stop_at]) {
                     Ok(raw) => {
-                        let b = Bytes::from(raw);
-                        flight.arrived(next, Some(b.clone()));
-                        batch_bytes += b.len();
-                        batch.push((m.id, b));
+                        flight.arrived(next, Some(Bytes::from(raw)));
+                        good.push(*m);
                     }
                     Err(e) => {
                         bad += 1;
@@ -219,32 +240,41 @@ impl Fetcher {
                         flight.arrived(next, None);
                     }
                 }
+                done_to = m.offset + m.stored_len;
                 next += 1;
             }
-            // Writes go in batches (the store streams in small chunks; a
-            // blocking task per chunk costs more than the writes).
-            let last = next == stop;
-            if !batch.is_empty() && (last || batch_bytes >= WRITE_BATCH_BYTES || batch.len() >= WRITE_BATCH_MEMBERS) {
-                let batch = std::mem::take(&mut batch);
-                batch_bytes = 0;
-                let cache = self.cache.clone();
-                // Readers were already handed their members; waiting here
-                // only slows the download, never a reader.
-                let permit = self.write_permits.clone().acquire_owned().await.ok();
-                writes.push(tokio::task::spawn_blocking(move || {
-                    for (id, b) in batch {
-                        let _ = cache.put(&id, &b);
-                    }
-                    drop(permit);
-                }));
+            // Decoded bytes go to the file in batches (the store streams in
+            // small chunks; a blocking task per chunk costs more than the
+            // writes). Readers were already handed their members: waiting
+            // for a write permit only slows the download, never a reader.
+            let ready = (done_to - at) as usize;
+            if let Some(w) = &writer {
+                if ready > 0 && (next == stop || ready >= WRITE_BATCH_BYTES) {
+                    let bytes = buf.split_to(ready).freeze();
+                    let (w, cache, off) = (w.clone(), self.cache.clone(), at);
+                    at += ready as u64;
+                    let permit = self.write_permits.clone().acquire_owned().await.ok();
+                    writes.push(tokio::task::spawn_blocking(move || {
+                        let r = w.write_at(&cache, off, &bytes);
+                        drop(permit);
+                        r
+                    }));
+                }
+            } else if ready > 0 {
+                let _ = buf.split_to(ready);
+                at += ready as u64;
             }
             // Let the readers just woken run now: a task woken from this
             // worker waits in its LIFO slot until this task yields.
             tokio::task::yield_now().await;
         }
-        // The pack's flock is held until every member is in the cache.
+        // The pack's flock is held until the copy is recorded.
+        let mut written = true;
         for w in writes {
-            let _ = w.await;
+            written &= matches!(w.await, Ok(Ok(())));
+        }
+        if let (Some(w), true) = (&writer, written) {
+            let _ = w.commit(&self.cache, &good);
         }
         if bad > 0 {
             return Err(format!("{bad} bad members"));

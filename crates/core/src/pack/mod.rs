@@ -105,7 +105,7 @@ pub struct PackIndex {
     pub trees: Vec<(Hash, Vec<u8>)>,
 }
 
-fn kind_from(c: u8) -> Result<MemberKind, DecodeError> {
+pub(crate) fn kind_from(c: u8) -> Result<MemberKind, DecodeError> {
     Ok(match c {
         1 => MemberKind::Blob,
         2 => MemberKind::Manifest,
@@ -114,7 +114,7 @@ fn kind_from(c: u8) -> Result<MemberKind, DecodeError> {
     })
 }
 
-fn codec_from(c: u8) -> Result<Codec, DecodeError> {
+pub(crate) fn codec_from(c: u8) -> Result<Codec, DecodeError> {
     Ok(match c {
         0 => Codec::Raw,
         1 => Codec::Zstd,

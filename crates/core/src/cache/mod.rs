@@ -1,0 +1,669 @@
+//! The persistent, content-addressed disk cache: one per user, shared by
+//! every mado process (CLI, mount daemon, restarts).
+//!
+//! - Location: `$MADO_CACHE_DIR`, else `$XDG_CACHE_HOME/mado`, else
+//!   `~/.cache/mado`. Never per process or per run: a cache that is always
+//!   cold is no cache (seed 001's lesson).
+//! - Writes go to a temp file in the same folder and are renamed into
+//!   place, with no fsync: a crash can leave a torn file, never a torn name.
+//! - Every hit is verified (BLAKE3 of the value == key). A torn or rotten
+//!   entry is deleted and reported as a miss, so the caller re-fetches a
+//!   good copy (self-heal). This catches bit rot, which fsync never did.
+//! - Two kinds of entry: a loose object is one file; a pack fetched
+//!   through its index is one file for the whole pack, with a record of
+//!   the members it holds (`packfile`). Both are verified on every hit.
+//! - `MADO_DISK_CACHE_MAX_BYTES` caps the size, with an eviction that
+//!   resists scans (see [`DiskCache::evict`]): sizes are tracked as entries
+//!   are written, and a write that takes the total over the cap evicts
+//!   whole entries down to 90 % of it, so the scan that finds victims runs
+//!   once per tenth of the cap written, not once per write. A single
+//!   entry larger than the cap is kept.
+//! - Layout (every path in the cache folder is built here):
+//!   `objects/<2 hex>/<64 hex>` loose entries; `packs/data/<pack>.pack` and
+//!   `.have` cached packs; `packs/index/<tree>` copies of pack indexes (the
+//!   local pointer); `packs/locks/` one lock per pack being fetched;
+//!   `workspaces/<key>/` a mounted workspace's state; `mounts/` control
+//!   sockets and logs of running mounts.
+
+use std::collections::HashMap;
+use std::fs;
+use std::io::{ErrorKind, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::hash::Hash;
+
+mod packfile;
+pub use packfile::PackWriter;
+
+/// One write in this many enters the cache as recently used; the others
+/// enter on probation (see [`DiskCache::evict`]).
+const ADMIT_EVERY: u64 = 32;
+/// Probation times count backwards from here (2020-01-01), so every
+/// probation time is older than every use, and a newer insert is older
+/// than an earlier one.
+const PROBATION_BASE: u64 = 1_577_836_800;
+/// Own probation writes kept in memory as the first eviction victims.
+const RECENT_MAX: usize = 1 << 16;
+/// A cached pack's file is marked used at most this often per process.
+const PACK_TOUCH_EVERY: Duration = Duration::from_secs(30);
+
+pub struct DiskCache {
+    root: PathBuf,
+    cap: Option<u64>,
+    /// Bytes stored, tracked only when capped (seeded by a scan at open).
+    size: AtomicU64,
+    evict_state: Mutex<EvictState>,
+    /// The "cache is full" warning was printed (once per process).
+    full_warned: std::sync::atomic::AtomicBool,
+    pub counters: CacheCounters,
+    /// Cached packs this process has open (see `packfile`).
+    open_packs: Mutex<HashMap<Hash, Arc<packfile::OpenPack>>>,
+    /// Entries written by this process (for [`ADMIT_EVERY`]).
+    inserts: AtomicU64,
+    /// Full scans of the cache made (eviction, usage, verify).
+    scans: AtomicU64,
+    /// When this process last marked each cached pack used.
+    pack_touched: Mutex<HashMap<Hash, Instant>>,
+}
+
+#[derive(Default, Debug)]
+pub struct CacheCounters {
+    pub hits: AtomicU64,
+    pub misses: AtomicU64,
+    pub healed: AtomicU64,
+    pub writes: AtomicU64,
+    pub evicted: AtomicU64,
+}
+
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CacheStats {
+    pub hits: u64,
+    pub misses: u64,
+    pub healed: u64,
+    pub writes: u64,
+    pub evicted: u64,
+}
+
+/// The result of a full scan.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Usage {
+    pub path: String,
+    /// Loose objects.
+    pub entries: u64,
+    /// Cached packs (each one file, whatever its member count).
+    pub packs: u64,
+    /// Bytes held on disk by both kinds.
+    pub bytes: u64,
+    pub cap: Option<u64>,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct VerifyReport {
+    pub checked: u64,
+    pub bad: Vec<String>,
+}
+
+/// Parses `MADO_DISK_CACHE_MAX_BYTES`: 0, empty or unparseable means unbounded.
+pub fn cap_from_env() -> Option<u64> {
+    std::env::var("MADO_DISK_CACHE_MAX_BYTES").ok().and_then(|v| parse_cap(&v))
+}
+
+fn parse_cap(v: &str) -> Option<u64> {
+    v.trim().parse::<u64>().ok().filter(|&n| n > 0)
+}
+
+/// Control sockets and logs of the running mounts.
+pub fn mounts_dir() -> Result<PathBuf> {
+    Ok(default_dir()?.join("mounts"))
+}
+
+/// The per-user cache directory.
+pub fn default_dir() -> Result<PathBuf> {
+    if let Some(d) = std::env::var_os("MADO_CACHE_DIR").filter(|d| !d.is_empty()) {
+        return Ok(PathBuf::from(d));
+    }
+    if let Some(d) = std::env::var_os("XDG_CACHE_HOME").filter(|d| !d.is_empty()) {
+        return Ok(PathBuf::from(d).join("mado"));
+    }
+    match std::env::var_os("HOME").filter(|d| !d.is_empty()) {
+        Some(h) => Ok(PathBuf::from(h).join(".cache").join("mado")),
+        None => Err(Error::User("cannot place the disk cache: set HOME, XDG_CACHE_HOME or MADO_CACHE_DIR".into())),
+    }
+}
+
+impl DiskCache {
+    /// Opens the per-user cache with the cap from the environment.
+    pub fn open_default() -> Result<DiskCache> {
+        DiskCache::open(default_dir()?, cap_from_env())
+    }
+
+    pub fn open(root: PathBuf, cap: Option<u64>) -> Result<DiskCache> {
+        crate::fsutil::create_private_dir(&root)?;
+        fs::create_dir_all(root.join("objects")).map_err(Error::io(format!("creating cache {}", root.display())))?;
+        let c = DiskCache {
+            root,
+            cap,
+            size: AtomicU64::new(0),
+            evict_state: Mutex::new(EvictState::default()),
+            full_warned: Default::default(),
+            counters: Default::default(),
+            open_packs: Mutex::new(HashMap::new()),
+            inserts: AtomicU64::new(0),
+            scans: AtomicU64::new(0),
+            pack_touched: Mutex::new(HashMap::new()),
+        };
+        if cap.is_some() {
+            c.size.store(c.usage().bytes, Relaxed);
+        }
+        Ok(c)
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Where a copy of `tree`'s pack index is kept (the local pointer).
+    pub fn index_path(&self, tree: &Hash) -> PathBuf {
+        self.root.join("packs").join("index").join(tree.to_hex())
+    }
+
+    /// The lock one process holds while it explodes pack `id`.
+    pub fn pack_lock_path(&self, id: &Hash) -> PathBuf {
+        self.root.join("packs").join("locks").join(format!("{}.lock", id.to_hex()))
+    }
+
+    /// The folder holding the state of workspace `name` of remote `remote`
+    /// while it is mounted (overlay state and upper layer).
+    pub fn workspace_dir(&self, remote: &str, name: &str) -> PathBuf {
+        let key = blake3::hash(format!("{remote}\n{name}").as_bytes()).to_hex();
+        self.root.join("workspaces").join(&key[..24])
+    }
+
+    /// Where the entry for `id` lives (it may be absent).
+    pub fn entry_path(&self, id: &Hash) -> PathBuf {
+        self.path(id)
+    }
+
+    fn path(&self, id: &Hash) -> PathBuf {
+        let hex = id.to_hex();
+        self.root.join("objects").join(&hex[..2]).join(hex)
+    }
+
+    pub fn stats(&self) -> CacheStats {
+        let c = &self.counters;
+        CacheStats {
+            hits: c.hits.load(Relaxed),
+            misses: c.misses.load(Relaxed),
+            healed: c.healed.load(Relaxed),
+            writes: c.writes.load(Relaxed),
+            evicted: c.evicted.load(Relaxed),
+        }
+    }
+
+    /// A verified hit, or `None`. A bad entry is removed (and counted).
+    pub fn get(&self, id: &Hash) -> Option<Vec<u8>> {
+        let p = self.path(id);
+        match crate::fsutil::read_regular(&p) {
+            Ok(bytes) if id.verifies(&bytes) => {
+                self.counters.hits.fetch_add(1, Relaxed);
+                self.used(&p, None);
+                Some(bytes)
+            }
+            Ok(bytes) => {
+                self.counters.healed.fetch_add(1, Relaxed);
+                self.counters.misses.fetch_add(1, Relaxed);
+                if fs::remove_file(&p).is_ok() && self.cap.is_some() {
+                    self.size.fetch_sub(bytes.len() as u64, Relaxed);
+                }
+                None
+            }
+            Err(e) => {
+                if e.kind() == ErrorKind::InvalidData {
+                    // Not a regular file (a FIFO, a device): rotten, healed.
+                    self.counters.healed.fetch_add(1, Relaxed);
+                    let _ = fs::remove_file(&p);
+                }
+                self.counters.misses.fetch_add(1, Relaxed);
+                None
+            }
+        }
+    }
+
+    /// Presence without reading (for skipping writes of known content).
+    pub fn contains(&self, id: &Hash) -> bool {
+        self.path(id).exists()
+    }
+
+    /// Stores `bytes` under `id` (the caller has verified the hash).
+    pub fn put(&self, id: &Hash, bytes: &[u8]) -> Result<()> {
+        let p = self.path(id);
+        if p.exists() {
+            return Ok(());
+        }
+        let dir = p.parent().expect("cache paths have a parent");
+        let tmp = dir.join(format!(".tmp-{}-{}", std::process::id(), rand::random::<u64>()));
+        let write = |tmp: &Path| -> std::io::Result<()> {
+            let mut f = match fs::File::create(tmp) {
+                Err(e) if e.kind() == ErrorKind::NotFound => {
+                    fs::create_dir_all(dir)?;
+                    fs::File::create(tmp)?
+                }
+                r => r?,
+            };
+            f.write_all(bytes)?;
+            fs::rename(tmp, &p)
+        };
+        if let Err(e) = write(&tmp) {
+            let _ = fs::remove_file(&tmp);
+            self.warn_if_full(&e);
+            return Err(Error::Io { context: format!("writing cache entry {}", p.display()), source: e });
+        }
+        self.counters.writes.fetch_add(1, Relaxed);
+        self.set_probation(&p, None);
+        self.grew(bytes.len() as u64, &p);
+        Ok(())
+    }
+
+    /// Says once per process that the disk is full: callers go on without
+    /// the cache (a read still returns its bytes).
+    fn warn_if_full(&self, e: &std::io::Error) {
+        let full = [rustix::io::Errno::NOSPC, rustix::io::Errno::DQUOT].map(|e| e.raw_os_error());
+        if e.raw_os_error().is_some_and(|n| full.contains(&n)) && !self.full_warned.swap(true, Relaxed) {
+            eprintln!(
+                "warning: the disk cache at {} is full ({e}); reads go on, but nothing more is cached \
+                 until space is freed (or set MADO_DISK_CACHE_MAX_BYTES to cap it)",
+                self.root.display()
+            );
+        }
+    }
+
+    /// A new entry's place in the eviction order: on probation (first to
+    /// go, newest first), or one write in [`ADMIT_EVERY`] as recently used.
+    fn set_probation(&self, p: &Path, pack: Option<Hash>) {
+        if self.cap.is_none() {
+            return;
+        }
+        let n = self.inserts.fetch_add(1, Relaxed);
+        if n % ADMIT_EVERY == ADMIT_EVERY - 1 {
+            return; // written just now: its mtime already says so
+        }
+        let since = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+        let back = since.saturating_sub(Duration::from_secs(PROBATION_BASE));
+        let t = (SystemTime::UNIX_EPOCH + Duration::from_secs(PROBATION_BASE))
+            .checked_sub(back)
+            .unwrap_or(SystemTime::UNIX_EPOCH);
+        set_mtime(p, t);
+        if let Ok(m) = fs::symlink_metadata(p) {
+            let held = if pack.is_some() { held(&m) } else { m.len() };
+            let e = Scanned { path: p.to_path_buf(), held, time: m.modified().unwrap_or(t), pack };
+            if let Ok(mut st) = self.evict_state.lock() {
+                if st.recent.len() >= RECENT_MAX {
+                    // The older half is still found by the next scan.
+                    st.recent.drain(..RECENT_MAX / 2);
+                }
+                st.recent.push(e);
+            }
+        }
+    }
+
+    /// A hit: the entry leaves probation, or is refreshed, as used now.
+    fn used(&self, p: &Path, pack: Option<&Hash>) {
+        if self.cap.is_none() {
+            return;
+        }
+        if let Some(id) = pack {
+            let mut t = self.pack_touched.lock().expect("pack touched lock");
+            if t.get(id).is_some_and(|at| at.elapsed() < PACK_TOUCH_EVERY) {
+                return;
+            }
+            t.insert(*id, Instant::now());
+        }
+        set_mtime(p, SystemTime::now());
+    }
+
+    /// `n` more bytes are held by `p`: evicts when over the cap.
+    fn grew(&self, n: u64, p: &Path) {
+        if let Some(cap) = self.cap {
+            let total = self.size.fetch_add(n, Relaxed) + n;
+            if total > cap {
+                self.evict(cap, p);
+            }
+        }
+    }
+
+    /// Evicts whole entries (loose objects, cached packs) until the cache
+    /// fits `cap`, never `keep` (the entry just written).
+    ///
+    /// The order is by mtime, oldest first, and a new entry's mtime puts it
+    /// on probation: before every entry that was ever hit, and newest
+    /// first among its kind (LRU insertion, as in Qureshi et al., "Adaptive
+    /// Insertion Policies for High Performance Caching", ISCA 2007). A hit
+    /// moves an entry to now, the most recently used end. A scan larger
+    /// than the cap so evicts its own newest entries and keeps what was
+    /// there (and its own first part): a second pass over a working set
+    /// twice the cap hits about half of it, where LRU hits nothing. One
+    /// write in [`ADMIT_EVERY`] enters as recently used instead, so a new
+    /// working set still displaces an old one over a few passes. The order
+    /// lives in the files' mtimes, so every process shares it.
+    ///
+    /// Victims come first from this process's own probation writes, then
+    /// from the order the last scan found; each is stat'ed again before it
+    /// goes (one used since is skipped), and the cache is scanned again only
+    /// when that order runs out: no full scan per write.
+    fn evict(&self, cap: u64, keep: &Path) {
+        let Ok(mut st) = self.evict_state.lock() else {
+            return;
+        };
+        let mut total = self.size.load(Relaxed);
+        let mut rescanned = false;
+        let mut kept = None;
+        while total > cap {
+            let victim = match st.recent.pop() {
+                Some(v) => v,
+                None => match st.scanned.pop_front() {
+                    Some(v) => v,
+                    None if !rescanned => {
+                        rescanned = true;
+                        let mut all = self.scan();
+                        total = all.iter().map(|e| e.held).sum();
+                        all.sort_by_key(|e| e.time);
+                        st.scanned = all.into();
+                        continue;
+                    }
+                    None => break,
+                },
+            };
+            if victim.path == keep {
+                // Still the first victim of the next write.
+                kept = Some(victim);
+                continue;
+            }
+            // Skipped when gone, or used since it was listed.
+            let Ok(m) = fs::symlink_metadata(&victim.path) else { continue };
+            if m.modified().ok() != Some(victim.time) {
+                continue;
+            }
+            let freed = match victim.pack {
+                Some(id) => self.drop_pack(&id),
+                None => fs::remove_file(&victim.path).map(|_| m.len()).unwrap_or(0),
+            };
+            if freed > 0 {
+                total = total.saturating_sub(freed);
+                self.counters.evicted.fetch_add(1, Relaxed);
+            }
+        }
+        st.recent.extend(kept);
+        self.size.store(total, Relaxed);
+    }
+
+    /// Every entry of both kinds.
+    fn scan(&self) -> Vec<Scanned> {
+        self.scans.fetch_add(1, Relaxed);
+        let mut out = Vec::new();
+        if let Ok(dirs) = fs::read_dir(self.root.join("objects")) {
+            for d in dirs.flatten() {
+                let Ok(files) = fs::read_dir(d.path()) else {
+                    continue;
+                };
+                for f in files.flatten() {
+                    if f.file_name().to_string_lossy().starts_with('.') {
+                        continue;
+                    }
+                    if let Ok(m) = f.metadata() {
+                        let time = m.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+                        out.push(Scanned { path: f.path(), held: m.len(), time, pack: None });
+                    }
+                }
+            }
+        }
+        if let Ok(files) = fs::read_dir(self.root.join("packs").join("data")) {
+            for f in files.flatten() {
+                let name = f.file_name().to_string_lossy().to_string();
+                let Some(id) = name.strip_suffix(".pack").and_then(|h| h.parse::<Hash>().ok()) else {
+                    continue;
+                };
+                if let Ok(m) = f.metadata() {
+                    let time = m.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+                    out.push(Scanned { path: f.path(), held: held(&m), time, pack: Some(id) });
+                }
+            }
+        }
+        out
+    }
+
+    pub fn usage(&self) -> Usage {
+        let entries = self.scan();
+        let packs = entries.iter().filter(|e| e.pack.is_some()).count() as u64;
+        Usage {
+            path: self.root.display().to_string(),
+            entries: entries.len() as u64 - packs,
+            packs,
+            bytes: entries.iter().map(|e| e.held).sum(),
+            cap: self.cap,
+        }
+    }
+
+    /// Re-hashes every entry; removes and lists the bad ones.
+    pub fn verify(&self, mut progress: impl FnMut(u64, u64)) -> VerifyReport {
+        let entries: Vec<PathBuf> = self.scan().into_iter().filter(|e| e.pack.is_none()).map(|e| e.path).collect();
+        let mut report = VerifyReport::default();
+        let total = entries.len() as u64;
+        for p in entries {
+            report.checked += 1;
+            progress(report.checked, total);
+            let name = p.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
+            let ok = match (name.parse::<Hash>(), crate::fsutil::read_regular(&p)) {
+                (Ok(id), Ok(bytes)) => id.verifies(&bytes),
+                _ => false,
+            };
+            if !ok {
+                let _ = fs::remove_file(&p);
+                report.bad.push(name);
+            }
+        }
+        self.verify_packs(&mut report, &mut progress);
+        report
+    }
+}
+
+/// Eviction candidates, in the order they go.
+#[derive(Default)]
+struct EvictState {
+    /// This process's own writes on probation, newest last (popped first).
+    recent: Vec<Scanned>,
+    /// The rest, oldest first, as the last scan found them.
+    scanned: std::collections::VecDeque<Scanned>,
+}
+
+/// One entry found by a scan.
+struct Scanned {
+    path: PathBuf,
+    held: u64,
+    time: SystemTime,
+    /// A cached pack (its two files go together).
+    pack: Option<Hash>,
+}
+
+/// Bytes a cache file holds on disk: its length, or less for a sparse
+/// pack file of which only a span was fetched.
+fn held(m: &fs::Metadata) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    m.len().min(m.blocks() * 512)
+}
+
+fn set_mtime(p: &Path, t: SystemTime) {
+    if let Ok(f) = fs::File::options().write(true).custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32).open(p) {
+        let _ = f.set_modified(t);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn put_get_and_self_heal() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = DiskCache::open(dir.path().to_path_buf(), None).unwrap();
+        let data = b"hello cache".to_vec();
+        let id = Hash::of(&data);
+        assert_eq!(c.get(&id), None);
+        c.put(&id, &data).unwrap();
+        assert_eq!(c.get(&id).as_deref(), Some(&data[..]));
+        // Rot the entry: the next read deletes it and misses.
+        fs::write(c.path(&id), b"hello cachE").unwrap();
+        assert_eq!(c.get(&id), None);
+        assert!(!c.contains(&id));
+        assert_eq!(c.stats().healed, 1);
+        // Torn (truncated) entry likewise.
+        c.put(&id, &data).unwrap();
+        fs::write(c.path(&id), &data[..3]).unwrap();
+        assert_eq!(c.get(&id), None);
+        assert_eq!(c.stats().healed, 2);
+        let r = c.verify(|_, _| {});
+        assert!(r.bad.is_empty());
+    }
+
+    #[test]
+    fn verify_reports_and_removes_bad_entries() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = DiskCache::open(dir.path().to_path_buf(), None).unwrap();
+        let (a, b) = (b"aaa".to_vec(), b"bbb".to_vec());
+        c.put(&Hash::of(&a), &a).unwrap();
+        c.put(&Hash::of(&b), &b).unwrap();
+        fs::write(c.path(&Hash::of(&b)), b"xxx").unwrap();
+        let r = c.verify(|_, _| {});
+        assert_eq!(r.checked, 2);
+        assert_eq!(r.bad, vec![Hash::of(&b).to_hex()]);
+        assert_eq!(c.usage().entries, 1);
+    }
+
+    #[test]
+    fn cap_evicts_least_recently_used_but_keeps_oversized() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = DiskCache::open(dir.path().to_path_buf(), Some(250)).unwrap();
+        let blobs: Vec<Vec<u8>> = (0..3u8).map(|i| vec![i; 100]).collect();
+        let ids: Vec<Hash> = blobs.iter().map(|b| Hash::of(b)).collect();
+        c.put(&ids[0], &blobs[0]).unwrap();
+        c.put(&ids[1], &blobs[1]).unwrap();
+        // Make entry 0 older than entry 1, then use entry 0 (refreshes it).
+        let old = SystemTime::now() - std::time::Duration::from_secs(100);
+        for id in &ids[..2] {
+            fs::File::options().write(true).open(c.path(id)).unwrap().set_modified(old).unwrap();
+        }
+        fs::File::options()
+            .write(true)
+            .open(c.path(&ids[1]))
+            .unwrap()
+            .set_modified(old - std::time::Duration::from_secs(50))
+            .unwrap();
+        assert!(c.get(&ids[0]).is_some());
+        c.put(&ids[2], &blobs[2]).unwrap();
+        assert!(c.contains(&ids[0]) && c.contains(&ids[2]));
+        assert!(!c.contains(&ids[1]), "the least recently used entry goes");
+        assert!(c.usage().bytes <= 250);
+        // A single blob over the cap is still stored.
+        let big = vec![9u8; 1000];
+        c.put(&Hash::of(&big), &big).unwrap();
+        assert!(c.get(&Hash::of(&big)).is_some());
+    }
+
+    /// One pass over `set` as a reader does: a miss fetches and stores.
+    /// Returns the misses.
+    fn pass(c: &DiskCache, set: &[Vec<u8>]) -> usize {
+        let mut misses = 0;
+        for b in set {
+            let id = Hash::of(b);
+            if c.get(&id).is_none() {
+                misses += 1;
+                c.put(&id, b).unwrap();
+            }
+        }
+        misses
+    }
+
+    fn blobs(tag: &str, n: usize) -> Vec<Vec<u8>> {
+        (0..n).map(|i| format!("{tag} {i:06} ").repeat(20).as_bytes()[..100].to_vec()).collect()
+    }
+
+    #[test]
+    fn a_second_pass_over_twice_the_cap_hits_about_half() {
+        let dir = tempfile::tempdir().unwrap();
+        let w = blobs("w", 400);
+        let cap = 100 * w.len() as u64 / 2;
+        let c = DiskCache::open(dir.path().to_path_buf(), Some(cap)).unwrap();
+        assert_eq!(pass(&c, &w), w.len());
+        // Each pass in a process of its own: the order lives on disk.
+        for round in 2..=4 {
+            let c = DiskCache::open(dir.path().to_path_buf(), Some(cap)).unwrap();
+            let misses = pass(&c, &w);
+            assert!(misses * 100 <= w.len() * 55, "pass {round}: {misses} misses of {} (LRU: all)", w.len());
+            assert!(c.usage().bytes <= cap);
+        }
+    }
+
+    #[test]
+    fn eviction_does_not_rescan_the_cache_per_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = DiskCache::open(dir.path().to_path_buf(), Some(100 * 100)).unwrap();
+        let w = blobs("s", 2000);
+        pass(&c, &w);
+        let scans = c.scans.load(Relaxed);
+        assert!(scans <= 3, "{scans} full scans for {} writes over the cap", w.len());
+        assert!(c.usage().bytes <= 100 * 100);
+    }
+
+    #[test]
+    fn a_new_working_set_displaces_an_old_one_over_passes() {
+        let dir = tempfile::tempdir().unwrap();
+        let cap = 100 * 200;
+        let c = DiskCache::open(dir.path().to_path_buf(), Some(cap)).unwrap();
+        let old = blobs("old", 200);
+        pass(&c, &old);
+        assert_eq!(pass(&c, &old), 0, "the old set fits and is used twice");
+        let new = blobs("new", 200);
+        let first = pass(&c, &new);
+        let mut last = first;
+        for _ in 0..40 {
+            last = pass(&c, &new);
+        }
+        assert!(last * 3 < first, "the new set gets in: {first} misses, then {last}");
+    }
+
+    #[test]
+    fn cached_packs_are_evicted_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = DiskCache::open(dir.path().to_path_buf(), Some(64 << 10)).unwrap();
+        let mut packs = Vec::new();
+        for p in 0..4u8 {
+            let raws: Vec<Vec<u8>> = (0..8u8).map(|i| vec![p * 8 + i; 4096]).collect();
+            let members: Vec<_> = raws.iter().map(|r| (Hash::of(r), crate::pack::MemberKind::Blob, &r[..])).collect();
+            let (bytes, entry) = crate::pack::build_pack(&members);
+            // Incompressible enough to take room: store raw bytes anyway.
+            let w = c.pack_writer(&entry.id).unwrap();
+            w.write_at(&c, 0, &bytes).unwrap();
+            w.commit(&c, &entry.members).unwrap();
+            packs.push(entry);
+        }
+        let u = c.usage();
+        assert!(u.bytes <= 64 << 10, "{u:?}");
+        let whole = |e: &crate::pack::PackEntry| e.members.iter().all(|m| c.pack_has(&e.id, &m.id));
+        let none = |e: &crate::pack::PackEntry| e.members.iter().all(|m| !c.pack_has(&e.id, &m.id));
+        assert!(packs.iter().all(|e| whole(e) || none(e)), "a pack goes whole or stays whole");
+        assert!(whole(packs.last().unwrap()), "the pack just written stays");
+    }
+
+    #[test]
+    fn cap_env_parsing() {
+        for (v, want) in [("", None), ("0", None), ("abc", None), ("-5", None), (" 1024 ", Some(1024))] {
+            assert_eq!(parse_cap(v), want, "{v:?}");
+        }
+    }
+}

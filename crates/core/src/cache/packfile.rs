@@ -1,0 +1,468 @@
+//! Packs kept whole in the cache: a fetched pack (or the span of it a walk
+//! wanted) is one file, `packs/data/<pack>.pack`, holding the pack's own
+//! bytes at their own offsets (sparse where nothing was fetched), and
+//! `packs/data/<pack>.have` lists the members in it. A 3,000-file subtree
+//! is then one sequential write of its compressed bytes, not 3,000 files
+//! each through a temp file and a rename.
+//!
+//! - The `.have` record is written after the bytes it names, by a rename
+//!   (no fsync), by the one process that holds the pack's flock.
+//! - Every member read is verified (BLAKE3, through [`decode_member`]), so
+//!   the record is only a hint: a hole, a torn write, a bit flip, a file
+//!   truncated or replaced by a symlink fails verification, and the pack's
+//!   two files are deleted (self-heal) and the read is a miss.
+//! - A process keeps each pack file it read open (a bounded table), so a
+//!   hit is one `pread`, and an eviction by another process only unlinks a
+//!   file this one may still read (its bytes stay verified).
+
+use std::collections::HashMap;
+use std::fs;
+use std::io::ErrorKind;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+
+use crate::codec::{put_varint, DecodeError, Reader};
+use crate::error::{Error, Result};
+use crate::hash::Hash;
+use crate::pack::{codec_from, decode_member, kind_from, Member};
+
+use super::DiskCache;
+
+const HAVE_MAGIC: &[u8; 4] = b"MHAV";
+const HAVE_VERSION: u8 = 1;
+/// Open pack files one process keeps (each holds a descriptor).
+const OPEN_PACKS: usize = 256;
+
+/// One pack file as this process knows it.
+pub(super) struct OpenPack {
+    file: Arc<fs::File>,
+    members: HashMap<Hash, Member>,
+    /// Length and mtime of the `.have` record it was read from.
+    stamp: (u64, i64, i64),
+}
+
+/// The `.have` record: magic, version, member rows, then the BLAKE3 of all
+/// that (a torn record is detected, not trusted).
+pub(crate) fn encode_have(rows: &[Member]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(16 + rows.len() * 48);
+    out.extend_from_slice(HAVE_MAGIC);
+    out.push(HAVE_VERSION);
+    put_varint(&mut out, rows.len() as u64);
+    for m in rows {
+        out.extend_from_slice(m.id.as_bytes());
+        out.push(m.kind as u8);
+        out.push(m.codec as u8);
+        put_varint(&mut out, m.offset);
+        put_varint(&mut out, m.stored_len);
+        put_varint(&mut out, m.raw_len);
+    }
+    let sum = blake3::hash(&out);
+    out.extend_from_slice(sum.as_bytes());
+    out
+}
+
+pub(crate) fn decode_have(buf: &[u8]) -> Result<Vec<Member>, DecodeError> {
+    if buf.len() < 32 {
+        return Err(DecodeError::Truncated(buf.len()));
+    }
+    let (body, sum) = buf.split_at(buf.len() - 32);
+    if blake3::hash(body).as_bytes() != sum {
+        return Err(DecodeError::Invalid("checksum mismatch (torn or rotten)".into()));
+    }
+    let mut r = Reader::new(body);
+    r.magic(HAVE_MAGIC)?;
+    r.version("pack presence record", HAVE_VERSION)?;
+    let n = r.count(37)?;
+    let mut rows = Vec::with_capacity(n);
+    for _ in 0..n {
+        let id = r.hash()?;
+        let kind = kind_from(r.u8()?)?;
+        let codec = codec_from(r.u8()?)?;
+        let (offset, stored_len, raw_len) = (r.varint()?, r.varint()?, r.varint()?);
+        rows.push(Member { id, kind, codec, offset, stored_len, raw_len });
+    }
+    r.finish()?;
+    Ok(rows)
+}
+
+fn stamp_of(m: &fs::Metadata) -> (u64, i64, i64) {
+    use std::os::unix::fs::MetadataExt;
+    (m.len(), m.mtime(), m.mtime_nsec())
+}
+
+/// Opens a cache file for reading, refusing anything but a regular file
+/// (a symlink planted in the cache is not followed).
+fn open_regular(p: &Path) -> std::io::Result<fs::File> {
+    let f = fs::OpenOptions::new().read(true).custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32).open(p)?;
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::new(ErrorKind::InvalidData, "not a regular file"));
+    }
+    Ok(f)
+}
+
+/// A pack file being filled by the process holding the pack's flock.
+/// Writes may run on several threads at once (each at its own offset).
+pub struct PackWriter {
+    pack: Hash,
+    file: fs::File,
+    written: std::sync::atomic::AtomicU64,
+}
+
+impl PackWriter {
+    /// Writes `bytes` (the pack's bytes from `offset`) into the file.
+    pub fn write_at(&self, c: &DiskCache, offset: u64, bytes: &[u8]) -> Result<()> {
+        self.file.write_all_at(bytes, offset).map_err(|e| {
+            c.warn_if_full(&e);
+            Error::Io { context: format!("writing {}", c.pack_data_path(&self.pack).display()), source: e }
+        })?;
+        self.written.fetch_add(bytes.len() as u64, Relaxed);
+        Ok(())
+    }
+
+    /// Records `members` (whose bytes were all written and verified) as
+    /// present, beside those already recorded. Nothing is trusted before
+    /// this, and a read verifies even after it.
+    pub fn commit(&self, c: &DiskCache, members: &[Member]) -> Result<()> {
+        let have = c.pack_have_path(&self.pack);
+        let mut rows: HashMap<Hash, Member> = match fs::read(&have) {
+            Ok(b) => decode_have(&b).map(|v| v.into_iter().map(|m| (m.id, m)).collect()).unwrap_or_default(),
+            Err(_) => HashMap::new(),
+        };
+        for m in members {
+            rows.insert(m.id, *m);
+        }
+        let mut rows: Vec<Member> = rows.into_values().collect();
+        rows.sort_by_key(|m| m.offset);
+        crate::fsutil::replace_cache_file(&have, &encode_have(&rows))?;
+        c.set_probation(&c.pack_data_path(&self.pack), Some(self.pack));
+        c.open_packs.lock().expect("open packs lock").remove(&self.pack);
+        c.counters.writes.fetch_add(1, Relaxed);
+        c.grew(self.written.load(Relaxed), &c.pack_data_path(&self.pack));
+        Ok(())
+    }
+}
+
+impl DiskCache {
+    /// The bytes of pack `id` kept in the cache.
+    pub fn pack_data_path(&self, id: &Hash) -> PathBuf {
+        self.root.join("packs").join("data").join(format!("{}.pack", id.to_hex()))
+    }
+
+    /// The record of which members of pack `id` the cache holds.
+    pub fn pack_have_path(&self, id: &Hash) -> PathBuf {
+        self.root.join("packs").join("data").join(format!("{}.have", id.to_hex()))
+    }
+
+    /// Starts (or extends) the cache's copy of pack `id`. The caller holds
+    /// the pack's lock ([`DiskCache::pack_lock_path`]).
+    pub fn pack_writer(&self, id: &Hash) -> Result<PackWriter> {
+        let p = self.pack_data_path(id);
+        let open = || {
+            fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+                .open(&p)
+        };
+        let file = match open() {
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                fs::create_dir_all(p.parent().expect("cache paths have a parent"))
+                    .map_err(Error::io(format!("creating {}", p.display())))?;
+                open()
+            }
+            r => r,
+        };
+        let file = match file {
+            Ok(f) if f.metadata().map(|m| m.is_file()).unwrap_or(false) => f,
+            Ok(_) | Err(_) => {
+                // Something other than our file sits there: replace it.
+                self.drop_pack(id);
+                open().map_err(Error::io(format!("creating {}", p.display())))?
+            }
+        };
+        Ok(PackWriter { pack: *id, file, written: Default::default() })
+    }
+
+    /// The members of pack `id` the cache holds (re-read from disk when the
+    /// record changed since this process last looked).
+    fn open_pack(&self, id: &Hash, refresh: bool) -> Option<Arc<OpenPack>> {
+        let known = self.open_packs.lock().expect("open packs lock").get(id).cloned();
+        if let Some(p) = &known {
+            if !refresh {
+                return Some(p.clone());
+            }
+        }
+        let have = self.pack_have_path(id);
+        let meta = fs::symlink_metadata(&have).ok()?;
+        if known.as_ref().is_some_and(|p| p.stamp == stamp_of(&meta)) {
+            return known;
+        }
+        let rows = match crate::fsutil::read_regular(&have).map(|b| decode_have(&b)) {
+            Ok(Ok(rows)) => rows,
+            Ok(Err(_)) | Err(_) => {
+                self.heal_pack(id);
+                return None;
+            }
+        };
+        let file = match open_regular(&self.pack_data_path(id)) {
+            Ok(f) => f,
+            Err(_) => {
+                self.heal_pack(id);
+                return None;
+            }
+        };
+        let p = Arc::new(OpenPack {
+            file: Arc::new(file),
+            members: rows.into_iter().map(|m| (m.id, m)).collect(),
+            stamp: stamp_of(&meta),
+        });
+        let mut map = self.open_packs.lock().expect("open packs lock");
+        if map.len() >= OPEN_PACKS {
+            map.clear();
+        }
+        map.insert(*id, p.clone());
+        Some(p)
+    }
+
+    /// The row of member `member` if the cache's copy of pack `pack` has it.
+    fn pack_row(&self, pack: &Hash, member: &Hash) -> Option<(Arc<OpenPack>, Member)> {
+        for refresh in [false, true] {
+            if let Some(p) = self.open_pack(pack, refresh) {
+                if let Some(m) = p.members.get(member).copied() {
+                    return Some((p, m));
+                }
+            }
+        }
+        None
+    }
+
+    /// True when the cache's copy of `pack` lists `member` (not verified).
+    pub fn pack_has(&self, pack: &Hash, member: &Hash) -> bool {
+        self.pack_row(pack, member).is_some()
+    }
+
+    /// Member `member` of pack `pack` from the cache, verified; a member
+    /// that fails is healed (the pack's files go) and reported as a miss.
+    pub fn pack_get(&self, pack: &Hash, member: &Hash) -> Option<Vec<u8>> {
+        // Absent is not counted as a miss: the caller goes on to the
+        // loose entry, which counts.
+        let (p, m) = self.pack_row(pack, member)?;
+        let mut buf = vec![0u8; m.stored_len as usize];
+        let got =
+            p.file.read_exact_at(&mut buf, m.offset).map_err(|e| e.to_string()).and_then(|_| decode_member(&m, &buf));
+        match got {
+            Ok(raw) => {
+                self.counters.hits.fetch_add(1, Relaxed);
+                self.used(&self.pack_data_path(pack), Some(pack));
+                Some(raw)
+            }
+            Err(_) => {
+                self.heal_pack(pack);
+                self.counters.misses.fetch_add(1, Relaxed);
+                None
+            }
+        }
+    }
+
+    fn heal_pack(&self, id: &Hash) {
+        self.counters.healed.fetch_add(1, Relaxed);
+        self.drop_pack(id);
+    }
+
+    /// Removes the cache's copy of pack `id`; returns the bytes it held.
+    pub(super) fn drop_pack(&self, id: &Hash) -> u64 {
+        self.open_packs.lock().expect("open packs lock").remove(id);
+        let data = self.pack_data_path(id);
+        let held = fs::symlink_metadata(&data).map(|m| super::held(&m)).unwrap_or(0);
+        let _ = fs::remove_file(self.pack_have_path(id));
+        if fs::remove_file(&data).is_ok() {
+            held
+        } else {
+            0
+        }
+    }
+
+    /// Removes the cache's file of pack `id` if no record names its
+    /// content (a fetch that failed before recording anything).
+    pub fn discard_unrecorded(&self, id: &Hash) {
+        if !self.pack_have_path(id).exists() {
+            let _ = fs::remove_file(self.pack_data_path(id));
+        }
+    }
+
+    /// Checks every member of every cached pack; removes the packs that
+    /// hold a bad one (or whose record is unreadable) and names them.
+    pub(super) fn verify_packs(&self, report: &mut super::VerifyReport, progress: &mut impl FnMut(u64, u64)) {
+        let dir = self.root.join("packs").join("data");
+        let Ok(rd) = fs::read_dir(&dir) else { return };
+        let mut ids: Vec<Hash> = Vec::new();
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().to_string();
+            let Some((stem, ext)) = name.split_once('.') else { continue };
+            if !matches!(ext, "pack" | "have") {
+                continue;
+            }
+            match stem.parse::<Hash>() {
+                Ok(id) if !ids.contains(&id) => ids.push(id),
+                Ok(_) => {}
+                Err(_) => {
+                    let _ = fs::remove_file(e.path());
+                    report.bad.push(name);
+                }
+            }
+        }
+        for id in ids {
+            report.checked += 1;
+            progress(report.checked, report.checked);
+            if !self.pack_have_path(&id).exists() && !self.pack_data_path(&id).is_symlink() {
+                // Bytes a fetch wrote but never recorded: not trusted, not bad.
+                let _ = fs::remove_file(self.pack_data_path(&id));
+                continue;
+            }
+            let ok = (|| {
+                let rows = decode_have(&crate::fsutil::read_regular(&self.pack_have_path(&id)).ok()?).ok()?;
+                let f = open_regular(&self.pack_data_path(&id)).ok()?;
+                for m in rows {
+                    let mut buf = vec![0u8; m.stored_len as usize];
+                    f.read_exact_at(&mut buf, m.offset).ok()?;
+                    decode_member(&m, &buf).ok()?;
+                }
+                Some(())
+            })()
+            .is_some();
+            if !ok {
+                self.drop_pack(&id);
+                report.bad.push(format!("pack {id}"));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pack::{build_pack, MemberKind};
+
+    fn cache() -> (tempfile::TempDir, DiskCache) {
+        let d = tempfile::tempdir().unwrap();
+        let c = DiskCache::open(d.path().to_path_buf(), None).unwrap();
+        (d, c)
+    }
+
+    fn pack_of(n: usize) -> (Vec<u8>, crate::pack::PackEntry, Vec<Vec<u8>>) {
+        let raws: Vec<Vec<u8>> = (0..n).map(|i| format!("member {i} ").repeat(20 + i).into_bytes()).collect();
+        let members: Vec<(Hash, MemberKind, &[u8])> =
+            raws.iter().map(|r| (Hash::of(r), MemberKind::Blob, &r[..])).collect();
+        let (bytes, entry) = build_pack(&members);
+        (bytes, entry, raws)
+    }
+
+    fn store(c: &DiskCache, bytes: &[u8], entry: &crate::pack::PackEntry, range: std::ops::RangeInclusive<usize>) {
+        let w = c.pack_writer(&entry.id).unwrap();
+        let (lo, hi) = (&entry.members[*range.start()], &entry.members[*range.end()]);
+        w.write_at(c, lo.offset, &bytes[lo.offset as usize..(hi.offset + hi.stored_len) as usize]).unwrap();
+        w.commit(c, &entry.members[range]).unwrap();
+    }
+
+    #[test]
+    fn spans_are_kept_by_offset_and_merged() {
+        let (_d, c) = cache();
+        let (bytes, entry, raws) = pack_of(6);
+        store(&c, &bytes, &entry, 0..=1);
+        assert!(c.pack_has(&entry.id, &entry.members[1].id));
+        assert!(!c.pack_has(&entry.id, &entry.members[4].id));
+        store(&c, &bytes, &entry, 4..=5);
+        for (i, raw) in raws.iter().enumerate() {
+            let got = c.pack_get(&entry.id, &Hash::of(raw));
+            assert_eq!(got.as_deref(), [0, 1, 4, 5].contains(&i).then_some(&raw[..]), "member {i}");
+        }
+        // The file is sparse where nothing was fetched: one file, both spans.
+        let rows = decode_have(&fs::read(c.pack_have_path(&entry.id)).unwrap()).unwrap();
+        assert_eq!(rows.len(), 4);
+        let r = c.verify(|_, _| {});
+        assert!(r.bad.is_empty(), "{:?}", r.bad);
+        assert_eq!(c.usage().packs, 1);
+    }
+
+    #[test]
+    fn a_rotten_truncated_or_planted_pack_file_is_healed_never_served() {
+        let (bytes, entry, raws) = pack_of(4);
+        let id = Hash::of(&raws[2]);
+        type Damage = fn(&Path);
+        let damages: [(&str, Damage); 4] = [
+            ("bit flip", |p| {
+                let mut b = fs::read(p).unwrap();
+                let n = b.len();
+                b[n - 3] ^= 1;
+                fs::write(p, b).unwrap();
+            }),
+            ("truncated", |p| fs::File::options().write(true).open(p).unwrap().set_len(40).unwrap()),
+            ("symlink", |p| {
+                let elsewhere = p.with_extension("elsewhere");
+                fs::rename(p, &elsewhere).unwrap();
+                std::os::unix::fs::symlink(&elsewhere, p).unwrap();
+            }),
+            ("removed", |p| fs::remove_file(p).unwrap()),
+        ];
+        for (what, damage) in damages {
+            let (_d, c) = cache();
+            store(&c, &bytes, &entry, 0..=3);
+            // A second process (no open file yet) finds the damage.
+            let c2 = DiskCache::open(c.root.clone(), None).unwrap();
+            damage(&c2.pack_data_path(&entry.id));
+            let got = c2.pack_get(&entry.id, &Hash::of(&raws[3]));
+            assert_eq!(got, None, "{what}: a damaged pack is not served");
+            assert!(!c2.pack_has(&entry.id, &id), "{what}: healed");
+            assert!(!c2.pack_have_path(&entry.id).exists(), "{what}");
+            // Filled again, it serves again.
+            store(&c2, &bytes, &entry, 0..=3);
+            assert_eq!(c2.pack_get(&entry.id, &id).as_deref(), Some(&raws[2][..]), "{what}");
+        }
+    }
+
+    #[test]
+    fn a_torn_presence_record_is_not_trusted() {
+        let (_d, c) = cache();
+        let (bytes, entry, raws) = pack_of(3);
+        store(&c, &bytes, &entry, 0..=2);
+        let have = c.pack_have_path(&entry.id);
+        let b = fs::read(&have).unwrap();
+        fs::write(&have, &b[..b.len() - 5]).unwrap();
+        let c2 = DiskCache::open(c.root.clone(), None).unwrap();
+        assert_eq!(c2.pack_get(&entry.id, &Hash::of(&raws[0])), None);
+        assert_eq!(c2.stats().healed, 1);
+        let r = c.verify(|_, _| {});
+        assert!(r.bad.is_empty(), "already healed: {:?}", r.bad);
+    }
+
+    #[test]
+    fn verify_names_a_bad_pack_and_removes_it() {
+        let (_d, c) = cache();
+        let (bytes, entry, _) = pack_of(3);
+        store(&c, &bytes, &entry, 0..=2);
+        let p = c.pack_data_path(&entry.id);
+        let mut b = fs::read(&p).unwrap();
+        let at = entry.members[1].offset as usize;
+        b[at] ^= 0xff;
+        fs::write(&p, b).unwrap();
+        let r = c.verify(|_, _| {});
+        assert_eq!(r.bad, vec![format!("pack {}", entry.id)]);
+        assert!(!p.exists());
+    }
+
+    #[test]
+    fn presence_record_round_trips_and_rejects_garbage() {
+        let (_, entry, _) = pack_of(5);
+        let enc = encode_have(&entry.members);
+        assert_eq!(decode_have(&enc).unwrap(), entry.members);
+        for cut in [0, 10, enc.len() - 1] {
+            assert!(decode_have(&enc[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut bad = enc.clone();
+        bad[6] ^= 1;
+        assert!(decode_have(&bad).is_err());
+    }
+}
