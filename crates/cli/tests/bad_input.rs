@@ -78,10 +78,11 @@ fn plant(m: &Mado, tree_bytes: Vec<u8>) {
         message: "x".into(),
         source: String::new(),
         stat: None,
+        stat_layers: vec![],
     };
     let sid = put("snapshots", &snap.encode());
     std::fs::create_dir_all(store.join("refs")).unwrap();
-    std::fs::write(store.join("refs/evil"), RefValue { snapshot: sid, root }.encode()).unwrap();
+    std::fs::write(store.join("refs/evil"), RefValue::new(sid, root).encode()).unwrap();
 }
 
 #[test]

@@ -283,3 +283,71 @@ fn checkpoint_resume_round_trip_on_every_backend() {
         checkpoint_resume_round_trip(&m);
     }
 }
+
+/// A checkpoint uploads an index *layer* (what the parent's index lacks),
+/// not the index of the whole tree; the ref names the layers, so a cold
+/// resume fetches them all in the round trip of the top one; chains are
+/// compacted, so after many checkpoints a cold resume still costs the same
+/// round trips; gc keeps every layer a live index stands on.
+#[test]
+fn checkpoint_indexes_are_layers_and_cold_reads_keep_their_round_trips() {
+    let m = Mado::local();
+    let repo = m.dir.path().join("repo");
+    for d in 0..300 {
+        for f in 0..4 {
+            let p = repo.join(format!("d{d:03}/sub/f{f}.txt"));
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, format!("dir {d} file {f}\n")).unwrap();
+        }
+    }
+    git(&repo, &["init", "-q", "-b", "main"]);
+    git(&repo, &["add", "-A"]);
+    git(&repo, &["commit", "-qm", "x"]);
+    let imp = m.json(&["import-git", repo.to_str().unwrap()]);
+    let whole = imp["packs"][0]["index_bytes"].as_u64().unwrap();
+    assert!(whole > 20_000, "{imp}");
+    let w = m.dir.path().join("w");
+    m.ok(&["ws", "create", "lay", "--dir", w.to_str().unwrap()]);
+    let resume_cold = |n: usize| {
+        let _ = std::fs::remove_dir_all(m.cache_dir());
+        let r = m.dir.path().join(format!("r{n}"));
+        // A delay per request, so what runs together is counted together.
+        let o = m
+            .cmd(&["ws", "resume", "lay", r.to_str().unwrap(), "--read-only", "--json"])
+            .env("MADO_INJECT_RTT_MS", "30")
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_same_state(&w, &r);
+        v
+    };
+    let mut first_rts = None;
+    let mut whole_again = 0;
+    for i in 0..20 {
+        std::fs::write(w.join(format!("d{:03}/sub/f0.txt", i * 7)), format!("edit {i}\n")).unwrap();
+        let cp = m.json(&["ws", "checkpoint", "--dir", w.to_str().unwrap()]);
+        let up = cp["index_bytes"].as_u64().unwrap();
+        assert!(cp["index_layers"].as_u64().unwrap() <= mado_core::pack::MAX_INDEX_LAYERS as u64, "{cp}");
+        if up * 4 > whole {
+            whole_again += 1; // a compaction
+        }
+        // The stat object too: after the first (the import had none), a
+        // layer of the few changed times, also when a chain is compacted.
+        let stat = cp["stat_bytes"].as_u64().unwrap();
+        assert!(i == 0 || stat < 2_000, "checkpoint {i}: {stat} stat bytes: {cp}");
+        if i == 0 {
+            assert!(up * 4 < whole, "the first checkpoint uploads a layer, not {whole} index bytes: {cp}");
+            first_rts = Some(resume_cold(i)["remote"]["round_trips"].as_u64().unwrap());
+        }
+    }
+    assert_eq!(whole_again, 0, "compaction writes one layer over the bottom, not the whole index");
+    let last = resume_cold(99);
+    let rts = last["remote"]["round_trips"].as_u64().unwrap();
+    // ref; snapshot ‖ every index layer; packs ‖ stat layers (the depth
+    // count may see one more when a request starts just after another ends).
+    assert!(first_rts.unwrap() <= 4 && rts <= 4, "layers cost no extra round trip: {last}");
+    // gc keeps the layers below a live index (their trees are older roots).
+    m.ok(&["gc", "--grace", "0"]);
+    resume_cold(100);
+}

@@ -359,9 +359,13 @@ pub async fn checkout(
         level = next;
     }
     // Only the named subtrees' span of a larger pack needs to come.
+    // Every pack the files need starts at once (one round trip for all).
     let subset = !opts.paths.is_empty();
+    let ids: std::collections::HashSet<_> = files.iter().map(|(_, e)| e.id).collect();
     if subset {
-        fetcher.want(Some(files.iter().map(|(_, e)| e.id).collect()));
+        fetcher.want(Some(ids));
+    } else {
+        fetcher.prefetch(&ids);
     }
     // File contents, many in flight; each written as soon as it arrives.
     let total = files.len() as u64;

@@ -118,6 +118,10 @@ async fn gc_locked(f: &Arc<Fetcher>, grace: Duration, dry_run: bool) -> Result<G
         if let Some(stat) = s.stat {
             stats.insert(stat);
         }
+        // The layers below a stat layer (a parent's, already reached
+        // through `parents`; marked here too, so no history edit can
+        // orphan them).
+        stats.extend(s.stat_layers.iter().copied());
         todo.extend(s.parents);
     }
     // Mark objects: stat objects directly (they are leaves), trees level
@@ -199,19 +203,49 @@ async fn gc_locked(f: &Arc<Fetcher>, grace: Duration, dry_run: bool) -> Result<G
     let keep_snap = |it: &Listed| parse(it).is_some_and(|h| snaps.contains(&h));
     doomed.push(take(listed, &keep_snap, &mut report.deleted_snapshots, &mut young, &mut bytes));
     // 2. Indexes of trees no ref reaches; 3. packs no kept index names.
+    // A kept index keeps the layers below it (their trees need not be
+    // live: an older checkpoint's root), and every layer its packs.
     let indexes = list(f, layout::INDEXES, grace).await?;
     let mut kept_packs: HashSet<Hash> = HashSet::new();
-    for it in &indexes {
-        let keep = parse(it).is_some_and(|h| live.contains(&h));
-        if keep || it.young {
-            if let Ok(Some(b)) = f.remote.get_if_present(&it.key).await {
-                if let Ok(idx) = PackIndex::decode(&b) {
+    let mut layers: HashSet<Hash> = HashSet::new();
+    let mut read: HashSet<Hash> = HashSet::new();
+    for round in 0..2 {
+        for it in &indexes {
+            let Some(h) = parse(it) else { continue };
+            let keep = match round {
+                0 => live.contains(&h) || it.young,
+                _ => layers.contains(&h),
+            };
+            if !keep || !read.insert(h) {
+                continue;
+            }
+            // Fail closed: the packs of a live index that cannot be read
+            // may hold the only copy of live content.
+            let live_one = round == 1 || live.contains(&h);
+            let got = f.remote.get_if_present(&it.key).await;
+            let idx = match got {
+                Ok(Some(b)) => PackIndex::decode(&b).map_err(|e| e.to_string()),
+                Ok(None) => Err("listed, then gone".to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            match idx {
+                Ok(idx) => {
                     kept_packs.extend(idx.packs.iter().map(|p| p.id));
+                    layers.extend(idx.base.iter().copied());
                 }
+                Err(e) if live_one => {
+                    return Err(Error::Corrupt {
+                        id: h,
+                        what: "pack index",
+                        path: String::new(),
+                        detail: format!("{e}; a live index must be readable: gc stopped and deleted nothing"),
+                    })
+                }
+                Err(_) => {}
             }
         }
     }
-    let keep_index = |it: &Listed| parse(it).is_some_and(|h| live.contains(&h));
+    let keep_index = |it: &Listed| parse(it).is_some_and(|h| live.contains(&h) || layers.contains(&h));
     doomed.push(take(indexes, &keep_index, &mut report.deleted_indexes, &mut young, &mut bytes));
     let packs: Vec<Listed> =
         list(f, layout::PACKS, grace).await?.into_iter().filter(|it| !it.key.as_ref().contains("/index/")).collect();

@@ -304,7 +304,7 @@ pub async fn publish(
         let primary = packs.as_ref().filter(|o| o.primary).cloned();
         let base = async {
             match (&primary, &current) {
-                (Some(_), Some((v, _, _))) => index_of(remote, &v.root).await,
+                (Some(_), Some((v, _, _))) => index_of(remote, cache, &v.root).await,
                 _ => Ok(None),
             }
         };
@@ -349,8 +349,8 @@ pub async fn publish(
 type CurrentRef = Option<(RefValue, crate::store::RefVersion, Snapshot)>;
 
 /// Tree `root`'s pack index in the store, if it has one that decodes.
-async fn index_of(remote: &Remote, root: &Hash) -> Result<Option<Arc<crate::pack::PackIndex>>> {
-    Ok(remote.get_index(root).await?.and_then(|b| crate::pack::PackIndex::decode(&b).ok()).map(Arc::new))
+async fn index_of(remote: &Remote, cache: &DiskCache, root: &Hash) -> Result<Option<Arc<crate::pack::PackIndex>>> {
+    Ok(crate::fetch::load_index(remote, cache, *root, &[]).await?.ok().map(|(idx, _)| Arc::new(idx)))
 }
 
 /// Packs-first: each new root's content goes up as packs (plus the
@@ -373,7 +373,7 @@ async fn publish_primary(
             continue;
         }
         if *present {
-            base = index_of(remote, root).await?;
+            base = index_of(remote, cache, root).await?;
             continue;
         }
         let o = crate::publish::PackOptions {
@@ -466,6 +466,7 @@ async fn finish_publish(
                 message: r.message.clone(),
                 source,
                 stat: None,
+                stat_layers: Vec::new(),
             };
             let enc = snap.encode();
             let id = Hash::of(&enc);
@@ -494,7 +495,16 @@ async fn finish_publish(
     if let Some((tip, root)) = tip {
         if current.as_ref().map(|(v, _)| v.snapshot) != Some(tip) {
             crate::failpoint::pause("import-before-ref");
-            remote.cas_ref(ref_name, current.as_ref().map(|(_, ver)| ver), RefValue { snapshot: tip, root }).await?;
+            // The layers of the tip's index, if this import published it.
+            let layers = pack_reports
+                .iter()
+                .rev()
+                .find(|r| r.tree == root.to_hex())
+                .and_then(|r| r.index.as_ref())
+                .map(|i| i.base.clone())
+                .unwrap_or_default();
+            let v = RefValue { snapshot: tip, root, layers };
+            remote.cas_ref(ref_name, current.as_ref().map(|(_, ver)| ver), v).await?;
         }
     }
     Ok((imported, pack_reports, warnings))

@@ -62,6 +62,8 @@ pub struct PackReport {
     pub loose_uploaded: u64,
     pub index_uploaded: bool,
     pub index_bytes: u64,
+    /// Layers a reader merges for this tree's index (1: a whole index).
+    pub index_layers: usize,
     pub build_ms: u64,
     /// GETs a cold walk-and-read of the whole tree would make without
     /// packs (every tree and object) and with them (index + packs +
@@ -91,6 +93,7 @@ pub async fn publish_packs(
     let (tx, mut rx) = tokio::sync::mpsc::channel::<(Hash, Vec<u8>)>(2);
     let c = cache.clone();
     let base = opts.base.clone();
+    let parent = opts.base.clone();
     let rt = tokio::runtime::Handle::current();
     let builder = tokio::task::spawn_blocking(move || {
         // What the base index packs is read from the cache's copy of its
@@ -159,8 +162,26 @@ pub async fn publish_packs(
     let (n, bytes) = upload_loose(remote, cache, &built.loose).await?;
     report.loose_uploaded = n;
     report.bytes_uploaded += bytes;
-    let idx = built.index;
-    let enc = idx.encode();
+    // On top of a base, only a layer goes up: what the base lacks, naming
+    // the base's layers (compacted whole past MAX_INDEX_LAYERS).
+    let mut idx = built.index;
+    let enc = match &parent {
+        Some(base) => {
+            // A full chain is compacted: one layer over the bottom (whole)
+            // index, holding everything since it; whole if that is large.
+            let layers = base.layers();
+            let bottom = match layers.last() {
+                Some(b) if layers.len() >= crate::pack::MAX_INDEX_LAYERS => {
+                    crate::fetch::load_index(remote, cache, *b, &[]).await?.ok().map(|(i, _)| i)
+                }
+                _ => None,
+            };
+            let layer = idx.layer_over(bottom.as_ref().unwrap_or(base));
+            idx.base = layer.base.clone();
+            layer.encode()
+        }
+        None => idx.encode(),
+    };
     let same = if opts.index_check == IndexCheck::Compare {
         remote.get_index(&tree).await?.is_some_and(|b| b[..] == enc[..])
     } else {
@@ -180,6 +201,7 @@ pub async fn publish_packs(
     report.unpacked_objects = built.unpacked;
     report.dirs = idx.dirs;
     report.index_bytes = enc.len() as u64;
+    report.index_layers = 1 + idx.base.len();
     report.build_ms = started.elapsed().as_millis() as u64;
     report.model_gets_unpacked = idx.trees.len() as u64 + members as u64 + built.unpacked;
     report.model_gets_packed = 1 + idx.packs.len() as u64 + built.unpacked;

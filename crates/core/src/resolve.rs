@@ -10,27 +10,29 @@ use crate::object::{check_ref_name, Snapshot};
 use crate::store::Remote;
 
 /// What a name resolved to. A ref also names its snapshot's root tree.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct Resolved {
     pub snapshot: Hash,
     pub root: Option<Hash>,
+    /// The index layers below the root's (from the ref; a hint).
+    pub layers: Vec<Hash>,
 }
 
 /// Resolves `spec`. Costs one GET for a ref, nothing for a full id, one
 /// LIST for a short id.
 pub async fn resolve(remote: &Remote, spec: &str) -> Result<Resolved> {
     if let Ok(h) = spec.parse::<Hash>() {
-        return Ok(Resolved { snapshot: h, root: None });
+        return Ok(Resolved { snapshot: h, root: None, layers: Vec::new() });
     }
     if check_ref_name(spec).is_ok() {
         if let Some((v, _)) = remote.read_ref(spec).await? {
-            return Ok(Resolved { snapshot: v.snapshot, root: Some(v.root) });
+            return Ok(Resolved { snapshot: v.snapshot, root: Some(v.root), layers: v.layers });
         }
     }
     if is_hex_prefix(spec) && spec.len() >= 4 {
         let found = remote.snapshots_with_prefix(spec).await?;
         return match found.as_slice() {
-            [one] => Ok(Resolved { snapshot: *one, root: None }),
+            [one] => Ok(Resolved { snapshot: *one, root: None, layers: Vec::new() }),
             [] => Err(Error::NotFound(format!("no ref or snapshot named {spec:?}; see `mado log` for snapshot ids"))),
             many => Err(Error::User(format!(
                 "{spec:?} matches {} snapshots; give more digits ({} …)",
@@ -51,7 +53,7 @@ pub async fn open(fetcher: &Arc<Fetcher>, spec: &str) -> Result<(Hash, Snapshot,
     let r = resolve(&fetcher.remote, spec).await?;
     match r.root {
         Some(root) => {
-            let (snap, attach) = futures::join!(fetcher.snapshot(r.snapshot), fetcher.attach(root));
+            let (snap, attach) = futures::join!(fetcher.snapshot(r.snapshot), fetcher.attach_hinted(root, &r.layers));
             let snap = snap?;
             if snap.root != root {
                 return Err(Error::Corrupt {

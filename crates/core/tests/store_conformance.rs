@@ -112,7 +112,7 @@ async fn packs_indexes_listings_and_deletes(r: &Remote) {
 async fn snapshot_prefixes_resolve(r: &Remote) {
     let a = Bytes::from_static(b"snapshot a");
     let id = Hash::of(&a);
-    r.put_object(Space::Snapshots, &id, a).await.unwrap();
+    r.put_object(Space::Snapshots, &id, a.clone()).await.unwrap();
     let hex = id.to_hex();
     assert_eq!(r.snapshots_with_prefix(&hex[..6]).await.unwrap(), vec![id]);
     let other_prefix = if hex.starts_with('0') { "1111" } else { "0000" };
@@ -121,23 +121,23 @@ async fn snapshot_prefixes_resolve(r: &Remote) {
 
 async fn refs_move_by_compare_and_swap(r: &Remote) {
     let (a, b, c) = (
-        RefValue { snapshot: Hash([1; 32]), root: Hash([1; 32]) },
-        RefValue { snapshot: Hash([2; 32]), root: Hash([2; 32]) },
-        RefValue { snapshot: Hash([3; 32]), root: Hash([3; 32]) },
+        RefValue::new(Hash([1; 32]), Hash([1; 32])),
+        RefValue::new(Hash([2; 32]), Hash([2; 32])),
+        RefValue::new(Hash([3; 32]), Hash([3; 32])),
     );
     assert!(r.read_ref("main").await.unwrap().is_none());
-    let v1 = r.cas_ref("main", None, a).await.unwrap();
+    let v1 = r.cas_ref("main", None, a.clone()).await.unwrap();
     // Creating again must fail: the ref exists.
-    assert!(matches!(r.cas_ref("main", None, b).await, Err(Error::RefMoved { .. })));
+    assert!(matches!(r.cas_ref("main", None, b.clone()).await, Err(Error::RefMoved { .. })));
     let (got, ver) = r.read_ref("main").await.unwrap().unwrap();
     assert_eq!(got, a);
     assert_eq!(ver, v1);
-    let v2 = r.cas_ref("main", Some(&v1), b).await.unwrap();
+    let v2 = r.cas_ref("main", Some(&v1), b.clone()).await.unwrap();
     // A writer holding the old version loses.
-    assert!(matches!(r.cas_ref("main", Some(&v1), c).await, Err(Error::RefMoved { .. })));
+    assert!(matches!(r.cas_ref("main", Some(&v1), c.clone()).await, Err(Error::RefMoved { .. })));
     assert_eq!(r.read_ref("main").await.unwrap().unwrap().0, b);
-    r.cas_ref("main", Some(&v2), c).await.unwrap();
-    r.cas_ref("ws/one", None, a).await.unwrap();
+    r.cas_ref("main", Some(&v2), c.clone()).await.unwrap();
+    r.cas_ref("ws/one", None, a.clone()).await.unwrap();
     let refs = r.list_refs().await.unwrap();
     assert_eq!(refs, vec![("main".to_string(), c), ("ws/one".to_string(), a)]);
     assert!(matches!(r.read_ref("../escape").await, Err(Error::User(_))));
@@ -149,14 +149,12 @@ async fn refs_move_by_compare_and_swap(r: &Remote) {
 /// race from the same version: exactly one wins.
 async fn concurrent_cas_has_one_winner(url: &str) {
     let r = open(url);
-    let v0 = r.cas_ref("race", None, RefValue { snapshot: Hash([0; 32]), root: Hash([0; 32]) }).await.unwrap();
+    let v0 = r.cas_ref("race", None, RefValue::new(Hash([0; 32]), Hash([0; 32]))).await.unwrap();
     let tasks: Vec<_> = (1..=8u8)
         .map(|i| {
             let r = open(url);
             let v0 = v0.clone();
-            tokio::spawn(async move {
-                r.cas_ref("race", Some(&v0), RefValue { snapshot: Hash([i; 32]), root: Hash([i; 32]) }).await
-            })
+            tokio::spawn(async move { r.cas_ref("race", Some(&v0), RefValue::new(Hash([i; 32]), Hash([i; 32]))).await })
         })
         .collect();
     let mut wins = Vec::new();

@@ -95,8 +95,9 @@ pub fn unmount(p: &Path) -> std::io::Result<()> {
 
 fn reason_text(a: &Attach) -> String {
     match a {
-        Attach::Attached { mode, version, dirs, packs, members, via } => format!(
-            "prefetcher attached: {mode} packs (index v{version}), {dirs} directories, {packs} packs, {members} objects; discovered via {}",
+        Attach::Attached { mode, version, layers, dirs, packs, members, via } => format!(
+            "prefetcher attached: {mode} packs (index v{version}, {layers} layer{}), {dirs} directories, {packs} packs, {members} objects; discovered via {}",
+            if *layers == 1 { "" } else { "s" },
             match via {
                 mado_core::fetch::Discovery::LocalPointer => "local pointer",
                 mado_core::fetch::Discovery::DerivedPointer => "derived pointer",

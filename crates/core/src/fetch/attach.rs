@@ -21,6 +21,8 @@ pub enum Attach {
     Attached {
         mode: String,
         version: u8,
+        /// Index layers merged (1: a whole index).
+        layers: usize,
         dirs: u64,
         packs: usize,
         members: usize,
@@ -29,18 +31,11 @@ pub enum Attach {
     /// No index was ever built for this tree.
     NoIndex,
     /// The index found names another tree.
-    OtherTree {
-        found: String,
-    },
+    OtherTree { found: String },
     /// The index does not decode.
-    Undecodable {
-        detail: String,
-    },
+    Undecodable { detail: String },
     /// The index is there but its packs were deleted (`mado gc`).
-    Swept {
-        missing: usize,
-        packs: usize,
-    },
+    Swept { missing: usize, packs: usize },
 }
 
 #[derive(Default)]
@@ -89,37 +84,22 @@ impl Fetcher {
     /// first, else the derived pointer in the store (one GET), which is
     /// then kept as the local pointer.
     pub async fn attach(&self, tree: Hash) -> Result<Attach> {
-        Ok(match self.locate(tree).await? {
-            Ok((idx, via)) => self.install(idx, via),
-            Err(reason) => reason,
-        })
+        self.attach_hinted(tree, &[]).await
     }
 
     /// Finds the index of `tree` without attaching it (the local pointer,
     /// else the derived one); `Err` holds why there is none.
     pub async fn locate(&self, tree: Hash) -> Result<std::result::Result<(PackIndex, Discovery), Attach>> {
-        let local = self.local_pointer(&tree);
-        if let Ok(bytes) = std::fs::read(&local) {
-            if let Ok(idx) = PackIndex::decode(&bytes) {
-                if idx.tree == tree {
-                    return Ok(Ok((idx, Discovery::LocalPointer)));
-                }
-            }
-            // A bad local copy: drop it and ask the store.
-            let _ = std::fs::remove_file(&local);
-        }
-        let Some(bytes) = self.remote.get_index(&tree).await? else {
-            return Ok(Err(Attach::NoIndex));
-        };
-        let idx = match PackIndex::decode(&bytes) {
-            Ok(i) => i,
-            Err(e) => return Ok(Err(Attach::Undecodable { detail: e.to_string() })),
-        };
-        if idx.tree != tree {
-            return Ok(Err(Attach::OtherTree { found: idx.tree.to_hex() }));
-        }
-        crate::fsutil::save_cache_file(&local, &bytes);
-        Ok(Ok((idx, Discovery::DerivedPointer)))
+        load_index(&self.remote, &self.cache, tree, &[]).await
+    }
+
+    /// Attaches `tree`'s index, fetching the layers `hint` names (from the
+    /// ref) together with it.
+    pub async fn attach_hinted(&self, tree: Hash, hint: &[Hash]) -> Result<Attach> {
+        Ok(match load_index(&self.remote, &self.cache, tree, hint).await? {
+            Ok((idx, via)) => self.install(idx, via),
+            Err(reason) => reason,
+        })
     }
 
     fn install(&self, idx: PackIndex, via: Discovery) -> Attach {
@@ -127,6 +107,7 @@ impl Fetcher {
         let status = Attach::Attached {
             mode: idx.mode.label().to_string(),
             version: crate::pack::PACK_VERSION,
+            layers: 1 + idx.base.len(),
             dirs: idx.dirs,
             packs: idx.packs.len(),
             members: idx.member_count(),
@@ -142,5 +123,86 @@ impl Fetcher {
             set.trees.insert(id, Arc::new(t));
         }
         status
+    }
+}
+
+type Located = std::result::Result<(PackIndex, Discovery), Attach>;
+
+/// Tree `tree`'s pack index as a reader sees it: the local pointer, else
+/// the derived pointer in the store; a layered index is merged with every
+/// layer below it. The layers `hint` names (the ref carries them) are
+/// fetched in the same round trip as the top; a layer the top names that
+/// the hint did not costs one more. A missing or wrong layer is a reason
+/// not to attach (reads then go object by object), never a wrong answer.
+pub async fn load_index(remote: &Remote, cache: &DiskCache, tree: Hash, hint: &[Hash]) -> Result<Located> {
+    let mut want = vec![tree];
+    want.extend(hint.iter().copied().filter(|h| *h != tree).take(crate::pack::MAX_INDEX_LAYERS * 4));
+    let mut got: HashMap<Hash, Located> = HashMap::new();
+    for (t, r) in want.iter().zip(futures::future::join_all(want.iter().map(|t| one_layer(remote, cache, *t))).await) {
+        got.insert(*t, r?);
+    }
+    let (top, via) = match got.remove(&tree).expect("the top was asked for") {
+        Ok(x) => x,
+        Err(reason) => return Ok(Err(reason)),
+    };
+    if top.base.is_empty() {
+        return Ok(Ok((top, via)));
+    }
+    let missing: Vec<Hash> = top.base.iter().copied().filter(|b| !got.contains_key(b)).collect();
+    for (t, r) in
+        missing.iter().zip(futures::future::join_all(missing.iter().map(|t| one_layer(remote, cache, *t))).await)
+    {
+        got.insert(*t, r?);
+    }
+    let mut lower = Vec::with_capacity(top.base.len());
+    for b in &top.base {
+        match got.remove(b) {
+            Some(Ok((l, _))) => lower.push(l),
+            Some(Err(reason)) => {
+                let detail = format!("index layer {} below {}: {}", b.short(), tree.short(), reason.describe());
+                return Ok(Err(Attach::Undecodable { detail }));
+            }
+            None => unreachable!("every layer below was asked for"),
+        }
+    }
+    Ok(top.merge(lower).map(|idx| (idx, via)).map_err(|detail| Attach::Undecodable { detail }))
+}
+
+/// One index layer, the local pointer first.
+async fn one_layer(remote: &Remote, cache: &DiskCache, tree: Hash) -> Result<Located> {
+    let local = cache.index_path(&tree);
+    if let Ok(bytes) = std::fs::read(&local) {
+        if let Ok(idx) = PackIndex::decode(&bytes) {
+            if idx.tree == tree {
+                return Ok(Ok((idx, Discovery::LocalPointer)));
+            }
+        }
+        // A bad local copy: drop it and ask the store.
+        let _ = std::fs::remove_file(&local);
+    }
+    let Some(bytes) = remote.get_index(&tree).await? else {
+        return Ok(Err(Attach::NoIndex));
+    };
+    let idx = match PackIndex::decode(&bytes) {
+        Ok(i) => i,
+        Err(e) => return Ok(Err(Attach::Undecodable { detail: e.to_string() })),
+    };
+    if idx.tree != tree {
+        return Ok(Err(Attach::OtherTree { found: idx.tree.to_hex() }));
+    }
+    crate::fsutil::save_cache_file(&local, &bytes);
+    Ok(Ok((idx, Discovery::DerivedPointer)))
+}
+
+impl Attach {
+    /// A short reason, for messages.
+    pub fn describe(&self) -> String {
+        match self {
+            Attach::Attached { .. } => "attached".into(),
+            Attach::NoIndex => "missing".into(),
+            Attach::OtherTree { found } => format!("names tree {found}"),
+            Attach::Undecodable { detail } => format!("undecodable ({detail})"),
+            Attach::Swept { missing, packs } => format!("{missing} of {packs} packs swept"),
+        }
     }
 }

@@ -33,7 +33,7 @@ use serde::{Deserialize, Serialize};
 use crate::cache::DiskCache;
 use crate::error::{Error, Result};
 use crate::hash::Hash;
-use crate::object::{ChunkManifest, Entry, Kind, Snapshot, Tree};
+use crate::object::{ChunkManifest, Entry, Kind, Snapshot, StatObject, Tree};
 use crate::pack::{decode_member, PackEntry, PackIndex};
 use crate::store::{Remote, Space, CONCURRENCY};
 
@@ -42,7 +42,7 @@ mod packs;
 mod typed;
 
 use attach::PackSet;
-pub use attach::{Attach, Discovery};
+pub use attach::{load_index, Attach, Discovery};
 use packs::PackFlight;
 
 type Flight = Shared<BoxFuture<'static, Result<Bytes, Arc<Error>>>>;
@@ -121,8 +121,13 @@ impl Fetcher {
     /// that are wanted when that span is under half the pack, still in one
     /// ranged GET: members are in path order, so a subtree is one span, and
     /// a subtree walk does not pull the rest of a whole-tree (v2) pack.
-    pub fn want(&self, ids: Option<HashSet<Hash>>) {
-        *self.wanted.write().expect("wanted lock") = ids.map(Arc::new);
+    /// The packs holding wanted members start downloading at once.
+    pub fn want(self: &Arc<Self>, ids: Option<HashSet<Hash>>) {
+        let ids = ids.map(Arc::new);
+        *self.wanted.write().expect("wanted lock") = ids.clone();
+        if let Some(ids) = ids {
+            self.prefetch(&ids);
+        }
     }
 
     pub fn stats(&self) -> FetchStats {

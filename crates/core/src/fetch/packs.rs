@@ -86,19 +86,7 @@ impl Fetcher {
             // this member's byte range rather than the whole pack.
             return self.fetch_member(&pack, i).await;
         }
-        let flight = {
-            let mut map = self.pack_flights.lock().expect("pack flights lock");
-            map.entry(pack.id)
-                .or_insert_with(|| {
-                    let f = Arc::new(PackFlight::default());
-                    let me = self.clone();
-                    let (pack, f2) = (pack.clone(), f.clone());
-                    let task = tokio::spawn(async move { me.run_pack(pack, f2).await });
-                    self.pack_tasks.lock().expect("pack tasks lock").push(task);
-                    f
-                })
-                .clone()
-        };
+        let flight = self.flight(&pack);
         let parked = {
             let mut s = flight.state.lock().expect("flight lock");
             if s.data.contains_key(&i) || s.finished {
@@ -128,6 +116,44 @@ impl Fetcher {
             None => {
                 let id = &pack.members[i].id;
                 self.cache.pack_get(&pack.id, id).or_else(|| self.cache.get(id)).map(Bytes::from)
+            }
+        }
+    }
+
+    /// The running flight of `pack`, started if there is none.
+    fn flight(self: &Arc<Self>, pack: &Arc<PackEntry>) -> Arc<PackFlight> {
+        let mut map = self.pack_flights.lock().expect("pack flights lock");
+        map.entry(pack.id)
+            .or_insert_with(|| {
+                let f = Arc::new(PackFlight::default());
+                let me = self.clone();
+                let (pack, f2) = (pack.clone(), f.clone());
+                let task = tokio::spawn(async move { me.run_pack(pack, f2).await });
+                self.pack_tasks.lock().expect("pack tasks lock").push(task);
+                f
+            })
+            .clone()
+    }
+
+    /// Starts, all at once, the flight of every pack holding a member of
+    /// `ids` that the cache lacks (unless mostly cached: those are read
+    /// member by member). A walk over many packs then waits one round trip
+    /// for all of them, not one per pack as its readers reach each.
+    pub fn prefetch(self: &Arc<Self>, ids: &HashSet<Hash>) {
+        let packs: Vec<Arc<PackEntry>> = {
+            let set = self.packs.read().expect("packs lock");
+            let mut seen = HashSet::new();
+            ids.iter()
+                .filter_map(|id| set.members.get(id))
+                .filter(|(p, _)| seen.insert(p.id))
+                .map(|(p, _)| p.clone())
+                .collect()
+        };
+        for pack in packs {
+            let bad = self.bad_packs.lock().expect("bad packs lock").contains(&pack.id);
+            let wanted_missing = pack.members.iter().any(|m| ids.contains(&m.id) && !self.in_cache(&pack, m));
+            if !bad && wanted_missing && !self.mostly_cached(&pack) {
+                self.flight(&pack);
             }
         }
     }

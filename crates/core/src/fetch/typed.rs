@@ -18,6 +18,35 @@ impl Fetcher {
         Snapshot::decode(&b).map_err(|e| Error::corrupt(id, "snapshot", "", e))
     }
 
+    /// The whole stat object whose top is `id`: the layers below it that
+    /// `hint` names (the snapshot lists them) come in the same round trip;
+    /// any other layer the top names costs one more.
+    pub async fn stat(self: &Arc<Self>, id: Hash, hint: &[Hash]) -> Result<StatObject> {
+        let mut want = vec![id];
+        want.extend(hint.iter().copied().filter(|h| *h != id).take(crate::object::MAX_STAT_LAYERS * 4));
+        // A hinted layer the top does not name is not needed: its error is dropped.
+        let mut got: HashMap<Hash, Result<StatObject>> = HashMap::new();
+        let fetched = futures::future::join_all(want.iter().map(|h| self.stat_layer(*h))).await;
+        got.extend(want.iter().copied().zip(fetched));
+        let top = got.remove(&id).expect("the top was asked for")?;
+        if top.base.is_empty() {
+            return Ok(top);
+        }
+        let missing: Vec<Hash> = top.base.iter().copied().filter(|b| !got.contains_key(b)).collect();
+        let fetched = futures::future::join_all(missing.iter().map(|h| self.stat_layer(*h))).await;
+        got.extend(missing.iter().copied().zip(fetched));
+        let mut lower = Vec::with_capacity(top.base.len());
+        for b in &top.base {
+            lower.push((*b, got.remove(b).expect("every layer below was asked for")?));
+        }
+        top.merge(lower).map_err(|detail| Error::Corrupt { id, what: "stat object", path: String::new(), detail })
+    }
+
+    async fn stat_layer(self: &Arc<Self>, id: Hash) -> Result<StatObject> {
+        let b = self.get(Space::Objects, id, "stat object").await?;
+        StatObject::decode(&b).map_err(|e| Error::corrupt(id, "stat object", "", e))
+    }
+
     /// The chunk manifest of a chunked entry.
     pub async fn manifest(self: &Arc<Self>, e: &Entry, path: &str) -> Result<ChunkManifest> {
         let mb = self.get(Space::Objects, e.id, "chunk manifest").await.map_err(|er| er.at_path(path))?;

@@ -10,7 +10,7 @@ mod lease;
 mod stat;
 
 pub use lease::Lease;
-pub use stat::StatObject;
+pub use stat::{StatObject, MAX_STAT_LAYERS};
 
 use crate::codec::{put_bytes, put_varint, DecodeError, Reader};
 use crate::hash::Hash;
@@ -214,6 +214,9 @@ pub struct Snapshot {
     pub source: String,
     /// Per-snapshot stat object (file mtimes) for workspaces; none for imports.
     pub stat: Option<Hash>,
+    /// When `stat` is a layer: the stat objects below it, nearest first
+    /// (so a reader fetches them all in one round trip).
+    pub stat_layers: Vec<Hash>,
 }
 
 fn utf8(b: &[u8], what: &str) -> Result<String, DecodeError> {
@@ -236,9 +239,17 @@ impl Snapshot {
         put_bytes(&mut out, self.source.as_bytes());
         match self.stat {
             None => out.push(0),
-            Some(h) => {
+            Some(h) if self.stat_layers.is_empty() => {
                 out.push(1);
                 out.extend_from_slice(h.as_bytes());
+            }
+            Some(h) => {
+                out.push(2);
+                out.extend_from_slice(h.as_bytes());
+                put_varint(&mut out, self.stat_layers.len() as u64);
+                for l in &self.stat_layers {
+                    out.extend_from_slice(l.as_bytes());
+                }
             }
         }
         out
@@ -255,13 +266,25 @@ impl Snapshot {
         let author = utf8(r.bytes()?, "author")?;
         let message = utf8(r.bytes()?, "message")?;
         let source = utf8(r.bytes()?, "source")?;
+        let mut stat_layers = Vec::new();
         let stat = match r.u8()? {
             0 => None,
             1 => Some(r.hash()?),
+            2 => {
+                let top = r.hash()?;
+                let n = r.count(32)?;
+                if n == 0 {
+                    return Err(DecodeError::Invalid("stat layers flagged, none listed".into()));
+                }
+                for _ in 0..n {
+                    stat_layers.push(r.hash()?);
+                }
+                Some(top)
+            }
             f => return Err(DecodeError::Invalid(format!("bad stat flag {f}"))),
         };
         r.finish()?;
-        Ok(Snapshot { root, parents, time, author, message, source, stat })
+        Ok(Snapshot { root, parents, time, author, message, source, stat, stat_layers })
     }
 }
 
@@ -318,25 +341,42 @@ impl ChunkManifest {
 /// The value of a ref: the snapshot it points at, and that snapshot's root
 /// tree (so a reader can ask for the tree's pack index in the same round
 /// trip as the snapshot, instead of after it).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RefValue {
     pub snapshot: Hash,
     pub root: Hash,
+    /// The layers below the root's pack index (their trees, nearest first),
+    /// when that index is a layer: a hint, so a reader fetches every layer
+    /// in the round trip of the top one (docs/PACKS.md, "Layers").
+    pub layers: Vec<Hash>,
 }
 
-/// Refs are written as version 2 (with a checksum); version 1 (without)
-/// is still read.
+/// Refs are written as version 2 (with a checksum), or 3 (2 plus the
+/// index layers) when there are layers; version 1 (without a checksum) is
+/// still read.
 const REF_VERSION: u8 = 2;
+const REF_LAYERED: u8 = 3;
 /// Bytes of BLAKE3 over the rest of a version-2 ref.
 const REF_SUM_LEN: usize = 8;
 
 impl RefValue {
+    /// A ref with no index layers named.
+    pub fn new(snapshot: Hash, root: Hash) -> RefValue {
+        RefValue { snapshot, root, layers: Vec::new() }
+    }
+
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(4 + 1 + 64 + REF_SUM_LEN);
         out.extend_from_slice(REF_MAGIC);
-        out.push(REF_VERSION);
+        out.push(if self.layers.is_empty() { REF_VERSION } else { REF_LAYERED });
         out.extend_from_slice(self.snapshot.as_bytes());
         out.extend_from_slice(self.root.as_bytes());
+        if !self.layers.is_empty() {
+            put_varint(&mut out, self.layers.len() as u64);
+            for l in &self.layers {
+                out.extend_from_slice(l.as_bytes());
+            }
+        }
         let sum = Hash::of(&out);
         out.extend_from_slice(&sum.as_bytes()[..REF_SUM_LEN]);
         out
@@ -348,12 +388,22 @@ impl RefValue {
         let mut r = Reader::new(buf);
         r.magic(REF_MAGIC)?;
         let version = r.u8()?;
-        if version != 1 && version != REF_VERSION {
-            return Err(DecodeError::Version { format: "ref", version, supported: REF_VERSION });
+        if !(1..=REF_LAYERED).contains(&version) {
+            return Err(DecodeError::Version { format: "ref", version, supported: REF_LAYERED });
         }
         let snapshot = r.hash()?;
         let root = r.hash()?;
-        if version == REF_VERSION {
+        let mut layers = Vec::new();
+        if version == REF_LAYERED {
+            let n = r.count(32)?;
+            for _ in 0..n.min(64) {
+                layers.push(r.hash()?);
+            }
+            if n > 64 {
+                return Err(DecodeError::Invalid(format!("ref names {n} index layers")));
+            }
+        }
+        if version >= REF_VERSION {
             let body = &buf[..r.pos()];
             let sum = r.take(REF_SUM_LEN)?;
             if Hash::of(body).as_bytes()[..REF_SUM_LEN] != *sum {
@@ -361,7 +411,7 @@ impl RefValue {
             }
         }
         r.finish()?;
-        Ok(RefValue { snapshot, root })
+        Ok(RefValue { snapshot, root, layers })
     }
 }
 
@@ -454,6 +504,7 @@ mod tests {
             message: "m".into(),
             source: "git:ab".into(),
             stat: None,
+            stat_layers: vec![],
         };
         let enc = s.encode();
         let expect = concat!(
@@ -474,6 +525,13 @@ mod tests {
         assert_eq!(Snapshot::decode(&enc).unwrap(), s);
         let with_stat = Snapshot { stat: Some(h(9)), ..s };
         assert_eq!(Snapshot::decode(&with_stat.encode()).unwrap(), with_stat);
+        let layered = Snapshot { stat_layers: vec![h(10), h(11)], ..with_stat.clone() };
+        let enc = layered.encode();
+        assert_eq!(Snapshot::decode(&enc).unwrap(), layered);
+        assert_eq!(enc.len(), with_stat.encode().len() + 1 + 64);
+        for cut in 0..enc.len() {
+            assert!(Snapshot::decode(&enc[..cut]).is_err());
+        }
     }
 
     /// BLAKE3("MADR" 02 05×32 06×32), first 8 bytes.
@@ -497,7 +555,7 @@ mod tests {
             )
         );
         assert_eq!(ChunkManifest::decode(&enc).unwrap(), m);
-        let r = RefValue { snapshot: h(5), root: h(6) };
+        let r = RefValue::new(h(5), h(6));
         let enc = r.encode();
         assert_eq!(
             hex(&enc[..69]),
@@ -509,6 +567,17 @@ mod tests {
         );
         assert_eq!(hex(&enc[69..]), REF_GOLDEN_SUM);
         assert_eq!(RefValue::decode(&enc).unwrap(), r);
+        // Version 3 names the index layers; a flipped bit in them is caught.
+        let layered = RefValue { layers: vec![h(7), h(8)], ..r.clone() };
+        let enc3 = layered.encode();
+        assert_eq!(hex(&enc3[..5]), "4d41445203");
+        assert_eq!(RefValue::decode(&enc3).unwrap(), layered);
+        let mut bad = enc3.clone();
+        bad[80] ^= 1;
+        assert!(RefValue::decode(&bad).is_err());
+        for cut in 0..enc3.len() {
+            assert!(RefValue::decode(&enc3[..cut]).is_err(), "cut at {cut}");
+        }
         // Version 1 (no checksum) is still read.
         let mut v1 = enc[..69].to_vec();
         v1[4] = 1;
@@ -562,10 +631,11 @@ mod tests {
                 message: "y".into(),
                 source: String::new(),
                 stat: Some(h(4)),
+                stat_layers: vec![],
             }
             .encode(),
             ChunkManifest { size: 3, content: h(1), chunks: vec![(1, h(2)), (2, h(3))] }.encode(),
-            RefValue { snapshot: h(1), root: h(2) }.encode(),
+            RefValue::new(h(1), h(2)).encode(),
         ];
         for enc in &encodings {
             for cut in 0..enc.len() {

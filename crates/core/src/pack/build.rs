@@ -245,7 +245,7 @@ pub fn build_delta(
     }
     flush(&mut group, &mut packs)?;
     Ok(Built {
-        index: PackIndex { tree, mode: Mode::Recursive, dirs: w.dirs, packs, trees: w.trees },
+        index: PackIndex { tree, mode: Mode::Recursive, dirs: w.dirs, packs, trees: w.trees, base: Vec::new() },
         unpacked: w.unpacked,
         loose: w.loose,
     })
@@ -292,7 +292,7 @@ pub fn build(
         w.loose.extend(alone);
     }
     Ok(Built {
-        index: PackIndex { tree, mode, dirs: w.dirs, packs, trees: w.trees },
+        index: PackIndex { tree, mode, dirs: w.dirs, packs, trees: w.trees, base: Vec::new() },
         unpacked: w.unpacked,
         loose: w.loose,
     })

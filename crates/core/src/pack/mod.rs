@@ -21,6 +21,8 @@
 //! in name order, up to the cap; too-large subdirectories recurse. v1
 //! (per-directory) packs each dense directory's own small files.
 
+use std::collections::HashSet;
+
 use crate::chunk::CHUNK_THRESHOLD;
 use crate::codec::{put_varint, DecodeError, Reader};
 use crate::error::{Error, Result};
@@ -103,7 +105,22 @@ pub struct PackIndex {
     pub packs: Vec<PackEntry>,
     /// Every tree of the covered subtree: (id, encoded bytes).
     pub trees: Vec<(Hash, Vec<u8>)>,
+    /// Empty for a whole index. For a layer (written by a checkpoint or an
+    /// incremental import on top of its parent's index): the trees whose
+    /// indexes are the layers below, nearest first, down to a whole one;
+    /// this layer then holds only the packs and trees they lack. A view
+    /// merged from its layers ([`PackIndex::merge`]) keeps the list.
+    pub base: Vec<Hash>,
 }
+
+/// A chain of index layers is compacted into one whole index when it
+/// would grow past this many layers, so a cold reader fetches at most this
+/// many (all in one round trip).
+pub const MAX_INDEX_LAYERS: usize = 8;
+
+/// Index encoding versions: 1, a whole index; 2, a layer (1 plus the list
+/// of the layers below).
+const INDEX_LAYERED: u8 = 2;
 
 pub(crate) fn kind_from(c: u8) -> Result<MemberKind, DecodeError> {
     Ok(match c {
@@ -250,9 +267,15 @@ impl PackIndex {
             body.extend_from_slice(id.as_bytes());
             crate::codec::put_bytes(&mut body, t);
         }
+        if !self.base.is_empty() {
+            put_varint(&mut body, self.base.len() as u64);
+            for b in &self.base {
+                body.extend_from_slice(b.as_bytes());
+            }
+        }
         let mut out = Vec::with_capacity(body.len() / 2 + 16);
         out.extend_from_slice(INDEX_MAGIC);
-        out.push(PACK_VERSION);
+        out.push(if self.base.is_empty() { PACK_VERSION } else { INDEX_LAYERED });
         put_varint(&mut out, body.len() as u64);
         out.extend(zstd::bulk::compress(&body, ZSTD_LEVEL).expect("zstd compresses in memory"));
         out
@@ -261,7 +284,10 @@ impl PackIndex {
     pub fn decode(buf: &[u8]) -> Result<PackIndex, DecodeError> {
         let mut r = Reader::new(buf);
         r.magic(INDEX_MAGIC)?;
-        r.version("pack index", PACK_VERSION)?;
+        let version = r.u8()?;
+        if version != PACK_VERSION && version != INDEX_LAYERED {
+            return Err(DecodeError::Version { format: "pack index", version, supported: INDEX_LAYERED });
+        }
         let raw_len = r.varint()?;
         if raw_len > MAX_INDEX_BYTES {
             return Err(DecodeError::Invalid(format!("index claims {raw_len} bytes")));
@@ -323,8 +349,64 @@ impl PackIndex {
             }
             trees.push((id, t));
         }
+        let mut base = Vec::new();
+        if version == INDEX_LAYERED {
+            let n = r.count(32)?;
+            if n == 0 || n >= MAX_INDEX_LAYERS * 4 {
+                return Err(DecodeError::Invalid(format!("index layer names {n} layers below it")));
+            }
+            for _ in 0..n {
+                let b = r.hash()?;
+                if b == tree || base.contains(&b) {
+                    return Err(DecodeError::Invalid(format!("index layer chain repeats {}", b.short())));
+                }
+                base.push(b);
+            }
+        }
         r.finish()?;
-        Ok(PackIndex { tree, mode, dirs, packs, trees })
+        Ok(PackIndex { tree, mode, dirs, packs, trees, base })
+    }
+
+    /// Every layer's tree, this one first (one entry for a whole index).
+    pub fn layers(&self) -> Vec<Hash> {
+        std::iter::once(self.tree).chain(self.base.iter().copied()).collect()
+    }
+
+    /// The view of a layered index: `self` (the top layer) over `lower`
+    /// (the layers of `self.base`, in that order). Returns why not when a
+    /// layer is not the one named, or names another chain below it.
+    pub fn merge(mut self, lower: Vec<PackIndex>) -> Result<PackIndex, String> {
+        if lower.len() != self.base.len() {
+            return Err(format!("{} layers below, {} named", lower.len(), self.base.len()));
+        }
+        for (i, l) in lower.iter().enumerate() {
+            if l.tree != self.base[i] || l.base[..] != self.base[i + 1..] {
+                return Err(format!("layer {} is not the one named", l.tree.short()));
+            }
+        }
+        let mut seen_packs: HashSet<Hash> = self.packs.iter().map(|p| p.id).collect();
+        let mut seen_trees: HashSet<Hash> = self.trees.iter().map(|t| t.0).collect();
+        for l in lower {
+            self.packs.extend(l.packs.into_iter().filter(|p| seen_packs.insert(p.id)));
+            self.trees.extend(l.trees.into_iter().filter(|t| seen_trees.insert(t.0)));
+        }
+        Ok(self)
+    }
+
+    /// The layer to publish for the view `self` built on top of `parent`
+    /// (a view, maybe itself layered): only what `parent` lacks, naming
+    /// `parent`'s layers below it; or `self` whole when that chain would
+    /// grow past [`MAX_INDEX_LAYERS`] or the layer would not be smaller.
+    pub fn layer_over(&self, parent: &PackIndex) -> PackIndex {
+        let below = parent.layers();
+        let old_packs: HashSet<Hash> = parent.packs.iter().map(|p| p.id).collect();
+        let old_trees: HashSet<Hash> = parent.trees.iter().map(|t| t.0).collect();
+        let packs: Vec<PackEntry> = self.packs.iter().filter(|p| !old_packs.contains(&p.id)).cloned().collect();
+        let trees: Vec<(Hash, Vec<u8>)> = self.trees.iter().filter(|t| !old_trees.contains(&t.0)).cloned().collect();
+        if below.len() >= MAX_INDEX_LAYERS || below.contains(&self.tree) || trees.len() * 2 > self.trees.len().max(1) {
+            return PackIndex { base: Vec::new(), ..self.clone() };
+        }
+        PackIndex { tree: self.tree, mode: self.mode, dirs: self.dirs, packs, trees, base: below }
     }
 
     pub fn member_count(&self) -> usize {
@@ -372,6 +454,65 @@ mod tests {
             let stored = &bytes[m.offset as usize..(m.offset + m.stored_len) as usize];
             assert_eq!(&decode_member(m, stored).unwrap(), d);
         }
+    }
+
+    fn index_with(tree: u8, packs: &[u8], trees: &[&[u8]], base: &[u8]) -> PackIndex {
+        let h = |b: u8| Hash([b; 32]);
+        PackIndex {
+            tree: h(tree),
+            mode: Mode::Recursive,
+            dirs: 1,
+            packs: packs.iter().map(|p| PackEntry { id: h(*p), size: 10, header_len: 10, members: vec![] }).collect(),
+            trees: trees.iter().map(|t| (Hash::of(t), t.to_vec())).collect(),
+            base: base.iter().map(|b| h(*b)).collect(),
+        }
+    }
+
+    #[test]
+    fn index_layers_encode_merge_and_refuse_wrong_chains() {
+        let whole = index_with(1, &[10, 11], &[b"t1", b"t2"], &[]);
+        assert_eq!(whole.encode()[4], PACK_VERSION, "a whole index keeps version 1 bytes");
+        let layer = index_with(2, &[12], &[b"t3"], &[1]);
+        let enc = layer.encode();
+        assert_eq!(enc[4], INDEX_LAYERED);
+        assert_eq!(PackIndex::decode(&enc).unwrap(), layer);
+        let view = layer.clone().merge(vec![whole.clone()]).unwrap();
+        assert_eq!(view.packs.iter().map(|p| p.id.0[0]).collect::<Vec<_>>(), vec![12, 10, 11]);
+        assert_eq!(view.trees.len(), 3);
+        assert_eq!(view.layers(), vec![Hash([2; 32]), Hash([1; 32])]);
+        // Wrong layer, wrong chain below, wrong count.
+        assert!(layer.clone().merge(vec![index_with(9, &[], &[], &[])]).is_err());
+        assert!(layer.clone().merge(vec![index_with(1, &[], &[], &[7])]).is_err());
+        assert!(layer.clone().merge(vec![]).is_err());
+        // A chain naming itself or repeating a layer does not decode.
+        for base in [&[2u8][..], &[1, 1]] {
+            let bad = index_with(2, &[], &[], base).encode();
+            assert!(PackIndex::decode(&bad).is_err(), "{base:?}");
+        }
+    }
+
+    #[test]
+    fn a_layer_holds_only_what_its_parent_lacks_and_chains_stay_bounded() {
+        let trees: Vec<Vec<u8>> = (0..10u8).map(|i| vec![b't', i]).collect();
+        let all: Vec<&[u8]> = trees.iter().map(|t| t.as_slice()).collect();
+        let parent = index_with(1, &[10, 11], &all[..9], &[]);
+        let child = index_with(2, &[10, 11, 12], &all, &[]);
+        let layer = child.layer_over(&parent);
+        assert_eq!(layer.base, vec![Hash([1; 32])]);
+        assert_eq!(layer.packs.len(), 1);
+        assert_eq!(layer.trees.len(), 1);
+        // A parent chain at the bound: the child goes up whole (compacted).
+        let deep: Vec<u8> = (20..20 + MAX_INDEX_LAYERS as u8 - 1).collect();
+        let long = index_with(1, &[10, 11], &all[..9], &deep);
+        assert_eq!(long.layers().len(), MAX_INDEX_LAYERS);
+        let whole = child.layer_over(&long);
+        assert!(whole.base.is_empty() && whole.packs.len() == 3 && whole.trees.len() == 10);
+        // One under the bound still layers.
+        let shorter = index_with(1, &[10, 11], &all[..9], &deep[1..]);
+        assert_eq!(child.layer_over(&shorter).base.len(), MAX_INDEX_LAYERS - 1);
+        // A layer that would hold most trees is not worth a layer.
+        let far = index_with(1, &[10], &all[..2], &[]);
+        assert!(child.layer_over(&far).base.is_empty());
     }
 
     /// A store in memory and a tree builder for tests.

@@ -700,14 +700,14 @@ mod tests {
         };
         faults.add(lose);
         let r = Remote::from_store("memory://test", faults.clone());
-        let v = RefValue { snapshot: Hash([1; 32]), root: Hash([2; 32]) };
-        r.cas_ref("main", None, v).await.expect("applied, although the answer was lost");
+        let v = RefValue::new(Hash([1; 32]), Hash([2; 32]));
+        r.cas_ref("main", None, v.clone()).await.expect("applied, although the answer was lost");
         assert_eq!(r.read_ref("main").await.unwrap().unwrap().0, v);
         // A real loss still fails: another value is there now.
         let (_, ver) = r.read_ref("main").await.unwrap().unwrap();
-        let w = RefValue { snapshot: Hash([3; 32]), root: Hash([4; 32]) };
+        let w = RefValue::new(Hash([3; 32]), Hash([4; 32]));
         r.cas_ref("main", Some(&ver), w).await.expect("applied too");
-        let stale = r.cas_ref("main", Some(&ver), RefValue { snapshot: Hash([5; 32]), root: Hash([6; 32]) }).await;
+        let stale = r.cas_ref("main", Some(&ver), RefValue::new(Hash([5; 32]), Hash([6; 32]))).await;
         assert!(matches!(stale, Err(Error::RefMoved { .. })), "{stale:?}");
     }
 }

@@ -80,10 +80,13 @@ pub(super) async fn commit_locked(
     let (staged, walked) = tokio::task::spawn_blocking(move || stage(c2))
         .await
         .map_err(|e| Error::Io { context: "walking the workspace".into(), source: std::io::Error::other(e) })??;
-    let stat_bytes = walked.stat.encode();
-    let stat_id = Hash::of(&stat_bytes);
-    cache.put(&stat_id, &stat_bytes)?;
     let parent_snap = fetcher.snapshot(cur.snapshot).await?;
+    // The parent's whole stat object (from the cache, where the resume or
+    // the last checkpoint left its layers): what changed goes up as a layer.
+    let parent_stat = match parent_snap.stat {
+        Some(id) => Some((id, fetcher.stat(id, &parent_snap.stat_layers).await?)),
+        None => None,
+    };
     let mut report = CheckpointReport {
         workspace: st.name.clone(),
         parent: cur.snapshot.to_hex(),
@@ -92,11 +95,32 @@ pub(super) async fn commit_locked(
         trees_built: walked.trees_built,
         ..Default::default()
     };
-    if parent_snap.root == walked.root && parent_snap.stat == Some(stat_id) {
-        report.snapshot = cur.snapshot.to_hex();
-        report.unchanged = true;
-        return Ok((report, walked, stat_id));
+    if let Some((id, s)) = &parent_stat {
+        if parent_snap.root == walked.root && s.entries == walked.stat.entries {
+            report.snapshot = cur.snapshot.to_hex();
+            report.unchanged = true;
+            return Ok((report, walked, *id));
+        }
     }
+    let up = match &parent_stat {
+        Some((id, s)) => {
+            let chain: Vec<Hash> = std::iter::once(*id).chain(parent_snap.stat_layers.iter().copied()).collect();
+            match chain.last() {
+                // A full chain is compacted: one layer over the bottom
+                // (whole) object, holding every change since it.
+                Some(bottom) if chain.len() >= crate::object::MAX_STAT_LAYERS => {
+                    let whole = fetcher.stat(*bottom, &[]).await?;
+                    walked.stat.layer_over(&whole, &[*bottom])
+                }
+                _ => walked.stat.layer_over(s, &chain),
+            }
+        }
+        None => walked.stat.clone(),
+    };
+    let stat_bytes = up.encode();
+    let stat_id = Hash::of(&stat_bytes);
+    cache.put(&stat_id, &stat_bytes)?;
+    report.stat_bytes = stat_bytes.len() as u64;
     // What the store has: the parent's index (its packs and the trees it
     // carries). With one, content goes up packs-first on top of it: new
     // members only, no HEAD per object; the stat object alone, alongside.
@@ -126,6 +150,7 @@ pub(super) async fn commit_locked(
         message: message.to_string(),
         source: format!("ws:{}", st.name),
         stat: Some(stat_id),
+        stat_layers: up.base.clone(),
     };
     let enc = snap.encode();
     let sid = Hash::of(&enc);
@@ -135,6 +160,8 @@ pub(super) async fn commit_locked(
         failpoint("checkpoint-after-snapshot");
         Ok::<_, Error>(())
     };
+    // The layers below the new tree's index, for the ref (a reader's hint).
+    let mut layers: Vec<Hash> = Vec::new();
     let uploads = async {
         if indexed {
             // Only mtimes changed, or the tree is indexed already: the stat
@@ -157,6 +184,9 @@ pub(super) async fn commit_locked(
             let (stat, p) = futures::join!(stat, packs);
             stat?;
             let p = p?;
+            layers = p.index.as_ref().map(|i| i.base.clone()).unwrap_or_default();
+            report.index_bytes = p.index_bytes;
+            report.index_layers = p.index_layers;
             report.upload.objects_uploaded = 1 + p.loose_uploaded;
             report.upload.bytes_uploaded = stat_bytes.len() as u64 + p.bytes_uploaded;
             report.packs_uploaded = p.packs_uploaded;
@@ -185,7 +215,7 @@ pub(super) async fn commit_locked(
     let mut intent = st.clone();
     intent.pending = Some(sid.to_hex());
     save_state_at(state_at, &intent)?;
-    remote.cas_ref(&refname, Some(&ver), RefValue { snapshot: sid, root: walked.root }).await?;
+    remote.cas_ref(&refname, Some(&ver), RefValue { snapshot: sid, root: walked.root, layers }).await?;
     failpoint("checkpoint-after-ref");
     report.snapshot = sid.to_hex();
     Ok((report, walked, stat_id))

@@ -85,6 +85,12 @@ pub struct CheckpointReport {
     pub trees_built: Option<u64>,
     pub upload: UploadReport,
     pub packs_uploaded: u64,
+    /// Bytes of the pack index uploaded (a layer over the parent's index
+    /// when it has one) and the layers a reader merges.
+    pub index_bytes: u64,
+    pub index_layers: usize,
+    /// Bytes of the stat object uploaded.
+    pub stat_bytes: u64,
 }
 
 /// How a checkpoint treats the lease and the workspace's head.
@@ -138,8 +144,8 @@ pub async fn create(
     if !crate::checkout::is_empty_dir(dir)? {
         return Err(Error::User(format!("{} is not empty; create into a new or empty directory", dir.display())));
     }
-    let (snapshot, root) = create_ref(fetcher, name, spec).await?;
-    materialize_into(fetcher, name, snapshot, root, dir, ResumeLease::Take { steal: false }, progress).await
+    let v = create_ref(fetcher, name, spec).await?;
+    materialize_into(fetcher, name, &v, dir, ResumeLease::Take { steal: false }, progress).await
 }
 
 /// The ref of workspace `name` (an error naming it when there is none).
@@ -154,20 +160,21 @@ async fn read_ws_ref(fetcher: &Fetcher, name: &str) -> Result<RefValue> {
 }
 
 /// Creates the ref of a new workspace from `spec`.
-pub async fn create_ref(fetcher: &Arc<Fetcher>, name: &str, spec: &str) -> Result<(Hash, Hash)> {
+pub async fn create_ref(fetcher: &Arc<Fetcher>, name: &str, spec: &str) -> Result<RefValue> {
     let refname = ws_ref(name)?;
     let r = crate::resolve::resolve(&fetcher.remote, spec).await?;
     let root = match r.root {
         Some(root) => root,
         None => fetcher.snapshot(r.snapshot).await?.root,
     };
-    fetcher.remote.cas_ref(&refname, None, RefValue { snapshot: r.snapshot, root }).await.map_err(|e| match e {
+    let v = RefValue { snapshot: r.snapshot, root, layers: r.layers.clone() };
+    fetcher.remote.cas_ref(&refname, None, v.clone()).await.map_err(|e| match e {
         Error::RefMoved { .. } => Error::User(format!(
             "workspace {name} already exists; use `mado ws resume {name} DIR` to get a working copy"
         )),
         e => e,
     })?;
-    Ok((r.snapshot, root))
+    Ok(v)
 }
 
 /// `ws resume`: the workspace's latest checkpoint into `dir`, byte for byte.
@@ -179,7 +186,7 @@ pub async fn resume(
     progress: &(dyn Fn(u64, u64) + Sync),
 ) -> Result<ResumeReport> {
     let v = read_ws_ref(fetcher, name).await?;
-    materialize_into(fetcher, name, v.snapshot, v.root, dir, lease, progress).await
+    materialize_into(fetcher, name, &v, dir, lease, progress).await
 }
 
 #[derive(Clone, Debug, Serialize)]

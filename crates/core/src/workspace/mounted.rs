@@ -114,7 +114,7 @@ pub async fn open_mount(
     steal: bool,
 ) -> Result<MountedWorkspace> {
     let v = read_ws_ref(fetcher, name).await?;
-    let (snap, attach) = futures::join!(fetcher.snapshot(v.snapshot), fetcher.attach(v.root));
+    let (snap, attach) = futures::join!(fetcher.snapshot(v.snapshot), fetcher.attach_hinted(v.root, &v.layers));
     let snap = snap?;
     let attach = attach?;
     let sd = fetcher.cache.workspace_dir(fetcher.remote.url(), name);
@@ -162,8 +162,8 @@ pub async fn open_mount(
     let stat_fut = async {
         match base_id {
             Some(id) => {
-                let b = fetcher.get(Space::Objects, id, "stat object").await?;
-                StatObject::decode(&b).map(|s| Some((id, s))).map_err(|e| Error::corrupt(id, "stat object", "", e))
+                let hint = if Some(id) == snap.stat { &snap.stat_layers[..] } else { &[] };
+                fetcher.stat(id, hint).await.map(|s| Some((id, s)))
             }
             None => Ok(None),
         }

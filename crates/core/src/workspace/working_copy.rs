@@ -268,8 +268,7 @@ pub(super) fn empty_dir(dir: &Path) -> std::io::Result<()> {
 pub(super) async fn materialize_into(
     fetcher: &Arc<Fetcher>,
     name: &str,
-    snapshot: Hash,
-    root: Hash,
+    at: &RefValue,
     dir: &Path,
     lease_mode: ResumeLease,
     progress: &(dyn Fn(u64, u64) + Sync),
@@ -281,7 +280,8 @@ pub(super) async fn materialize_into(
     }
     // Round trips: the snapshot and the pack index together (the ref named
     // the root); then the packs, the stat object and the lease together.
-    let (snap, attach) = futures::join!(fetcher.snapshot(snapshot), fetcher.attach(root));
+    let (snapshot, root) = (at.snapshot, at.root);
+    let (snap, attach) = futures::join!(fetcher.snapshot(snapshot), fetcher.attach_hinted(root, &at.layers));
     let snap = snap?;
     attach?;
     if snap.root != root {
@@ -295,10 +295,7 @@ pub(super) async fn materialize_into(
     let holder = holder_id(dir);
     let stat_fut = async {
         match snap.stat {
-            Some(id) => {
-                let b = fetcher.get(Space::Objects, id, "stat object").await?;
-                StatObject::decode(&b).map(Some).map_err(|e| Error::corrupt(id, "stat object", "", e))
-            }
+            Some(id) => fetcher.stat(id, &snap.stat_layers).await.map(Some),
             None => Ok(None),
         }
     };
