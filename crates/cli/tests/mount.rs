@@ -184,7 +184,7 @@ fn concurrent_readers_of_a_cold_pack_never_see_eio() {
             }
         });
         assert_eq!(errors.into_inner(), 0, "round {round}: reads failed");
-        assert_eq!(mnt.gets() - before, 1, "one ranged GET for all readers");
+        assert_eq!(mnt.gets() - before, 1, "one ranged GET for all readers: {}", mnt.stats());
         // The daemon must be gone before the next round wipes the cache it
         // may still be writing into.
         let pid = mnt.stats()["pid"].as_u64().unwrap();

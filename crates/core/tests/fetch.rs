@@ -97,3 +97,63 @@ async fn a_broken_connection_is_an_error_naming_the_object_and_a_retry_works() {
     assert!(e.contains(&id.to_hex()) && e.contains("memory://broken"), "{e}");
     assert_eq!(f.get(Space::Objects, id, "blob").await.unwrap(), data);
 }
+
+/// A reader whose member sits far into a cold pack starts the pack's ranged
+/// GET at its own member (it does not wait for the bytes before it); the
+/// members before it come in a flight of their own when asked for, and
+/// every member is then in the cache: another reader makes no request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_first_read_far_into_a_pack_is_fetched_from_its_own_offset() {
+    use mado_core::pack::{build_pack, MemberKind, Mode, PackIndex};
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}/store", dir.path().display());
+    let remote = Arc::new(Remote::open(&url, &OpenOptions { inject_rtt: Some(Duration::from_millis(40)) }).unwrap());
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let raws: Vec<Vec<u8>> = (0..64)
+        .map(|_| {
+            (0..128 << 10)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x as u8
+                })
+                .collect()
+        })
+        .collect();
+    let members: Vec<(Hash, MemberKind, &[u8])> =
+        raws.iter().map(|r| (Hash::of(r), MemberKind::Blob, &r[..])).collect();
+    let (bytes, entry) = build_pack(&members);
+    let size = bytes.len() as u64;
+    remote.put_pack(&entry.id, Bytes::from(bytes)).await.unwrap();
+    let tree = Hash([7; 32]);
+    let idx = PackIndex { tree, mode: Mode::Recursive, dirs: 1, packs: vec![entry], trees: vec![], base: vec![] };
+    remote.put_index(&tree, Bytes::from(idx.encode())).await.unwrap();
+
+    let cache = Arc::new(DiskCache::open(dir.path().join("cache"), None).unwrap());
+    let f = Fetcher::new(remote.clone(), cache.clone());
+    f.attach(tree).await.unwrap();
+    let before = remote.stats();
+    assert_eq!(f.get(Space::Objects, Hash::of(&raws[60]), "blob").await.unwrap(), raws[60]);
+    f.drain().await;
+    let d = remote.stats().since(&before);
+    assert_eq!(d.ranged_gets, 1, "{d:?}");
+    assert!(d.bytes_down * 4 < size, "from (about) member 60 on, not the whole pack: {d:?}");
+    assert_eq!(f.stats().split_fetches, 1);
+    // The rest, when asked for, in one more ranged GET.
+    for r in &raws {
+        assert_eq!(&f.get(Space::Objects, Hash::of(r), "blob").await.unwrap()[..], &r[..]);
+    }
+    f.drain().await;
+    let d = remote.stats().since(&before);
+    assert_eq!(d.ranged_gets, 2, "{d:?}");
+    assert!(d.bytes_down < size + size / 8, "no byte twice: {d:?}");
+    // All of it is in the cache: another reader makes no request.
+    let g = Fetcher::new(remote.clone(), cache);
+    g.attach(tree).await.unwrap();
+    let before = remote.stats();
+    for r in &raws {
+        assert_eq!(&g.get(Space::Objects, Hash::of(r), "blob").await.unwrap()[..], &r[..]);
+    }
+    assert_eq!(remote.stats().since(&before).gets + remote.stats().since(&before).ranged_gets, 0);
+}

@@ -609,6 +609,26 @@ mod tests {
         }
     }
 
+    /// The eviction order lives on disk, for every process: a new entry's
+    /// mtime is a probation time before 2020, newer writes earlier; a hit
+    /// moves it to now.
+    #[test]
+    fn probation_times_sort_newest_first_and_before_every_use() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = DiskCache::open(dir.path().to_path_buf(), Some(1 << 20)).unwrap();
+        let (a, b) = (b"first".to_vec(), b"second".to_vec());
+        c.put(&Hash::of(&a), &a).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        c.put(&Hash::of(&b), &b).unwrap();
+        let mtime = |d: &[u8]| fs::metadata(c.path(&Hash::of(d))).unwrap().modified().unwrap();
+        let base = SystemTime::UNIX_EPOCH + Duration::from_secs(PROBATION_BASE);
+        let floor = SystemTime::UNIX_EPOCH + Duration::from_secs(PROBATION_BASE / 2);
+        assert!(mtime(&b) < mtime(&a), "the newer write sorts first");
+        assert!(mtime(&a) < base && mtime(&b) > floor, "{:?} {:?}", mtime(&a), mtime(&b));
+        assert!(c.get(&Hash::of(&b)).is_some());
+        assert!(mtime(&b) > base, "a hit moves the entry to now");
+    }
+
     #[test]
     fn eviction_does_not_rescan_the_cache_per_write() {
         let dir = tempfile::tempdir().unwrap();

@@ -54,6 +54,8 @@ pub struct FetchCounters {
     /// Members handed to a waiter before their pack finished arriving.
     pub members_early: AtomicU64,
     pub pack_failures: AtomicU64,
+    /// Pack spans fetched as two ranged GETs (a first reader far into one).
+    pub split_fetches: AtomicU64,
 }
 
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
@@ -62,6 +64,7 @@ pub struct FetchStats {
     pub members_from_packs: u64,
     pub members_early: u64,
     pub pack_failures: u64,
+    pub split_fetches: u64,
 }
 
 pub struct Fetcher {
@@ -137,6 +140,7 @@ impl Fetcher {
             members_from_packs: c.members_from_packs.load(Relaxed),
             members_early: c.members_early.load(Relaxed),
             pack_failures: c.pack_failures.load(Relaxed),
+            split_fetches: c.split_fetches.load(Relaxed),
         }
     }
 

@@ -8,6 +8,15 @@ use super::*;
 /// many bytes (or when the pack ends).
 pub(super) const WRITE_BATCH_BYTES: usize = 1 << 20;
 
+/// What one try at reading a member through its pack's flight gave.
+enum Attempt {
+    Got(Bytes),
+    /// The pack failed: read the object alone.
+    Failed,
+    /// The flight did not cover this member: start the next one.
+    Outside,
+}
+
 /// One pack being downloaded. Each waiter parks on its own member: the
 /// arrival of member `i` wakes only the readers of member `i` (a shared
 /// broadcast would wake every reader on every member, O(n²) for a pack).
@@ -19,6 +28,8 @@ pub(super) struct PackFlight {
 #[derive(Default)]
 pub(super) struct FlightState {
     pub(super) finished: bool,
+    /// The members this flight fetches (set before it starts).
+    pub(super) covered: Option<(usize, usize)>,
     pub(super) data: HashMap<usize, Bytes>,
     pub(super) waiters: HashMap<usize, Vec<tokio::sync::oneshot::Sender<()>>>,
 }
@@ -45,6 +56,14 @@ impl PackFlight {
     }
 }
 
+/// A flight whose first reader's member starts this far into the span
+/// starts there (see `run_pack`).
+/// Below it, one GET from the span's start serves every reader, and the
+/// first one's wait for the bytes ahead of it is short.
+pub(super) const SPLIT_AHEAD_BYTES: u64 = 4 << 20;
+/// How far before the first reader's member such a flight starts.
+pub(super) const SPLIT_BACK_BYTES: u64 = 1 << 20;
+
 /// A pack whose wanted members span less than this share of its body is
 /// fetched in that span only.
 pub(super) const PARTIAL_PACK_SHARE: f64 = 0.5;
@@ -67,10 +86,25 @@ impl Fetcher {
     }
 
     /// Member `i` of `pack`, through the pack's shared flight; `None` if the
-    /// pack failed for it (the caller falls back to a plain GET).
+    /// pack failed for it (the caller falls back to a plain GET). A reader
+    /// that waited on a flight whose span left its member out starts the
+    /// next flight (at most twice more).
     pub(super) async fn from_pack(self: &Arc<Self>, pack: Arc<PackEntry>, i: usize) -> Option<Bytes> {
+        for attempt in 0..3 {
+            match self.from_pack_once(&pack, i, attempt > 0).await {
+                Attempt::Got(b) => return Some(b),
+                Attempt::Failed => return None,
+                Attempt::Outside => continue,
+            }
+        }
+        None
+    }
+
+    /// `retry`: a flight before this one left member `i` out, so the next
+    /// flight covers the rest (not a GET per member).
+    async fn from_pack_once(self: &Arc<Self>, pack: &Arc<PackEntry>, i: usize, retry: bool) -> Attempt {
         if self.bad_packs.lock().expect("bad packs lock").contains(&pack.id) {
-            return None;
+            return Attempt::Failed;
         }
         let running = self.pack_flights.lock().expect("pack flights lock").contains_key(&pack.id);
         if !running {
@@ -78,15 +112,15 @@ impl Fetcher {
             // what it fetched is recorded before it ends.
             let id = &pack.members[i].id;
             if let Some(b) = self.cache.pack_get(&pack.id, id).or_else(|| self.cache.get(id)) {
-                return Some(Bytes::from(b));
+                return Attempt::Got(Bytes::from(b));
             }
         }
-        if !running && self.mostly_cached(&pack) {
+        if !running && !retry && self.mostly_cached(pack) {
             // A warm pack missing a few members (evicted, healed): read just
             // this member's byte range rather than the whole pack.
-            return self.fetch_member(&pack, i).await;
+            return self.fetch_member(pack, i).await.map_or(Attempt::Failed, Attempt::Got);
         }
-        let flight = self.flight(&pack);
+        let flight = self.flight(pack, Some(i));
         let parked = {
             let mut s = flight.state.lock().expect("flight lock");
             if s.data.contains_key(&i) || s.finished {
@@ -100,35 +134,37 @@ impl Fetcher {
         if let Some(rx) = parked {
             let _ = rx.await;
         }
-        let (got, finished) = {
+        let (got, finished, covered) = {
             let s = flight.state.lock().expect("flight lock");
-            (s.data.get(&i).cloned(), s.finished)
+            (s.data.get(&i).cloned(), s.finished, s.covered)
         };
-        match got {
-            Some(b) => {
-                self.counters.members_from_packs.fetch_add(1, Relaxed);
-                if !finished {
-                    self.counters.members_early.fetch_add(1, Relaxed);
-                }
-                Some(b)
+        if let Some(b) = got {
+            self.counters.members_from_packs.fetch_add(1, Relaxed);
+            if !finished {
+                self.counters.members_early.fetch_add(1, Relaxed);
             }
-            // Another process fetched the pack into the cache.
-            None => {
-                let id = &pack.members[i].id;
-                self.cache.pack_get(&pack.id, id).or_else(|| self.cache.get(id)).map(Bytes::from)
-            }
+            return Attempt::Got(b);
+        }
+        // Another process fetched the pack into the cache.
+        let id = &pack.members[i].id;
+        if let Some(b) = self.cache.pack_get(&pack.id, id).or_else(|| self.cache.get(id)) {
+            return Attempt::Got(Bytes::from(b));
+        }
+        match covered {
+            Some((lo, hi)) if i < lo || i > hi => Attempt::Outside,
+            _ => Attempt::Failed,
         }
     }
 
     /// The running flight of `pack`, started if there is none.
-    fn flight(self: &Arc<Self>, pack: &Arc<PackEntry>) -> Arc<PackFlight> {
+    fn flight(self: &Arc<Self>, pack: &Arc<PackEntry>, first: Option<usize>) -> Arc<PackFlight> {
         let mut map = self.pack_flights.lock().expect("pack flights lock");
         map.entry(pack.id)
             .or_insert_with(|| {
                 let f = Arc::new(PackFlight::default());
                 let me = self.clone();
                 let (pack, f2) = (pack.clone(), f.clone());
-                let task = tokio::spawn(async move { me.run_pack(pack, f2).await });
+                let task = tokio::spawn(async move { me.run_pack(pack, f2, first).await });
                 self.pack_tasks.lock().expect("pack tasks lock").push(task);
                 f
             })
@@ -153,7 +189,7 @@ impl Fetcher {
             let bad = self.bad_packs.lock().expect("bad packs lock").contains(&pack.id);
             let wanted_missing = pack.members.iter().any(|m| ids.contains(&m.id) && !self.in_cache(&pack, m));
             if !bad && wanted_missing && !self.mostly_cached(&pack) {
-                self.flight(&pack);
+                self.flight(&pack, None);
             }
         }
     }
@@ -187,19 +223,61 @@ impl Fetcher {
     }
 
     /// Downloads and explodes one pack (one ranged GET of its body).
-    async fn run_pack(self: Arc<Self>, pack: Arc<PackEntry>, flight: Arc<PackFlight>) {
+    /// `first`: the member whose reader started the flight. When it sits
+    /// far into the span, the span is fetched as two ranged GETs at once,
+    /// from `first` on and up to it, so that reader waits for its own
+    /// member's bytes only, wherever it is in the pack.
+    async fn run_pack(self: Arc<Self>, pack: Arc<PackEntry>, flight: Arc<PackFlight>, first: Option<usize>) {
         let finish = |flight: &PackFlight| flight.finish();
         // One process at a time per pack; the loser then finds the cache full.
         let lock_path = self.cache.pack_lock_path(&pack.id);
         // Without the lock (an unwritable cache) we may fetch twice: still correct.
         let _lock = crate::fsutil::lock_file(lock_path).await.ok();
-        let (lo, hi) = self.span(&pack);
-        if pack.members.is_empty() || pack.members[lo..=hi].iter().all(|m| self.in_cache(&pack, m)) {
+        if pack.members.is_empty() {
             finish(&flight);
             self.pack_flights.lock().expect("pack flights lock").remove(&pack.id);
             return;
         }
-        if let Err(e) = self.stream_pack(&pack, &flight, lo, hi).await {
+        let (lo, hi) = self.span(&pack);
+        // The ends the cache holds already are not fetched again.
+        let (mut lo, mut hi) = (lo, hi);
+        while lo < hi && self.in_cache(&pack, &pack.members[lo]) {
+            lo += 1;
+        }
+        while hi > lo && self.in_cache(&pack, &pack.members[hi]) {
+            hi -= 1;
+        }
+        // A first reader far into the span: the fetch starts at its member
+        // (the members before it come when asked for, in a flight of their
+        // own), so it waits for its own bytes only.
+        if let Some(f) = first
+            .filter(|&f| f > lo && f <= hi && pack.members[f].offset - pack.members[lo].offset >= SPLIT_AHEAD_BYTES)
+        {
+            // Backed up by a little, so readers of the neighbouring files
+            // (a walk of the same directory) share this flight.
+            let at = pack.members[f].offset;
+            let mut start = f;
+            while start > lo && at - pack.members[start - 1].offset <= SPLIT_BACK_BYTES {
+                start -= 1;
+            }
+            lo = start;
+            self.counters.split_fetches.fetch_add(1, Relaxed);
+        }
+        flight.state.lock().expect("flight lock").covered = Some((lo, hi));
+        if pack.members[lo..=hi].iter().all(|m| self.in_cache(&pack, m)) {
+            finish(&flight);
+            self.pack_flights.lock().expect("pack flights lock").remove(&pack.id);
+            return;
+        }
+        // Without a cache file (an unwritable cache) readers are still served.
+        let writer = self.cache.pack_writer(&pack.id).ok().map(Arc::new);
+        let streamed = self.stream_pack(&pack, &flight, lo, hi, writer.clone()).await;
+        if let (Some(w), Ok(good)) = (&writer, &streamed) {
+            if !good.is_empty() {
+                let _ = w.commit(&self.cache, good);
+            }
+        }
+        if let Err(e) = streamed {
             self.cache.discard_unrecorded(&pack.id);
             self.counters.pack_failures.fetch_add(1, Relaxed);
             self.bad_packs.lock().expect("bad packs lock").insert(pack.id);
@@ -215,21 +293,23 @@ impl Fetcher {
     /// cache's copy of the pack: the bytes go to one file at their own
     /// offsets, in batches written off this task, and the members are
     /// recorded as present once every batch is on disk.
+    ///
+    /// Returns the members that verified and are on disk (none when a
+    /// write failed), or why the part failed.
     async fn stream_pack(
         &self,
         pack: &PackEntry,
         flight: &PackFlight,
         lo: usize,
         hi: usize,
-    ) -> std::result::Result<(), String> {
+        writer: Option<Arc<crate::cache::PackWriter>>,
+    ) -> std::result::Result<Vec<crate::pack::Member>, String> {
         let (first, last) = (&pack.members[lo], &pack.members[hi]);
         let (base, end) = (first.offset, last.offset + last.stored_len);
         let mut stream = self.remote.pack_stream(&pack.id, base..end).await.map_err(|e| match e {
             Error::NotFound(_) => "missing from the store (swept?)".to_string(),
             e => format!("GET failed: {e}"),
         })?;
-        // Without a cache file (an unwritable cache) readers are still served.
-        let writer = self.cache.pack_writer(&pack.id).ok().map(Arc::new);
         // `buf` holds the pack's bytes from offset `at`; members before
         // `next` are decoded, and their bytes leave `buf` in batches.
         let mut buf = bytes::BytesMut::new();
@@ -295,16 +375,13 @@ impl Fetcher {
             tokio::task::yield_now().await;
         }
         // The pack's flock is held until the copy is recorded.
-        let mut written = true;
+        let mut written = writer.is_some();
         for w in writes {
             written &= matches!(w.await, Ok(Ok(())));
-        }
-        if let (Some(w), true) = (&writer, written) {
-            let _ = w.commit(&self.cache, &good);
         }
         if bad > 0 {
             return Err(format!("{bad} bad members"));
         }
-        Ok(())
+        Ok(if written { good } else { Vec::new() })
     }
 }
