@@ -111,7 +111,15 @@ pub async fn publish_packs(
             });
             map.get(id).and_then(|pack| c.pack_get(pack, id))
         };
+        // Trees the base carries are read from it, in memory: a delta build
+        // walks every tree of the new root, and on a big tree thousands of
+        // cache reads (each verified) cost more than the rest of it.
+        let base_trees: std::collections::HashMap<Hash, &Vec<u8>> =
+            base.iter().flat_map(|b| b.trees.iter()).map(|(id, t)| (*id, t)).collect();
         let src = |id: &Hash| {
+            if let Some(t) = base_trees.get(id) {
+                return Ok((*t).clone());
+            }
             let through =
                 |f: &Arc<crate::fetch::Fetcher>| f.cached(id).or_else(|| f.inline_tree(id).map(|t| (*t).clone()));
             // Last, the store (a lazy mount may never have read a file the

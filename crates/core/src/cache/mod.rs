@@ -629,6 +629,22 @@ mod tests {
         assert!(mtime(&b) > base, "a hit moves the entry to now");
     }
 
+    /// Eviction starts only over the cap, and stops as soon as the cache
+    /// fits it again.
+    #[test]
+    fn eviction_keeps_the_cache_at_the_cap_exactly() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = DiskCache::open(dir.path().to_path_buf(), Some(300)).unwrap();
+        let b = blobs("cap", 4);
+        for x in &b[..3] {
+            c.put(&Hash::of(x), x).unwrap();
+        }
+        assert_eq!((c.usage().entries, c.stats().evicted), (3, 0), "at the cap, nothing goes");
+        c.put(&Hash::of(&b[3]), &b[3]).unwrap();
+        assert_eq!((c.usage().entries, c.usage().bytes, c.stats().evicted), (3, 300, 1), "one goes, not two");
+        assert!(c.contains(&Hash::of(&b[3])), "never the entry just written");
+    }
+
     #[test]
     fn eviction_does_not_rescan_the_cache_per_write() {
         let dir = tempfile::tempdir().unwrap();
