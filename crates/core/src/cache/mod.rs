@@ -645,6 +645,21 @@ mod tests {
         assert!(c.contains(&Hash::of(&b[3])), "never the entry just written");
     }
 
+    /// A cached pack of which only a span far into the pack was fetched
+    /// counts the bytes it holds, not its length.
+    #[test]
+    fn a_sparse_pack_file_counts_what_it_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = DiskCache::open(dir.path().to_path_buf(), None).unwrap();
+        let id = Hash([5; 32]);
+        let w = c.pack_writer(&id).unwrap();
+        w.write_at(&c, 8 << 20, &vec![7u8; 64 << 10]).unwrap();
+        w.commit(&c, &[]).unwrap();
+        let u = c.usage();
+        assert_eq!(u.packs, 1);
+        assert!((64 << 10..=80 << 10).contains(&u.bytes), "{u:?}");
+    }
+
     #[test]
     fn eviction_does_not_rescan_the_cache_per_write() {
         let dir = tempfile::tempdir().unwrap();
