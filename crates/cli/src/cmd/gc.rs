@@ -8,7 +8,10 @@ use crate::ctx::Ctx;
 /// Delete what no ref reaches: snapshots, objects, and the packs and pack
 /// indexes of trees no ref reaches.
 ///
-/// Packs never keep an object alive (they are a cache). Deletion runs in
+/// A pack stays while a kept index names it (packs are where imported and
+/// checkpointed content lives), and an index stays while its tree is
+/// reachable or a kept index stands on it as a layer. gc stops, deleting
+/// nothing, when something reachable cannot be read. Deletion runs in
 /// reverse closure order, so the store is consistent at every instant, and
 /// spares anything younger than --grace (an upload in progress).
 #[derive(Args)]
