@@ -423,6 +423,20 @@ mod tests {
         }
     }
 
+    /// A span another process records later is seen by a process that had
+    /// already read the pack's record (the record is re-read when it changed).
+    #[test]
+    fn a_span_recorded_by_another_process_is_seen() {
+        let (_d, c1) = cache();
+        let (bytes, entry, raws) = pack_of(6);
+        store(&c1, &bytes, &entry, 0..=1);
+        assert!(c1.pack_get(&entry.id, &Hash::of(&raws[0])).is_some());
+        let c2 = DiskCache::open(c1.root.clone(), None).unwrap();
+        store(&c2, &bytes, &entry, 4..=5);
+        assert_eq!(c1.pack_get(&entry.id, &Hash::of(&raws[5])).as_deref(), Some(&raws[5][..]));
+        assert!(!c1.pack_has(&entry.id, &Hash::of(&raws[3])));
+    }
+
     #[test]
     fn a_torn_presence_record_is_not_trusted() {
         let (_d, c) = cache();
