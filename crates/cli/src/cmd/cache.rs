@@ -23,7 +23,8 @@ pub async fn run(c: CacheCommand, ctx: &Ctx) -> Result<()> {
                 return ctx.print_json(&u);
             }
             println!("path:    {}", u.path);
-            println!("entries: {} loose objects, {} packs", u.entries, u.packs);
+            println!("loose:   {} (objects one file each)", u.entries);
+            println!("packs:   {} (fetched packs, one file each)", u.packs);
             println!("bytes:   {}", u.bytes);
             println!("cap:     {}", u.cap.map_or("unbounded".to_string(), |c| format!("{c} bytes")));
         }
