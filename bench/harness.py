@@ -7,15 +7,20 @@ cold runs with the page cache dropped, the proxy's counts (GETs, ranged
 GETs, connections, bytes) reset around each, and their medians as a
 `Result`. What the scenarios measure is in scenarios.py.
 """
-import json, os, random, shutil, socket, statistics, subprocess, sys, tempfile, threading, time
+import glob, json, os, random, re, shutil, socket, statistics, subprocess, sys, tempfile, threading, time
 from dataclasses import dataclass, fields
 from typing import Any, Callable, List, Optional
 
-from results import Counts, Layout, Result, Subtree, Table
+from results import REAL_SUB, Counts, Layout, Result, Subtree, Table
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUCKET = "mado-test"
 WS = "ws"  # the workspace tree's store, beside the Layout ones
+REAL = "real"  # scenario i's real tree's store (packs-first, as Layout.V2)
+# Scenario i's subtree (full run): the Unix system-interface crates, a
+# handful of whole crates (2,780 files of the selection on this machine).
+SYS_CRATES = re.compile(r"(libc|linux-raw-sys|nix|rustix)-[0-9]")
+GIT_ENV = dict(GIT_AUTHOR_NAME="b", GIT_AUTHOR_EMAIL="b@b", GIT_COMMITTER_NAME="b", GIT_COMMITTER_EMAIL="b@b")
 
 
 def log(*a):
@@ -39,6 +44,40 @@ def settle():
             f.write("3\n")
     except OSError:
         pass  # not root: flushing alone still removes most of the skew
+
+
+def busy(seconds=0.5):
+    """Over `seconds`: the machine's busy share of all its cores
+    (/proc/stat), and the share of the time some task stalled on I/O
+    (/proc/pressure/io; 0 where the kernel has no PSI)."""
+    def sample():
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        io = 0
+        try:
+            with open("/proc/pressure/io") as f:
+                io = int(f.readline().split("total=")[1])  # "some" stall, microseconds
+        except (OSError, IndexError, ValueError):
+            pass
+        return sum(v), v[3] + v[4], io  # total, idle + iowait, io stall
+    t0, i0, s0 = sample()
+    time.sleep(seconds)
+    t1, i1, s1 = sample()
+    return 1 - (i1 - i0) / max(1, t1 - t0), (s1 - s0) / (seconds * 1e6)
+
+
+def wait_quiet(limit: float) -> bool:
+    """Waits, up to `limit` seconds, until the machine is quiet (for half a
+    second, under 10 % of its cores busy and under 5 % of the time stalled
+    on I/O): for a run on a machine shared with builds and tests
+    (MADO_BENCH_QUIET_S). False if it never was."""
+    end = time.time() + limit
+    while True:
+        cpu, io = busy()
+        if cpu < 0.10 and io < 0.05:
+            return True
+        if time.time() >= end:
+            return False
 
 
 def free_port():
@@ -92,6 +131,63 @@ def median_counts(cs: List[Counts]) -> Counts:
         col = [getattr(c, name) for c in cs]
         return None if None in col else int(statistics.median(col))
     return Counts(**{f.name: med(f.name) for f in fields(Counts)})
+
+
+@dataclass(frozen=True)
+class RealTree:
+    """Scenario i's tree, built once: the repository (one commit, in the
+    store `REAL`), the subtree and the whole tree as tars of exactly their
+    committed files, their sizes, and the plain GET throughput."""
+    repo: str
+    crates: str  # which crates the whole tree holds, for the report
+    sub_crates: str  # and the subtree
+    sub_tar: str
+    sub_files: int
+    sub_bytes: int
+    whole_tar: str
+    whole_files: int
+    whole_bytes: int
+    get_mb_s: float  # one plain 64 MiB GET through the S3 proxy at RTT 0 (median of 5, cold)
+
+
+def registry_crates():
+    """(name, folder) of every crate source folder of this machine's cargo
+    registry (~/.cargo/registry/src/*/), sorted by name; a name found under
+    two indexes counts once (the first index in sorted order)."""
+    home = os.environ.get("CARGO_HOME") or os.path.expanduser("~/.cargo")
+    by_name = {}
+    for idx in sorted(glob.glob(os.path.join(home, "registry", "src", "*"))):
+        for name in sorted(os.listdir(idx)):
+            p = os.path.join(idx, name)
+            if os.path.isdir(p) and not os.path.islink(p):
+                by_name.setdefault(name, p)
+    return sorted(by_name.items())
+
+
+def count_files(root):
+    return sum(len(files) for _, _, files in os.walk(root))
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One cell to measure (`Harness.cells`): what `Harness.cell` takes."""
+    table: Table
+    system: str
+    proxy: "Proxy"
+    setup: Optional[Callable[[], Any]]
+    run: Callable[[Any], Optional["Sample"]]
+    teardown: Optional[Callable[[Any], Any]] = None
+    extra_of: Optional[Callable[[List["Sample"]], dict]] = None
+
+
+class _Acc:
+    """A cell's runs so far; the first failure or overrun ends it (note)."""
+
+    def __init__(self, runs: int):
+        self.runs, self.walls, self.counts, self.samples, self.note = runs, [], [], [], None
+
+    def more(self) -> bool:
+        return self.note is None and len(self.walls) < self.runs
 
 
 @dataclass(frozen=True)
@@ -151,15 +247,26 @@ class Harness:
         self.quick, self.runs, self.timeout, self.profile = quick, runs, timeout, profile
         self.work = tempfile.mkdtemp(prefix="mado-bench-")
         self.procs = []
+        # MADO_BENCH_QUIET_S: before each timed run, wait up to that many
+        # seconds for the machine to be quiet (a machine shared with builds);
+        # 0 only counts the runs that start on a busy one.
+        q = os.environ.get("MADO_BENCH_QUIET_S")
+        self.quiet = float(q) if q else None
+        self.timed_runs = self.busy_runs = 0  # the latter started on a busy machine anyway
 
     # ---- setup ----
 
     def build(self):
         prof = self.profile
         args = ["cargo", "build", "-q", "-p", "mado", "-p", "mado-bench"] + (["--release"] if prof == "release" else [])
+        # MADO_BENCH_TARGET_DIR: build into (and run from) a target folder of
+        # the bench's own, e.g. to leave the default one to a build in progress.
+        env = dict(os.environ)
+        if os.environ.get("MADO_BENCH_TARGET_DIR"):
+            env["CARGO_TARGET_DIR"] = os.environ["MADO_BENCH_TARGET_DIR"]
         log("building", prof)
-        sh(*args, cwd=ROOT)
-        target = os.environ.get("CARGO_TARGET_DIR", os.path.expanduser("~/.cache/mado-build/target"))
+        sh(*args, cwd=ROOT, env=env)
+        target = env.get("CARGO_TARGET_DIR", os.path.expanduser("~/.cache/mado-build/target"))
         d = os.path.join(target, prof)
         self.mado, self.proxy_bin = os.path.join(d, "mado"), os.path.join(d, "latency-proxy")
 
@@ -219,8 +326,7 @@ class Harness:
         for i in range(300 if q else 3000):
             w(f"other/g{i // 100:02}/h{i:04}.js", rnd.randint(500, 6000))
         self.subtree_files = {Subtree.DENSE: nd, Subtree.THIN: nd, Subtree.DENSE300: 100 if q else 300}
-        genv = dict(os.environ, GIT_AUTHOR_NAME="b", GIT_AUTHOR_EMAIL="b@b", GIT_COMMITTER_NAME="b",
-                    GIT_COMMITTER_EMAIL="b@b")
+        genv = dict(os.environ, **GIT_ENV)
         sh("git", "init", "-q", "-b", "main", repo, env=genv)
         sh("git", "add", "-A", cwd=repo, env=genv)
         sh("git", "commit", "-qm", "synthetic", cwd=repo, env=genv)
@@ -242,6 +348,124 @@ class Harness:
         sh("git", "clone", "-q", "--bare", repo, bare)
         sh("git", "-C", bare, "config", "uploadpack.allowFilter", "true")
         sh("git", "-C", bare, "config", "uploadpack.allowAnySHA1InWant", "true")
+
+    def real_tree(self, rtt) -> RealTree:
+        """Scenario i's tree, from the crate sources of this machine's cargo
+        registry (no network): the crate folders in name order until there
+        are 15,000 files (--quick: only crates of <= 30 files, until 300),
+        the subtree's crates under `sub/`, the others under `vendor/`; one
+        commit; imported packs-first into the store `REAL`; served by the
+        git daemon as real.git. The subtree: the system-interface crates
+        (libc, linux-raw-sys, nix, rustix) when they hold 2,000 to 3,500
+        files, else crates from the middle of the selection until 2,500
+        files (--quick: 100). Also measures the plain GET throughput, at
+        RTT 0, then sets `rtt` back."""
+        q = self.quick
+        crates = [(name, path, count_files(path)) for name, path in registry_crates()]
+        if q:
+            crates = [c for c in crates if c[2] <= 30]
+        want, sub_want = (300, 100) if q else (15000, 2500)
+        chosen, n = [], 0
+        for c in crates:
+            if n >= want:
+                break
+            chosen.append(c)
+            n += c[2]
+        if n < want:
+            raise RuntimeError(f"the cargo registry has only {n} files in usable crates (want {want}): "
+                               "run a cargo build first")
+        sub = [c for c in chosen if SYS_CRATES.match(c[0])]
+        if q or not 2000 <= sum(c[2] for c in sub) <= 3500:
+            sub, k = [], 0
+            for c in chosen[len(chosen) // 2:]:
+                if k >= sub_want:
+                    break
+                sub.append(c)
+                k += c[2]
+        sub_names = {c[0] for c in sub}
+        log(f"real tree: {len(chosen)} crates ({chosen[0][0]} to {chosen[-1][0]}), {n} files; subtree "
+            f"{REAL_SUB}/: {len(sub)} crates ({', '.join(sorted(sub_names))})")
+        repo = os.path.join(self.work, "realrepo")
+        for name, path, _ in chosen:
+            shutil.copytree(path, os.path.join(repo, REAL_SUB if name in sub_names else "vendor", name),
+                            symlinks=True)
+        genv = dict(os.environ, **GIT_ENV)
+        sh("git", "init", "-q", "-b", "main", repo, env=genv)
+        # -f: crates ship .gitignore files; every file copied is committed.
+        sh("git", "add", "-A", "-f", cwd=repo, env=genv)
+        sh("git", "commit", "-qm", "cargo registry crate sources", cwd=repo, env=genv)
+        bare = os.path.join(self.gitroot, "real.git")
+        sh("git", "clone", "-q", "--bare", repo, bare)
+        sh("git", "-C", bare, "config", "uploadpack.allowFilter", "true")
+        sh("git", "-C", bare, "config", "uploadpack.allowAnySHA1InWant", "true")
+        # Packed, with a bitmap, as a git host serves it (the clone left the
+        # objects loose: every clone would compress them all again).
+        sh("git", "-C", bare, "repack", "-a", "-d", "-b", "-q")
+        t0 = time.time()
+        sh(self.mado, "import-git", repo, env=self.env(REAL, direct=True))
+        log(f"real tree imported in {time.time() - t0:.1f} s")
+
+        def tar_of(name, *paths):
+            files = sh("git", "-C", repo, "ls-files", "-z", "--", *paths).split("\0")
+            files = [f for f in files if f]
+            lst = os.path.join(self.work, f"{name}.list")
+            with open(lst, "w") as f:
+                f.write("\0".join(files) + "\0")
+            tar = os.path.join(self.shm(), f"{name}.tar")
+            sh("tar", "-cf", tar, "-C", repo, "--null", "-T", lst)
+            return tar, len(files), sum(os.lstat(os.path.join(repo, f)).st_size for f in files)
+
+        sub_tar, sub_files, sub_bytes = tar_of("real-sub", REAL_SUB)
+        whole_tar, whole_files, whole_bytes = tar_of("real-whole")
+        return RealTree(repo=repo, crates=f"{len(chosen)} crates, {chosen[0][0]} to {chosen[-1][0]} in name order",
+                        sub_crates=f"{len(sub)} crates: " + ", ".join(sorted(sub_names)), sub_tar=sub_tar,
+                        sub_files=sub_files,
+                        sub_bytes=sub_bytes, whole_tar=whole_tar, whole_files=whole_files, whole_bytes=whole_bytes,
+                        get_mb_s=self.get_throughput(rtt))
+
+    def shm(self):
+        """A folder on tmpfs (/dev/shm) for the floor's tars: dropping the
+        page cache does not evict them, so the untar floor times creating
+        the files, not reading the tar back from disk (the download is the
+        floor's other term). The work folder where there is no /dev/shm."""
+        if getattr(self, "_shm", None) is None:
+            self._shm = tempfile.mkdtemp(prefix="mado-bench-", dir="/dev/shm") if os.path.isdir("/dev/shm") \
+                else self.work
+        return self._shm
+
+    def get_throughput(self, rtt) -> float:
+        """MB/s of one plain GET of a 64 MiB object through the S3 proxy at
+        RTT 0 (curl, SigV4; its transfer time), cold (page cache dropped),
+        the median of 5; puts the proxy back at `rtt`."""
+        blob = os.path.join(self.work, "blob")
+        size = 64 << 20
+        with open(blob, "wb") as f:
+            f.write(os.urandom(size))
+        auth = ["--aws-sigv4", f"aws:amz:{self.s3['AWS_REGION']}:s3", "-u",
+                f"{self.s3['AWS_ACCESS_KEY_ID']}:{self.s3['AWS_SECRET_ACCESS_KEY']}"]
+        key = f"{BUCKET}/bench-floor/blob"
+        code = sh("curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", *auth, "-T", blob,
+                  f"http://{self.minio_addr}/{key}")
+        if code != "200":
+            raise RuntimeError(f"PUT of the throughput object: HTTP {code}")
+        os.remove(blob)
+        self.s3proxy.rtt(0)
+        rates = []
+        try:
+            for _ in range(5):
+                settle()
+                if self.quiet:
+                    wait_quiet(self.quiet)
+                out = sh("curl", "-s", "-o", "/dev/null", "-w", "%{http_code} %{size_download} %{time_total}", *auth,
+                         f"http://127.0.0.1:{self.s3proxy.port}/{key}").split()
+                if out[0] != "200" or int(out[1]) != size:
+                    raise RuntimeError(f"GET of the throughput object: HTTP {out[0]}, {out[1]} bytes")
+                rates.append(size / float(out[2]) / 1e6)
+        finally:
+            self.s3proxy.rtt(rtt)
+            self.s3proxy.reset()
+        log(f"plain GET through the proxy at RTT 0: {', '.join(f'{r:.0f}' for r in rates)} MB/s")
+        return statistics.median(rates)
 
     def env(self, prefix, cache=None, direct=False):
         """A hermetic environment for mado on the store under `prefix` in
@@ -294,6 +518,12 @@ class Harness:
         """One cold run: setup, settle, reset counts, run, count."""
         ctx = setup() if setup else None
         settle()
+        if self.quiet is not None:
+            self.timed_runs += 1
+            if not wait_quiet(self.quiet):
+                self.busy_runs += 1
+                if self.quiet:
+                    log(f"machine still busy after {self.quiet:.0f} s: running anyway")
         proxy.reset()
         t0 = time.perf_counter()
         out = {}
@@ -325,24 +555,40 @@ class Harness:
         """Cold runs of `run` (setup and teardown untimed) for one cell;
         `extra_of` gives the cell's extra Result fields from the samples.
         The first failure or overrun ends the cell with a note."""
-        runs = self.runs
-        walls, counts, samples = [], [], []
-        i = 0
-        while i < runs:
-            i += 1
-            wall, c, r, err = self.timed(proxy, setup, run, teardown, self.timeout)
-            if err:
-                return log_result(Result(table, system, rtt, note=err, n=len(walls)))
-            if i == 1 and not self.quick:
-                # Slow cells (peers at high RTT) get fewer runs; the table
-                # says how many.
-                runs = min(runs, 2 if wall > 60 else 3 if wall > 15 else runs)
-            walls.append(r.wall if r is not None and r.wall is not None else wall)
-            counts.append(c)
-            samples.append(r if r is not None else Sample())
-        extra = extra_of(samples) if extra_of else {}
-        return log_result(Result(table, system, rtt, n=len(walls), median=statistics.median(walls), min=min(walls),
-                                 max=max(walls), counts=median_counts(counts), **extra))
+        return self.cells(rtt, [Cell(table, system, proxy, setup, run, teardown, extra_of)])[0]
+
+    def cells(self, rtt: int, specs: List["Cell"]) -> List[Result]:
+        """Cold runs of several cells, interleaved: one run of each in turn,
+        round after round, so that cells compared with each other share
+        the machine's conditions (on a machine shared with builds, a slow
+        minute then slows one run of each, not every run of one). Each
+        cell as `cell` measures it; the Results in the order of `specs`."""
+        accs = [_Acc(self.runs) for _ in specs]
+        while any(a.more() for a in accs):
+            for spec, a in zip(specs, accs):
+                if not a.more():
+                    continue
+                wall, c, r, err = self.timed(spec.proxy, spec.setup, spec.run, spec.teardown, self.timeout)
+                if err:
+                    a.note = err
+                    continue
+                if not a.walls and not self.quick:
+                    # Slow cells (peers at high RTT) get fewer runs; the table
+                    # says how many.
+                    a.runs = min(a.runs, 2 if wall > 60 else 3 if wall > 15 else a.runs)
+                a.walls.append(r.wall if r is not None and r.wall is not None else wall)
+                a.counts.append(c)
+                a.samples.append(r if r is not None else Sample())
+        out = []
+        for spec, a in zip(specs, accs):
+            if a.note:
+                out.append(log_result(Result(spec.table, spec.system, rtt, note=a.note, n=len(a.walls))))
+                continue
+            extra = spec.extra_of(a.samples) if spec.extra_of else {}
+            out.append(log_result(Result(spec.table, spec.system, rtt, n=len(a.walls),
+                                         median=statistics.median(a.walls), min=min(a.walls), max=max(a.walls),
+                                         counts=median_counts(a.counts), **extra)))
+        return out
 
     # ---- the FUSE peers ----
 
@@ -396,3 +642,5 @@ class Harness:
         if getattr(self, "minio_state", None):
             subprocess.run([os.path.join(ROOT, "scripts", "minio.sh"), "stop", self.minio_state], capture_output=True)
         shutil.rmtree(self.work, ignore_errors=True)
+        if getattr(self, "_shm", None):
+            shutil.rmtree(self._shm, ignore_errors=True)

@@ -10,12 +10,14 @@ import datetime, os
 from typing import Callable, List, Optional, Sequence, Tuple
 
 from harness import ROOT, log
-from results import (BRIEF, FIRST_FILE, GIT_PUSH_ROW, IMPORT_ROW, IMPORT_VS_PUSH, MATERIALIZE, MOUNT, PEERS,
-                     RESUME_ROW, Counts, Layout, Result, Run, Subtree, Table, materialize_row, mount_row,
-                     writers_row)
+from results import (BRIEF, FIRST_FILE, FLOOR_ROW, GIT_CLONE_ROW, GIT_PUSH_ROW, GIT_SPARSE_ROW, IMPORT_ROW,
+                     IMPORT_VS_PUSH, MATERIALIZE, MOUNT, PEERS, REAL_CHECKOUT_ROW, REAL_CHECKOUT_SUB_ROW, REAL_GOALS,
+                     REAL_MATERIALIZE_ROW, REAL_MOUNT_ROW, REAL_SUB, RESUME_ROW, UNTAR_ROW, Counts, Layout, Result, Run,
+                     Subtree, Table, materialize_row, mount_row, writers_row)
 
 # Their cells also give the bytes and connections: the cold walks and the peers.
-TRAFFIC = {Table.A_DENSE, Table.A_THIN, Table.B_DENSE, Table.B_THIN, Table.B_DENSE300, Table.H_DENSE, Table.H_THIN}
+TRAFFIC = {Table.A_DENSE, Table.A_THIN, Table.B_DENSE, Table.B_THIN, Table.B_DENSE300, Table.H_DENSE, Table.H_THIN,
+           Table.I_SUB, Table.I_WHOLE}
 V2_MATERIALIZE, V2_MOUNT = materialize_row(Layout.V2), mount_row(Layout.V2)
 BASE_WRITERS = writers_row(0)
 
@@ -158,10 +160,153 @@ class Report:
                 rows.append((f"cache capped at half the working set, second pass ({layout.value}), RTT {hi} ms",
                              target.seed, target.goal,
                              f"{r.counts.gets if r.counts else '–'} GETs for W = {r.working_set} files"))
+        rows += self.real_summary()
         out = ["## Summary against the brief", "",
                "| case | seed 003 | goal | mado in this run |", "|---|---|---|---|"]
         out += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
         return out + [""]
+
+    # ---- scenario i: the real tree against its floors (issue #12) ----
+
+    def med(self, table: Table, system: str, rtt: int) -> Optional[float]:
+        r = self.results.get(table, system, rtt)
+        return r.median if r and r.median is not None else None
+
+    def real_tree(self, table: Table) -> Optional[Result]:
+        """The untar row that says the tree's files and bytes."""
+        for r in self.results.rows(table).get(UNTAR_ROW, {}).values():
+            if r.tree_files:
+                return r
+        return None
+
+    def real_ratio(self, what: str, rtt: int) -> Optional[float]:
+        """One of scenario i's ratios at `rtt` (None if a cell is missing)."""
+        S, W, m = Table.I_SUB, Table.I_WHOLE, self.med
+        untar_rtt = lambda t: m(t, UNTAR_ROW, rtt) + 3 * rtt / 1000 if m(t, UNTAR_ROW, rtt) else None  # noqa: E731
+        num, den = {
+            "checkout_floor": (m(S, REAL_CHECKOUT_SUB_ROW, rtt), m(S, FLOOR_ROW, rtt)),
+            "checkout_untar": (m(S, REAL_CHECKOUT_SUB_ROW, rtt), m(S, UNTAR_ROW, rtt)),
+            "checkout_git": (m(S, GIT_SPARSE_ROW, rtt), m(S, REAL_CHECKOUT_SUB_ROW, rtt)),
+            "git_floor": (m(S, GIT_SPARSE_ROW, rtt), m(S, FLOOR_ROW, rtt)),
+            "materialize_floor": (m(S, REAL_MATERIALIZE_ROW, rtt), m(S, FLOOR_ROW, rtt)),
+            "materialize_untar": (m(S, REAL_MATERIALIZE_ROW, rtt), m(S, UNTAR_ROW, rtt)),
+            "mount_floor": (m(S, REAL_MOUNT_ROW, rtt), untar_rtt(S)),
+            "mount_dl_floor": (m(S, REAL_MOUNT_ROW, rtt), m(S, FLOOR_ROW, rtt)),
+            "whole_floor": (m(W, REAL_CHECKOUT_ROW, rtt), m(W, FLOOR_ROW, rtt)),
+            "whole_untar": (m(W, REAL_CHECKOUT_ROW, rtt), m(W, UNTAR_ROW, rtt)),
+            "whole_git": (m(W, REAL_CHECKOUT_ROW, rtt), m(W, GIT_CLONE_ROW, rtt)),
+            "whole_floor_git": (m(W, FLOOR_ROW, rtt), m(W, GIT_CLONE_ROW, rtt)),
+        }[what]
+        return num / den if num is not None and den else None
+
+    @staticmethod
+    def real_goal(what: str) -> str:
+        if what not in REAL_GOALS:
+            return "–"
+        limit, at = REAL_GOALS[what]
+        return ("≥ " if what == "checkout_git" else "≤ ") + f"{limit:g}×" + (f" at RTT {at} ms" if at else "")
+
+    def real_cell(self, what: str, rtt: int) -> str:
+        x = self.real_ratio(what, rtt)
+        if x is None:
+            return "–"
+        s = f"{x:.2f}×"
+        if what in REAL_GOALS:
+            limit, at = REAL_GOALS[what]
+            if at is None or at == rtt:
+                ok = x >= limit if what == "checkout_git" else x <= limit
+                s = f"**{s}** " + ("✓" if ok else "✗")
+        return s
+
+    def real_ratio_table(self, lines: Sequence[Tuple[str, str]]) -> List[str]:
+        cols = ["ratio", "goal (issue #12)"] + [f"RTT {r} ms" for r in self.rtts]
+        out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        for what, label in lines:
+            out.append("| " + " | ".join([label, self.real_goal(what)] + [self.real_cell(what, r) for r in self.rtts])
+                       + " |")
+        return out + [""]
+
+    def real_floor_text(self, table: Table) -> str:
+        rows = [r for r in self.results.rows(table).get(FLOOR_ROW, {}).values() if r.get_mb_s]
+        if not rows:
+            return ""
+        return (f"`{FLOOR_ROW}` is computed, not run: the untar row's median, plus the bytes the mado checkout "
+                f"row downloaded (the proxy's bytes down, median) at {rows[0].get_mb_s:.0f} MB/s (the median of "
+                "5 plain GETs of one 64 MiB object through the same proxy at RTT 0, curl, page cache dropped), "
+                "plus 3 × RTT.")
+
+    def real_tables(self) -> List[str]:
+        sub, whole = self.real_tree(Table.I_SUB), self.real_tree(Table.I_WHOLE)
+        size = lambda r: f"{r.tree_files:,} files, {r.tree_bytes / 1e6:.1f} MB" if r else "size unknown"  # noqa: E731
+        out = self.table(Table.I_SUB, f"i. Real tree, a subtree of whole crates (`{REAL_SUB}/`: {size(sub)}): cold "
+                         "checkout, materialize and mount walk against the untar floor and git (issue #12)",
+                         [FIRST_FILE_COL])
+        if self.results.rows(Table.I_SUB):
+            text = [
+                "The tree: the crate sources of this machine's cargo registry (`~/.cargo/registry/src/*/`), the "
+                "crate folders in name order until 15,000 files (`--quick`: crates of at most 30 files, until 300), "
+                "as one git commit " + (f"({size(whole)} in all; {whole.crates}), " if whole else "")
+                + "imported packs-first (`mado import-git`, as the v2 store).",
+                f"`{REAL_SUB}/` holds " + (sub.crates if sub and sub.crates else "a few whole crates")
+                + "; `vendor/` the others.",
+                "`untar floor`: `tar -xf` of a tar of exactly the subtree's committed files (made in setup, kept "
+                "on tmpfs so that reading it costs no disk I/O) into a fresh directory, page cache dropped; no "
+                "network.",
+                self.real_floor_text(Table.I_SUB),
+                "The mado rows are cold: a fresh cache and target directory, page cache dropped. The rows are "
+                "measured interleaved (one run of each in turn, then the next round), so that each ratio "
+                "compares runs made under the same conditions.",
+                "`mado mount + walk-and-read` times the walk only (the mount is set up untimed, as in b).",
+                "The git row clones through the git proxy (`git clone -q --depth 1 --filter=blob:none --sparse`, "
+                f"then `git sparse-checkout set {REAL_SUB}`) from a repacked bare repository, and ends with the "
+                "files on disk, as mado checkout does (no walk)."]
+            out += [" ".join(x for x in text if x), ""]
+            out += self.real_ratio_table([
+                ("checkout_floor", "mado checkout / (untar + download + 3 RTT)"),
+                ("checkout_untar", "mado checkout / untar"),
+                ("checkout_git", "git sparse partial clone / mado checkout (mado's speed-up)"),
+                ("git_floor", "git sparse partial clone / (untar + download + 3 RTT): the most any checkout "
+                 "could gain on git here"),
+                ("materialize_floor", "mado materialize / (untar + download + 3 RTT)"),
+                ("materialize_untar", "mado materialize / untar"),
+                ("mount_floor", "mado mount walk / (untar + 3 RTT)"),
+                ("mount_dl_floor", "mado mount walk / (untar + download + 3 RTT)")])
+        out += self.table(Table.I_WHOLE, f"i. Real tree, the whole tree ({size(whole)}): cold checkout against "
+                          "the untar floor and `git clone --depth 1` (issue #12)")
+        if self.results.rows(Table.I_WHOLE):
+            out += ["The same tree and floors as above, for every file: `untar floor` extracts a tar of the "
+                    "whole commit; " + self.real_floor_text(Table.I_WHOLE) + " `git clone "
+                    "--depth 1` ends with the files on disk (no walk).", ""]
+            out += self.real_ratio_table([
+                ("whole_floor", "mado checkout / (untar + download + 3 RTT)"),
+                ("whole_untar", "mado checkout / untar"),
+                ("whole_git", "mado checkout / git clone --depth 1"),
+                ("whole_floor_git", "(untar + download + 3 RTT) / git clone --depth 1: the least any checkout "
+                 "could reach here")])
+        return out
+
+    def real_summary(self) -> List[Tuple[str, str, str, str]]:
+        """Summary rows for scenario i, at RTT 20 (or the highest)."""
+        if not self.results.rows(Table.I_SUB) and not self.results.rows(Table.I_WHOLE):
+            return []
+        at = 20 if 20 in self.rtts else self.rtts[-1]
+        sub, whole = self.real_tree(Table.I_SUB), self.real_tree(Table.I_WHOLE)
+        x = lambda what: f"{self.real_ratio(what, at):.2f}×" if self.real_ratio(what, at) else "–"  # noqa: E731
+        t = lambda table, row: fmt_t(self.results.get(table, row, at)).split(" (")[0]  # noqa: E731
+        n = f"{sub.tree_files:,}-file " if sub else ""
+        S = Table.I_SUB
+        return [
+            (f"real tree, {n}subtree, cold `mado checkout`, RTT {at} ms (issue #12)", "–",
+             "≤ 1.5× (untar + download + 3 RTT); ≥ 6× faster than git sparse partial clone",
+             f"{t(S, REAL_CHECKOUT_SUB_ROW)}: {x('checkout_floor')} the floor; {x('checkout_git')} faster than git"),
+            (f"real tree, {n}subtree, cold `mado materialize`, RTT {at} ms", "–", "≤ 1.5× (download + write once "
+             "+ 3 RTT)", f"{t(S, REAL_MATERIALIZE_ROW)}: {x('materialize_floor')} the floor"),
+            (f"real tree, {n}subtree, cold mount walk, RTT {at} ms", "–", "≤ 2× (untar + 3 RTT)",
+             f"{t(S, REAL_MOUNT_ROW)}: {x('mount_floor')}"),
+            ("real tree, whole" + (f" ({whole.tree_files:,} files)" if whole else "") + f", cold `mado checkout`, "
+             f"RTT {at} ms", "–", "≤ 0.5× git clone --depth 1",
+             f"{t(Table.I_WHOLE, REAL_CHECKOUT_ROW)}: {x('whole_git')} git's time"),
+        ]
 
     def import_vs_push(self) -> List[Tuple[int, Result, Result]]:
         """(RTT, mado's import, git push) at each RTT where both were measured."""
@@ -258,8 +403,9 @@ def write(run: Run, path: str, quick: bool):
          f"Data: a synthetic git repository — `dense/` ({files[Subtree.DENSE]} files in one directory), "
          f"`thin/` ({files[Subtree.THIN]} files, 4 per directory, two levels), `dense300/` "
          f"({files[Subtree.DENSE300]} files), filler in `other/` — and a workspace tree of "
-         f"{ws} × 1 KiB files. Whole-tree walks of real trees (Linux 6.1, an npm node_modules) "
-         "are in the last section.", ""]
+         f"{ws} × 1 KiB files. Scenario i uses a real tree (this machine's cargo registry sources; see its "
+         "tables). Whole-tree walks of other real trees (Linux 6.1, an npm node_modules) are in the last "
+         "section.", ""]
     L += rep.summary()
     L += ["## mado against the best peer", "",
           "| subtree | RTT ms | best peer | mado | mado mount |", "|---|---|---|---|---|"]
@@ -289,6 +435,7 @@ def write(run: Run, path: str, quick: bool):
     L += rep.table(Table.G, "g. Disk cache capped at half the dense subtree: the second pass (seed: 0.5 W GETs)")
     for sub in (Subtree.DENSE, Subtree.THIN):
         L += rep.table(PEERS[sub], f"h. Peers on the {sub.value} subtree (clone or mount, then walk and read it)")
+    L += rep.real_tables()
     if pngs:
         L += ["## Plots (wall time against RTT, one line per system)", ""]
         L += [f"![{p}]({p})" for p in pngs] + [""]

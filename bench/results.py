@@ -28,6 +28,8 @@ class Table(Enum):
     G = "g"
     H_DENSE = "h-dense"
     H_THIN = "h-thin"
+    I_SUB = "i-subtree"
+    I_WHOLE = "i-whole"
 
 
 class Subtree(Enum):
@@ -73,6 +75,19 @@ IMPORT_ROW = "mado import-git"
 # bare repository, through the git proxy (git:// to `git daemon`).
 GIT_PUSH_ROW = "git push (git://)"
 
+# Scenario i (issue #12): a real tree (crate sources of the cargo registry),
+# its subtree `REAL_SUB`, and the floors mado is measured against. The
+# floor rows are the same labels in both tables (I_SUB, I_WHOLE).
+REAL_SUB = "sub"
+UNTAR_ROW = "untar floor"
+FLOOR_ROW = "floor + download + 3 RTT"  # computed, not run
+REAL_CHECKOUT_SUB_ROW = f"mado checkout main DIR {REAL_SUB}"
+REAL_MATERIALIZE_ROW = f"mado materialize {REAL_SUB}"
+REAL_MOUNT_ROW = "mado mount + walk-and-read"
+GIT_SPARSE_ROW = f"git clone --sparse (partial) + sparse-checkout set {REAL_SUB}"
+REAL_CHECKOUT_ROW = "mado checkout main DIR"
+GIT_CLONE_ROW = "git clone --depth 1"
+
 
 @dataclass(frozen=True)
 class Target:
@@ -99,6 +114,16 @@ FIRST_FILE = Target("83 ms", "<= 60 ms")
 # import-git's wall time over git push's of the same tree, same proxy. Not
 # a seed 003 figure, so not in BRIEF (its table rows say "seed 003").
 IMPORT_VS_PUSH = Target("–", "≤ 3× git push")
+# Issue #12's goals for scenario i, as ratios (mado's wall time over the
+# named reference; for GIT_SPARSE, git's over mado's): the limit, and the
+# RTT it is stated at (None: every RTT).
+REAL_GOALS = {
+    "checkout_floor": (1.5, None),  # cold subtree checkout <= 1.5x (untar + download + 3 RTT)
+    "checkout_git": (6.0, 20),  # and >= 6x faster than git sparse partial clone
+    "materialize_floor": (1.5, None),  # cold materialize <= 1.5x (download + write once + 3 RTT)
+    "mount_floor": (2.0, None),  # cold mount walk <= 2x (untar floor + 3 RTT)
+    "whole_git": (0.5, 20),  # whole-tree cold checkout <= 0.5x git clone --depth 1
+}
 
 
 @dataclass(frozen=True)
@@ -136,6 +161,13 @@ class Result:
     working_set: Optional[int] = None  # g: files in the working set W
     p50_ms: Optional[float] = None  # f-fg: the foreground reader's per-file latency
     p99_ms: Optional[float] = None
+    # i: the tree an untar row writes (files, bytes); what a computed floor
+    # row assumed (the bytes it downloads, the plain GET throughput in MB/s).
+    tree_files: Optional[int] = None
+    tree_bytes: Optional[int] = None
+    crates: Optional[str] = None  # which crates the tree holds
+    dl_bytes: Optional[int] = None
+    get_mb_s: Optional[float] = None
     note: Optional[str] = None
 
     def to_json(self) -> dict:

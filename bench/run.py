@@ -8,7 +8,7 @@ PNG plots under docs/.
                  [--profile release|debug] [--only a,b,...] [--merge JSON]
     bench/run.py --report-only docs/bench-results.json
 
-`--only d` (or `--only c,d`) runs only those scenarios (a to h) at each
+`--only d` (or `--only c,d`) runs only those scenarios (a to i) at each
 RTT; the setup (MinIO, the stores, the repositories) is the same. Alone,
 it writes a report of those tables only. With `--merge
 docs/bench-results.json` the tables it measured replace that saved run's
@@ -26,8 +26,22 @@ sits behind one proxy (mado, rclone, s3fs); `git daemon` behind another
 (git). Each timed run is cold: a fresh mado cache (or a fresh clone, a
 fresh rclone cache, a new s3fs mount) and a dropped page cache.
 
-`--quick` uses a small synthetic tree, one run and RTT 0 and 20 ms, and
-finishes in a few minutes: the test suite runs it as a smoke test.
+Scenarios a to h use a synthetic tree. Scenario i (issue #12) uses a real
+one, built without network from this machine's cargo registry sources
+(~/.cargo/registry/src/*/: about 15,000 files, a subtree of about 2,800),
+and measures mado's cold checkout, materialize and mount walk against the
+untar floor and git; it needs a cargo registry with enough crates.
+
+`--quick` uses a small synthetic tree (and a real tree of a few hundred
+files), one run and RTT 0 and 20 ms, and finishes in a few minutes: the
+test suite runs it as a smoke test.
+
+MADO_BENCH_TARGET_DIR, when set, is the cargo target folder the harness
+builds mado into and runs it from (default: $CARGO_TARGET_DIR, else
+~/.cache/mado-build/target). MADO_BENCH_QUIET_S=N makes each timed run
+first wait up to N seconds for the machine to be quiet (CPU and I/O),
+for a machine shared with builds; the report's notes say how many runs
+started on a busy one anyway (N = 0: no waiting, only that count).
 """
 # This file is only the command line (its docstring is the --help text, so
 # the map is here): the machinery is in harness.py, the scenarios in
@@ -49,7 +63,7 @@ def main():
     ap.add_argument("--rtts")
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "BENCHMARKS.md"))
     ap.add_argument("--profile", default="release", choices=["release", "debug"])
-    ap.add_argument("--only", default="a,b,c,d,e,f,g,h", help="scenarios to run, e.g. d or c,d (default: all)")
+    ap.add_argument("--only", default="a,b,c,d,e,f,g,h,i", help="scenarios to run, e.g. d or c,d (default: all)")
     ap.add_argument("--timeout", type=float)
     ap.add_argument("--report-only", metavar="JSON", help="rewrite the report from a saved bench-results.json")
     ap.add_argument("--merge", metavar="JSON", help="merge this run's tables into a saved bench-results.json "
@@ -94,6 +108,11 @@ def main():
                     run.notes.append(f"scenario {s} at RTT {rtt} ms failed: {e}".splitlines()[0])
                     log("FAILED", s, rtt, e)
         run.elapsed = time.time() - t0
+        if h.quiet is not None:
+            run.notes.append((f"each timed run first waited up to {h.quiet:.0f} s for a quiet machine "
+                              "(MADO_BENCH_QUIET_S); " if h.quiet else "")
+                             + f"{h.busy_runs} of {h.timed_runs} timed runs started while something else kept the "
+                             "machine busy (over 10 % of its CPU or 5 % I/O stall, in the half second before)")
         if base:
             run.measured_at = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
             base.merge(run)

@@ -1,4 +1,4 @@
-"""The benchmark's scenarios, a to h, one function or class each.
+"""The benchmark's scenarios, a to i, one function or class each.
 
 Each is called once per RTT with the harness and yields its cells as
 `Result`s, one at a time, so the cells measured before a scenario fails
@@ -10,9 +10,11 @@ import json, os, shutil, statistics, subprocess, threading, time
 from dataclasses import replace
 from typing import Callable, Dict, Iterator
 
-from harness import WS, Harness, Sample, log_result, sh, walk_read
-from results import (GIT_PUSH_ROW, IMPORT_ROW, MATERIALIZE, MOUNT, PEERS, RESUME_ROW, Layout, Result, Subtree, Table,
-                     materialize_row, mount_row, readers_row, writers_row)
+from harness import REAL, WS, Cell, Harness, Sample, log_result, sh, walk_read
+from results import (FLOOR_ROW, GIT_CLONE_ROW, GIT_PUSH_ROW, GIT_SPARSE_ROW, IMPORT_ROW, MATERIALIZE, MOUNT, PEERS,
+                     REAL_CHECKOUT_ROW, REAL_CHECKOUT_SUB_ROW, REAL_MATERIALIZE_ROW, REAL_MOUNT_ROW, REAL_SUB,
+                     RESUME_ROW, UNTAR_ROW, Layout, Result, Subtree, Table, materialize_row, mount_row, readers_row,
+                     writers_row)
 
 DENSE = Subtree.DENSE.value
 
@@ -281,7 +283,107 @@ class Peers:
                     self.skip[(system, sub)] = "not run: slower than the time limit at a lower RTT"
 
 
+class Real:
+    """i. A real tree (issue #12): the crate sources of this machine's cargo
+    registry as one commit (harness.real_tree, built at the first RTT). A
+    subtree of whole crates, then the whole tree, each against its floor:
+    untar of a tar of exactly its files into a fresh directory, and that
+    plus the download plus 3 RTT (computed, not run); mado's checkout,
+    materialize and mount walk, and git's clones through the git proxy.
+    Every run is cold (fresh mado cache, fresh target directory, page
+    cache dropped); a table's rows are measured interleaved, one run of
+    each in turn (Harness.cells)."""
+
+    def __init__(self):
+        self.tree = None
+
+    def __call__(self, h: Harness, rtt: int) -> Iterator[Result]:
+        if self.tree is None:
+            self.tree = h.real_tree(rtt)
+        t = self.tree
+        dst = os.path.join(h.work, "real-out")
+        url = h.git_url("real.git")
+        env = lambda cache=None: h.env(REAL, cache)  # noqa: E731
+
+        def mado(cache, *args):  # a timed run returns a Sample or None, not mado's output
+            h.mado_run(env(cache), *args)
+
+        def run(*args):
+            sh(*args)
+
+        def clean(_=None):
+            shutil.rmtree(dst, ignore_errors=True)
+
+        def empty_dst():
+            clean()
+            os.makedirs(dst)
+
+        def fresh():
+            clean()
+            return h.fresh_cache()
+
+        def untar(table, tar):
+            return Cell(table, UNTAR_ROW, h.s3proxy, empty_dst, lambda _: run("tar", "-xf", tar, "-C", dst), clean)
+
+        def tree(r: Result, files, size, crates) -> Result:
+            # Local: no traffic; the row says what the tree is.
+            return replace(r, counts=None, tree_files=files, tree_bytes=size, crates=crates)
+
+        def floor(table, untarred: Result, checkout: Result) -> Result:
+            """The untar time, plus mado's download (the proxy's bytes down
+            of its checkout) at the plain GET throughput, plus 3 RTT."""
+            if untarred.median is None or checkout.median is None or not checkout.counts:
+                return log_result(Result(table, FLOOR_ROW, rtt, note="not computed: a row it needs failed"))
+            down = checkout.counts.bytes_down
+            m = untarred.median + down / (t.get_mb_s * 1e6) + 3 * rtt / 1000
+            return log_result(Result(table, FLOOR_ROW, rtt, n=1, median=m, min=m, max=m, dl_bytes=down,
+                                     get_mb_s=t.get_mb_s))
+
+        mnt = os.path.join(h.work, "mnt")
+
+        def mount():
+            os.makedirs(mnt, exist_ok=True)
+            h.mado_run(env(h.fresh_cache()), "mount", "main", mnt)
+            return mnt
+
+        def walk(m):
+            t0 = time.perf_counter()
+            _, _, ttff = walk_read(os.path.join(m, REAL_SUB))
+            return Sample(wall=time.perf_counter() - t0, ttff=ttff)
+
+        def sparse(_):
+            sh("git", "clone", "-q", "--depth", "1", "--filter=blob:none", "--sparse", url, dst)
+            sh("git", "-C", dst, "sparse-checkout", "set", REAL_SUB)
+
+        # The subtree, its rows measured interleaved (h.cells): the ratios
+        # compare rows measured under the same conditions.
+        sub = Table.I_SUB
+        u, co, mat, mo, git = h.cells(rtt, [
+            untar(sub, t.sub_tar),
+            Cell(sub, REAL_CHECKOUT_SUB_ROW, h.s3proxy, fresh,
+                 lambda cache: mado(cache, "checkout", "main", dst, REAL_SUB), clean),
+            Cell(sub, REAL_MATERIALIZE_ROW, h.s3proxy, h.fresh_cache,
+                 lambda cache: mado(cache, "materialize", REAL_SUB)),
+            Cell(sub, REAL_MOUNT_ROW, h.s3proxy, mount, walk,
+                 lambda m: subprocess.run([h.mado, "umount", m], env=env(), capture_output=True),
+                 extra_of=lambda xs: dict(ttff=statistics.median(x.ttff for x in xs))),
+            Cell(sub, GIT_SPARSE_ROW, h.gitproxy, clean, sparse, clean)])
+        u = tree(u, t.sub_files, t.sub_bytes, t.sub_crates)
+        yield from (u, floor(sub, u, co), co, mat, mo, git)
+
+        # The whole tree, the same way.
+        whole = Table.I_WHOLE
+        u, co, git = h.cells(rtt, [
+            untar(whole, t.whole_tar),
+            Cell(whole, REAL_CHECKOUT_ROW, h.s3proxy, fresh, lambda cache: mado(cache, "checkout", "main", dst),
+                 clean),
+            Cell(whole, GIT_CLONE_ROW, h.gitproxy, clean,
+                 lambda _: run("git", "clone", "-q", "--depth", "1", url, dst), clean)])
+        u = tree(u, t.whole_files, t.whole_bytes, t.crates)
+        yield from (u, floor(whole, u, co), co, git)
+
+
 def scenarios() -> Dict[str, Callable[[Harness, int], Iterator[Result]]]:
     """By the letter `--only` takes."""
     return {"a": materialize, "b": mount_walk, "c": Resume(), "d": import_pack_build, "e": warm_mount,
-            "f": concurrency, "g": capped_cache, "h": Peers()}
+            "f": concurrency, "g": capped_cache, "h": Peers(), "i": Real()}
