@@ -8,7 +8,7 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::*;
 
@@ -451,7 +451,14 @@ with open(log, "a") as out:
             .stderr(std::process::Stdio::null())
             .spawn()
             .unwrap();
-        std::thread::sleep(Duration::from_millis(150 + 120 * round));
+        // Kill once this round's writer got a few fsyncs through (however
+        // loaded the machine), at a different moment each round.
+        let lines = || std::fs::read_to_string(&log).map(|t| t.lines().count()).unwrap_or(0);
+        let (start, t) = (lines(), Instant::now());
+        while lines() < start + 4 && t.elapsed() < Duration::from_secs(30) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        std::thread::sleep(Duration::from_millis(30 * round));
         let pid = m.json(&["stats", mnt.path()])["pid"].as_u64().unwrap();
         // Every other round the daemon dies inside a checkpoint, at a
         // different moment each time.

@@ -507,12 +507,19 @@ mod tests {
         assert_eq!(long.layers().len(), MAX_INDEX_LAYERS);
         let whole = child.layer_over(&long);
         assert!(whole.base.is_empty() && whole.packs.len() == 3 && whole.trees.len() == 10);
+        // A view that knows its own chain still goes up whole, naming none.
+        let view = PackIndex { base: vec![Hash([99; 32])], ..child.clone() };
+        assert!(view.layer_over(&long).base.is_empty());
         // One under the bound still layers.
         let shorter = index_with(1, &[10, 11], &all[..9], &deep[1..]);
         assert_eq!(child.layer_over(&shorter).base.len(), MAX_INDEX_LAYERS - 1);
         // A layer that would hold most trees is not worth a layer.
         let far = index_with(1, &[10], &all[..2], &[]);
         assert!(child.layer_over(&far).base.is_empty());
+        // Exactly half the trees new is still a layer.
+        let half = index_with(1, &[10], &all[..5], &[]);
+        assert_eq!(child.layer_over(&half).trees.len(), 5);
+        assert!(!child.layer_over(&half).base.is_empty());
     }
 
     /// A store in memory and a tree builder for tests.
