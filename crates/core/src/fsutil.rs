@@ -55,21 +55,27 @@ fn replace(path: &Path, bytes: &[u8], durable: bool) -> Result<()> {
 /// checked with fstat. Anything but a regular file is `InvalidData`.
 pub fn read_regular(path: &Path) -> std::io::Result<Vec<u8>> {
     use std::io::Read;
+    let mut f = open_regular(path)?;
+    let mut out = Vec::with_capacity(f.metadata()?.len() as usize);
+    f.read_to_end(&mut out)?;
+    Ok(out)
+}
+
+/// Opens for reading a file that must be a regular file, as
+/// [`read_regular`] does (no symlink followed, no blocking on a FIFO).
+pub fn open_regular(path: &Path) -> std::io::Result<std::fs::File> {
     use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new()
+    let f = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags((rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::NONBLOCK).bits() as i32)
         .open(path)?;
-    let m = f.metadata()?;
-    if !m.file_type().is_file() {
+    if !f.metadata()?.file_type().is_file() {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidData,
             format!("{} is not a regular file", path.display()),
         ));
     }
-    let mut out = Vec::with_capacity(m.len() as usize);
-    f.read_to_end(&mut out)?;
-    Ok(out)
+    Ok(f)
 }
 
 /// Creates `dir` (and its parents) with the final folder private to the

@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use std::fs;
 use std::io::ErrorKind;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
@@ -92,16 +92,6 @@ fn stamp_of(m: &fs::Metadata) -> (u64, i64, i64) {
     (m.len(), m.mtime(), m.mtime_nsec())
 }
 
-/// Opens a cache file for reading, refusing anything but a regular file
-/// (a symlink planted in the cache is not followed).
-fn open_regular(p: &Path) -> std::io::Result<fs::File> {
-    let f = fs::OpenOptions::new().read(true).custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32).open(p)?;
-    if !f.metadata()?.is_file() {
-        return Err(std::io::Error::new(ErrorKind::InvalidData, "not a regular file"));
-    }
-    Ok(f)
-}
-
 /// A pack file being filled by the process holding the pack's flock.
 /// Writes may run on several threads at once (each at its own offset).
 pub struct PackWriter {
@@ -164,7 +154,8 @@ impl DiskCache {
                 .write(true)
                 .create(true)
                 .truncate(false)
-                .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+                // A FIFO planted there fails at once (ENXIO), not hangs.
+                .custom_flags((rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::NONBLOCK).bits() as i32)
                 .open(&p)
         };
         let file = match open() {
@@ -207,7 +198,7 @@ impl DiskCache {
                 return None;
             }
         };
-        let file = match open_regular(&self.pack_data_path(id)) {
+        let file = match crate::fsutil::open_regular(&self.pack_data_path(id)) {
             Ok(f) => f,
             Err(_) => {
                 self.heal_pack(id);
@@ -324,7 +315,7 @@ impl DiskCache {
             }
             let ok = (|| {
                 let rows = decode_have(&crate::fsutil::read_regular(&self.pack_have_path(&id)).ok()?).ok()?;
-                let f = open_regular(&self.pack_data_path(&id)).ok()?;
+                let f = crate::fsutil::open_regular(&self.pack_data_path(&id)).ok()?;
                 for m in rows {
                     let mut buf = vec![0u8; m.stored_len as usize];
                     f.read_exact_at(&mut buf, m.offset).ok()?;
@@ -345,6 +336,7 @@ impl DiskCache {
 mod tests {
     use super::*;
     use crate::pack::{build_pack, MemberKind};
+    use std::path::Path;
 
     fn cache() -> (tempfile::TempDir, DiskCache) {
         let d = tempfile::tempdir().unwrap();
@@ -392,7 +384,7 @@ mod tests {
         let (bytes, entry, raws) = pack_of(4);
         let id = Hash::of(&raws[2]);
         type Damage = fn(&Path);
-        let damages: [(&str, Damage); 4] = [
+        let damages: [(&str, Damage); 5] = [
             ("bit flip", |p| {
                 let mut b = fs::read(p).unwrap();
                 let n = b.len();
@@ -406,6 +398,10 @@ mod tests {
                 std::os::unix::fs::symlink(&elsewhere, p).unwrap();
             }),
             ("removed", |p| fs::remove_file(p).unwrap()),
+            ("fifo", |p| {
+                fs::remove_file(p).unwrap();
+                rustix::fs::mknodat(rustix::fs::CWD, p, rustix::fs::FileType::Fifo, 0o600.into(), 0).unwrap();
+            }),
         ];
         for (what, damage) in damages {
             let (_d, c) = cache();
