@@ -26,7 +26,7 @@ use std::sync::Arc;
 use crate::codec::{put_varint, DecodeError, Reader};
 use crate::error::{Error, Result};
 use crate::hash::Hash;
-use crate::pack::{codec_from, decode_member, kind_from, Member};
+use crate::pack::{decode_member, put_member_row, read_member_row, Member};
 
 use super::DiskCache;
 
@@ -51,12 +51,7 @@ pub(crate) fn encode_have(rows: &[Member]) -> Vec<u8> {
     out.push(HAVE_VERSION);
     put_varint(&mut out, rows.len() as u64);
     for m in rows {
-        out.extend_from_slice(m.id.as_bytes());
-        out.push(m.kind as u8);
-        out.push(m.codec as u8);
-        put_varint(&mut out, m.offset);
-        put_varint(&mut out, m.stored_len);
-        put_varint(&mut out, m.raw_len);
+        put_member_row(&mut out, m);
     }
     let sum = blake3::hash(&out);
     out.extend_from_slice(sum.as_bytes());
@@ -77,11 +72,7 @@ pub(crate) fn decode_have(buf: &[u8]) -> Result<Vec<Member>, DecodeError> {
     let n = r.count(37)?;
     let mut rows = Vec::with_capacity(n);
     for _ in 0..n {
-        let id = r.hash()?;
-        let kind = kind_from(r.u8()?)?;
-        let codec = codec_from(r.u8()?)?;
-        let (offset, stored_len, raw_len) = (r.varint()?, r.varint()?, r.varint()?);
-        rows.push(Member { id, kind, codec, offset, stored_len, raw_len });
+        rows.push(read_member_row(&mut r)?);
     }
     r.finish()?;
     Ok(rows)

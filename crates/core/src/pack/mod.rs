@@ -122,7 +122,7 @@ pub const MAX_INDEX_LAYERS: usize = 8;
 /// of the layers below).
 const INDEX_LAYERED: u8 = 2;
 
-pub(crate) fn kind_from(c: u8) -> Result<MemberKind, DecodeError> {
+fn kind_from(c: u8) -> Result<MemberKind, DecodeError> {
     Ok(match c {
         1 => MemberKind::Blob,
         2 => MemberKind::Manifest,
@@ -131,7 +131,7 @@ pub(crate) fn kind_from(c: u8) -> Result<MemberKind, DecodeError> {
     })
 }
 
-pub(crate) fn codec_from(c: u8) -> Result<Codec, DecodeError> {
+fn codec_from(c: u8) -> Result<Codec, DecodeError> {
     Ok(match c {
         0 => Codec::Raw,
         1 => Codec::Zstd,
@@ -241,6 +241,27 @@ pub fn decode_pack_header(buf: &[u8]) -> Result<(u64, Vec<Member>), DecodeError>
     Ok((header_len, members))
 }
 
+/// A member's row as the index stores it (the disk cache's record of a
+/// cached pack uses the same rows): id, kind, codec, then varints offset,
+/// stored length and raw length.
+pub(crate) fn put_member_row(out: &mut Vec<u8>, m: &Member) {
+    out.extend_from_slice(m.id.as_bytes());
+    out.push(m.kind as u8);
+    out.push(m.codec as u8);
+    put_varint(out, m.offset);
+    put_varint(out, m.stored_len);
+    put_varint(out, m.raw_len);
+}
+
+/// Reads a row written by [`put_member_row`] (ranges unchecked).
+pub(crate) fn read_member_row(r: &mut Reader<'_>) -> Result<Member, DecodeError> {
+    let id = r.hash()?;
+    let kind = kind_from(r.u8()?)?;
+    let codec = codec_from(r.u8()?)?;
+    let (offset, stored_len, raw_len) = (r.varint()?, r.varint()?, r.varint()?);
+    Ok(Member { id, kind, codec, offset, stored_len, raw_len })
+}
+
 impl PackIndex {
     pub fn encode(&self) -> Vec<u8> {
         let mut body = Vec::new();
@@ -254,12 +275,7 @@ impl PackIndex {
             put_varint(&mut body, p.header_len);
             put_varint(&mut body, p.members.len() as u64);
             for m in &p.members {
-                body.extend_from_slice(m.id.as_bytes());
-                body.push(m.kind as u8);
-                body.push(m.codec as u8);
-                put_varint(&mut body, m.offset);
-                put_varint(&mut body, m.stored_len);
-                put_varint(&mut body, m.raw_len);
+                put_member_row(&mut body, m);
             }
         }
         put_varint(&mut body, self.trees.len() as u64);
@@ -316,12 +332,8 @@ impl PackIndex {
             let mut members = Vec::with_capacity(nm);
             let mut end = header_len;
             for _ in 0..nm {
-                let id = r.hash()?;
-                let kind = kind_from(r.u8()?)?;
-                let codec = codec_from(r.u8()?)?;
-                let offset = r.varint()?;
-                let stored_len = r.varint()?;
-                let raw_len = r.varint()?;
+                let m = read_member_row(&mut r)?;
+                let Member { id, codec, offset, stored_len, raw_len, .. } = m;
                 let ok = offset >= end
                     && offset.checked_add(stored_len).is_some_and(|e| e <= size)
                     && raw_len <= MAX_MEMBER_BYTES
@@ -335,7 +347,7 @@ impl PackIndex {
                     )));
                 }
                 end = offset + stored_len;
-                members.push(Member { id, kind, codec, offset, stored_len, raw_len });
+                members.push(m);
             }
             packs.push(PackEntry { id: pack_id, size, header_len, members });
         }
