@@ -219,5 +219,16 @@ impl Ctx {
                 s.hits, s.misses, s.healed, s.writes, s.evicted
             ));
         }
+        if let Some(kib) = peak_resident_kib() {
+            self.step(format!("memory: peak {kib} KiB resident"));
+        }
     }
+}
+
+/// This process's peak resident memory (the kernel's VmHWM, which counts
+/// from exec, unlike getrusage's maxrss that also counts the parent's
+/// memory when it was spawned with vfork).
+fn peak_resident_kib() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    s.lines().find_map(|l| l.strip_prefix("VmHWM:"))?.split_whitespace().next()?.parse().ok()
 }

@@ -132,21 +132,91 @@ fn make_dir(root: &OwnedFd, path: &[u8], force: bool) -> Result<()> {
     }
 }
 
+/// Where one entry is being written: its parent directory, the name it is
+/// written under, and the name it must end up with.
+struct Target {
+    parent: OwnedFd,
+    name: std::ffi::OsString,
+    final_name: std::ffi::OsString,
+}
+
+impl Target {
+    /// Opens the parent of `path` beneath `root`. A fresh small target is
+    /// created in place (O_EXCL); with `force`, or when `temp` (a large
+    /// file streamed in), under a temp name renamed into place at the end,
+    /// so a failed or interrupted write never leaves a file that looks
+    /// complete.
+    fn open(root: &OwnedFd, path: &[u8], force: bool, temp: bool) -> Result<Target> {
+        let (parent, name) = split_parent(path);
+        let parent = open_dir_beneath(root, parent)?;
+        let final_name = OsStr::from_bytes(name).to_os_string();
+        let name = if force || temp {
+            format!(".mado-tmp-{}-{}", std::process::id(), rand::random::<u64>()).into()
+        } else {
+            final_name.clone()
+        };
+        Ok(Target { parent, name, final_name })
+    }
+
+    fn create_file(&self, path: &[u8], kind: Kind) -> Result<std::fs::File> {
+        let mode = if kind == Kind::Executable { 0o777 } else { 0o666 };
+        let fd = rustix::fs::openat(
+            &self.parent,
+            &self.name,
+            OFlags::CREATE | OFlags::EXCL | OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(mode),
+        )
+        .map_err(io_at(path, "creating file"))?;
+        Ok(std::fs::File::from(fd))
+    }
+
+    /// Moves a temp name into place: over what is there with `force`,
+    /// never over anything without it.
+    fn place(self, path: &[u8], force: bool) -> Result<()> {
+        if self.name == self.final_name {
+            return Ok(());
+        }
+        let (pfd, target, final_name) = (&self.parent, &self.name, &self.final_name);
+        let r = if force {
+            rustix::fs::renameat(pfd, target, pfd, final_name).or_else(|e| {
+                // A directory is in the way: remove it and retry once.
+                if matches!(e, rustix::io::Errno::ISDIR | rustix::io::Errno::NOTEMPTY | rustix::io::Errno::EXIST) {
+                    remove_at(pfd, final_name).map_err(|_| e)?;
+                    rustix::fs::renameat(pfd, target, pfd, final_name)
+                } else {
+                    Err(e)
+                }
+            })
+        } else {
+            rustix::fs::renameat_with(pfd, target, pfd, final_name, rustix::fs::RenameFlags::NOREPLACE).or_else(|e| {
+                if e == rustix::io::Errno::INVAL {
+                    // A filesystem without RENAME_NOREPLACE: a link fails
+                    // the same way on an existing name.
+                    rustix::fs::linkat(pfd, target, pfd, final_name, AtFlags::empty())?;
+                    rustix::fs::unlinkat(pfd, target, AtFlags::empty())
+                } else {
+                    Err(e)
+                }
+            })
+        };
+        r.map_err(|e| {
+            self.discard();
+            io_at(path, "renaming into place")(e)
+        })
+    }
+
+    /// Removes a temp name after a failed write (best effort).
+    fn discard(&self) {
+        if self.name != self.final_name {
+            let _ = rustix::fs::unlinkat(&self.parent, &self.name, AtFlags::empty());
+        }
+    }
+}
+
 /// Writes one file or symlink at `path` beneath `root`.
 fn write_entry(root: &OwnedFd, path: &[u8], kind: Kind, data: &[u8], force: bool) -> Result<()> {
-    let (parent, name) = split_parent(path);
-    let pfd = open_dir_beneath(root, parent)?;
-    let final_name = OsStr::from_bytes(name);
-    // Fresh target: create in place, O_EXCL. With --force: a temp name,
-    // then rename over whatever is there (a rename never follows it).
-    let tmp;
-    let target: &OsStr = if force {
-        tmp = format!(".mado-tmp-{}-{}", std::process::id(), rand::random::<u64>());
-        OsStr::new(&tmp)
-    } else {
-        final_name
-    };
-    match kind {
+    let t = Target::open(root, path, force, false)?;
+    let written = match kind {
         Kind::Symlink => {
             if data.is_empty() || data.contains(&0) {
                 return Err(Error::UnsafePath {
@@ -154,35 +224,45 @@ fn write_entry(root: &OwnedFd, path: &[u8], kind: Kind, data: &[u8], force: bool
                     reason: "symlink target is empty or contains NUL".into(),
                 });
             }
-            rustix::fs::symlinkat(OsStr::from_bytes(data), &pfd, target).map_err(io_at(path, "creating symlink"))?;
+            rustix::fs::symlinkat(OsStr::from_bytes(data), &t.parent, &t.name).map_err(io_at(path, "creating symlink"))
         }
-        _ => {
-            let mode = if kind == Kind::Executable { 0o777 } else { 0o666 };
-            let fd = rustix::fs::openat(
-                &pfd,
-                target,
-                OFlags::CREATE | OFlags::EXCL | OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                Mode::from_raw_mode(mode),
-            )
-            .map_err(io_at(path, "creating file"))?;
-            let mut f = std::fs::File::from(fd);
-            f.write_all(data).map_err(Error::io(format!("writing {:?}", lossy(path))))?;
-        }
+        _ => t
+            .create_file(path, kind)
+            .and_then(|mut f| f.write_all(data).map_err(Error::io(format!("writing {:?}", lossy(path))))),
+    };
+    if let Err(e) = written {
+        t.discard();
+        return Err(e);
     }
-    if force {
-        if let Err(e) = rustix::fs::renameat(&pfd, target, &pfd, final_name) {
-            // A directory is in the way: remove it and retry once.
-            if matches!(e, rustix::io::Errno::ISDIR | rustix::io::Errno::NOTEMPTY | rustix::io::Errno::EXIST) {
-                remove_at(&pfd, final_name)
-                    .map_err(|e| Error::Io { context: format!("replacing {:?}", lossy(path)), source: e })?;
-                rustix::fs::renameat(&pfd, target, &pfd, final_name).map_err(io_at(path, "renaming into place"))?;
-            } else {
-                let _ = rustix::fs::unlinkat(&pfd, target, AtFlags::empty());
-                return Err(io_at(path, "renaming into place")(e));
-            }
+    t.place(path, force)
+}
+
+/// Writes a chunked file at `path` beneath `root` as its chunks arrive,
+/// under a temp name renamed into place once every byte is written.
+async fn stream_entry(fetcher: &Arc<Fetcher>, root: &Arc<OwnedFd>, path: &[u8], e: &Entry, force: bool) -> Result<u64> {
+    let (root2, p, kind) = (root.clone(), path.to_vec(), e.kind);
+    let (t, file) = blocking(move || {
+        let t = Target::open(&root2, &p, force, true)?;
+        let f = t.create_file(&p, kind)?;
+        Ok((t, f))
+    })
+    .await?;
+    let written = fetcher.write_content(e, &lossy(path), Arc::new(file)).await;
+    let p = path.to_vec();
+    blocking(move || match written {
+        Ok(n) => t.place(&p, force).map(|()| n),
+        Err(er) => {
+            t.discard();
+            Err(er)
         }
-    }
-    Ok(())
+    })
+    .await
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|er| Error::Io { context: "write task".into(), source: std::io::Error::other(er) })?
 }
 
 /// Sets the modification time of each `(path, seconds, nanoseconds)`
@@ -375,13 +455,15 @@ pub async fn checkout(
         let root_fd = root_fd.clone();
         let done = &done;
         async move {
-            let data = f.content(&e, &lossy(&p)).await?;
             let kind = e.kind;
             let force = opts.force;
-            let n = data.len() as u64;
-            let p = tokio::task::spawn_blocking(move || write_entry(&root_fd, &p, kind, &data, force).map(|()| p))
-                .await
-                .map_err(|er| Error::Io { context: "write task".into(), source: std::io::Error::other(er) })??;
+            let (n, p) = if e.chunked && kind != Kind::Symlink {
+                (stream_entry(&f, &root_fd, &p, &e, force).await?, p)
+            } else {
+                let data = f.content(&e, &lossy(&p)).await?;
+                let n = data.len() as u64;
+                (n, blocking(move || write_entry(&root_fd, &p, kind, &data, force).map(|()| p)).await?)
+            };
             (opts.progress)(done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1, total);
             Ok::<_, Error>((kind, n, p, e))
         }

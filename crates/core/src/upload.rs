@@ -10,7 +10,7 @@ use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 
 use crate::cache::DiskCache;
-use crate::chunk::{split, Split};
+use crate::chunk::{split, split_stream, Split, Streamed};
 use crate::error::{Error, Result};
 use crate::hash::Hash;
 use crate::object::{Kind, Tree};
@@ -48,6 +48,37 @@ impl Staged {
                 Ok((id, true))
             }
         }
+    }
+
+    /// Stores the content `reader` yields, like [`Staged::content`] but
+    /// streamed: a large file is chunked and its chunks written to the
+    /// cache as they are cut, so memory stays at one chunk whatever the
+    /// file's size. Returns its id, whether it is chunked, and its size.
+    pub fn content_from(
+        &mut self,
+        cache: &DiskCache,
+        reader: impl std::io::Read,
+        what: &str,
+    ) -> Result<(Hash, bool, u64)> {
+        match split_stream(reader, what, |id, piece| cache.put(id, piece))? {
+            Streamed::Whole { data } => {
+                let (id, chunked) = self.content(cache, &data)?;
+                Ok((id, chunked, data.len() as u64))
+            }
+            Streamed::Chunked { encoded, id, chunks, size } => {
+                self.files += 1;
+                self.bytes += size;
+                cache.put(&id, &encoded)?;
+                self.manifests.insert(id, chunks);
+                Ok((id, true, size))
+            }
+        }
+    }
+
+    /// Stores the file at `path` (streamed, see [`Staged::content_from`]).
+    pub fn file(&mut self, cache: &DiskCache, path: &std::path::Path) -> Result<(Hash, bool, u64)> {
+        let f = crate::fsutil::open_regular(path).map_err(Error::io(format!("reading {}", path.display())))?;
+        self.content_from(cache, f, &path.display().to_string())
     }
 
     /// Stores a tree in the cache and remembers its children for upload.

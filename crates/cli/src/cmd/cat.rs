@@ -20,9 +20,18 @@ pub async fn run(a: CatArgs, ctx: &Ctx) -> Result<()> {
     let entry = fetcher.lookup(snap.root, &a.path).await?.ok_or_else(|| {
         mado_core::Error::User("give a file path, not the root; use `mado ls` for directories".into())
     })?;
-    let data = fetcher.content(&entry, &a.path).await?;
-    let mut out = std::io::stdout().lock();
-    out.write_all(&data)?;
+    if entry.kind == mado_core::object::Kind::Symlink || !entry.kind.has_content() {
+        // A symlink's target, or the error naming what the entry is.
+        let data = fetcher.content(&entry, &a.path).await?;
+        std::io::stdout().lock().write_all(&data)?;
+        return Ok(());
+    }
+    // A piece at a time: a large file streams through a bounded window.
+    let mut pieces = fetcher.pieces(&entry, &a.path).await?;
+    let mut out = std::io::stdout();
+    while let Some(piece) = futures::StreamExt::next(&mut pieces).await {
+        out.write_all(&piece?.bytes)?;
+    }
     out.flush()?;
     Ok(())
 }

@@ -3,6 +3,22 @@
 
 use super::*;
 
+/// Chunks of one file fetched ahead of the one being consumed: the
+/// parallelism of a large file's sequential read (as an 8-way ranged GET).
+pub const CHUNK_WINDOW: usize = 8;
+
+/// Chunks (≤ 4 MiB each) all large-file readers of one fetcher may hold in
+/// memory at once: what bounds a checkout's, a copy-up's or `cat`'s memory
+/// to 128 MiB of chunks however large and however many the files are.
+pub const CHUNKS_IN_MEMORY: usize = 32;
+
+/// One piece of a file's content (see [`Fetcher::pieces`]).
+pub struct Piece {
+    pub offset: u64,
+    pub bytes: Bytes,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+}
+
 impl Fetcher {
     pub async fn tree(self: &Arc<Self>, id: Hash, path: &str) -> Result<Tree> {
         let inline = self.packs.read().expect("packs lock").trees.get(&id).cloned();
@@ -105,6 +121,82 @@ impl Fetcher {
             });
         }
         Ok(Bytes::from(out))
+    }
+
+    /// A file's content in order, a piece at a time: the whole blob, or a
+    /// chunked file's chunks fetched [`CHUNK_WINDOW`] at a time ahead of
+    /// the one being consumed. Each piece holds one of the fetcher's
+    /// [`CHUNKS_IN_MEMORY`] permits until it is dropped, so however many
+    /// large files are written at once, and however large, memory stays
+    /// under that many chunks (each ≤ 4 MiB).
+    ///
+    /// The manifest is read through its id (which the tree holds) and each
+    /// chunk is verified against the id and length the manifest gives, so
+    /// the pieces are exactly the bytes the tree names; the manifest's
+    /// whole-content hash, which would take a second pass over every byte,
+    /// is checked only by [`Fetcher::content`].
+    pub async fn pieces(
+        self: &Arc<Self>,
+        e: &Entry,
+        path: &str,
+    ) -> Result<futures::stream::BoxStream<'static, Result<Piece>>> {
+        if !e.chunked {
+            let permit = self.chunk_permits.clone().acquire_owned().await.expect("the semaphore is never closed");
+            let bytes = self.content(e, path).await?;
+            return Ok(futures::stream::iter([Ok(Piece { offset: 0, bytes, _permit: permit })]).boxed());
+        }
+        let m = self.manifest(e, path).await?;
+        let mut at = 0;
+        let spans: Vec<(u64, u64, Hash)> = m
+            .chunks
+            .iter()
+            .map(|(len, id)| {
+                at += len;
+                (at - len, *len, *id)
+            })
+            .collect();
+        let me = self.clone();
+        let path = path.to_string();
+        Ok(futures::stream::iter(spans)
+            .map(move |(offset, len, id)| {
+                let me = me.clone();
+                let path = path.clone();
+                async move {
+                    let permit = me.chunk_permits.clone().acquire_owned().await.expect("the semaphore is never closed");
+                    let bytes = me.get(Space::Objects, id, "chunk").await.map_err(|er| er.at_path(&path))?;
+                    if bytes.len() as u64 != len {
+                        return Err(Error::Corrupt {
+                            id,
+                            what: "chunk",
+                            path,
+                            detail: format!("{} bytes, its manifest says {len}", bytes.len()),
+                        });
+                    }
+                    Ok(Piece { offset, bytes, _permit: permit })
+                }
+            })
+            .buffered(CHUNK_WINDOW)
+            .boxed())
+    }
+
+    /// Writes a file entry's content into `file` at offset 0 as its pieces
+    /// arrive (see [`Fetcher::pieces`]); returns the bytes written.
+    pub async fn write_content(self: &Arc<Self>, e: &Entry, path: &str, file: Arc<std::fs::File>) -> Result<u64> {
+        let mut pieces = self.pieces(e, path).await?;
+        let mut n = 0;
+        while let Some(piece) = pieces.next().await {
+            let piece = piece?;
+            let f = file.clone();
+            let at = path.to_string();
+            n += piece.bytes.len() as u64;
+            tokio::task::spawn_blocking(move || {
+                use std::os::unix::fs::FileExt;
+                f.write_all_at(&piece.bytes, piece.offset).map_err(Error::io(format!("writing {at:?}")))
+            })
+            .await
+            .map_err(|er| Error::Io { context: "write task".into(), source: std::io::Error::other(er) })??;
+        }
+        Ok(n)
     }
 
     /// Resolves a `/`-separated path below `root` to its entry

@@ -80,15 +80,16 @@ impl SnapshotFs {
         let mut hashed = Vec::with_capacity(dirty.len());
         for (ino, blob, version) in &dirty {
             let p = upper_dir.join(blob.to_string());
-            let data = match std::fs::read(&p) {
-                Ok(d) => d,
+            let file = match crate::fsutil::open_regular(&p) {
+                Ok(f) => f,
                 // Unlinked (or replaced) since it was listed. A file still
                 // in the tree is read again by the walk below, which fails
                 // if its blob is truly gone.
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
                 Err(e) => return Err(Error::io(format!("reading {}", p.display()))(e)),
             };
-            hashed.push((*ino, *version, staged.content(cache, &data)?));
+            let (id, chunked, _) = staged.content_from(cache, file, &p.display().to_string())?;
+            hashed.push((*ino, *version, (id, chunked)));
         }
         let hashed_count = hashed.len() as u64;
         between();
@@ -224,13 +225,12 @@ impl SnapshotFs {
             Body::Upper { blob, clean: None, .. } => {
                 // Written while the checkpoint was hashing: hash it now.
                 let p = upper_dir.join(blob.to_string());
-                let data = std::fs::read(&p).map_err(Error::io(format!("reading {}", p.display())))?;
+                let (id, chunked, size) = staged.file(cache, &p)?;
                 b.files_read += 1;
-                let (id, chunked) = staged.content(cache, &data)?;
                 if let Body::Upper { clean, .. } = &mut st.get_mut(ino)?.body {
                     *clean = Some((id, chunked));
                 }
-                entry(file_kind(n.perm), chunked, data.len() as u64, id)
+                entry(file_kind(n.perm), chunked, size, id)
             }
             Body::Link(t) => {
                 let (id, _) = staged.content(cache, t)?;

@@ -221,7 +221,7 @@ impl SnapshotFs {
                 at += len;
             }
             let ino = self.is_writable().then_some(ino);
-            return Ok(OpenFile::Chunked { entry: e, manifest, starts, ino });
+            return Ok(OpenFile::Chunked { entry: e, manifest, starts, ino, ahead: Readahead::default() });
         }
         let data = self.timed("opening a file", self.fetcher.content(&e, &path)).await?;
         let p = self.fetcher.cache.entry_path(&e.id);
@@ -254,36 +254,8 @@ impl SnapshotFs {
                 Ok(data.slice(start..end))
             }
             OpenFile::Upper { file, .. } => read_upper(file, offset, size),
-            OpenFile::Chunked { entry, manifest, starts, .. } => {
-                let end = (offset + size as u64).min(manifest.size);
-                if offset >= end {
-                    return Ok(Bytes::new());
-                }
-                let first = starts.partition_point(|s| *s <= offset) - 1;
-                let last = starts.partition_point(|s| *s < end) - 1;
-                let me = self.fetcher.clone();
-                let name = String::from_utf8_lossy(&entry.name).into_owned();
-                let parts: Vec<Bytes> = self
-                    .timed(
-                        "reading a file",
-                        futures::stream::iter((first..=last).map(|i| {
-                            let me = me.clone();
-                            let id = manifest.chunks[i].1;
-                            let name = name.clone();
-                            async move { me.get(Space::Objects, id, "chunk").await.map_err(|e| e.at_path(&name)) }
-                        }))
-                        .buffered(8)
-                        .try_collect(),
-                    )
-                    .await?;
-                let mut out = Vec::with_capacity((end - offset) as usize);
-                for (k, p) in parts.iter().enumerate() {
-                    let cs = starts[first + k];
-                    let from = offset.saturating_sub(cs) as usize;
-                    let to = ((end - cs) as usize).min(p.len());
-                    out.extend_from_slice(&p[from.min(to)..to]);
-                }
-                Ok(Bytes::from(out))
+            OpenFile::Chunked { entry, manifest, starts, ahead, .. } => {
+                self.read_chunked(entry, manifest, starts, ahead, offset, size).await
             }
         }
     }

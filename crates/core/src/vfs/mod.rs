@@ -46,6 +46,7 @@ use crate::store::Space;
 use crate::upload::Staged;
 
 mod build;
+mod chunked;
 mod inode;
 mod lower;
 mod overlay;
@@ -55,6 +56,7 @@ mod tests;
 
 pub use build::Built;
 
+pub use chunked::Readahead;
 use inode::{Body, Node, State};
 use overlay::read_upper;
 
@@ -91,7 +93,7 @@ pub enum OpenFile {
     /// and written through another handle while this one is open.
     Whole { data: Bytes, cache_path: Option<PathBuf>, ino: Option<u64> },
     /// A chunked file: chunks are read as ranges are asked for.
-    Chunked { entry: Entry, manifest: ChunkManifest, starts: Vec<u64>, ino: Option<u64> },
+    Chunked { entry: Entry, manifest: ChunkManifest, starts: Vec<u64>, ino: Option<u64>, ahead: Readahead },
     /// A file of the upper layer, read (and written) in place.
     Upper { file: std::fs::File, ino: u64, writable: bool },
 }
@@ -118,6 +120,8 @@ pub struct SnapshotFs {
     read_timeout_ms: AtomicU64,
     /// Reads served (for stats).
     reads: AtomicU64,
+    /// Large files: recent chunks and read-ahead.
+    chunks: chunked::Chunks,
 }
 
 /// Attributes a caller may set (`None`: leave as is).
@@ -206,6 +210,7 @@ impl SnapshotFs {
             upper: upper.map(RwLock::new),
             read_timeout_ms: AtomicU64::new(DEFAULT_READ_TIMEOUT.as_millis() as u64),
             reads: AtomicU64::new(0),
+            chunks: chunked::Chunks::default(),
         }
     }
 

@@ -12,15 +12,13 @@ fn upper_mode(perm: u16) -> u32 {
     (perm as u32 & 0o777) | 0o600
 }
 
-fn write_upper(p: &Path, data: &[u8], perm: u16) -> Result<()> {
-    use std::io::Write;
-    let mut f = std::fs::OpenOptions::new()
+fn create_upper(p: &Path, perm: u16) -> Result<std::fs::File> {
+    std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(upper_mode(perm))
         .open(p)
-        .map_err(Error::io(format!("writing {}", p.display())))?;
-    f.write_all(data).map_err(Error::io(format!("writing {}", p.display())))
+        .map_err(Error::io(format!("writing {}", p.display())))
 }
 
 pub(super) fn read_upper(file: &std::fs::File, offset: u64, size: u32) -> Result<Bytes> {
@@ -77,16 +75,23 @@ impl SnapshotFs {
             Body::Link(_) => return Err(Error::fs(Errno::LOOP, "a symlink")),
         };
         let name = String::from_utf8_lossy(&e.name).into_owned();
-        let data = self.timed("copying a file up", self.fetcher.content(&e, &name)).await?;
         let blob = self.new_blob()?;
         let p = self.blob_path(blob)?;
         let perm = self.st().get(ino)?.perm;
-        write_upper(&p, &data, perm)?;
+        // Streamed: a large file is copied up a window of chunks at a time.
+        let file = Arc::new(create_upper(&p, perm)?);
+        let size = match self.timed("copying a file up", self.fetcher.write_content(&e, &name, file)).await {
+            Ok(n) => n,
+            Err(er) => {
+                let _ = std::fs::remove_file(&p);
+                return Err(er);
+            }
+        };
         let mut st = self.st_mut();
         let n = st.get_mut(ino)?;
         match &n.body {
             Body::Lower(cur) if cur.id == e.id => {
-                n.body = Body::Upper { blob, size: data.len() as u64, clean: Some((e.id, e.chunked)) };
+                n.body = Body::Upper { blob, size, clean: Some((e.id, e.chunked)) };
                 drop(st);
                 self.changed();
                 Ok(blob)

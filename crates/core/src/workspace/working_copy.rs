@@ -198,19 +198,21 @@ pub(super) fn walk_dir(
                     && row.ino == fresh.ino
                     && row.mtime_ns < sc.written_ns
             });
-            let (id, chunked) = match cached.and_then(|row| row.id.parse::<Hash>().ok().map(|h| (h, row.chunked))) {
-                Some(v) => {
+            let (id, chunked, size) = match cached.and_then(|row| row.id.parse::<Hash>().ok().map(|h| (h, row.chunked)))
+            {
+                Some((id, chunked)) => {
                     w.files_unchanged += 1;
-                    v
+                    (id, chunked, m.len())
                 }
                 None => {
-                    let data = std::fs::read(&p).map_err(Error::io(format!("reading {}", p.display())))?;
                     w.files_read += 1;
-                    staged.content(cache, &data)?
+                    staged.file(cache, &p)?
                 }
             };
+            // The size is what was read (a file written to meanwhile is
+            // recorded as read, and hashed again next time: its mtime moved).
             new_sc.rows.insert(key, row_now(id, chunked));
-            Entry { name, kind, chunked, size: m.len(), id }
+            Entry { name, kind, chunked, size, id }
         } else {
             // Sockets, FIFOs, devices: not source. Skipped.
             continue;

@@ -14,6 +14,8 @@
 //!    top-down (a present tree proves its subtree), then write leaves,
 //!    trees by height, snapshots, and the ref.
 
+mod gitblob;
+
 use std::collections::HashSet;
 use std::path::Path;
 use std::sync::Arc;
@@ -162,6 +164,17 @@ impl Walker<'_, '_> {
                 }
                 _ if check_only => continue,
                 kind => {
+                    if kind != gix::object::tree::EntryKind::Link {
+                        if let Some((id, chunked, size)) = self.stream_large(oid, &p)? {
+                            let k = if kind == gix::object::tree::EntryKind::BlobExecutable {
+                                Kind::Executable
+                            } else {
+                                Kind::File
+                            };
+                            entries.push(Entry { name: name.to_vec(), kind: k, chunked, size, id });
+                            continue;
+                        }
+                    }
                     let blob = self.repo.find_blob(oid).map_err(git_err(format!("reading blob {p:?}")))?;
                     let (k, data): (Kind, std::borrow::Cow<'_, [u8]>) = match kind {
                         gix::object::tree::EntryKind::Link => (Kind::Symlink, blob.data.as_slice().into()),
@@ -171,7 +184,10 @@ impl Walker<'_, '_> {
                             } else {
                                 Kind::File
                             };
-                            (k, self.convert(&blob.data, &p)?.into())
+                            match self.convert(&blob.data, &p)? {
+                                Some(converted) => (k, converted.into()),
+                                None => (k, blob.data.as_slice().into()),
+                            }
                         }
                     };
                     (self.progress)(self.staged.files + 1, self.staged.bytes + data.len() as u64);
@@ -202,16 +218,46 @@ impl Walker<'_, '_> {
         self.staged.tree(self.cache, &tree)
     }
 
-    /// What `git clone` writes for this blob at this path.
-    fn convert(&mut self, data: &[u8], path: &str) -> Result<Vec<u8>> {
+    /// A blob larger than a chunk, stored as git stores big files and with
+    /// no filter that would change it at this path, is chunked as it is
+    /// inflated: memory stays at a chunk. `None`: read it whole instead.
+    fn stream_large(&mut self, oid: gix::ObjectId, path: &str) -> Result<Option<(Hash, bool, u64)>> {
+        let size = self.repo.find_header(oid).map_err(git_err(format!("reading blob {path:?}")))?.size();
+        if !crate::chunk::needs_chunking(size) || self.converts(path)? {
+            return Ok(None);
+        }
+        let objects = self.repo.common_dir().join("objects");
+        let Some(stream) = gitblob::open(&objects, &oid, size).map_err(Error::io(format!("reading blob {path:?}")))?
+        else {
+            return Ok(None);
+        };
+        (self.progress)(self.staged.files + 1, self.staged.bytes + size);
+        self.staged.content_from(self.cache, stream, &format!("blob {oid} at {path:?}")).map(Some)
+    }
+
+    /// Whether the `.gitattributes` filters (eol, ident, a filter driver,
+    /// an encoding) would change some content at `path`: a probe that each
+    /// of them rewrites goes through the pipeline.
+    fn converts(&mut self, path: &str) -> Result<bool> {
+        use gix::filter::plumbing::pipeline::convert::ToWorktreeOutcome;
+        let pipeline = self.pipeline.as_mut().expect("pipeline is set before content is read");
+        let out = pipeline
+            .convert_to_worktree(b"mado\nprobe\r\n$Id$\n", path.into(), Default::default())
+            .map_err(|e| Error::Git(format!("applying .gitattributes filters to {path:?}: {e}")))?;
+        Ok(!matches!(out, ToWorktreeOutcome::Unchanged(_)))
+    }
+
+    /// What `git clone` writes for this blob at this path (`None`: the
+    /// blob as it is).
+    fn convert(&mut self, data: &[u8], path: &str) -> Result<Option<Vec<u8>>> {
         use gix::filter::plumbing::pipeline::convert::ToWorktreeOutcome;
         use std::io::Read;
         let pipeline = self.pipeline.as_mut().expect("pipeline is set before content is read");
         let out = pipeline
             .convert_to_worktree(data, path.into(), Default::default())
             .map_err(|e| Error::Git(format!("applying .gitattributes filters to {path:?}: {e}")))?;
-        Ok(match out {
-            ToWorktreeOutcome::Unchanged(b) => b.to_vec(),
+        Ok(Some(match out {
+            ToWorktreeOutcome::Unchanged(_) => return Ok(None),
             ToWorktreeOutcome::Buffer(b) => b.to_vec(),
             ToWorktreeOutcome::Process(gix::filter::plumbing::driver::apply::MaybeDelayed::Immediate(mut r)) => {
                 let mut v = Vec::new();
@@ -221,7 +267,7 @@ impl Walker<'_, '_> {
             ToWorktreeOutcome::Process(_) => {
                 return Err(Error::Git(format!("{path:?}: delayed git filter drivers are not supported")))
             }
-        })
+        }))
     }
 
     fn store_content(&mut self, data: &[u8]) -> Result<(Hash, bool)> {

@@ -1,0 +1,256 @@
+//! Large files (#19): a file far larger than mado's memory bound goes
+//! through import, checkout (warm and cold), `cat`, a workspace checkpoint
+//! and a FUSE mount; each process's peak memory is measured (the kernel's
+//! `ru_maxrss` from wait4, or the daemon's VmHWM) and every byte compared.
+//! Large blobs in each git layout (loose, packed whole, packed as a delta)
+//! import to the same ids, and a corrupt one is refused by name.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use common::*;
+
+/// The file: 1.5× the bound, so holding it whole once fails the test.
+const FILE: usize = 384 << 20;
+/// Peak resident memory any mado process may reach with it (issue #19).
+const BOUND_KIB: i64 = 256 << 10;
+
+/// Writes `n` pseudo-random bytes (fast: a word at a time).
+fn write_random(p: &Path, n: usize, seed: u64) {
+    let mut f = std::io::BufWriter::with_capacity(8 << 20, std::fs::File::create(p).unwrap());
+    let mut x = seed | 1;
+    let mut left = n;
+    while left > 0 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let b = x.to_le_bytes();
+        let k = left.min(8);
+        f.write_all(&b[..k]).unwrap();
+        left -= k;
+    }
+    f.flush().unwrap();
+}
+
+/// Whether two files hold the same bytes (read a block at a time).
+fn same_bytes(a: &Path, b: &Path) -> bool {
+    let (mut fa, mut fb) = (std::fs::File::open(a).unwrap(), std::fs::File::open(b).unwrap());
+    if fa.metadata().unwrap().len() != fb.metadata().unwrap().len() {
+        return false;
+    }
+    let (mut ba, mut bb) = (vec![0u8; 4 << 20], vec![0u8; 4 << 20]);
+    loop {
+        let n = fa.read(&mut ba).unwrap();
+        fb.read_exact(&mut bb[..n]).unwrap();
+        if ba[..n] != bb[..n] {
+            return false;
+        }
+        if n == 0 {
+            return true;
+        }
+    }
+}
+
+/// Runs `c` (a mado command) to its end under `--verbose`; returns the
+/// peak resident memory it reports (its VmHWM) in KiB, and panics with
+/// its stderr if it failed.
+fn peak_kib(mut c: Command, what: &str, stdout: Stdio) -> i64 {
+    let o = c.arg("--verbose").stdout(stdout).stderr(Stdio::piped()).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{what} failed: {err}");
+    let line = err.lines().find_map(|l| l.split("memory: peak ").nth(1)).unwrap_or_else(|| panic!("{what}: {err}"));
+    line.split_whitespace().next().unwrap().parse().unwrap()
+}
+
+/// A repository holding one large file, stored the way git stores big
+/// files (streamed into a pack as a whole entry).
+fn big_repo(parent: &Path) -> PathBuf {
+    let repo = parent.join("repo");
+    std::fs::create_dir_all(&repo).unwrap();
+    git(&repo, &["init", "-q", "-b", "main"]);
+    git(&repo, &["config", "core.bigFileThreshold", "1m"]);
+    write_random(&repo.join("big.bin"), FILE, 19);
+    std::fs::write(repo.join("small.txt"), b"small\n").unwrap();
+    git(&repo, &["add", "-A"]);
+    git(&repo, &["commit", "-q", "-m", "big"]);
+    repo
+}
+
+/// The pid of the mount daemon serving `dir`.
+fn daemon_of(dir: &Path) -> u32 {
+    let want = dir.to_str().unwrap();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else { continue };
+        let args: Vec<&[u8]> = cmd.split(|b| *b == 0).collect();
+        if args.iter().any(|a| *a == b"mount") && args.iter().any(|a| *a == want.as_bytes()) {
+            return pid;
+        }
+    }
+    panic!("no mount daemon for {want}");
+}
+
+fn vm_hwm_kib(pid: u32) -> i64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = s.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[test]
+fn a_file_larger_than_the_memory_bound_streams_through_every_path() {
+    let m = Mado::local();
+    let repo = big_repo(m.dir.path());
+    let src = repo.join("big.bin");
+    let bound = |kib: i64, what: &str| {
+        eprintln!("{what}: peak {} MiB", kib >> 10);
+        assert!(kib < BOUND_KIB, "{what} peaked at {} MiB with a {} MiB file", kib >> 10, FILE >> 20);
+    };
+
+    bound(peak_kib(m.cmd(&["import-git", repo.to_str().unwrap()]), "import-git", Stdio::null()), "import-git");
+    let ls = m.json(&["ls", "main"]);
+    let big = ls.as_array().unwrap().iter().find(|e| e["name"] == "big.bin").unwrap().clone();
+    assert_eq!(big["chunked"], true, "{big}");
+
+    // Checkout with the cache warm (the import filled it), then cold.
+    let co = m.dir.path().join("co");
+    bound(peak_kib(m.cmd(&["checkout", "main", co.to_str().unwrap()]), "checkout", Stdio::null()), "warm checkout");
+    assert!(same_bytes(&co.join("big.bin"), &src), "warm checkout content");
+    std::fs::remove_dir_all(m.cache_dir()).unwrap();
+    let co2 = m.dir.path().join("co2");
+    bound(peak_kib(m.cmd(&["checkout", "main", co2.to_str().unwrap()]), "checkout", Stdio::null()), "cold checkout");
+    assert!(same_bytes(&co2.join("big.bin"), &src), "cold checkout content");
+    // No temp file is left beside it.
+    let names: Vec<_> = std::fs::read_dir(&co2).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+
+    let out = m.dir.path().join("cat.out");
+    let f = std::fs::File::create(&out).unwrap();
+    bound(peak_kib(m.cmd(&["cat", "main", "big.bin"]), "cat", Stdio::from(f)), "cat");
+    assert!(same_bytes(&out, &src), "cat content");
+    std::fs::remove_file(&out).unwrap();
+
+    // A checkpoint after a small append uploads the changed end only.
+    let w = m.dir.path().join("w");
+    m.ok(&["ws", "create", "big", "--from", "main", "--dir", w.to_str().unwrap()]);
+    std::fs::OpenOptions::new().append(true).open(w.join("big.bin")).unwrap().write_all(&[7u8; 100]).unwrap();
+    let c = m.cmd(&["ws", "checkpoint", "--dir", w.to_str().unwrap(), "--json", "-m", "append"]);
+    let json = m.dir.path().join("cp.json");
+    bound(peak_kib(c, "ws checkpoint", Stdio::from(std::fs::File::create(&json).unwrap())), "checkpoint");
+    let cp: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let up = cp["upload"]["bytes_uploaded"].as_u64().unwrap();
+    assert!(up < 16 << 20, "a 100-byte append uploaded {up} bytes: {cp}");
+    std::fs::remove_dir_all(&w).unwrap();
+    std::fs::remove_dir_all(&co).unwrap();
+    std::fs::remove_dir_all(&co2).unwrap();
+
+    // Through a read-only mount, from a cold cache: every byte, and the
+    // daemon's peak memory.
+    if !fuse_usable() {
+        return;
+    }
+    std::fs::remove_dir_all(m.cache_dir()).unwrap();
+    let mnt = m.dir.path().join("mnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+    m.ok(&["mount", "main", mnt.to_str().unwrap()]);
+    let pid = daemon_of(&mnt);
+    let read_ok = same_bytes(&mnt.join("big.bin"), &src);
+    let hwm = vm_hwm_kib(pid);
+    let stats = m.json(&["stats", mnt.to_str().unwrap()]);
+    let _ = m.run(&["umount", mnt.to_str().unwrap()]);
+    let _ = Command::new("fusermount3").arg("-uz").arg(&mnt).output();
+    assert!(read_ok, "content through the mount");
+    bound(hwm, "the mount daemon");
+    // Every chunk was fetched once (read-ahead did not fetch twice).
+    let gets = stats["remote"]["gets"].as_u64().unwrap();
+    assert!(gets < (FILE as u64 >> 20) * 2, "{gets} GETs for a {} MiB file: {stats}", FILE >> 20);
+}
+
+/// A repository where the same 6 MiB file has two versions, stored loose,
+/// then repacked (one version becomes a delta of the other).
+fn two_versions(parent: &Path) -> PathBuf {
+    let repo = parent.join("repo");
+    std::fs::create_dir_all(&repo).unwrap();
+    git(&repo, &["init", "-q", "-b", "main"]);
+    let mut data = pseudo_random(6 << 20, 3);
+    std::fs::write(repo.join("big.bin"), &data).unwrap();
+    git(&repo, &["add", "-A"]);
+    git(&repo, &["commit", "-q", "-m", "one"]);
+    data[3 << 20..(3 << 20) + 100].fill(9);
+    std::fs::write(repo.join("big.bin"), &data).unwrap();
+    git(&repo, &["commit", "-q", "-am", "two"]);
+    repo
+}
+
+fn roots(m: &Mado) -> Vec<String> {
+    let log = m.json(&["log", "main"]);
+    log.as_array().unwrap().iter().map(|s| s["root"].as_str().unwrap().to_string()).collect()
+}
+
+#[test]
+fn large_blobs_import_to_the_same_ids_in_every_git_layout() {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = two_versions(tmp.path());
+    let import = |repo: &Path| {
+        let m = Mado::local();
+        m.ok(&["import-git", repo.to_str().unwrap(), "--rev", "main~1", "--rev", "main"]);
+        let r = roots(&m);
+        let co = m.dir.path().join("co");
+        m.ok(&["checkout", "main", co.to_str().unwrap()]);
+        assert_eq!(std::fs::read(co.join("big.bin")).unwrap(), std::fs::read(repo.join("big.bin")).unwrap());
+        r
+    };
+    let loose = import(&repo);
+    assert_eq!(loose.len(), 2);
+    // Repacked: one version is stored as a delta of the other (read whole),
+    // the other as a whole entry (streamed).
+    git(&repo, &["repack", "-adf", "-q", "--window=10"]);
+    let verify = git(&repo, &["verify-pack", "-v", &pack_idx(&repo)]);
+    assert!(verify.lines().any(|l| l.contains(" blob ") && l.split_whitespace().count() >= 7), "a delta: {verify}");
+    assert_eq!(import(&repo), loose, "packed and delta blobs import to the ids loose ones do");
+}
+
+fn pack_idx(repo: &Path) -> String {
+    let dir = repo.join(".git/objects/pack");
+    let idx =
+        std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).find(|p| p.extension().is_some_and(|e| e == "idx"));
+    idx.unwrap().to_str().unwrap().to_string()
+}
+
+#[test]
+fn a_corrupt_large_blob_is_refused_by_name() {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = tmp.path().join("repo");
+    std::fs::create_dir_all(&repo).unwrap();
+    git(&repo, &["init", "-q", "-b", "main"]);
+    std::fs::write(repo.join("big.bin"), pseudo_random(5 << 20, 4)).unwrap();
+    git(&repo, &["add", "-A"]);
+    git(&repo, &["commit", "-q", "-m", "one"]);
+    let id = git(&repo, &["rev-parse", "HEAD:big.bin"]);
+    let loose = repo.join(".git/objects").join(&id[..2]).join(&id[2..]);
+    // A valid loose object of other bytes of the same size, under this id:
+    // only the SHA-1 check can tell.
+    let other = tmp.path().join("other.bin");
+    std::fs::write(&other, pseudo_random(5 << 20, 6)).unwrap();
+    let other_id = git(&repo, &["hash-object", "-w", other.to_str().unwrap()]);
+    let other_loose = repo.join(".git/objects").join(&other_id[..2]).join(&other_id[2..]);
+    let mut perm = std::fs::metadata(&loose).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perm, 0o644);
+    std::fs::set_permissions(&loose, perm).unwrap();
+    std::fs::copy(&other_loose, &loose).unwrap();
+    let m = Mado::local();
+    let o = m.run(&["import-git", repo.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "a corrupt blob was imported");
+    assert!(err.contains(&id) && err.contains("big.bin") && err.contains("corrupt"), "{err}");
+    assert!(err.contains("hash to"), "the SHA-1 check names the mismatch: {err}");
+    // Truncated: the stream ends early.
+    let bytes = std::fs::read(&other_loose).unwrap();
+    std::fs::write(&loose, &bytes[..bytes.len() / 2]).unwrap();
+    let o = m.run(&["import-git", repo.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("big.bin"), "{err}");
+    assert!(m.run(&["ls", "main"]).status.code() != Some(0), "no ref was made");
+}

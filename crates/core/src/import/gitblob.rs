@@ -1,0 +1,202 @@
+//! One large blob read out of a git object database as a stream, so an
+//! import holds a chunk of it in memory, never the whole file (gix loads a
+//! blob whole; git itself streams the blobs it stores undeltified, which
+//! is how it stores anything above `core.bigFileThreshold`).
+//!
+//! Two places are read: a loose object (`objects/xx/yyyy…`, a zlib stream
+//! of `blob <size>\0<bytes>`) and a whole (non-delta) entry of a pack found
+//! through the pack's `.idx`; alternates are followed one level. Anything
+//! else (a delta entry, a repository layout this does not know) answers
+//! `None`, and the caller loads the blob whole as before. The bytes are
+//! checked against the blob's SHA-1 as they stream by: a corrupt or
+//! truncated object fails the read at its end, naming the blob.
+
+use std::fs::File;
+use std::io::{BufReader, Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+
+use gix::hash::ObjectId;
+
+/// Pack entry type of a whole blob (git's `OBJ_BLOB`).
+const PACK_BLOB: u8 = 3;
+
+/// A blob's content, inflated as it is read and checked at its end.
+pub struct BlobStream {
+    input: BufReader<File>,
+    inflate: gix::zlib::Decompress,
+    hasher: gix::hash::Hasher,
+    oid: ObjectId,
+    size: u64,
+    remaining: u64,
+    checked: bool,
+}
+
+/// Opens blob `oid` of `size` bytes (its header size) for streaming, or
+/// `None` when it is not stored in a way this reads.
+pub fn open(objects: &Path, oid: &ObjectId, size: u64) -> std::io::Result<Option<BlobStream>> {
+    open_in(objects, oid, size, true)
+}
+
+fn open_in(objects: &Path, oid: &ObjectId, size: u64, alternates: bool) -> std::io::Result<Option<BlobStream>> {
+    let hex = oid.to_hex().to_string();
+    let loose = objects.join(&hex[..2]).join(&hex[2..]);
+    if let Ok(f) = File::open(&loose) {
+        let mut s = BlobStream::new(f, *oid, size);
+        s.loose_header()?;
+        return Ok(Some(s));
+    }
+    for idx in pack_indexes(objects) {
+        let Ok(index) = gix::odb::pack::index::File::at(&idx, gix::hash::Kind::Sha1) else { continue };
+        let Some(i) = index.lookup(oid) else { continue };
+        let offset = index.pack_offset_at_index(i);
+        let mut f = File::open(idx.with_extension("pack"))?;
+        f.seek(SeekFrom::Start(offset))?;
+        let mut s = BlobStream::new(f, *oid, size);
+        return match s.pack_header()? {
+            true => Ok(Some(s)),
+            false => Ok(None),
+        };
+    }
+    if alternates {
+        for alt in alternate_dirs(objects) {
+            if let Some(s) = open_in(&alt, oid, size, false)? {
+                return Ok(Some(s));
+            }
+        }
+    }
+    Ok(None)
+}
+
+fn pack_indexes(objects: &Path) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = std::fs::read_dir(objects.join("pack"))
+        .into_iter()
+        .flatten()
+        .filter_map(|d| d.ok().map(|d| d.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "idx"))
+        .collect();
+    out.sort();
+    out
+}
+
+fn alternate_dirs(objects: &Path) -> Vec<PathBuf> {
+    let Ok(text) = std::fs::read_to_string(objects.join("info/alternates")) else { return Vec::new() };
+    text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).map(|l| objects.join(l)).collect()
+}
+
+fn corrupt(oid: &ObjectId, what: impl std::fmt::Display) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidData, format!("git blob {oid} is corrupt in the repository: {what}"))
+}
+
+impl BlobStream {
+    fn new(f: File, oid: ObjectId, size: u64) -> BlobStream {
+        BlobStream {
+            input: BufReader::with_capacity(256 << 10, f),
+            inflate: gix::zlib::Decompress::new(),
+            hasher: gix::hash::hasher(gix::hash::Kind::Sha1),
+            oid,
+            size,
+            remaining: size,
+            checked: false,
+        }
+    }
+
+    /// Starts the object id's hash with git's `blob <size>\0` header.
+    fn hash_header(&mut self) {
+        self.hasher.update(format!("blob {}\0", self.size).as_bytes());
+    }
+
+    /// A loose object inflates to `blob <size>\0` then the bytes.
+    fn loose_header(&mut self) -> std::io::Result<()> {
+        let mut header = Vec::new();
+        loop {
+            let mut b = [0u8; 1];
+            if self.inflate_into(&mut b)? == 0 || header.len() > 64 {
+                return Err(corrupt(&self.oid, "its loose object header does not end"));
+            }
+            if b[0] == 0 {
+                break;
+            }
+            header.push(b[0]);
+        }
+        let want = format!("blob {}", self.size);
+        if header != want.as_bytes() {
+            return Err(corrupt(
+                &self.oid,
+                format!("loose header {:?}, expected {want:?}", String::from_utf8_lossy(&header)),
+            ));
+        }
+        self.hash_header();
+        Ok(())
+    }
+
+    /// A pack entry starts with its type and inflated size (a varint);
+    /// false when it is not a whole blob (a delta, say).
+    fn pack_header(&mut self) -> std::io::Result<bool> {
+        let mut byte = || -> std::io::Result<u8> {
+            let mut b = [0u8; 1];
+            self.input.read_exact(&mut b)?;
+            Ok(b[0])
+        };
+        let first = byte()?;
+        let kind = (first >> 4) & 7;
+        let mut len = (first & 0x0f) as u64;
+        let mut shift = 4;
+        let mut b = first;
+        while b & 0x80 != 0 {
+            b = byte()?;
+            if shift > 57 {
+                return Err(corrupt(&self.oid, "its pack entry size does not end"));
+            }
+            len |= ((b & 0x7f) as u64) << shift;
+            shift += 7;
+        }
+        if kind != PACK_BLOB {
+            return Ok(false);
+        }
+        if len != self.size {
+            return Err(corrupt(&self.oid, format!("pack entry of {len} bytes, expected {}", self.size)));
+        }
+        self.hash_header();
+        Ok(true)
+    }
+
+    fn inflate_into(&mut self, dst: &mut [u8]) -> std::io::Result<usize> {
+        gix::zlib::stream::inflate::read(&mut self.input, &mut self.inflate, dst)
+            .map_err(|e| corrupt(&self.oid, format!("inflating: {e}")))
+    }
+
+    /// At the end: nothing left to inflate and the bytes hash to the id.
+    fn finish(&mut self) -> std::io::Result<()> {
+        let mut extra = [0u8; 1];
+        if self.inflate_into(&mut extra)? != 0 {
+            return Err(corrupt(&self.oid, format!("more than its {} bytes", self.size)));
+        }
+        let h = std::mem::replace(&mut self.hasher, gix::hash::hasher(gix::hash::Kind::Sha1));
+        let got = h.try_finalize().map_err(|e| corrupt(&self.oid, e))?;
+        if got != self.oid {
+            return Err(corrupt(&self.oid, format!("its bytes hash to {got}")));
+        }
+        self.checked = true;
+        Ok(())
+    }
+}
+
+impl Read for BlobStream {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.remaining == 0 {
+            if !self.checked {
+                self.finish()?;
+            }
+            return Ok(0);
+        }
+        let want = buf.len().min(self.remaining.min(usize::MAX as u64) as usize);
+        let n = self.inflate_into(&mut buf[..want])?;
+        if n == 0 && want > 0 {
+            let at = self.size - self.remaining;
+            return Err(corrupt(&self.oid, format!("it ends after {at} of {} bytes", self.size)));
+        }
+        self.hasher.update(&buf[..n]);
+        self.remaining -= n as u64;
+        Ok(n)
+    }
+}

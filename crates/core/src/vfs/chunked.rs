@@ -1,0 +1,146 @@
+//! Reads of a chunked (large) file through the filesystem.
+//!
+//! - A few chunks recently read stay decoded in memory, shared by every
+//!   open file, so the kernel's 128 KiB reads of one ~1 MiB chunk read and
+//!   verify it from the cache once, not eight times.
+//! - A sequential reader gets read-ahead: once reads follow one another,
+//!   the next chunks are fetched in the background, a window that grows
+//!   from one chunk to [`CHUNK_WINDOW`] while the reader keeps up (as
+//!   mountpoint-s3's prefetcher grows its window). Fetched chunks land in
+//!   the disk cache, not in memory, so a reader that stops costs nothing
+//!   but the fetches already started. A random read fetches only the
+//!   chunks it touches.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::Mutex;
+
+use super::*;
+use crate::fetch::CHUNK_WINDOW;
+
+/// Decoded chunks kept in memory (≤ 4 MiB each).
+const RECENT_CHUNKS: usize = 16;
+/// Read-ahead fetches in flight across every open file.
+const AHEAD_IN_FLIGHT: usize = 16;
+
+/// The read pattern of one open chunked file.
+#[derive(Default)]
+pub struct Readahead {
+    /// Where the next read starts if the reader is sequential.
+    next: AtomicU64,
+    /// Sequential reads in a row.
+    streak: AtomicU32,
+    /// Chunks below this index were already asked for.
+    ahead_to: AtomicUsize,
+}
+
+pub(super) struct Chunks {
+    recent: Mutex<VecDeque<(Hash, Bytes)>>,
+    ahead: Arc<tokio::sync::Semaphore>,
+    pub(super) ahead_started: AtomicU64,
+}
+
+impl Default for Chunks {
+    fn default() -> Self {
+        Chunks {
+            recent: Mutex::new(VecDeque::with_capacity(RECENT_CHUNKS)),
+            ahead: Arc::new(tokio::sync::Semaphore::new(AHEAD_IN_FLIGHT)),
+            ahead_started: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Chunks {
+    fn recent(&self, id: &Hash) -> Option<Bytes> {
+        self.recent.lock().expect("recent chunks").iter().find(|(h, _)| h == id).map(|(_, b)| b.clone())
+    }
+
+    fn remember(&self, id: Hash, b: Bytes) {
+        let mut r = self.recent.lock().expect("recent chunks");
+        if r.iter().any(|(h, _)| *h == id) {
+            return;
+        }
+        if r.len() == RECENT_CHUNKS {
+            r.pop_front();
+        }
+        r.push_back((id, b));
+    }
+}
+
+impl SnapshotFs {
+    /// `size` bytes at `offset` of a chunked file.
+    pub(super) async fn read_chunked(
+        &self,
+        entry: &Entry,
+        manifest: &ChunkManifest,
+        starts: &[u64],
+        ahead: &Readahead,
+        offset: u64,
+        size: u32,
+    ) -> Result<Bytes> {
+        let end = (offset + size as u64).min(manifest.size);
+        if offset >= end {
+            return Ok(Bytes::new());
+        }
+        let first = starts.partition_point(|s| *s <= offset) - 1;
+        let last = starts.partition_point(|s| *s < end) - 1;
+        self.read_ahead(manifest, ahead, offset, end, last);
+        let name = String::from_utf8_lossy(&entry.name).into_owned();
+        let parts: Vec<Bytes> = self
+            .timed(
+                "reading a file",
+                futures::stream::iter((first..=last).map(|i| {
+                    let id = manifest.chunks[i].1;
+                    let name = name.clone();
+                    async move {
+                        if let Some(b) = self.chunks.recent(&id) {
+                            return Ok(b);
+                        }
+                        let b = self.fetcher.get(Space::Objects, id, "chunk").await.map_err(|e| e.at_path(&name))?;
+                        self.chunks.remember(id, b.clone());
+                        Ok(b)
+                    }
+                }))
+                .buffered(CHUNK_WINDOW)
+                .try_collect(),
+            )
+            .await?;
+        let mut out = Vec::with_capacity((end - offset) as usize);
+        for (k, p) in parts.iter().enumerate() {
+            let cs = starts[first + k];
+            let from = offset.saturating_sub(cs) as usize;
+            let to = ((end - cs) as usize).min(p.len());
+            out.extend_from_slice(&p[from.min(to)..to]);
+        }
+        Ok(Bytes::from(out))
+    }
+
+    /// Starts fetching the chunks after `last` when the reader is
+    /// sequential: the window is one chunk after the first read, and
+    /// grows by one every two sequential reads up to [`CHUNK_WINDOW`].
+    fn read_ahead(&self, manifest: &ChunkManifest, ahead: &Readahead, offset: u64, end: u64, last: usize) {
+        let sequential = ahead.next.swap(end, Relaxed) == offset;
+        if !sequential {
+            ahead.streak.store(0, Relaxed);
+            return;
+        }
+        let streak = ahead.streak.fetch_add(1, Relaxed) as usize;
+        let window = (1 + streak / 2).min(CHUNK_WINDOW);
+        let upto = (last + window).min(manifest.chunks.len() - 1);
+        let from = ahead.ahead_to.fetch_max(upto + 1, Relaxed).max(last + 1);
+        for j in from..=upto {
+            let id = manifest.chunks[j].1;
+            if self.fetcher.cache.contains(&id) {
+                continue;
+            }
+            let (fetcher, permits) = (self.fetcher.clone(), self.chunks.ahead.clone());
+            self.chunks.ahead_started.fetch_add(1, Relaxed);
+            tokio::spawn(async move {
+                let Ok(_permit) = permits.acquire_owned().await else { return };
+                // Into the disk cache; a failure is met again (and
+                // reported) by the read that needs the chunk.
+                let _ = fetcher.get(Space::Objects, id, "chunk").await;
+            });
+        }
+    }
+}
