@@ -196,6 +196,52 @@ class Sample:
     wall: Optional[float] = None  # the run's own timing, when part of it must not count
     ttff: Optional[float] = None  # seconds to the first file's content
     build_ms: Optional[float] = None  # the import's pack build
+    rss_mib: Optional[float] = None  # j: max RSS of the process measured (MiB)
+    up_bytes: Optional[int] = None  # j: bytes up, as mado's --json counts them
+    counts: Optional[Counts] = None  # j: mado's own request counts (--json), where no proxy sees them
+
+
+def run_rss(argv, env=None, cwd=None):
+    """Runs a command to the end; returns (seconds, its max RSS in MiB,
+    stdout). The RSS is the kernel's for that process alone (wait4's
+    ru_maxrss), not its children's. Raises RuntimeError with its stderr
+    if it fails."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        t0 = time.perf_counter()
+        p = subprocess.Popen(argv, env=env, cwd=cwd, stdout=out, stderr=err)
+        _, status, ru = os.wait4(p.pid, 0)
+        wall = time.perf_counter() - t0
+        p.returncode = os.waitstatus_to_exitcode(status)
+        if p.returncode != 0:
+            err.seek(0)
+            raise RuntimeError(f"{' '.join(map(str, argv))}: exit {p.returncode}: "
+                               + err.read().decode(errors="replace").strip())
+        out.seek(0)
+        return wall, ru.ru_maxrss / 1024, out.read().decode(errors="replace")
+
+
+def vm_hwm_mib(pid: int) -> Optional[float]:
+    """A live process's peak resident set (VmHWM), MiB; None if gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def parse_sizes(text: str) -> List[int]:
+    """`300M,1G` -> bytes (M = MiB, G = GiB)."""
+    out = []
+    for x in text.split(","):
+        x = x.strip().upper()
+        mult = {"M": 1 << 20, "G": 1 << 30}.get(x[-1:])
+        if not mult or not x[:-1].isdigit() or int(x[:-1]) == 0:
+            raise ValueError(f"{x!r}: sizes are like 300M or 1G")
+        out.append(int(x[:-1]) * mult)
+    return out
 
 
 def walk_read(root):
@@ -243,8 +289,10 @@ def log_result(r: Result) -> Result:
 
 
 class Harness:
-    def __init__(self, quick: bool, runs: int, timeout: float, profile: str):
+    def __init__(self, quick: bool, runs: int, timeout: float, profile: str, large_sizes: Optional[List[int]] = None):
         self.quick, self.runs, self.timeout, self.profile = quick, runs, timeout, profile
+        # Scenario j's file sizes (run.py --large-sizes).
+        self.large_sizes = large_sizes or ([16 << 20, 48 << 20] if quick else [300 << 20, 1 << 30])
         self.work = tempfile.mkdtemp(prefix="mado-bench-")
         self.procs = []
         # MADO_BENCH_QUIET_S: before each timed run, wait up to that many
@@ -441,13 +489,9 @@ class Harness:
         size = 64 << 20
         with open(blob, "wb") as f:
             f.write(os.urandom(size))
-        auth = ["--aws-sigv4", f"aws:amz:{self.s3['AWS_REGION']}:s3", "-u",
-                f"{self.s3['AWS_ACCESS_KEY_ID']}:{self.s3['AWS_SECRET_ACCESS_KEY']}"]
+        auth = self.s3_auth()
         key = f"{BUCKET}/bench-floor/blob"
-        code = sh("curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", *auth, "-T", blob,
-                  f"http://{self.minio_addr}/{key}")
-        if code != "200":
-            raise RuntimeError(f"PUT of the throughput object: HTTP {code}")
+        self.put_object(blob, key)
         os.remove(blob)
         self.s3proxy.rtt(0)
         rates = []
@@ -467,6 +511,42 @@ class Harness:
         log(f"plain GET through the proxy at RTT 0: {', '.join(f'{r:.0f}' for r in rates)} MB/s")
         return statistics.median(rates)
 
+    def s3_auth(self) -> List[str]:
+        """curl's arguments to sign a request to MinIO (SigV4)."""
+        return ["--aws-sigv4", f"aws:amz:{self.s3['AWS_REGION']}:s3", "-u",
+                f"{self.s3['AWS_ACCESS_KEY_ID']}:{self.s3['AWS_SECRET_ACCESS_KEY']}"]
+
+    def put_object(self, path, key):
+        """PUTs a file as the plain object `key` (bucket/...), straight to MinIO."""
+        code = sh("curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", *self.s3_auth(), "-T", path,
+                  f"http://{self.minio_addr}/{key}")
+        if code != "200":
+            raise RuntimeError(f"PUT of {key}: HTTP {code}")
+
+    def delete_object(self, key):
+        subprocess.run(["curl", "-s", "-o", "/dev/null", "-X", "DELETE", *self.s3_auth(),
+                        f"http://{self.minio_addr}/{key}"], capture_output=True)
+
+    def get_object(self, key, size: int, ranges: int = 1) -> int:
+        """GETs the plain object `key` (of `size` bytes) through the S3
+        proxy, to /dev/null: one request, or `ranges` ranged requests of
+        equal spans in parallel (a curl each, so each its own connection).
+        Returns the bytes received."""
+        url = f"http://127.0.0.1:{self.s3proxy.port}/{key}"
+        fmt = ["-w", "%{http_code} %{size_download}"]
+        step = -(-size // ranges)
+        cmds = [["curl", "-s", "-o", "/dev/null", *fmt, *self.s3_auth(), url]] if ranges == 1 else \
+            [["curl", "-s", "-o", "/dev/null", *fmt, "-r", f"{a}-{min(size, a + step) - 1}", *self.s3_auth(), url]
+             for a in range(0, size, step)]
+        ps = [subprocess.Popen(c, stdout=subprocess.PIPE, text=True) for c in cmds]
+        got = 0
+        for p in ps:
+            code, n = p.communicate()[0].split()
+            if code not in ("200", "206"):
+                raise RuntimeError(f"GET of {key}: HTTP {code}")
+            got += int(n)
+        return got
+
     def env(self, prefix, cache=None, direct=False):
         """A hermetic environment for mado on the store under `prefix` in
         the bucket, through the proxy unless `direct`."""
@@ -479,6 +559,11 @@ class Harness:
         for k in ("XDG_CACHE_HOME", "MADO_DISK_CACHE_MAX_BYTES", "MADO_INJECT_RTT_MS"):
             e.pop(k, None)
         return e
+
+    def env_local(self, store, cache):
+        """A hermetic environment for mado on the embedded store (file://)
+        in the folder `store`."""
+        return dict(self.env("-", cache), MADO_REMOTE_ADDR=f"file://{os.path.abspath(store)}")
 
     def fresh_cache(self):
         d = os.path.join(self.work, "cache")

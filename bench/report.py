@@ -6,7 +6,7 @@ one table per scenario, the plots (matplotlib, optional), the notes, and
 bench/NOTES.md (the hand-run sections) appended to a full run's report.
 It only reads a `Run`; it measures nothing.
 """
-import datetime, os
+import datetime, os, shlex
 from typing import Callable, List, Optional, Sequence, Tuple
 
 from harness import ROOT, log
@@ -14,6 +14,9 @@ from results import (BRIEF, FIRST_FILE, FLOOR_ROW, GIT_CLONE_ROW, GIT_PUSH_ROW, 
                      IMPORT_VS_PUSH, MATERIALIZE, MOUNT, PEERS, REAL_CHECKOUT_ROW, REAL_CHECKOUT_SUB_ROW, REAL_GOALS,
                      REAL_MATERIALIZE_ROW, REAL_MOUNT_ROW, REAL_SUB, RESUME_ROW, UNTAR_ROW, Counts, Layout, Result, Run,
                      Subtree, Table, materialize_row, mount_row, writers_row)
+from results import (J_CHECKOUT_COLD, J_CHECKOUT_WARM, J_CHECKPOINT, J_CP, J_DISK_READ, J_GET8, J_IMPORT_LOCAL,
+                     J_MOUNT_COLD, J_MOUNT_RANDOM, J_MOUNT_WARM, J_ROWS, J_RSS_LIMIT_MIB, J_RTT, J_WRITE, large_system,
+                     size_label)
 
 # Their cells also give the bytes and connections: the cold walks and the peers.
 TRAFFIC = {Table.A_DENSE, Table.A_THIN, Table.B_DENSE, Table.B_THIN, Table.B_DENSE300, Table.H_DENSE, Table.H_THIN,
@@ -64,13 +67,7 @@ class Report:
 
     def table(self, key: Table, title: str, extra_cols: Sequence[Column] = ()) -> List[str]:
         res = self.results.rows(key)
-        out = [f"### {title}", ""]
-        part = self.run.parts.get(key)
-        if part:
-            out += [f"*Measured later*, on {part.measured_at} in {part.elapsed:.0f} s, by "
-                    f"`python3 bench/run.py {' '.join(part.argv)}` ({part.runs} cold runs per cell at most, RTT "
-                    + " / ".join(map(str, part.rtts)) + " ms), and merged into the run above."
-                    + (" mado is the debug build in this table." if debug_build(part.argv) else ""), ""]
+        out = self.part_header(key, title)
         if not res:
             out += ["not yet measured in this run", ""]
             return out
@@ -97,6 +94,19 @@ class Report:
             ex = [f(last) for _, f in extra_cols]
             out.append("| " + " | ".join([system] + cells + ex) + " |")
         out.append("")
+        return out
+
+    def part_header(self, key: Table, title: str) -> List[str]:
+        """A table's heading, and where its cells come from if a later run
+        measured them."""
+        out = [f"### {title}", ""]
+        part = self.run.parts.get(key)
+        if part:
+            out += [f"*Measured later*, on {part.measured_at} in {part.elapsed:.0f} s, by "
+                    f"`python3 bench/run.py {shlex.join(part.argv)}` ({part.runs} cold runs per cell at most, RTT "
+                    + " / ".join(map(str, part.rtts)) + " ms), and merged into the run above."
+                    + (" mado is the debug build in this table." if debug_build(part.argv) else "")
+                    + (f" {part.note.rstrip('.')}." if part.note else ""), ""]
         return out
 
     def summary(self) -> List[str]:
@@ -161,6 +171,7 @@ class Report:
                              target.seed, target.goal,
                              f"{r.counts.gets if r.counts else '–'} GETs for W = {r.working_set} files"))
         rows += self.real_summary()
+        rows += self.large_summary()
         out = ["## Summary against the brief", "",
                "| case | seed 003 | goal | mado in this run |", "|---|---|---|---|"]
         out += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
@@ -308,6 +319,179 @@ class Report:
              f"{t(Table.I_WHOLE, REAL_CHECKOUT_ROW)}: {x('whole_git')} git's time"),
         ]
 
+    # ---- scenario j: large files (issue #19) ----
+
+    def large_sizes(self) -> List[int]:
+        return sorted({r.file_bytes for by in self.results.rows(Table.J).values() for r in by.values()
+                       if r.file_bytes})
+
+    def large(self, row: str, size: int) -> Optional[Result]:
+        return self.results.get(Table.J, large_system(row, size), J_ROWS[row][0])
+
+    def large_med(self, row: str, size: int) -> Optional[float]:
+        r = self.large(row, size)
+        return r.median if r and r.median is not None else None
+
+    def large_ratios(self, size: int) -> dict:
+        """Issue #19's ratios at one size (None where a cell is missing)."""
+        m = lambda row: self.large_med(row, size)  # noqa: E731
+        div = lambda a, b: a / b if a is not None and b else None  # noqa: E731
+        get8, write = m(J_GET8), m(J_WRITE)
+        return {
+            "mount_vs_get8": div(get8, m(J_MOUNT_COLD)),  # throughput share: >= 0.8
+            "checkout_vs_floor": div(m(J_CHECKOUT_COLD), get8 + write if get8 and write else None),  # <= 1.25
+            "warm_mount_vs_disk": div(m(J_MOUNT_WARM), m(J_DISK_READ)),  # <= 1.2
+            "warm_checkout_vs_cp": div(m(J_CHECKOUT_WARM), m(J_CP)),  # <= 1.3
+            "random_rtts": div(m(J_MOUNT_RANDOM), J_RTT / 1000),  # <= 2
+        }
+
+    def large_cell(self, row: str, size: int) -> str:
+        r = self.large(row, size)
+        if not r:
+            return "–"
+        if r.median is None:
+            return r.note or "–"
+        _, whole, bounded = J_ROWS[row]
+        parts = [fmt_t(r) + (f" ({size / r.median / 1e6:.0f} MB/s)" if whole and r.median else "")]
+        if r.rss_mib is not None:
+            over = bounded and r.rss_mib > J_RSS_LIMIT_MIB
+            rss = f"{r.rss_mib:.0f} MiB"
+            parts.append("max RSS " + (f"**{rss}**" if over else rss)
+                         + (" (daemon)" if row.startswith("mount") else ""))
+        k = r.counts
+        if k and k.requests:
+            traffic = [f"{k.gets} GET" + (f" ({k.ranged} ranged)" if k.ranged else "")]
+            if k.puts:
+                traffic.append(f"{k.puts} PUT")
+            if k.bytes_down > 1e5 or not k.puts:
+                traffic.append(f"{k.bytes_down / 1e6:.1f} MB down")
+            if k.bytes_up and (k.puts or k.bytes_up > 1e6):  # not the request headers alone
+                traffic.append(f"{k.bytes_up / 1e6:.1f} MB up")
+            if J_ROWS[row][0] == 0:
+                traffic[0] = "mado's count: " + traffic[0]
+            else:
+                traffic.append(f"{k.connections} conn")
+            parts.append(", ".join(traffic))
+        return "; ".join(parts)
+
+    def large_tables(self) -> List[str]:
+        sizes = self.large_sizes()
+        names = " and ".join(size_label(n) for n in sizes) or "300 MiB and 1 GiB"
+        out = self.part_header(Table.J, f"j. Large files (issue #19): one file of random bytes, {names}: time "
+                               "and max RSS of import, checkout, checkpoint and the mount daemon, beside the raw "
+                               "GET of the same bytes and the local disk")
+        if not self.results.rows(Table.J):
+            return out + ["not yet measured in this run", ""]
+        out += ["| case | " + " | ".join(size_label(n) for n in sizes) + " |", "|---|" + "---|" * len(sizes)]
+        for row in J_ROWS:
+            if any(self.large(row, n) for n in sizes):
+                out.append(f"| {row} | " + " | ".join(self.large_cell(row, n) for n in sizes) + " |")
+        at = [self.large(J_MOUNT_RANDOM, n) for n in sizes]
+        at = [r.read_at for r in at if r and r.read_at is not None]
+        out += ["", " ".join([
+            "A git repository holding the one large file and a tiny one, imported with `mado import-git` into "
+            "the embedded store (`file://`, on this disk: local work only) and into MinIO through the proxy at "
+            f"RTT {J_RTT} ms (a new store and a fresh cache each run). Checkouts are of the whole snapshot into "
+            "an empty directory: cold with an empty mado cache, warm with the cache filled by an earlier "
+            "checkout. The checkpoint is `mado ws checkpoint` of a plain working copy (`mado ws create --dir`) "
+            "after appending 100 random bytes to the large file; its traffic is mado's own count (`--json`), "
+            "as no proxy stands between mado and the embedded store. The mount rows are a read-only `mado "
+            f"mount` of the MinIO store at RTT {J_RTT} ms, set up untimed (and the file looked up) before the "
+            "page cache is dropped: `cat FILE > /dev/null` with an empty mado cache (cold) or one filled by an "
+            "earlier mount's read (warm), and one 4 KiB `pread` (open, read, close) "
+            + (f"at {' / '.join(f'{x / (1 << 20):g}' for x in dict.fromkeys(at))} MiB into the file" if at else
+               "200 MiB into the file (half-way into a smaller one)")
+            + " on a fresh mount with an empty cache, checked against the file's bytes.",
+            "Max RSS is the kernel's peak resident set of the mado process (wait4's ru_maxrss); for a mount "
+            "row, the daemon's VmHWM read from /proc just after the read, the daemon having served nothing "
+            f"else; issue #19's bound is {J_RSS_LIMIT_MIB} MiB (bold: over it).",
+            "The floors: `cp` of the file to another folder of the same disk; writing the bytes, `dd` from "
+            "/dev/zero (no fsync, as a checkout); `cat` of the file from the disk; and the file as one plain "
+            f"object in the same MinIO, fetched through the same proxy at RTT {J_RTT} ms by curl, in one GET or "
+            "in 8 ranged GETs of equal spans in parallel (8 connections). Every timed run starts with the "
+            "page cache dropped; each group of rows that a ratio compares is measured interleaved.",
+            "`bench/run.py --only j --rtts 20` runs this scenario alone (add `--merge docs/bench-results.json` "
+            "to put its table here); `--large-sizes 64M,256M` (or MADO_BENCH_LARGE_SIZES) picks other sizes "
+            "for a quick look."]), ""]
+        goals = [
+            ("mount_vs_get8", "cold sequential read through the mount: the 8-way ranged GET's time / the mount's "
+             f"(RTT {J_RTT} ms)", "≥ 80 %", lambda x: x >= 0.8, lambda x: f"{x * 100:.0f} %"),
+            ("checkout_vs_floor", f"cold checkout (MinIO, RTT {J_RTT} ms) / (8-way GET + writing the bytes)",
+             "≤ 1.25×", lambda x: x <= 1.25, lambda x: f"{x:.2f}×"),
+            ("warm_mount_vs_disk", "warm read through the mount / `cat` from the local disk (page cache dropped)",
+             "≤ 1.2×", lambda x: x <= 1.2, lambda x: f"{x:.2f}×"),
+            ("warm_checkout_vs_cp", "warm checkout (embedded store) / `cp`", "≤ 1.3×", lambda x: x <= 1.3,
+             lambda x: f"{x:.2f}×"),
+            ("random_rtts", f"cold random 4 KiB read through the mount, in RTTs of {J_RTT} ms", "≤ 2 RTT",
+             lambda x: x <= 2, lambda x: f"{x:.1f} RTT"),
+        ]
+        out += ["| goal (issue #19) | limit | " + " | ".join(size_label(n) for n in sizes) + " |",
+                "|---|---|" + "---|" * len(sizes)]
+        ratios = {n: self.large_ratios(n) for n in sizes}
+        for what, label, limit, ok, f in goals:
+            cells = []
+            for n in sizes:
+                x = ratios[n][what]
+                cells.append("–" if x is None else f"**{f(x)}** " + ("✓" if ok(x) else "✗"))
+            out.append(f"| {label} | {limit} | " + " | ".join(cells) + " |")
+        for row in J_ROWS:
+            if not J_ROWS[row][2]:
+                continue
+            cells = []
+            for n in sizes:
+                r = self.large(row, n)
+                x = r.rss_mib if r else None
+                cells.append("–" if x is None else f"**{x:.0f} MiB** " + ("✓" if x <= J_RSS_LIMIT_MIB else "✗"))
+            out.append(f"| max RSS, {row} | ≤ {J_RSS_LIMIT_MIB} MiB | " + " | ".join(cells) + " |")
+        return out + [""]
+
+    def large_summary(self) -> List[Tuple[str, str, str, str]]:
+        """Summary rows for scenario j, at its largest size."""
+        sizes = self.large_sizes()
+        if not sizes:
+            return []
+        n = sizes[-1]
+        rss = []
+        for row in (J_IMPORT_LOCAL, J_CHECKOUT_COLD, J_CHECKPOINT, J_MOUNT_COLD):
+            r = self.large(row, n)
+            rss.append(f"{r.rss_mib:.0f}" if r and r.rss_mib is not None else "–")
+        x = self.large_ratios(n)
+        t = lambda row: fmt_t(self.large(row, n)).split(" (")[0]  # noqa: E731
+        pct = f"{x['mount_vs_get8'] * 100:.0f} %" if x["mount_vs_get8"] else "–"
+        r = lambda k: f"{x[k]:.2f}×" if x[k] else "–"  # noqa: E731
+        label = size_label(n)
+        return [
+            (f"large file ({label}): max RSS of import-git / cold checkout / ws checkpoint / mount daemon "
+             "(issue #19)", "–", f"≤ {J_RSS_LIMIT_MIB} MiB each", " / ".join(rss) + " MiB"),
+            (f"large file ({label}): cold `cat` through the mount, RTT {J_RTT} ms", "–",
+             "≥ 80 % of an 8-way ranged GET's throughput", f"{t(J_MOUNT_COLD)}: {pct}"),
+            (f"large file ({label}): warm mount read / local disk; warm checkout / cp", "–", "≤ 1.2×; ≤ 1.3×",
+             f"{r('warm_mount_vs_disk')}; {r('warm_checkout_vs_cp')}"),
+        ]
+
+    def large_plot(self, plt, outdir) -> bool:
+        sizes = self.large_sizes()
+        rows = [row for row in J_ROWS if any(self.large_med(row, n) for n in sizes)]
+        if not rows:
+            return False
+        fig, ax = plt.subplots(figsize=(10, 0.22 * len(rows) * len(sizes) + 1.5))
+        h = 0.8 / len(sizes)
+        for i, n in enumerate(sizes):
+            ys = [k + i * h for k in range(len(rows))]
+            ax.barh(ys, [self.large_med(row, n) or 0 for row in rows], height=h, label=size_label(n))
+        ax.set_yticks([k + h * (len(sizes) - 1) / 2 for k in range(len(rows))])
+        ax.set_yticklabels(rows, fontsize=7)
+        ax.invert_yaxis()
+        ax.set_xscale("log")
+        ax.set_xlabel("wall time (s, median)")
+        ax.set_title("j: large files")
+        ax.grid(True, axis="x", which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(os.path.join(outdir, "bench-j.png"), dpi=90, bbox_inches="tight")
+        plt.close(fig)
+        return True
+
     def import_vs_push(self) -> List[Tuple[int, Result, Result]]:
         """(RTT, mado's import, git push) at each RTT where both were measured."""
         out = []
@@ -354,6 +538,10 @@ class Report:
             return []
         made = []
         for key in self.results.tables():
+            if key == Table.J:  # not against RTT: a plot of its own
+                if self.large_plot(plt, outdir):
+                    made.append("bench-j.png")
+                continue
             fig, ax = plt.subplots(figsize=(6, 4))
             any_line = False
             for system, by in self.results.rows(key).items():
@@ -404,8 +592,8 @@ def write(run: Run, path: str, quick: bool):
          f"`thin/` ({files[Subtree.THIN]} files, 4 per directory, two levels), `dense300/` "
          f"({files[Subtree.DENSE300]} files), filler in `other/` — and a workspace tree of "
          f"{ws} × 1 KiB files. Scenario i uses a real tree (this machine's cargo registry sources; see its "
-         "tables). Whole-tree walks of other real trees (Linux 6.1, an npm node_modules) are in the last "
-         "section.", ""]
+         "tables), scenario j one large file of random bytes. Whole-tree walks of other real trees (Linux 6.1, an "
+         "npm node_modules) are in the last section.", ""]
     L += rep.summary()
     L += ["## mado against the best peer", "",
           "| subtree | RTT ms | best peer | mado | mado mount |", "|---|---|---|---|---|"]
@@ -436,6 +624,7 @@ def write(run: Run, path: str, quick: bool):
     for sub in (Subtree.DENSE, Subtree.THIN):
         L += rep.table(PEERS[sub], f"h. Peers on the {sub.value} subtree (clone or mount, then walk and read it)")
     L += rep.real_tables()
+    L += rep.large_tables()
     if pngs:
         L += ["## Plots (wall time against RTT, one line per system)", ""]
         L += [f"![{p}]({p})" for p in pngs] + [""]

@@ -30,6 +30,7 @@ class Table(Enum):
     H_THIN = "h-thin"
     I_SUB = "i-subtree"
     I_WHOLE = "i-whole"
+    J = "j"
 
 
 class Subtree(Enum):
@@ -87,6 +88,57 @@ REAL_MOUNT_ROW = "mado mount + walk-and-read"
 GIT_SPARSE_ROW = f"git clone --sparse (partial) + sparse-checkout set {REAL_SUB}"
 REAL_CHECKOUT_ROW = "mado checkout main DIR"
 GIT_CLONE_ROW = "git clone --depth 1"
+
+
+# Scenario j (issue #19): one large file of random bytes, at each of a few
+# sizes. Its rows, in the report's order; a cell's system is
+# `large_system(row, size)`. The store (and so the RTT a cell is recorded
+# at) is part of each row: the embedded store (file://, no network: RTT 0)
+# for the local work, MinIO behind the proxy at J_RTT for the rest.
+J_RTT = 20
+J_IMPORT_LOCAL = "mado import-git (embedded store)"
+J_IMPORT_S3 = f"mado import-git (MinIO, RTT {J_RTT})"
+J_CHECKOUT_COLD_LOCAL = "mado checkout, cold cache (embedded store)"
+J_CHECKOUT_COLD = f"mado checkout, cold cache (MinIO, RTT {J_RTT})"
+J_CHECKOUT_WARM = "mado checkout, warm cache (embedded store)"
+J_CP = "cp of the file on the local disk"
+J_WRITE = "writing the bytes (dd from /dev/zero)"
+J_CHECKPOINT = "mado ws checkpoint after appending 100 B (embedded store)"
+J_MOUNT_COLD = f"mount: cat, cold (MinIO, RTT {J_RTT})"
+J_MOUNT_WARM = "mount: cat, mado cache warm"
+J_MOUNT_RANDOM = f"mount: one 4 KiB read, cold (MinIO, RTT {J_RTT})"
+J_DISK_READ = "cat from the local disk"
+J_GET1 = f"GET, one stream (MinIO, RTT {J_RTT})"
+J_GET8 = f"GET, 8 ranged streams (MinIO, RTT {J_RTT})"
+# row -> (RTT its cells are recorded at, whether it moves the whole file
+# (the report gives its MB/s), whether it is a mado process whose max RSS
+# issue #19 bounds).
+J_ROWS = {
+    J_IMPORT_LOCAL: (0, True, True),
+    J_IMPORT_S3: (J_RTT, True, True),
+    J_CHECKOUT_COLD_LOCAL: (0, True, True),
+    J_CHECKOUT_COLD: (J_RTT, True, True),
+    J_CHECKOUT_WARM: (0, True, True),
+    J_CP: (0, True, False),
+    J_WRITE: (0, True, False),
+    J_CHECKPOINT: (0, False, True),
+    J_MOUNT_COLD: (J_RTT, True, True),
+    J_MOUNT_WARM: (J_RTT, True, True),
+    J_MOUNT_RANDOM: (J_RTT, False, True),
+    J_DISK_READ: (0, True, False),
+    J_GET1: (J_RTT, True, False),
+    J_GET8: (J_RTT, True, False),
+}
+J_RSS_LIMIT_MIB = 256  # issue #19: import, checkout, checkpoint and the mount daemon
+
+
+def size_label(n: int) -> str:
+    """A file size as scenario j names it: 300 MiB, 1 GiB."""
+    return f"{n >> 30} GiB" if n >= 1 << 30 and n % (1 << 30) == 0 else f"{n / (1 << 20):g} MiB"
+
+
+def large_system(row: str, size: int) -> str:
+    return f"{row} [{size_label(size)}]"
 
 
 @dataclass(frozen=True)
@@ -168,6 +220,13 @@ class Result:
     crates: Optional[str] = None  # which crates the tree holds
     dl_bytes: Optional[int] = None
     get_mb_s: Optional[float] = None
+    # j: the large file's size; the process's max RSS (MiB; for a mount row,
+    # the daemon's VmHWM); bytes up as mado's --json counts them; where the
+    # random read was (bytes into the file).
+    file_bytes: Optional[int] = None
+    rss_mib: Optional[float] = None
+    up_bytes: Optional[int] = None
+    read_at: Optional[int] = None
     note: Optional[str] = None
 
     def to_json(self) -> dict:
@@ -233,6 +292,7 @@ class Part:
     argv: List[str]
     runs: int
     rtts: List[int]
+    note: Optional[str] = None  # run.py --note: what the run measured (e.g. "baseline before ...")
 
 
 @dataclass
@@ -251,6 +311,7 @@ class Run:
     measured_at: Optional[str] = None
     elapsed: float = 0.0
     parts: Dict[Table, Part] = field(default_factory=dict)
+    note: Optional[str] = None  # run.py --note, for the tables of a merged run (Part.note)
 
     def check_mergeable(self, later: "Run"):
         """Raises ValueError unless `later`'s cells can stand in this run's
@@ -267,7 +328,7 @@ class Run:
         come from, and adds `later`'s notes."""
         self.check_mergeable(later)
         part = Part(measured_at=later.measured_at or "", elapsed=later.elapsed, argv=later.argv,
-                    runs=later.runs, rtts=later.rtts)
+                    runs=later.runs, rtts=later.rtts, note=later.note)
         for t in later.results.tables():
             self.results.replace_table(t, later.results.rows(t))
             self.parts[t] = part
@@ -284,7 +345,8 @@ class Run:
                                              for s, by in self.results.rows(t).items()}
                                    for t in self.results.tables()},
                        # Only after a merge (an older file has none).
-                       **({"parts": {t.value: {f.name: getattr(p, f.name) for f in fields(Part)}
+                       **({"parts": {t.value: {f.name: getattr(p, f.name) for f in fields(Part)
+                                              if getattr(p, f.name) is not None}
                                      for t, p in self.parts.items()}} if self.parts else {})}, f, indent=1)
 
     @classmethod

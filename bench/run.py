@@ -6,9 +6,10 @@ PNG plots under docs/.
 
     bench/run.py [--quick] [--runs N] [--rtts 0,20,50] [--out docs/BENCHMARKS.md]
                  [--profile release|debug] [--only a,b,...] [--merge JSON]
+                 [--large-sizes 300M,1G] [--note TEXT]
     bench/run.py --report-only docs/bench-results.json
 
-`--only d` (or `--only c,d`) runs only those scenarios (a to i) at each
+`--only d` (or `--only c,d`) runs only those scenarios (a to j) at each
 RTT; the setup (MinIO, the stores, the repositories) is the same. Alone,
 it writes a report of those tables only. With `--merge
 docs/bench-results.json` the tables it measured replace that saved run's
@@ -18,6 +19,8 @@ measured them and when. The trees must be the same (no --quick into a
 full run) and the RTTs among the saved run's. The JSON is read before the
 run starts; bench-results.json is written beside --out, so merging into
 docs/bench-results.json with the default --out updates it in place.
+`--note TEXT` says what this run measured (e.g. which mado): the report
+prints it with the tables it measured.
 
 The proxy (`latency-proxy`, crates/bench) delays each direction of every
 connection by RTT/2 and a new connection by one more RTT (the handshake);
@@ -31,6 +34,17 @@ one, built without network from this machine's cargo registry sources
 (~/.cargo/registry/src/*/: about 15,000 files, a subtree of about 2,800),
 and measures mado's cold checkout, materialize and mount walk against the
 untar floor and git; it needs a cargo registry with enough crates.
+Scenario j (issue #19) uses one large file of random bytes at each of
+`--large-sizes` (default 300M,1G; --quick 16M,48M; M = MiB, G = GiB; also
+MADO_BENCH_LARGE_SIZES): time and max RSS of mado import-git, checkout
+cold and warm, ws checkpoint after a 100-byte append and the mount
+daemon's sequential and random reads, beside cp, the local disk and the
+raw GET of the same bytes (one stream and 8 ranged). It runs once per
+run, whatever --rtts: the local work on the embedded store (file://),
+the network rows on MinIO at RTT 20 ms. It needs about 12 times the
+largest size of free disk, in the work folder under $TMPDIR:
+
+    bench/run.py --only j --rtts 20 --runs 1 --merge docs/bench-results.json
 
 `--quick` uses a small synthetic tree (and a real tree of a few hundred
 files), one run and RTT 0 and 20 ms, and finishes in a few minutes: the
@@ -51,7 +65,7 @@ import argparse, os, signal, sys, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import report  # noqa: E402
-from harness import ROOT, Harness, log  # noqa: E402
+from harness import ROOT, Harness, log, parse_sizes  # noqa: E402
 from results import Run  # noqa: E402
 from scenarios import scenarios  # noqa: E402
 
@@ -63,7 +77,10 @@ def main():
     ap.add_argument("--rtts")
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "BENCHMARKS.md"))
     ap.add_argument("--profile", default="release", choices=["release", "debug"])
-    ap.add_argument("--only", default="a,b,c,d,e,f,g,h,i", help="scenarios to run, e.g. d or c,d (default: all)")
+    ap.add_argument("--only", default="a,b,c,d,e,f,g,h,i,j", help="scenarios to run, e.g. d or c,d (default: all)")
+    ap.add_argument("--large-sizes", default=os.environ.get("MADO_BENCH_LARGE_SIZES"),
+                    help="scenario j's file sizes, e.g. 64M,256M (default 300M,1G; --quick 16M,48M)")
+    ap.add_argument("--note", help="what this run measured, printed with its tables")
     ap.add_argument("--timeout", type=float)
     ap.add_argument("--report-only", metavar="JSON", help="rewrite the report from a saved bench-results.json")
     ap.add_argument("--merge", metavar="JSON", help="merge this run's tables into a saved bench-results.json "
@@ -80,17 +97,22 @@ def main():
     unknown = [s for s in only if s not in todo]
     if unknown:
         ap.error(f"--only: no scenario {','.join(unknown)} (there are {','.join(todo)})")
+    try:
+        large = parse_sizes(a.large_sizes) if a.large_sizes else None
+    except ValueError as e:
+        ap.error(f"--large-sizes: {e}")
     base = Run.load(a.merge) if a.merge else None
     if base and not set(rtts) <= set(base.rtts):
         ap.error(f"--merge: RTTs {rtts} are not among the saved run's {base.rtts}")
     t0 = time.time()
-    h = Harness(a.quick, a.runs, a.timeout, a.profile)
+    h = Harness(a.quick, a.runs, a.timeout, a.profile, large)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     try:
         h.build()
         h.start_servers()
         h.gen_repo()
-        run = Run(rtts=rtts, runs=a.runs, subtree_files=h.subtree_files, ws_files=h.ws_files, argv=sys.argv[1:])
+        run = Run(rtts=rtts, runs=a.runs, subtree_files=h.subtree_files, ws_files=h.ws_files, argv=sys.argv[1:],
+                  note=a.note)
         if base:
             try:
                 base.check_mergeable(run)  # before the scenarios, not after an hour of them
@@ -113,6 +135,8 @@ def main():
                               "(MADO_BENCH_QUIET_S); " if h.quiet else "")
                              + f"{h.busy_runs} of {h.timed_runs} timed runs started while something else kept the "
                              "machine busy (over 10 % of its CPU or 5 % I/O stall, in the half second before)")
+        if a.note and not base:
+            run.notes.append(a.note)
         if base:
             run.measured_at = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
             base.merge(run)

@@ -1,4 +1,4 @@
-"""The benchmark's scenarios, a to i, one function or class each.
+"""The benchmark's scenarios, a to j, one function or class each.
 
 Each is called once per RTT with the harness and yields its cells as
 `Result`s, one at a time, so the cells measured before a scenario fails
@@ -8,13 +8,16 @@ instance: `scenarios()` makes fresh ones for each run.
 """
 import json, os, shutil, statistics, subprocess, threading, time
 from dataclasses import replace
-from typing import Callable, Dict, Iterator
+from typing import Callable, Dict, Iterator, List
 
-from harness import REAL, WS, Cell, Harness, Sample, log_result, sh, walk_read
-from results import (FLOOR_ROW, GIT_CLONE_ROW, GIT_PUSH_ROW, GIT_SPARSE_ROW, IMPORT_ROW, MATERIALIZE, MOUNT, PEERS,
-                     REAL_CHECKOUT_ROW, REAL_CHECKOUT_SUB_ROW, REAL_MATERIALIZE_ROW, REAL_MOUNT_ROW, REAL_SUB,
-                     RESUME_ROW, UNTAR_ROW, Layout, Result, Subtree, Table, materialize_row, mount_row, readers_row,
-                     writers_row)
+from harness import (BUCKET, GIT_ENV, REAL, WS, Cell, Harness, Sample, log, log_result, median_counts, run_rss, sh,
+                     unmount, vm_hwm_mib, walk_read)
+from results import (FLOOR_ROW, GIT_CLONE_ROW, GIT_PUSH_ROW, GIT_SPARSE_ROW, IMPORT_ROW, J_CHECKOUT_COLD,
+                     J_CHECKOUT_COLD_LOCAL, J_CHECKOUT_WARM, J_CHECKPOINT, J_CP, J_DISK_READ, J_GET1, J_GET8,
+                     J_IMPORT_LOCAL, J_IMPORT_S3, J_MOUNT_COLD, J_MOUNT_RANDOM, J_MOUNT_WARM, J_ROWS, J_RTT, J_WRITE,
+                     MATERIALIZE, MOUNT, PEERS, REAL_CHECKOUT_ROW, REAL_CHECKOUT_SUB_ROW, REAL_MATERIALIZE_ROW,
+                     REAL_MOUNT_ROW, REAL_SUB, RESUME_ROW, UNTAR_ROW, Counts, Layout, Result, Subtree, Table,
+                     large_system, materialize_row, mount_row, readers_row, size_label, writers_row)
 
 DENSE = Subtree.DENSE.value
 
@@ -383,7 +386,248 @@ class Real:
         yield from (u, floor(whole, u, co), co, git)
 
 
+class Large:
+    """j. Large files (issue #19): one file of random bytes (and a tiny one
+    beside it) in a git repository, at each of `h.large_sizes`; time and
+    max RSS of mado's import, checkout, checkpoint and mount daemon, beside
+    the raw GET of the same bytes and the local disk. Measured once per
+    run, at the first RTT it is called at: the local work on the embedded
+    store (file://), the rest on MinIO behind the S3 proxy at J_RTT,
+    whatever the run's RTTs (the proxy is set back afterwards). Each timed
+    run drops the page cache first (Harness.timed); the rows that compare
+    with each other are measured interleaved (Harness.cells)."""
+
+    def __init__(self):
+        self.done = False
+
+    def __call__(self, h: Harness, rtt: int) -> Iterator[Result]:
+        if self.done:
+            return
+        self.done = True
+        h.set_rtt(J_RTT)
+        try:
+            for size in h.large_sizes:
+                yield from self.one(h, size)
+        finally:
+            h.set_rtt(rtt)
+
+    def one(self, h: Harness, size: int) -> Iterator[Result]:
+        tag = f"{size >> 20}m"
+        d = os.path.join(h.work, f"large-{tag}")
+        repo, out, wsd = (os.path.join(d, x) for x in ("repo", "out", "ws"))
+        big, out_big = os.path.join(repo, "big.bin"), os.path.join(out, "big.bin")
+        store = os.path.join(d, "store")  # the embedded store
+        prefix = f"large-{tag}"  # the MinIO store
+        key = f"{BUCKET}/bench-large/{tag}"  # the same bytes as one plain object, for the raw GETs
+        mnt = os.path.join(h.work, "mnt")
+        # The random read: 200 MiB into the file (half-way into a smaller one).
+        at = 200 << 20 if size >= (200 << 20) + 4096 else (size // 2) & ~4095
+        purge = []  # MinIO prefixes to delete when done
+        try:
+            log(f"large file: {size_label(size)} of random bytes")
+            os.makedirs(repo)
+            with open(big, "wb") as f:
+                for k in range(0, size, 16 << 20):
+                    f.write(os.urandom(min(16 << 20, size - k)))
+            with open(os.path.join(repo, "small.txt"), "w") as f:
+                f.write("a small file beside the large one\n")
+            genv = dict(os.environ, **GIT_ENV)
+            sh("git", "init", "-q", "-b", "main", repo, env=genv)
+            sh("git", "add", "-A", cwd=repo, env=genv)
+            sh("git", "commit", "-qm", "one large file", cwd=repo, env=genv)
+            h.put_object(big, key)
+            # The MinIO store the checkout and mount rows read (untimed).
+            purge.append(prefix)
+            h.mado_run(h.env(prefix, self.cache(d, "setup"), direct=True), "import-git", repo)
+            shutil.rmtree(self.cache(d, "setup"), ignore_errors=True)
+            yield from self.measure(h, size, d, repo, out, wsd, big, out_big, store, prefix, key, mnt, at, purge)
+        finally:
+            unmount(mnt)
+            for p in purge:
+                subprocess.run(["rclone", "purge", f"minio:{BUCKET}/{p}"], env=h.rclone_env, capture_output=True)
+            h.delete_object(key)
+            shutil.rmtree(d, ignore_errors=True)
+
+    @staticmethod
+    def cache(d, name):
+        return os.path.join(d, f"cache-{name}")
+
+    def fresh(self, d, name):
+        c = self.cache(d, name)
+        shutil.rmtree(c, ignore_errors=True)
+        return c
+
+    def measure(self, h: Harness, size, d, repo, out, wsd, big, out_big, store, prefix, key, mnt, at,
+                purge) -> Iterator[Result]:
+        local_env = lambda cache: h.env_local(store, cache)  # noqa: E731
+        s3_env = lambda cache: h.env(prefix, cache)  # noqa: E731
+        held = {}  # system -> the samples of its cell (for mado's own counts)
+
+        def spec(row, setup, run, teardown=None) -> Cell:
+            system = large_system(row, size)
+
+            def extra(xs):
+                held[system] = xs
+                med = lambda v: statistics.median(v) if v else None  # noqa: E731
+                return dict(rss_mib=med([x.rss_mib for x in xs if x.rss_mib is not None]),
+                            up_bytes=med([x.up_bytes for x in xs if x.up_bytes is not None]),
+                            read_at=at if row == J_MOUNT_RANDOM else None)
+            return Cell(Table.J, system, h.s3proxy, setup, run, teardown, extra)
+
+        def done(results: List[Result]) -> Iterator[Result]:
+            for r in results:
+                row = r.system.rsplit(" [", 1)[0]
+                r = replace(r, rtt=J_ROWS[row][0], file_bytes=size)
+                if J_ROWS[row][0] == 0:
+                    # No traffic through the proxy: the counts are mado's own
+                    # (--json) of its requests to the embedded store, if any.
+                    xs = [x.counts for x in held.get(r.system, []) if x.counts]
+                    r = replace(r, counts=median_counts(xs) if xs else None)
+                yield r
+
+        def mado(env, *args) -> Sample:
+            wall, rss, stdout = run_rss([h.mado, *args, "--json"], env=env)
+            st = json.loads(stdout).get("remote", {})
+            counts = Counts(gets=st.get("gets", 0) + st.get("ranged_gets", 0),
+                            requests=sum(st.get(k, 0) for k in ("gets", "ranged_gets", "heads", "puts", "lists",
+                                                                "deletes", "copies")),
+                            ranged=st.get("ranged_gets", 0), connections=0, bytes_down=st.get("bytes_down", 0),
+                            puts=st.get("puts", 0), heads=st.get("heads", 0), bytes_up=st.get("bytes_up", 0))
+            return Sample(wall=wall, rss_mib=rss, up_bytes=st.get("bytes_up"), counts=counts)
+
+        def timed_sh(*args) -> Sample:
+            t0 = time.perf_counter()
+            sh(*args)
+            return Sample(wall=time.perf_counter() - t0)
+
+        def clean(_=None):
+            shutil.rmtree(out, ignore_errors=True)
+
+        def empty_out():
+            clean()
+            os.makedirs(out)
+
+        def checked(sample: Sample) -> Sample:
+            if os.path.getsize(out_big) != size:
+                raise RuntimeError(f"{out_big}: {os.path.getsize(out_big)} bytes, not {size}")
+            return sample
+
+        # Import: a new store each run (the cache is fresh too).
+        k = [0]
+
+        def s3_import_setup():
+            k[0] += 1
+            purge.append(f"{prefix}-imp{k[0]}")
+            return self.fresh(d, "import")
+
+        def s3_import_teardown(_):
+            subprocess.run(["rclone", "purge", f"minio:{BUCKET}/{purge.pop()}"], env=h.rclone_env,
+                           capture_output=True)
+
+        def local_import_setup():
+            shutil.rmtree(store, ignore_errors=True)
+            return self.fresh(d, "import")
+
+        yield from done(h.cells(J_RTT, [
+            spec(J_IMPORT_LOCAL, local_import_setup, lambda c: mado(local_env(c), "import-git", repo)),
+            spec(J_IMPORT_S3, s3_import_setup,
+                 lambda c: mado(h.env(f"{prefix}-imp{k[0]}", c), "import-git", repo), s3_import_teardown)]))
+        shutil.rmtree(self.cache(d, "import"), ignore_errors=True)
+        if not os.path.isdir(os.path.join(store, "refs")):
+            # The local import failed: the local rows need the store.
+            h.mado_run(local_env(self.fresh(d, "import")), "import-git", repo)
+
+        # The workspace: one append of 100 bytes before each checkpoint.
+        h.mado_run(local_env(self.cache(d, "ws")), "ws", "create", "large", "--dir", wsd)
+
+        def append():
+            with open(os.path.join(wsd, "big.bin"), "ab") as f:
+                f.write(os.urandom(100))
+
+        yield from done(h.cells(J_RTT, [
+            spec(J_CHECKPOINT, append, lambda _: mado(local_env(self.cache(d, "ws")), "ws", "checkpoint",
+                                                      "--dir", wsd, "-m", "100 bytes more"))]))
+        shutil.rmtree(wsd, ignore_errors=True)
+        shutil.rmtree(self.cache(d, "ws"), ignore_errors=True)
+
+        # Local work: checkouts from the embedded store against cp; the warm
+        # mount against reading the file from the disk.
+        h.mado_run(local_env(self.fresh(d, "warm")), "checkout", "main", out)  # fills the cache
+        clean()
+
+        def mount(cache):
+            """Mounts the MinIO store's main on `mnt` with this cache; (the
+            daemon's pid, the cache)."""
+            os.makedirs(mnt, exist_ok=True)
+            h.mado_run(s3_env(cache), "mount", "main", mnt)
+            try:
+                os.stat(os.path.join(mnt, "big.bin"))  # the lookup is not timed
+                return json.loads(h.mado_run(s3_env(cache), "stats", mnt, "--json"))["pid"], cache
+            except BaseException:
+                umount((None, cache))
+                raise
+
+        def umount(ctx):
+            subprocess.run([h.mado, "umount", mnt], env=s3_env(ctx[1]), capture_output=True)
+
+        def cat(ctx) -> Sample:
+            # The daemon's peak RSS since it started (it served nothing before).
+            t0 = time.perf_counter()
+            sh("sh", "-c", f'cat "{os.path.join(mnt, "big.bin")}" > /dev/null')
+            return Sample(wall=time.perf_counter() - t0, rss_mib=vm_hwm_mib(ctx[0]))
+
+        ctx = mount(self.fresh(d, "mount-warm"))  # fill the mount's cache
+        cat(ctx)
+        umount(ctx)
+
+        yield from done(h.cells(J_RTT, [
+            spec(J_CHECKOUT_COLD_LOCAL, lambda: (clean(), self.fresh(d, "co"))[1],
+                 lambda c: checked(mado(local_env(c), "checkout", "main", out)), clean),
+            spec(J_CHECKOUT_WARM, lambda: (clean(), self.cache(d, "warm"))[1],
+                 lambda c: checked(mado(local_env(c), "checkout", "main", out)), clean),
+            spec(J_CP, empty_out, lambda _: checked(timed_sh("cp", big, out_big)), clean),
+            spec(J_WRITE, empty_out,
+                 lambda _: checked(timed_sh("dd", "if=/dev/zero", f"of={out_big}", "bs=1M", f"count={size >> 20}",
+                                            "status=none")), clean),
+            spec(J_MOUNT_WARM, lambda: mount(self.cache(d, "mount-warm")), cat, umount),
+            spec(J_DISK_READ, None, lambda _: timed_sh("sh", "-c", f'cat "{big}" > /dev/null'))]))
+        for x in ("co", "warm", "mount-warm"):
+            shutil.rmtree(self.cache(d, x), ignore_errors=True)
+
+        # Over the network: MinIO behind the proxy at J_RTT.
+        with open(big, "rb") as f:
+            f.seek(at)
+            want = f.read(4096)
+
+        def random_read(ctx) -> Sample:
+            t0 = time.perf_counter()
+            fd = os.open(os.path.join(mnt, "big.bin"), os.O_RDONLY)
+            try:
+                got = os.pread(fd, 4096, at)
+            finally:
+                os.close(fd)
+            wall = time.perf_counter() - t0
+            if got != want:
+                raise RuntimeError(f"the 4 KiB read at {at} through the mount returned other bytes")
+            return Sample(wall=wall, rss_mib=vm_hwm_mib(ctx[0]))
+
+        def get(ranges) -> Sample:
+            t0 = time.perf_counter()
+            got = h.get_object(key, size, ranges)
+            if got != size:
+                raise RuntimeError(f"GET of {key}: {got} bytes, not {size}")
+            return Sample(wall=time.perf_counter() - t0)
+
+        yield from done(h.cells(J_RTT, [
+            spec(J_GET1, None, lambda _: get(1)),
+            spec(J_GET8, None, lambda _: get(8)),
+            spec(J_CHECKOUT_COLD, lambda: (clean(), self.fresh(d, "co"))[1],
+                 lambda c: checked(mado(s3_env(c), "checkout", "main", out)), clean),
+            spec(J_MOUNT_COLD, lambda: mount(self.fresh(d, "mount")), cat, umount),
+            spec(J_MOUNT_RANDOM, lambda: mount(self.fresh(d, "mount")), random_read, umount)]))
+
+
 def scenarios() -> Dict[str, Callable[[Harness, int], Iterator[Result]]]:
     """By the letter `--only` takes."""
     return {"a": materialize, "b": mount_walk, "c": Resume(), "d": import_pack_build, "e": warm_mount,
-            "f": concurrency, "g": capped_cache, "h": Peers(), "i": Real()}
+            "f": concurrency, "g": capped_cache, "h": Peers(), "i": Real(), "j": Large()}
