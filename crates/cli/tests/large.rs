@@ -156,6 +156,20 @@ fn a_file_larger_than_the_memory_bound_streams_through_every_path() {
     std::fs::create_dir_all(&mnt).unwrap();
     m.ok(&["mount", "main", mnt.to_str().unwrap()]);
     let pid = daemon_of(&mnt);
+    // A random 4 KiB read fetches its chunk (and the manifest), no more.
+    let gets =
+        |s: &serde_json::Value| s["remote"]["gets"].as_u64().unwrap() + s["remote"]["ranged_gets"].as_u64().unwrap();
+    let before = gets(&m.json(&["stats", mnt.to_str().unwrap()]));
+    let f = std::fs::File::open(mnt.join("big.bin")).unwrap();
+    let mut buf = vec![0u8; 4096];
+    std::os::unix::fs::FileExt::read_exact_at(&f, &mut buf, 200 << 20).unwrap();
+    let mut want = vec![0u8; 4096];
+    std::os::unix::fs::FileExt::read_exact_at(&std::fs::File::open(&src).unwrap(), &mut want, 200 << 20).unwrap();
+    assert_eq!(buf, want);
+    let s = m.json(&["stats", mnt.to_str().unwrap()]);
+    assert!(gets(&s) - before <= 2, "a 4 KiB read made {} GETs: {s}", gets(&s) - before);
+    assert_eq!(s["chunks_read_ahead"], 0, "a random read reads nothing ahead: {s}");
+    drop(f);
     let read_ok = same_bytes(&mnt.join("big.bin"), &src);
     let hwm = vm_hwm_kib(pid);
     let stats = m.json(&["stats", mnt.to_str().unwrap()]);
@@ -164,8 +178,9 @@ fn a_file_larger_than_the_memory_bound_streams_through_every_path() {
     assert!(read_ok, "content through the mount");
     bound(hwm, "the mount daemon");
     // Every chunk was fetched once (read-ahead did not fetch twice).
-    let gets = stats["remote"]["gets"].as_u64().unwrap();
-    assert!(gets < (FILE as u64 >> 20) * 2, "{gets} GETs for a {} MiB file: {stats}", FILE >> 20);
+    let n = gets(&stats);
+    assert!(n < (FILE as u64 >> 20) * 2, "{n} GETs for a {} MiB file: {stats}", FILE >> 20);
+    assert!(stats["chunks_read_ahead"].as_u64().unwrap() > 100, "a sequential reader gets read-ahead: {stats}");
 }
 
 /// A repository where the same 6 MiB file has two versions, stored loose,

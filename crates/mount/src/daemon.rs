@@ -208,6 +208,7 @@ pub fn run(
                         cache: fetcher.cache.stats(),
                         reads: core.reads(),
                         nodes_in_memory: core.node_count(),
+                        chunks_read_ahead: core.chunks_read_ahead(),
                         passthrough: passthrough.load(Relaxed),
                         workspace: ws.as_ref().map(|w| WorkspaceStats {
                             name: w.name.clone(),

@@ -78,6 +78,9 @@ pub struct MountStats {
     pub cache: CacheStats,
     pub reads: u64,
     pub nodes_in_memory: usize,
+    /// Chunks of large files fetched or loaded ahead of a sequential reader.
+    #[serde(default)]
+    pub chunks_read_ahead: u64,
     pub passthrough: bool,
     pub workspace: Option<WorkspaceStats>,
 }

@@ -35,6 +35,7 @@ pub async fn run(a: StatsArgs, ctx: &Ctx) -> Result<()> {
     println!("cache:  {} hits, {} misses, {} healed", c.hits, c.misses, c.healed);
     println!("packs:  {} exploded, {} members served", p.packs_exploded, p.members_from_packs);
     println!("nodes:  {} in memory", v.nodes_in_memory);
+    println!("large:  {} chunks read ahead", v.chunks_read_ahead);
     if let Some(w) = &v.workspace {
         println!("workspace: {} ({} changes since mounted)", w.name, w.changes);
         if let Some(e) = &w.last_save_error {

@@ -6,10 +6,12 @@
 //! - A sequential reader gets read-ahead: once reads follow one another,
 //!   the next chunks are fetched in the background, a window that grows
 //!   from one chunk to [`CHUNK_WINDOW`] while the reader keeps up (as
-//!   mountpoint-s3's prefetcher grows its window). Fetched chunks land in
-//!   the disk cache, not in memory, so a reader that stops costs nothing
-//!   but the fetches already started. A random read fetches only the
-//!   chunks it touches.
+//!   mountpoint-s3's prefetcher grows its window). A chunk read ahead
+//!   lands in the disk cache and in the recent set (so a warm read overlaps
+//!   the disk reads and checks of the next chunks with the reader's
+//!   copies); the recent set is small and shared, so a reader that stops
+//!   costs nothing but the fetches already started. A random read fetches
+//!   only the chunks it touches.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};
@@ -35,7 +37,7 @@ pub struct Readahead {
 }
 
 pub(super) struct Chunks {
-    recent: Mutex<VecDeque<(Hash, Bytes)>>,
+    recent: Arc<Mutex<VecDeque<(Hash, Bytes)>>>,
     ahead: Arc<tokio::sync::Semaphore>,
     pub(super) ahead_started: AtomicU64,
 }
@@ -43,7 +45,7 @@ pub(super) struct Chunks {
 impl Default for Chunks {
     fn default() -> Self {
         Chunks {
-            recent: Mutex::new(VecDeque::with_capacity(RECENT_CHUNKS)),
+            recent: Arc::new(Mutex::new(VecDeque::with_capacity(RECENT_CHUNKS))),
             ahead: Arc::new(tokio::sync::Semaphore::new(AHEAD_IN_FLIGHT)),
             ahead_started: AtomicU64::new(0),
         }
@@ -56,18 +58,27 @@ impl Chunks {
     }
 
     fn remember(&self, id: Hash, b: Bytes) {
-        let mut r = self.recent.lock().expect("recent chunks");
-        if r.iter().any(|(h, _)| *h == id) {
-            return;
-        }
-        if r.len() == RECENT_CHUNKS {
-            r.pop_front();
-        }
-        r.push_back((id, b));
+        remember(&self.recent, id, b)
     }
 }
 
+fn remember(recent: &Mutex<VecDeque<(Hash, Bytes)>>, id: Hash, b: Bytes) {
+    let mut r = recent.lock().expect("recent chunks");
+    if r.iter().any(|(h, _)| *h == id) {
+        return;
+    }
+    if r.len() == RECENT_CHUNKS {
+        r.pop_front();
+    }
+    r.push_back((id, b));
+}
+
 impl SnapshotFs {
+    /// Chunks fetched or loaded ahead of sequential readers so far.
+    pub fn chunks_read_ahead(&self) -> u64 {
+        self.chunks.ahead_started.load(Relaxed)
+    }
+
     /// `size` bytes at `offset` of a chunked file.
     pub(super) async fn read_chunked(
         &self,
@@ -130,16 +141,19 @@ impl SnapshotFs {
         let from = ahead.ahead_to.fetch_max(upto + 1, Relaxed).max(last + 1);
         for j in from..=upto {
             let id = manifest.chunks[j].1;
-            if self.fetcher.cache.contains(&id) {
+            if self.chunks.recent(&id).is_some() {
                 continue;
             }
             let (fetcher, permits) = (self.fetcher.clone(), self.chunks.ahead.clone());
+            let recent = self.chunks.recent.clone();
             self.chunks.ahead_started.fetch_add(1, Relaxed);
             tokio::spawn(async move {
                 let Ok(_permit) = permits.acquire_owned().await else { return };
-                // Into the disk cache; a failure is met again (and
-                // reported) by the read that needs the chunk.
-                let _ = fetcher.get(Space::Objects, id, "chunk").await;
+                // A failure is met again (and reported) by the read that
+                // needs the chunk.
+                if let Ok(b) = fetcher.get(Space::Objects, id, "chunk").await {
+                    remember(&recent, id, b);
+                }
             });
         }
     }
