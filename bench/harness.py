@@ -203,9 +203,11 @@ class Sample:
 
 def run_rss(argv, env=None, cwd=None):
     """Runs a command to the end; returns (seconds, its max RSS in MiB,
-    stdout). The RSS is the kernel's for that process alone (wait4's
-    ru_maxrss), not its children's. Raises RuntimeError with its stderr
-    if it fails."""
+    stdout). The RSS is what mado reports under --verbose ("memory: peak
+    N KiB resident", its VmHWM, counted from exec); for another command,
+    wait4's ru_maxrss, which also counts this Python process's own peak
+    when the child was spawned with vfork (so it is never below it).
+    Raises RuntimeError with its stderr if it fails."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         t0 = time.perf_counter()
         p = subprocess.Popen(argv, env=env, cwd=cwd, stdout=out, stderr=err)
@@ -217,7 +219,10 @@ def run_rss(argv, env=None, cwd=None):
             raise RuntimeError(f"{' '.join(map(str, argv))}: exit {p.returncode}: "
                                + err.read().decode(errors="replace").strip())
         out.seek(0)
-        return wall, ru.ru_maxrss / 1024, out.read().decode(errors="replace")
+        err.seek(0)
+        peak = re.search(r"memory: peak (\d+) KiB resident", err.read().decode(errors="replace"))
+        rss = int(peak.group(1)) / 1024 if peak else ru.ru_maxrss / 1024
+        return wall, rss, out.read().decode(errors="replace")
 
 
 def vm_hwm_mib(pid: int) -> Optional[float]:

@@ -402,7 +402,8 @@ class Report:
             + (f"at {' / '.join(f'{x / (1 << 20):g}' for x in dict.fromkeys(at))} MiB into the file" if at else
                "200 MiB into the file (half-way into a smaller one)")
             + " on a fresh mount with an empty cache, checked against the file's bytes.",
-            "Max RSS is the kernel's peak resident set of the mado process (wait4's ru_maxrss); for a mount "
+            "Max RSS is the kernel's peak resident set of the mado process (its VmHWM, which mado prints "
+            "under --verbose; wait4's ru_maxrss would also count the harness's own peak); for a mount "
             "row, the daemon's VmHWM read from /proc just after the read, the daemon having served nothing "
             f"else; issue #19's bound is {J_RSS_LIMIT_MIB} MiB (bold: over it).",
             "The floors: `cp` of the file to another folder of the same disk; writing the bytes, `dd` from "

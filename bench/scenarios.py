@@ -486,7 +486,7 @@ class Large:
                 yield r
 
         def mado(env, *args) -> Sample:
-            wall, rss, stdout = run_rss([h.mado, *args, "--json"], env=env)
+            wall, rss, stdout = run_rss([h.mado, *args, "--json", "--verbose"], env=env)
             st = json.loads(stdout).get("remote", {})
             counts = Counts(gets=st.get("gets", 0) + st.get("ranged_gets", 0),
                             requests=sum(st.get(k, 0) for k in ("gets", "ranged_gets", "heads", "puts", "lists",
