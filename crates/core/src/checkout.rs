@@ -460,9 +460,11 @@ pub async fn checkout(
             let (n, p) = if e.chunked && kind != Kind::Symlink {
                 (stream_entry(&f, &root_fd, &p, &e, force).await?, p)
             } else {
-                let data = f.content(&e, &lossy(&p)).await?;
-                let n = data.len() as u64;
-                (n, blocking(move || write_entry(&root_fd, &p, kind, &data, force).map(|()| p)).await?)
+                // Held in the fetcher's piece budget until written: many
+                // files of a few MiB in flight stay under it too.
+                let piece = f.whole(&e, &lossy(&p)).await?;
+                let n = piece.bytes.len() as u64;
+                (n, blocking(move || write_entry(&root_fd, &p, kind, &piece.bytes, force).map(|()| p)).await?)
             };
             (opts.progress)(done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1, total);
             Ok::<_, Error>((kind, n, p, e))

@@ -45,6 +45,11 @@ pub enum IndexCheck {
     Compare,
     /// The caller knows none is published (import checked with a HEAD).
     KnownAbsent,
+    /// HEAD it while the packs are built and go up (no round trip of its
+    /// own): when it is there, the tree's content is in the store already,
+    /// and neither the index nor a pack built after the answer goes up (two
+    /// workspaces that made the same edits share everything).
+    Concurrent,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -61,6 +66,9 @@ pub struct PackReport {
     /// Objects too large for a pack, uploaded alone (packs-first only).
     pub loose_uploaded: u64,
     pub index_uploaded: bool,
+    /// The tree was indexed in the store already (IndexCheck::Concurrent):
+    /// nothing went up.
+    pub index_existed: bool,
     pub index_bytes: u64,
     /// Layers a reader merges for this tree's index (1: a whole index).
     pub index_layers: usize,
@@ -142,18 +150,34 @@ pub async fn publish_packs(
             None => build(tree, opts.mode, opts.cap, &src, &mut emit),
         })
     });
+    // Whether the tree is indexed already (IndexCheck::Concurrent). A pack
+    // built before the answer came goes up anyway (no round trip waits on
+    // the HEAD: on a big tree the build outlasts it; on a small one the
+    // pack is small); the index waits for it.
+    let (head_tx, head_rx) = tokio::sync::watch::channel(None::<bool>);
+    let head = async {
+        let r = match opts.index_check {
+            IndexCheck::Concurrent => remote.has_index(&tree).await,
+            _ => Ok(false),
+        };
+        let _ = head_tx.send(Some(*r.as_ref().unwrap_or(&false)));
+        r
+    };
     let uploads = futures::stream::poll_fn(|cx| rx.poll_recv(cx))
-        .map(|(id, bytes)| async move {
-            if !opts.primary && remote.has_pack(&id).await? {
-                return Ok::<u64, Error>(0);
+        .map(|(id, bytes)| {
+            let indexed = *head_rx.borrow() == Some(true);
+            async move {
+                if indexed || (!opts.primary && remote.has_pack(&id).await?) {
+                    return Ok::<u64, Error>(0);
+                }
+                let n = bytes.len() as u64;
+                remote.put_pack(&id, Bytes::from(bytes)).await?;
+                Ok(n)
             }
-            let n = bytes.len() as u64;
-            remote.put_pack(&id, Bytes::from(bytes)).await?;
-            Ok(n)
         })
         .buffer_unordered(4)
-        .collect::<Vec<_>>()
-        .await;
+        .collect::<Vec<_>>();
+    let (indexed, uploads) = futures::join!(head, uploads);
     let built =
         builder.await.map_err(|e| Error::Io { context: "pack builder".into(), source: std::io::Error::other(e) })??;
     let mut report = PackReport::default();
@@ -163,6 +187,14 @@ pub async fn publish_packs(
             report.packs_uploaded += 1;
             report.bytes_uploaded += n;
         }
+    }
+    if indexed? {
+        // Its index, its packs and everything they reach are in the store
+        // (a pack that went up before the answer is garbage for gc).
+        report.tree = tree.to_hex();
+        report.index_existed = true;
+        report.build_ms = started.elapsed().as_millis() as u64;
+        return Ok(report);
     }
     // Every member of the tree is now in a pack the index names, or must
     // be stored alone: those the store lacks go up (packs-first content

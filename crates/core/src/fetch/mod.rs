@@ -44,7 +44,7 @@ mod typed;
 use attach::PackSet;
 pub use attach::{load_index, Attach, Discovery};
 use packs::PackFlight;
-pub use typed::{Piece, CHUNKS_IN_MEMORY, CHUNK_WINDOW};
+pub use typed::{Piece, CHUNK_WINDOW, PIECE_BYTES_IN_MEMORY};
 
 type Flight = Shared<BoxFuture<'static, Result<Bytes, Arc<Error>>>>;
 
@@ -81,8 +81,8 @@ pub struct Fetcher {
     /// Bounds concurrent cache-write batches from pack explodes: unbounded,
     /// dozens of packs writing at once thrash the disk.
     write_permits: Arc<tokio::sync::Semaphore>,
-    /// Large-file pieces held in memory (see [`typed::CHUNKS_IN_MEMORY`]).
-    chunk_permits: Arc<tokio::sync::Semaphore>,
+    /// Large-file pieces held in memory (see [`typed::PIECE_BYTES_IN_MEMORY`]).
+    piece_permits: Arc<tokio::sync::Semaphore>,
     warnings: Mutex<Vec<String>>,
     /// What the current walk will read (see [`Fetcher::want`]).
     wanted: RwLock<Option<Arc<HashSet<Hash>>>>,
@@ -116,7 +116,7 @@ impl Fetcher {
             write_permits: Arc::new(tokio::sync::Semaphore::new(
                 std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2),
             )),
-            chunk_permits: Arc::new(tokio::sync::Semaphore::new(typed::CHUNKS_IN_MEMORY)),
+            piece_permits: Arc::new(tokio::sync::Semaphore::new(typed::PIECE_PERMITS)),
             warnings: Mutex::new(Vec::new()),
             wanted: RwLock::new(None),
             counters: FetchCounters::default(),

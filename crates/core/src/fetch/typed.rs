@@ -4,13 +4,24 @@
 use super::*;
 
 /// Chunks of one file fetched ahead of the one being consumed: the
-/// parallelism of a large file's sequential read (as an 8-way ranged GET).
-pub const CHUNK_WINDOW: usize = 8;
+/// parallelism of a large file's sequential read. At 1 MiB a chunk and a
+/// 20 ms round trip, 32 in flight keep ~1.6 GB/s of bandwidth busy.
+pub const CHUNK_WINDOW: usize = 32;
 
-/// Chunks (≤ 4 MiB each) all large-file readers of one fetcher may hold in
-/// memory at once: what bounds a checkout's, a copy-up's or `cat`'s memory
-/// to 128 MiB of chunks however large and however many the files are.
-pub const CHUNKS_IN_MEMORY: usize = 32;
+/// Bytes of large-file pieces all readers of one fetcher may hold in memory
+/// at once: what bounds a checkout's, a copy-up's or `cat`'s memory however
+/// large and however many the files are (a chunk is at most 4 MiB).
+pub const PIECE_BYTES_IN_MEMORY: usize = 128 << 20;
+
+/// The unit of [`PIECE_BYTES_IN_MEMORY`]'s semaphore.
+const PERMIT_BYTES: u64 = 64 << 10;
+
+fn permits_for(len: u64) -> u32 {
+    len.div_ceil(PERMIT_BYTES).max(1) as u32
+}
+
+/// Permits in the fetcher's piece semaphore.
+pub(super) const PIECE_PERMITS: usize = PIECE_BYTES_IN_MEMORY / PERMIT_BYTES as usize;
 
 /// One piece of a file's content (see [`Fetcher::pieces`]).
 pub struct Piece {
@@ -124,11 +135,12 @@ impl Fetcher {
     }
 
     /// A file's content in order, a piece at a time: the whole blob, or a
-    /// chunked file's chunks fetched [`CHUNK_WINDOW`] at a time ahead of
-    /// the one being consumed. Each piece holds one of the fetcher's
-    /// [`CHUNKS_IN_MEMORY`] permits until it is dropped, so however many
-    /// large files are written at once, and however large, memory stays
-    /// under that many chunks (each ≤ 4 MiB).
+    /// chunked file's chunks fetched up to [`CHUNK_WINDOW`] ahead of the
+    /// one being consumed. Each piece holds its size in the fetcher's
+    /// semaphore until it is dropped (a fair one: the oldest waiter is
+    /// served first, so the piece a writer waits for always comes), so
+    /// however many large files are written at once, and however large,
+    /// pieces in memory stay under [`PIECE_BYTES_IN_MEMORY`].
     ///
     /// The manifest is read through its id (which the tree holds) and each
     /// chunk is verified against the id and length the manifest gives, so
@@ -141,9 +153,8 @@ impl Fetcher {
         path: &str,
     ) -> Result<futures::stream::BoxStream<'static, Result<Piece>>> {
         if !e.chunked {
-            let permit = self.chunk_permits.clone().acquire_owned().await.expect("the semaphore is never closed");
-            let bytes = self.content(e, path).await?;
-            return Ok(futures::stream::iter([Ok(Piece { offset: 0, bytes, _permit: permit })]).boxed());
+            let piece = self.whole(e, path).await?;
+            return Ok(futures::stream::iter([Ok(piece)]).boxed());
         }
         let m = self.manifest(e, path).await?;
         let mut at = 0;
@@ -162,7 +173,8 @@ impl Fetcher {
                 let me = me.clone();
                 let path = path.clone();
                 async move {
-                    let permit = me.chunk_permits.clone().acquire_owned().await.expect("the semaphore is never closed");
+                    let permit = me.piece_permits.clone().acquire_many_owned(permits_for(len)).await;
+                    let permit = permit.expect("the semaphore is never closed");
                     let bytes = me.get(Space::Objects, id, "chunk").await.map_err(|er| er.at_path(&path))?;
                     if bytes.len() as u64 != len {
                         return Err(Error::Corrupt {
@@ -177,6 +189,15 @@ impl Fetcher {
             })
             .buffered(CHUNK_WINDOW)
             .boxed())
+    }
+
+    /// The content of a file stored whole (at most 4 MiB), holding its
+    /// size in the piece semaphore (see [`Fetcher::pieces`]) until dropped.
+    pub async fn whole(self: &Arc<Self>, e: &Entry, path: &str) -> Result<Piece> {
+        let permit = self.piece_permits.clone().acquire_many_owned(permits_for(e.size)).await;
+        let permit = permit.expect("the semaphore is never closed");
+        let bytes = self.content(e, path).await?;
+        Ok(Piece { offset: 0, bytes, _permit: permit })
     }
 
     /// Writes a file entry's content into `file` at offset 0 as its pieces

@@ -115,7 +115,23 @@ impl Counters {
     fn start(self: &Arc<Self>) -> InFlight {
         InFlight { depth: self.max_done_depth.load(Relaxed) + 1, c: self.clone() }
     }
+
+    /// [`Counters::start`], and under `MADO_TRACE_REQUESTS=1` a line on
+    /// stderr naming the request and its round trip: how to see which
+    /// requests an operation chains.
+    fn start_traced(self: &Arc<Self>, kind: &str, location: &Path) -> InFlight {
+        let f = self.start();
+        if *TRACE {
+            eprintln!("[store] round trip {:>3}: {kind} {location}", f.depth);
+        }
+        f
+    }
 }
+
+static TRACE: std::sync::LazyLock<bool> =
+    std::sync::LazyLock::new(|| std::env::var("MADO_TRACE_REQUESTS").as_deref() == Ok("1"));
+
+impl Counters {}
 
 /// One request in flight; its completion (drop) raises the finished depth.
 struct InFlight {
@@ -151,7 +167,7 @@ impl fmt::Display for CountingStore {
 impl ObjectStore for CountingStore {
     async fn put_opts(&self, location: &Path, payload: PutPayload, opts: PutOptions) -> Result<PutResult> {
         crate::failpoint::hit("store-put");
-        let _rt = self.counters.start();
+        let _rt = self.counters.start_traced("PUT", location);
         self.counters.puts.fetch_add(1, Relaxed);
         self.counters.bytes_up.fetch_add(payload.content_length() as u64, Relaxed);
         self.inner.put_opts(location, payload, opts).await
@@ -159,13 +175,18 @@ impl ObjectStore for CountingStore {
 
     async fn put_multipart_opts(&self, location: &Path, opts: PutMultipartOptions) -> Result<Box<dyn MultipartUpload>> {
         crate::failpoint::hit("store-put");
-        let _rt = self.counters.start();
+        let _rt = self.counters.start_traced("PUT (multipart)", location);
         self.counters.puts.fetch_add(1, Relaxed);
         self.inner.put_multipart_opts(location, opts).await
     }
 
     async fn get_opts(&self, location: &Path, options: GetOptions) -> Result<GetResult> {
-        let _rt = self.counters.start();
+        let kind = match (options.head, &options.range) {
+            (true, _) => "HEAD",
+            (false, Some(_)) => "GET (ranged)",
+            (false, None) => "GET",
+        };
+        let _rt = self.counters.start_traced(kind, location);
         let counter = if options.head {
             &self.counters.heads
         } else if options.range.is_some() {
@@ -210,15 +231,15 @@ impl ObjectStore for CountingStore {
     }
 
     fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, Result<ObjectMeta>> {
-        self.counted_list(self.inner.list(prefix))
+        self.counted_list(self.inner.list(prefix), prefix)
     }
 
     fn list_with_offset(&self, prefix: Option<&Path>, offset: &Path) -> BoxStream<'static, Result<ObjectMeta>> {
-        self.counted_list(self.inner.list_with_offset(prefix, offset))
+        self.counted_list(self.inner.list_with_offset(prefix, offset), prefix)
     }
 
     async fn list_with_delimiter(&self, prefix: Option<&Path>) -> Result<ListResult> {
-        let _rt = self.counters.start();
+        let _rt = self.counters.start_traced("LIST", prefix.unwrap_or(&Path::default()));
         self.counters.lists.fetch_add(1, Relaxed);
         self.inner.list_with_delimiter(prefix).await
     }
@@ -236,10 +257,14 @@ use bytes::Bytes;
 const LIST_PAGE: u64 = 1000;
 
 impl CountingStore {
-    fn counted_list(&self, s: BoxStream<'static, Result<ObjectMeta>>) -> BoxStream<'static, Result<ObjectMeta>> {
+    fn counted_list(
+        &self,
+        s: BoxStream<'static, Result<ObjectMeta>>,
+        prefix: Option<&Path>,
+    ) -> BoxStream<'static, Result<ObjectMeta>> {
         let c = self.counters.clone();
         c.lists.fetch_add(1, Relaxed);
-        let mut rt = Some(c.start());
+        let mut rt = Some(c.start_traced("LIST", prefix.unwrap_or(&Path::default())));
         let mut seen = 0u64;
         s.inspect(move |_| {
             seen += 1;

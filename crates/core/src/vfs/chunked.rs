@@ -1,11 +1,11 @@
 //! Reads of a chunked (large) file through the filesystem.
 //!
-//! - A few chunks recently read stay decoded in memory, shared by every
-//!   open file, so the kernel's 128 KiB reads of one ~1 MiB chunk read and
-//!   verify it from the cache once, not eight times.
+//! - Chunks recently read stay decoded in memory ([`RECENT_BYTES`], shared
+//!   by every open file), so the kernel's 128 KiB reads of one ~1 MiB chunk
+//!   read and verify it from the cache once, not eight times.
 //! - A sequential reader gets read-ahead: once reads follow one another,
 //!   the next chunks are fetched in the background, a window that grows
-//!   from one chunk to [`CHUNK_WINDOW`] while the reader keeps up (as
+//!   from 1 MiB to [`READ_AHEAD_BYTES`] while the reader keeps up (as
 //!   mountpoint-s3's prefetcher grows its window). A chunk read ahead
 //!   lands in the disk cache and in the recent set (so a warm read overlaps
 //!   the disk reads and checks of the next chunks with the reader's
@@ -20,10 +20,14 @@ use std::sync::Mutex;
 use super::*;
 use crate::fetch::CHUNK_WINDOW;
 
-/// Decoded chunks kept in memory (≤ 4 MiB each).
-const RECENT_CHUNKS: usize = 16;
-/// Read-ahead fetches in flight across every open file.
-const AHEAD_IN_FLIGHT: usize = 16;
+/// Bytes of decoded chunks kept in memory.
+pub const RECENT_BYTES: u64 = 96 << 20;
+/// The largest read-ahead window of one reader, in bytes (at a 20 ms round
+/// trip, 32 MiB in flight is ~1.6 GB/s).
+pub const READ_AHEAD_BYTES: u64 = 32 << 20;
+/// Read-ahead fetches in flight across every open file (with the recent
+/// set, at most ~200 MiB of chunks even if every chunk were 4 MiB).
+const AHEAD_IN_FLIGHT: usize = 24;
 
 /// The read pattern of one open chunked file.
 #[derive(Default)]
@@ -45,7 +49,7 @@ pub(super) struct Chunks {
 impl Default for Chunks {
     fn default() -> Self {
         Chunks {
-            recent: Arc::new(Mutex::new(VecDeque::with_capacity(RECENT_CHUNKS))),
+            recent: Arc::new(Mutex::new(VecDeque::new())),
             ahead: Arc::new(tokio::sync::Semaphore::new(AHEAD_IN_FLIGHT)),
             ahead_started: AtomicU64::new(0),
         }
@@ -67,8 +71,10 @@ fn remember(recent: &Mutex<VecDeque<(Hash, Bytes)>>, id: Hash, b: Bytes) {
     if r.iter().any(|(h, _)| *h == id) {
         return;
     }
-    if r.len() == RECENT_CHUNKS {
-        r.pop_front();
+    let mut held: u64 = r.iter().map(|(_, b)| b.len() as u64).sum();
+    while held + b.len() as u64 > RECENT_BYTES {
+        let Some((_, old)) = r.pop_front() else { break };
+        held -= old.len() as u64;
     }
     r.push_back((id, b));
 }
@@ -127,17 +133,26 @@ impl SnapshotFs {
     }
 
     /// Starts fetching the chunks after `last` when the reader is
-    /// sequential: the window is one chunk after the first read, and
-    /// grows by one every two sequential reads up to [`CHUNK_WINDOW`].
+    /// sequential: a window of 1 MiB after the first read, growing by
+    /// 1 MiB every two sequential reads up to [`READ_AHEAD_BYTES`] (at
+    /// least one chunk).
     fn read_ahead(&self, manifest: &ChunkManifest, ahead: &Readahead, offset: u64, end: u64, last: usize) {
         let sequential = ahead.next.swap(end, Relaxed) == offset;
         if !sequential {
             ahead.streak.store(0, Relaxed);
             return;
         }
-        let streak = ahead.streak.fetch_add(1, Relaxed) as usize;
-        let window = (1 + streak / 2).min(CHUNK_WINDOW);
-        let upto = (last + window).min(manifest.chunks.len() - 1);
+        let streak = ahead.streak.fetch_add(1, Relaxed) as u64;
+        let window = ((1 + streak / 2) << 20).min(READ_AHEAD_BYTES);
+        let mut upto = last;
+        let mut bytes = 0;
+        while upto + 1 < manifest.chunks.len() && (upto == last || bytes < window) {
+            upto += 1;
+            bytes += manifest.chunks[upto].0;
+        }
+        if upto == last {
+            return;
+        }
         let from = ahead.ahead_to.fetch_max(upto + 1, Relaxed).max(last + 1);
         for j in from..=upto {
             let id = manifest.chunks[j].1;

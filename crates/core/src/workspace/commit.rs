@@ -10,8 +10,9 @@ pub(super) fn author() -> String {
     format!("{user}@{host}")
 }
 
-/// The shared part of a checkpoint: lease and ref, `stage` (on a blocking
-/// thread), then objects, packs, snapshot and, last, the ref.
+/// The shared part of a checkpoint: `stage` (on a blocking thread) while
+/// the lease and the ref are read, then objects, packs, snapshot and,
+/// last, the ref.
 pub(super) async fn commit(
     fetcher: &Arc<Fetcher>,
     st: &LocalState,
@@ -29,15 +30,26 @@ pub(super) async fn commit(
             st.name
         )));
     }
-    // The lease, the ref and the writer's store lock go together (the lock
-    // is a PUT then a LIST, as long as the lease's GET then conditional PUT).
-    let (lease, cur, lock) = futures::join!(
-        take_lease(remote, &st.name, &st.holder, opts.steal),
-        remote.read_ref(&refname),
-        remote.begin_write()
-    );
+    // The walk (local: hashing what changed into the cache) runs while the
+    // lease, the ref and the writer's store lock make their round trips
+    // (the lock is a PUT then a LIST, as long as the lease's GET then
+    // conditional PUT): after the walk, only the uploads and the ref wait
+    // on the network.
+    let cache = fetcher.cache.clone();
+    let walk = async {
+        tokio::task::spawn_blocking(move || stage(cache))
+            .await
+            .map_err(|e| Error::Io { context: "walking the workspace".into(), source: std::io::Error::other(e) })?
+    };
+    let (walked, (lease, cur, lock)) = futures::join!(walk, async {
+        futures::join!(
+            take_lease(remote, &st.name, &st.holder, opts.steal),
+            remote.read_ref(&refname),
+            remote.begin_write()
+        )
+    });
     let lock = lock?;
-    let r = commit_locked(fetcher, st, state_at, message, opts, stage, lease, cur).await;
+    let r = commit_locked(fetcher, st, state_at, message, opts, walked, lease, cur).await;
     // After the ref moved (or failed to): gc may sweep again.
     remote.drop_lock(lock).await;
     r
@@ -51,7 +63,7 @@ pub(super) async fn commit_locked(
     state_at: &Path,
     message: &str,
     opts: CheckpointLease,
-    stage: impl FnOnce(Arc<DiskCache>) -> Result<(Staged, Walked)> + Send + 'static,
+    walked: Result<(Staged, Walked)>,
     lease: Result<()>,
     cur: Result<Option<(RefValue, crate::store::RefVersion)>>,
 ) -> Result<(CheckpointReport, Walked, Hash)> {
@@ -76,10 +88,7 @@ pub(super) async fn commit_locked(
             &st.head[..12.min(st.head.len())]
         )));
     }
-    let c2 = cache.clone();
-    let (staged, walked) = tokio::task::spawn_blocking(move || stage(c2))
-        .await
-        .map_err(|e| Error::Io { context: "walking the workspace".into(), source: std::io::Error::other(e) })??;
+    let (staged, walked) = walked?;
     let parent_snap = fetcher.snapshot(cur.snapshot).await?;
     // The parent's whole stat object (from the cache, where the resume or
     // the last checkpoint left its layers): what changed goes up as a layer.
@@ -126,17 +135,16 @@ pub(super) async fn commit_locked(
     // members only, no HEAD per object; the stat object alone, alongside.
     // A tree already indexed in the store (another workspace made the same
     // edits) has all its content there: nothing but the stat object goes up.
+    // Whether the new tree is indexed already is asked while its packs are
+    // built (IndexCheck::Concurrent), not in a round trip of its own.
     let (base, indexed) = match parent_snap.root == walked.root {
         true => (None, true),
-        false => {
-            let (base, indexed) = futures::join!(fetcher.locate(parent_snap.root), remote.has_index(&walked.root));
-            (base?.ok().map(|(idx, _)| Arc::new(idx)), indexed?)
-        }
+        false => (fetcher.locate(parent_snap.root).await?.ok().map(|(idx, _)| Arc::new(idx)), false),
     };
-    let pack_opts = |base, primary| crate::publish::PackOptions {
+    let pack_opts = |base, primary, index_check| crate::publish::PackOptions {
         mode: crate::pack::Mode::Recursive,
         cap: crate::pack::DEFAULT_MAX_PACK_BYTES,
-        index_check: crate::publish::IndexCheck::KnownAbsent,
+        index_check,
         base,
         primary,
     };
@@ -178,12 +186,14 @@ pub(super) async fn commit_locked(
                 remote,
                 &cache,
                 walked.root,
-                pack_opts(Some(base), true),
+                pack_opts(Some(base), true, crate::publish::IndexCheck::Concurrent),
                 Some(fetcher.clone()),
             );
             let (stat, p) = futures::join!(stat, packs);
             stat?;
             let p = p?;
+            // An index found in the store names its own layers (a reader
+            // with no hint reads them in one more round trip).
             layers = p.index.as_ref().map(|i| i.base.clone()).unwrap_or_default();
             report.index_bytes = p.index_bytes;
             report.index_layers = p.index_layers;
@@ -199,7 +209,7 @@ pub(super) async fn commit_locked(
                 remote,
                 &cache,
                 walked.root,
-                pack_opts(None, false),
+                pack_opts(None, false, crate::publish::IndexCheck::KnownAbsent),
                 Some(fetcher.clone()),
             )
             .await?;
