@@ -13,7 +13,8 @@ use clap::Parser;
 /// Snapshots live in an object store (a local directory by default, or
 /// S3/MinIO); every read goes through a persistent, verified disk cache.
 /// Start with `mado init`, then `mado import-git <repo>` and
-/// `mado checkout main <dir>`.
+/// `mado checkout main <dir>`. Shell completion: `mado completion --help`;
+/// the manual page: `mado man`.
 #[derive(Parser)]
 #[command(name = "mado", version, propagate_version = true)]
 struct Cli {

@@ -1,17 +1,21 @@
 use anyhow::Result;
 use clap::Args;
+use mado_core::error::local_time;
 use mado_core::hash::Hash;
 
 use crate::ctx::Ctx;
 
 /// Show a ref's history: each snapshot, newest first.
+///
+/// Times are shown in local time (`TZ` sets the zone); `--json` gives them
+/// as seconds since the Unix epoch. `mado refs` lists the refs.
 #[derive(Args)]
 pub struct LogArgs {
     /// Ref name or snapshot id (a unique prefix is enough).
     #[arg(default_value = "main")]
     spec: String,
-    /// Show at most this many snapshots.
-    #[arg(long, short = 'n')]
+    /// Show at most this many snapshots (default: all).
+    #[arg(long = "max-count", alias = "max", short = 'n', value_name = "N")]
     max: Option<usize>,
 }
 
@@ -27,8 +31,8 @@ struct LogEntry {
 }
 
 impl LogArgs {
-    pub fn for_ref(spec: String) -> LogArgs {
-        LogArgs { spec, max: None }
+    pub fn for_ref(spec: String, max: Option<usize>) -> LogArgs {
+        LogArgs { spec, max }
     }
 }
 
@@ -58,7 +62,7 @@ pub async fn run(a: LogArgs, ctx: &Ctx) -> Result<()> {
                 println!("Source:   {}", e.source);
             }
             println!("Author:   {}", e.author);
-            println!("Time:     {} (unix)", e.time);
+            println!("Date:     {}", local_time(e.time));
             println!();
             for l in e.message.trim_end().lines() {
                 println!("    {l}");

@@ -4,6 +4,7 @@
 mod cache;
 mod cat;
 mod checkout;
+mod completion;
 mod gc;
 mod import_git;
 mod init;
@@ -13,6 +14,7 @@ mod materialize;
 mod mount;
 mod pack;
 mod pack_status;
+mod refs;
 mod stats;
 mod umount;
 mod ws;
@@ -29,6 +31,7 @@ pub enum Command {
     #[command(name = "import-git")]
     ImportGit(import_git::ImportGitArgs),
     Log(log::LogArgs),
+    Refs(refs::RefsArgs),
     Ls(ls::LsArgs),
     Cat(cat::CatArgs),
     Checkout(checkout::CheckoutArgs),
@@ -44,6 +47,8 @@ pub enum Command {
     Ws(ws::WsCommand),
     #[command(subcommand)]
     Cache(cache::CacheCommand),
+    Completion(completion::CompletionArgs),
+    Man(completion::ManArgs),
 }
 
 impl Command {
@@ -65,6 +70,7 @@ async fn dispatch(cmd: Command, ctx: &Ctx) -> Result<()> {
         Command::Init(a) => init::run(a, ctx).await,
         Command::ImportGit(a) => import_git::run(a, ctx).await,
         Command::Log(a) => log::run(a, ctx).await,
+        Command::Refs(a) => refs::run(a, ctx).await,
         Command::Ls(a) => ls::run(a, ctx).await,
         Command::Cat(a) => cat::run(a, ctx).await,
         Command::Checkout(a) => checkout::run(a, ctx).await,
@@ -77,6 +83,8 @@ async fn dispatch(cmd: Command, ctx: &Ctx) -> Result<()> {
         Command::Stats(a) => stats::run(a, ctx).await,
         Command::Ws(c) => ws::run(c, ctx).await,
         Command::Cache(c) => cache::run(c, ctx).await,
+        Command::Completion(a) => completion::completion(a),
+        Command::Man(a) => completion::man(a, ctx),
     }
 }
 

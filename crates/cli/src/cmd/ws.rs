@@ -25,8 +25,9 @@ pub enum WsCommand {
     Resume(ResumeArgs),
     /// List the workspaces in the store.
     List,
-    /// Show a workspace's checkpoints, newest first.
-    Log(NameArg),
+    /// Show a workspace's checkpoints, newest first (times in local time;
+    /// `--json` gives seconds since the Unix epoch).
+    Log(LogArgs),
     /// Give up the lease a plain working copy holds, so the workspace can be
     /// resumed elsewhere at once (a mount releases its lease when unmounted).
     Release(ReleaseArgs),
@@ -92,6 +93,14 @@ pub struct ResumeArgs {
     /// but never checkpointed (for looking at a workspace someone else holds).
     #[arg(long, conflicts_with_all = ["mount", "steal"])]
     read_only: bool,
+}
+
+#[derive(Args)]
+pub struct LogArgs {
+    name: String,
+    /// Show at most this many checkpoints (default: all).
+    #[arg(long = "max-count", alias = "max", short = 'n', value_name = "N")]
+    max: Option<usize>,
 }
 
 #[derive(Args)]
@@ -195,7 +204,7 @@ pub async fn run(c: WsCommand, ctx: &Ctx) -> Result<()> {
             Ok(())
         }
         WsCommand::Log(a) => {
-            let args = super::log::LogArgs::for_ref(format!("ws/{}", a.name));
+            let args = super::log::LogArgs::for_ref(format!("ws/{}", a.name), a.max);
             super::log::run(args, ctx).await
         }
         WsCommand::Release(a) => {

@@ -209,8 +209,12 @@ impl Fetcher {
                     async move {
                         let r = me.remote.get_object(space, &id, what).await;
                         if let Ok(b) = &r {
-                            // A failed cache write costs only a later re-fetch.
-                            let _ = me.cache.put(&id, b);
+                            // Off the async workers (a chunk is a few MiB),
+                            // and done before the flight ends, so a next
+                            // get finds it. A failed write costs only a
+                            // later re-fetch.
+                            let (cache, b) = (me.cache.clone(), b.clone());
+                            let _ = tokio::task::spawn_blocking(move || cache.put(&id, &b)).await;
                         }
                         me.inflight.lock().expect("inflight lock").remove(&(space, id));
                         r.map_err(Arc::new)

@@ -66,6 +66,16 @@ impl Chunks {
     }
 }
 
+/// A chunk from the disk cache, read and verified off the async workers
+/// (they serve the other reads), or else fetched.
+async fn load(fetcher: &Arc<Fetcher>, id: Hash) -> Result<Bytes> {
+    let f = fetcher.clone();
+    match tokio::task::spawn_blocking(move || f.cached(&id)).await {
+        Ok(Some(b)) => Ok(Bytes::from(b)),
+        _ => fetcher.get(Space::Objects, id, "chunk").await,
+    }
+}
+
 fn remember(recent: &Mutex<VecDeque<(Hash, Bytes)>>, id: Hash, b: Bytes) {
     let mut r = recent.lock().expect("recent chunks");
     if r.iter().any(|(h, _)| *h == id) {
@@ -113,7 +123,7 @@ impl SnapshotFs {
                         if let Some(b) = self.chunks.recent(&id) {
                             return Ok(b);
                         }
-                        let b = self.fetcher.get(Space::Objects, id, "chunk").await.map_err(|e| e.at_path(&name))?;
+                        let b = load(&self.fetcher, id).await.map_err(|e| e.at_path(&name))?;
                         self.chunks.remember(id, b.clone());
                         Ok(b)
                     }
@@ -122,6 +132,12 @@ impl SnapshotFs {
                 .try_collect(),
             )
             .await?;
+        if let [p] = &parts[..] {
+            // Within one chunk (the usual case): a view, no copy.
+            let from = (offset - starts[first]) as usize;
+            let to = ((end - starts[first]) as usize).min(p.len());
+            return Ok(p.slice(from.min(to)..to));
+        }
         let mut out = Vec::with_capacity((end - offset) as usize);
         for (k, p) in parts.iter().enumerate() {
             let cs = starts[first + k];
@@ -166,7 +182,7 @@ impl SnapshotFs {
                 let Ok(_permit) = permits.acquire_owned().await else { return };
                 // A failure is met again (and reported) by the read that
                 // needs the chunk.
-                if let Ok(b) = fetcher.get(Space::Objects, id, "chunk").await {
+                if let Ok(b) = load(&fetcher, id).await {
                     remember(&recent, id, b);
                 }
             });
