@@ -147,8 +147,8 @@ fn uncheckpointed_changes_survive_an_unmount_and_a_killed_daemon() {
     m.ok(&["ws", "resume", "keep", mnt.path(), "--mount"]);
     assert_eq!(std::fs::read(mnt.dir.join("b.txt")).unwrap(), b"b\n");
 
-    // What a mount refuses: hard links, FIFOs, non-empty rmdir, a
-    // directory into itself.
+    // What a mount refuses: hard links, non-empty rmdir, a directory into
+    // itself.
     let d = &mnt.dir;
     assert_eq!(errno_of(std::fs::hard_link(d.join("a.txt"), d.join("h"))), Some(1), "EPERM");
     assert_eq!(errno_of(std::fs::remove_dir(d.join("src2"))), Some(39), "ENOTEMPTY");
@@ -624,4 +624,71 @@ fn another_user_reads_no_copy_of_a_private_file() {
         }
     }
     assert!(tried > 10, "{tried}");
+}
+
+/// FIFOs and unix sockets (dev servers, language servers and test suites
+/// make them) work in a workspace mount: the kernel carries their data;
+/// they live in the upper layer, survive an unmount, and no checkpoint
+/// keeps them (trees hold files, symlinks and directories). Devices are
+/// refused.
+#[test]
+fn fifos_and_sockets_work_in_a_workspace_mount_and_are_not_checkpointed() {
+    use std::io::{Read, Write};
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::FileTypeExt;
+    if !fuse_usable() {
+        return;
+    }
+    let m = Mado::local();
+    setup(&m);
+    let mnt = create(&m, "sp");
+    let fifo = mnt.dir.join("pipe");
+    assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    assert!(std::fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo());
+    let writer = {
+        let f = fifo.clone();
+        std::thread::spawn(move || std::fs::write(f, b"through the pipe\n").unwrap())
+    };
+    assert_eq!(std::fs::read(&fifo).unwrap(), b"through the pipe\n");
+    writer.join().unwrap();
+
+    let sock = mnt.dir.join("src/app.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        s.write_all(b"hello").unwrap();
+    });
+    let mut got = String::new();
+    std::os::unix::net::UnixStream::connect(&sock).unwrap().read_to_string(&mut got).unwrap();
+    server.join().unwrap();
+    assert_eq!(got, "hello");
+    assert!(std::fs::symlink_metadata(&sock).unwrap().file_type().is_socket());
+
+    // A device is refused (EPERM).
+    let dev = std::ffi::CString::new(mnt.dir.join("null").as_os_str().as_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path; mknod only reads it.
+    let r = unsafe { libc::mknod(dev.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) };
+    assert_eq!((r, std::io::Error::last_os_error().raw_os_error()), (-1, Some(libc::EPERM)));
+
+    // A checkpoint succeeds and keeps neither.
+    mnt.checkpoint("specials");
+    let names = |dir: &str| -> Vec<String> {
+        let mut args = vec!["ls", "ws/sp"];
+        if !dir.is_empty() {
+            args.push(dir);
+        }
+        m.json(&args).as_array().unwrap().iter().map(|e| e["name"].as_str().unwrap().to_string()).collect()
+    };
+    assert!(!names("").contains(&"pipe".to_string()), "{:?}", names(""));
+    assert!(!names("src").contains(&"app.sock".to_string()), "{:?}", names("src"));
+    assert!(names("src").contains(&"lib.rs".to_string()));
+
+    // The saved state keeps them across an unmount.
+    mnt.umount();
+    m.ok(&["ws", "resume", "sp", mnt.path(), "--mount"]);
+    assert!(std::fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo());
+    assert!(std::fs::symlink_metadata(&sock).unwrap().file_type().is_socket());
+    std::fs::remove_file(&fifo).unwrap();
+    std::fs::remove_file(&sock).unwrap();
+    assert!(!fifo.exists() && !sock.exists());
 }

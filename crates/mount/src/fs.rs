@@ -223,6 +223,8 @@ impl Owner {
                 NodeKind::Dir => FileType::Directory,
                 NodeKind::File => FileType::RegularFile,
                 NodeKind::Symlink => FileType::Symlink,
+                NodeKind::Fifo => FileType::NamedPipe,
+                NodeKind::Socket => FileType::Socket,
             },
             perm: a.perm,
             nlink: a.nlink,
@@ -626,16 +628,26 @@ impl Filesystem for MadoFs {
     fn mknod(
         &self,
         _req: &Request,
-        _parent: INodeNo,
-        _name: &OsStr,
-        _mode: u32,
-        _umask: u32,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
         _rdev: u32,
         reply: ReplyEntry,
     ) {
-        // Devices, FIFOs and sockets are not source; regular files come
-        // through create.
-        reply.error(Errno::EPERM);
+        writable_or_erofs!(self, reply);
+        // FIFOs and sockets live in the upper layer while mounted (dev
+        // servers, language servers and test suites make them); they are
+        // not source, so no checkpoint keeps them. Devices: the mount is
+        // nodev. Regular files come through create.
+        let kind = match mode & libc::S_IFMT {
+            libc::S_IFIFO => NodeKind::Fifo,
+            libc::S_IFSOCK => NodeKind::Socket,
+            _ => return reply.error(Errno::EPERM),
+        };
+        let (core, name) = (self.core.clone(), name.as_bytes().to_vec());
+        let perm = (mode & !umask & 0o7777) as u16;
+        self.entry_later(reply, async move { core.mknod(parent.0, &name, kind, perm).await });
     }
 
     fn mkdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {

@@ -148,6 +148,10 @@ impl SnapshotFs {
             match step {
                 Step::Enter(ino, path) => {
                     let n = st.get(ino)?;
+                    if let Body::Special(_) = &n.body {
+                        // FIFOs and sockets are not source: not kept.
+                        continue;
+                    }
                     if let Body::Dir { children: Some(ch), .. } = &n.body {
                         b.stat.entries.push((path.clone(), n.mtime.0, n.mtime.1));
                         let kids: Vec<(Vec<u8>, u64)> = ch.iter().map(|(k, v)| (k.clone(), *v)).collect();
@@ -232,6 +236,7 @@ impl SnapshotFs {
                 }
                 entry(file_kind(n.perm), chunked, size, id)
             }
+            Body::Special(_) => return Err(Error::Internal("a FIFO or socket reached build_leaf".into())),
             Body::Link(t) => {
                 let (id, _) = staged.content(cache, t)?;
                 entry(Kind::Symlink, false, t.len() as u64, id)

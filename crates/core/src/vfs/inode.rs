@@ -19,6 +19,9 @@ pub(super) enum Body {
     Upper { blob: u64, size: u64, clean: Option<(Hash, bool)> },
     /// A symlink made here.
     Link(Vec<u8>),
+    /// A FIFO or socket made here ([`NodeKind::Fifo`] or
+    /// [`NodeKind::Socket`]): kept while mounted, never checkpointed.
+    Special(NodeKind),
 }
 
 #[derive(Clone, Debug)]

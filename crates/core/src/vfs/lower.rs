@@ -210,6 +210,7 @@ impl SnapshotFs {
             Body::Lower(e) if matches!(e.kind, Kind::File | Kind::Executable) => e,
             Body::Dir { .. } | Body::Lower(_) => return Err(Error::fs(Errno::ISDIR, "not a regular file")),
             Body::Link(_) => return Err(Error::fs(Errno::LOOP, "a symlink")),
+            Body::Special(_) => return Err(Error::fs(Errno::NXIO, "a FIFO or socket")),
         };
         let path = String::from_utf8_lossy(&e.name).into_owned();
         if e.chunked {

@@ -72,6 +72,10 @@ pub enum NodeKind {
     Dir,
     File,
     Symlink,
+    /// A FIFO or a unix socket made in a workspace: the kernel does its
+    /// I/O; it lives in the upper layer and is never checkpointed.
+    Fifo,
+    Socket,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -288,6 +292,7 @@ impl SnapshotFs {
             },
             Body::Upper { size, .. } => (NodeKind::File, *size, 1),
             Body::Link(t) => (NodeKind::Symlink, t.len() as u64, 1),
+            Body::Special(k) => (*k, 0, 1),
         };
         let perm = if kind == NodeKind::Symlink { 0o777 } else { n.perm };
         Attr { ino, kind, size, perm, nlink, mtime: n.mtime.0, mtime_ns: n.mtime.1 }

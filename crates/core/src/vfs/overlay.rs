@@ -73,6 +73,7 @@ impl SnapshotFs {
             Body::Lower(e) if matches!(e.kind, Kind::File | Kind::Executable) => e,
             Body::Dir { .. } | Body::Lower(_) => return Err(Error::fs(Errno::ISDIR, "not a regular file")),
             Body::Link(_) => return Err(Error::fs(Errno::LOOP, "a symlink")),
+            Body::Special(_) => return Err(Error::fs(Errno::NXIO, "a FIFO or socket")),
         };
         let name = String::from_utf8_lossy(&e.name).into_owned();
         let blob = self.new_blob()?;
@@ -246,6 +247,17 @@ impl SnapshotFs {
         }
         let body = Body::Link(target.to_vec());
         self.insert(parent, name, |parent| Node::new(parent, name.to_vec(), 0o777, now(), body)).await
+    }
+
+    /// Makes a FIFO or a unix socket (what `mkfifo` and a socket's `bind`
+    /// ask for). Devices are refused (the mount is `nodev`), as is any
+    /// other kind here (regular files come through `create`).
+    pub async fn mknod(&self, parent: u64, name: &[u8], kind: NodeKind, perm: u16) -> Result<Attr> {
+        if !matches!(kind, NodeKind::Fifo | NodeKind::Socket) {
+            return Err(Error::fs(Errno::PERM, "only FIFOs and sockets can be made here"));
+        }
+        let body = Body::Special(kind);
+        self.insert(parent, name, |parent| Node::new(parent, name.to_vec(), perm & 0o7777, now(), body)).await
     }
 
     /// Detaches `ino` (already removed from its parent's children); its

@@ -11,12 +11,16 @@ use super::*;
 // torn or rotten file reads as corrupt, never as an empty overlay.
 
 const OVERLAY_MAGIC: &[u8; 4] = b"MADV";
-const OVERLAY_VERSION: u8 = 2;
+/// Version 3 added FIFO and socket records (REC_SPECIAL); version 2 files
+/// (which cannot hold one) are read as they are.
+const OVERLAY_VERSION: u8 = 3;
+const OVERLAY_VERSION_2: u8 = 2;
 /// Node bodies in the saved state.
 const REC_DIR: u8 = 0;
 const REC_LOWER: u8 = 1;
 const REC_UPPER: u8 = 2;
 const REC_LINK: u8 = 3;
+const REC_SPECIAL: u8 = 4;
 fn put_opt_hash(out: &mut Vec<u8>, h: Option<Hash>) {
     match h {
         None => out.push(0),
@@ -113,6 +117,13 @@ impl SnapshotFs {
                     out.push(REC_LINK);
                     put_bytes(&mut out, t);
                 }
+                Body::Special(k) => {
+                    out.push(REC_SPECIAL);
+                    out.push(match k {
+                        NodeKind::Socket => 1,
+                        _ => 0,
+                    });
+                }
             }
         }
         let sum = Hash::of(&out);
@@ -131,7 +142,14 @@ impl SnapshotFs {
         let mut r = crate::codec::Reader::new(body);
         let h = (|| {
             r.magic(OVERLAY_MAGIC)?;
-            r.version("overlay state", OVERLAY_VERSION)?;
+            let version = r.u8()?;
+            if version != OVERLAY_VERSION && version != OVERLAY_VERSION_2 {
+                return Err(crate::codec::DecodeError::Version {
+                    format: "overlay state",
+                    version,
+                    supported: OVERLAY_VERSION,
+                });
+            }
             let root = r.hash()?;
             let time = r.i64_le()?;
             let base_stat = opt_hash(&mut r)?;
@@ -198,6 +216,11 @@ impl SnapshotFs {
                     }
                     REC_UPPER => Body::Upper { blob: r.varint()?, size: r.varint()?, clean: None },
                     REC_LINK => Body::Link(r.bytes()?.to_vec()),
+                    REC_SPECIAL => Body::Special(match r.u8()? {
+                        0 => NodeKind::Fifo,
+                        1 => NodeKind::Socket,
+                        k => return Err(DecodeError::Invalid(format!("unknown special kind {k}"))),
+                    }),
                     t => return Err(DecodeError::Invalid(format!("unknown record type {t}"))),
                 };
                 Ok((parent, name, perm, mtime, body))
