@@ -200,3 +200,145 @@ impl Read for BlobStream {
         Ok(n)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn git(repo: &Path, args: &[&str]) -> String {
+        let o = std::process::Command::new("git")
+            .current_dir(repo)
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .env("HOME", repo)
+            .args(["-c", "user.name=t", "-c", "user.email=t@t"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    }
+
+    fn bytes(n: usize, seed: u64) -> Vec<u8> {
+        let mut x = seed | 1;
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    }
+
+    /// A repository holding `data` as big.bin, committed.
+    fn repo_with(data: &[u8], config: &[(&str, &str)]) -> (tempfile::TempDir, ObjectId) {
+        let t = tempfile::tempdir().unwrap();
+        git(t.path(), &["init", "-q"]);
+        for (k, v) in config {
+            git(t.path(), &["config", k, v]);
+        }
+        std::fs::write(t.path().join("big.bin"), data).unwrap();
+        git(t.path(), &["add", "big.bin"]);
+        git(t.path(), &["commit", "-qm", "x"]);
+        let id = ObjectId::from_hex(git(t.path(), &["rev-parse", "HEAD:big.bin"]).as_bytes()).unwrap();
+        (t, id)
+    }
+
+    fn read_all(mut s: BlobStream) -> std::io::Result<Vec<u8>> {
+        let mut out = Vec::new();
+        s.read_to_end(&mut out)?;
+        Ok(out)
+    }
+
+    fn objects(t: &tempfile::TempDir) -> PathBuf {
+        t.path().join(".git/objects")
+    }
+
+    #[test]
+    fn a_loose_blob_streams_its_bytes() {
+        let data = bytes(300_000, 1);
+        let (t, id) = repo_with(&data, &[]);
+        let s = open(&objects(&t), &id, data.len() as u64).unwrap().expect("a loose object streams");
+        assert_eq!(read_all(s).unwrap(), data);
+        // A size other than the object's is refused before any byte.
+        let e = open(&objects(&t), &id, 5).err().expect("a wrong size is refused").to_string();
+        assert!(e.contains("loose header") && e.contains(&id.to_string()), "{e}");
+    }
+
+    #[test]
+    fn a_whole_pack_entry_streams_and_a_delta_does_not() {
+        let data = bytes(200_000, 2);
+        let (t, id) = repo_with(&data, &[("core.bigFileThreshold", "1k")]);
+        let loose = objects(&t).join(&id.to_string()[..2]);
+        assert!(!loose.exists(), "a big file goes into a pack");
+        let s = open(&objects(&t), &id, data.len() as u64).unwrap().expect("a whole entry streams");
+        assert_eq!(read_all(s).unwrap(), data);
+        let e = open(&objects(&t), &id, 7).err().expect("a wrong size is refused").to_string();
+        assert!(e.contains("pack entry of 200000 bytes"), "{e}");
+
+        // Two close versions, repacked: one becomes a delta of the other.
+        let mut v2 = data.clone();
+        v2[100_000..100_100].fill(0);
+        std::fs::write(t.path().join("big.bin"), &v2).unwrap();
+        git(t.path(), &["commit", "-qam", "two"]);
+        let id2 = ObjectId::from_hex(git(t.path(), &["rev-parse", "HEAD:big.bin"]).as_bytes()).unwrap();
+        git(t.path(), &["-c", "core.bigFileThreshold=512m", "repack", "-adfq", "--window=10"]);
+        let streams = [(id, data.len()), (id2, v2.len())]
+            .map(|(i, n)| open(&objects(&t), &i, n as u64).unwrap().map(read_all).map(|r| r.unwrap()));
+        assert!(streams.iter().any(Option::is_none), "one version is a delta, read whole by the caller");
+        for (got, want) in streams.iter().zip([&data, &v2]) {
+            if let Some(got) = got {
+                assert_eq!(got, want);
+            }
+        }
+    }
+
+    #[test]
+    fn unknown_ids_and_alternates() {
+        let data = bytes(50_000, 3);
+        let (t, id) = repo_with(&data, &[]);
+        let missing = ObjectId::from_hex(b"0123456789012345678901234567890123456789").unwrap();
+        assert!(open(&objects(&t), &missing, 1).unwrap().is_none());
+        // A second repository borrowing the first one's objects.
+        let other = tempfile::tempdir().unwrap();
+        git(other.path(), &["init", "-q"]);
+        let alt = other.path().join(".git/objects/info/alternates");
+        std::fs::write(&alt, format!("# borrowed\n{}\n", objects(&t).display())).unwrap();
+        let s = open(&other.path().join(".git/objects"), &id, data.len() as u64).unwrap().expect("via alternates");
+        assert_eq!(read_all(s).unwrap(), data);
+    }
+
+    #[test]
+    fn corrupt_and_truncated_objects_fail_at_the_end_naming_the_blob() {
+        let data = bytes(100_000, 4);
+        let (t, id) = repo_with(&data, &[]);
+        let hex = id.to_string();
+        let path = objects(&t).join(&hex[..2]).join(&hex[2..]);
+        // Other bytes of the same size, a valid zlib stream: only the
+        // SHA-1 check can tell.
+        let other = t.path().join("other.bin");
+        std::fs::write(&other, bytes(100_000, 6)).unwrap();
+        let oid = git(t.path(), &["hash-object", "-w", other.to_str().unwrap()]);
+        let opath = objects(&t).join(&oid[..2]).join(&oid[2..]);
+        let good = std::fs::read(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        std::fs::copy(&opath, &path).unwrap();
+        let e = read_all(open(&objects(&t), &id, 100_000).unwrap().unwrap()).unwrap_err().to_string();
+        assert!(e.contains(&hex) && e.contains("hash to"), "{e}");
+        // Cut short: the stream ends before its bytes.
+        std::fs::write(&path, &good[..good.len() / 2]).unwrap();
+        let r = open(&objects(&t), &id, 100_000).and_then(|s| read_all(s.unwrap()));
+        let e = r.unwrap_err().to_string();
+        assert!(e.contains(&hex), "{e}");
+        // Extra bytes after the blob's: refused too.
+        let mut longer = data.clone();
+        longer.extend_from_slice(b"tail");
+        std::fs::write(&other, &longer).unwrap();
+        let lid = git(t.path(), &["hash-object", "-w", other.to_str().unwrap()]);
+        let lpath = objects(&t).join(&lid[..2]).join(&lid[2..]);
+        std::fs::remove_file(&path).unwrap();
+        std::fs::copy(&lpath, &path).unwrap();
+        let e = open(&objects(&t), &id, 100_000).err().expect("the header says 100004").to_string();
+        assert!(e.contains("100004"), "{e}");
+    }
+}
