@@ -76,7 +76,12 @@ impl Fetcher {
 
     /// The chunk manifest of a chunked entry.
     pub async fn manifest(self: &Arc<Self>, e: &Entry, path: &str) -> Result<ChunkManifest> {
-        let mb = self.get(Space::Objects, e.id, "chunk manifest").await.map_err(|er| er.at_path(path))?;
+        // Inline in an attached index (checked against its id when the
+        // index was read), else fetched.
+        let mb = match self.inline_tree(&e.id) {
+            Some(b) => Bytes::from((*b).clone()),
+            None => self.get(Space::Objects, e.id, "chunk manifest").await.map_err(|er| er.at_path(path))?,
+        };
         let m = ChunkManifest::decode(&mb).map_err(|er| Error::corrupt(e.id, "chunk manifest", path, er))?;
         if m.size != e.size {
             return Err(Error::Corrupt {

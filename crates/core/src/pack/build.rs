@@ -66,6 +66,12 @@ impl Walk<'_> {
         let mb = (self.src)(&e.id)?;
         let m = ChunkManifest::decode(&mb).map_err(|er| Error::corrupt(e.id, "chunk manifest", "", er))?;
         let bytes = mb.len() as u64 + m.size;
+        // Inline in the index too (beside the trees): a reader then needs
+        // no round trip for it before the chunks (a cold random read of a
+        // large file is one GET). It stays a member or an object as well.
+        if self.seen_trees.insert(e.id) {
+            self.trees.push((e.id, mb));
+        }
         if bytes > self.cap {
             self.unpacked += 1 + m.chunks.len() as u64;
             self.loose.extend(m.chunks.iter().map(|(_, c)| (*c, MemberKind::Chunk)));
