@@ -440,3 +440,53 @@ fn mount_answers_like_a_plain_checkout() {
         })
         .unwrap();
 }
+
+/// Runs `args` as uid/gid 65534 (nobody); returns (exit code, stderr).
+fn as_nobody(args: &[&str]) -> (Option<i32>, String) {
+    let o = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .args(args)
+        .output()
+        .unwrap();
+    (o.status.code(), String::from_utf8_lossy(&o.stderr).into_owned())
+}
+
+/// `--allow-other` lets another uid in (a container mounted by root, the
+/// agent running as another user), with the kernel checking modes
+/// (`default_permissions`); without it, another uid is refused.
+#[test]
+fn allow_other_lets_another_user_read_as_the_modes_say() {
+    if !fuse_usable() || !rustix::process::geteuid().is_root() {
+        eprintln!("skipping: needs FUSE and root (to act as another user)");
+        return;
+    }
+    let m = Mado::local();
+    setup(&m);
+    // The mount points' parent must be searchable by the other user.
+    let base = tempfile::Builder::new().prefix("mado-allow-other").tempdir_in("/tmp").unwrap();
+    std::fs::set_permissions(base.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (closed, open) = (base.path().join("closed"), base.path().join("open"));
+    for d in [&closed, &open] {
+        std::fs::create_dir(d).unwrap();
+    }
+    let _a = mount_at(&m, "main", &closed, &[]);
+    let _b = mount_at(&m, "main", &open, &["--allow-other"]);
+    let readme = |d: &Path| d.join("README.md").to_str().unwrap().to_string();
+    let (code, err) = as_nobody(&["cat", &readme(&closed)]);
+    assert_ne!(code, Some(0), "another user read a mount without --allow-other");
+    assert!(err.contains("Permission denied"), "{err}");
+    let (code, err) = as_nobody(&["cat", &readme(&open)]);
+    assert_eq!(code, Some(0), "{err}");
+    // The modes still hold: the snapshot is read-only for everyone.
+    let (code, _) = as_nobody(&["touch", open.join("new").to_str().unwrap()]);
+    assert_ne!(code, Some(0));
+}
+
+fn mount_at<'a>(m: &'a Mado, spec: &str, dir: &Path, extra: &[&str]) -> Mounted<'a> {
+    let mut args = vec!["mount", spec, dir.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let o = m.cmd(&args).output().unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(o.status.success(), "mount failed: {stderr}");
+    Mounted { m, dir: dir.to_path_buf(), stderr }
+}

@@ -31,6 +31,9 @@ pub struct MountOptions {
     pub workspace: bool,
     /// With `workspace`: take its lease even though it expired under another holder.
     pub steal: bool,
+    /// Let other users (other uids) in, as `allow_other`; the kernel checks
+    /// each access against the modes (`default_permissions`, always on).
+    pub allow_other: bool,
 }
 
 /// What the daemon reports once the mount is up.
@@ -272,6 +275,9 @@ pub fn run(
         if ws.is_none() {
             c.mount_options.push(fuser::MountOption::RO);
         }
+        if opts.allow_other {
+            c.acl = fuser::SessionACL::All;
+        }
         c.n_threads = Some(4);
         c
     };
@@ -279,7 +285,12 @@ pub fn run(
         Ok(s) => s,
         Err(e) => {
             let _ = std::fs::remove_file(&sock);
-            let msg = format!("mounting at {}: {e} (is fuse3 installed and /dev/fuse usable?)", mp.display());
+            let hint = if opts.allow_other {
+                "--allow-other needs root, or `user_allow_other` in /etc/fuse.conf"
+            } else {
+                "is fuse3 installed and /dev/fuse usable?"
+            };
+            let msg = format!("mounting at {}: {e} ({hint})", mp.display());
             ready(Err(msg.clone()));
             return Err(Error::User(msg));
         }

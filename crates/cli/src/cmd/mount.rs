@@ -44,6 +44,12 @@ pub struct MountArgs {
     /// With --workspace: take the lease even though another holder had it, once expired.
     #[arg(long, requires = "workspace")]
     steal: bool,
+    /// Let other users in (FUSE's allow_other), e.g. an agent running as
+    /// another uid in a container mounted by root. The kernel checks every
+    /// access against the files' modes. Needs root, or `user_allow_other`
+    /// in /etc/fuse.conf.
+    #[arg(long)]
+    pub allow_other: bool,
     /// (internal) report readiness on this inherited file descriptor.
     #[arg(long, hide = true)]
     ready_fd: Option<i32>,
@@ -71,6 +77,7 @@ pub fn workspace_args(name: &str, dir: PathBuf, steal: bool) -> MountArgs {
         no_passthrough: false,
         workspace: true,
         steal,
+        allow_other: false,
         ready_fd: None,
     }
 }
@@ -104,6 +111,9 @@ pub async fn run(a: MountArgs, ctx: &Ctx) -> Result<()> {
     }
     if a.steal {
         cmd.arg("--steal");
+    }
+    if a.allow_other {
+        cmd.arg("--allow-other");
     }
     if ctx.verbose {
         cmd.arg("--verbose");
@@ -158,6 +168,7 @@ fn run_daemon(a: MountArgs, ctx: &Ctx) -> Result<()> {
         passthrough: !a.no_passthrough,
         workspace: a.workspace,
         steal: a.steal,
+        allow_other: a.allow_other,
     };
     let ready_fd = a.ready_fd;
     let mp = a.dir.display().to_string();
