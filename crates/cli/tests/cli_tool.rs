@@ -1,0 +1,178 @@
+//! mado as a tool in a shell: completion scripts, the man page, `mado
+//! refs`, `log -n` / `ws log -n`, and dates people can read.
+
+mod common;
+
+use std::process::Output;
+
+use common::*;
+
+/// Runs with `TZ` set, so local times are predictable.
+fn run_tz(m: &Mado, tz: &str, args: &[&str]) -> String {
+    let o: Output = m.cmd(args).env("TZ", tz).output().unwrap();
+    assert!(o.status.success(), "mado {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8(o.stdout).unwrap()
+}
+
+/// Runs without any remote configured: completion and man need none.
+fn run_storeless(m: &Mado, args: &[&str]) -> Output {
+    m.cmd(args).env_remove("MADO_REMOTE_ADDR").output().unwrap()
+}
+
+fn stdout_ok(o: Output, what: &str) -> String {
+    assert!(o.status.success(), "{what}: {}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8(o.stdout).unwrap()
+}
+
+#[test]
+fn completion_scripts_for_every_shell_name_the_subcommands() {
+    let m = Mado::local();
+    for shell in ["bash", "zsh", "fish", "elvish", "powershell"] {
+        let out = stdout_ok(run_storeless(&m, &["completion", shell]), shell);
+        assert!(!out.trim().is_empty(), "{shell}: empty script");
+        for sub in ["import-git", "refs", "checkout", "completion"] {
+            assert!(out.contains(sub), "{shell}: the script does not mention {sub}");
+        }
+    }
+    // bash accepts the bash script.
+    let script = m.dir.path().join("mado.bash");
+    std::fs::write(&script, stdout_ok(run_storeless(&m, &["completion", "bash"]), "bash")).unwrap();
+    let check = std::process::Command::new("bash").arg("-n").arg(&script).output().unwrap();
+    assert!(check.status.success(), "bash -n: {}", String::from_utf8_lossy(&check.stderr));
+    // The help says where to put it.
+    let help = m.ok(&["completion", "--help"]);
+    assert!(help.contains("mado completion bash > ~/.local/share/bash-completion/completions/mado"), "{help}");
+    assert!(help.contains("fish/completions/mado.fish"), "{help}");
+    // An unknown shell is a usage error.
+    let o = run_storeless(&m, &["completion", "tcsh"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("bash"), "the error lists the shells");
+}
+
+/// A roff man page: `.TH` first, after clap_mangen's two-line preamble that
+/// defines the apostrophe string (`.ie \n(.g .ds Aq \(aq` / `.el .ds Aq '`).
+fn is_man_page(page: &str) -> bool {
+    let first = page.lines().find(|l| !l.starts_with(".ie ") && !l.starts_with(".el "));
+    first.is_some_and(|l| l.starts_with(".TH mado")) && page.contains("\n.SH NAME\n")
+}
+
+#[test]
+fn man_page_is_roff_and_per_command_pages_go_into_a_directory() {
+    let m = Mado::local();
+    let page = stdout_ok(run_storeless(&m, &["man"]), "man");
+    assert!(is_man_page(&page), "{}", &page[..page.len().min(200)]);
+    assert!(page.contains("import\\-git") && page.contains("refs"), "the page lists the subcommands");
+    // groff reads it (UTF-8, through preconv as man does) without a warning,
+    // where groff is installed.
+    if let Ok(mut g) = std::process::Command::new("groff")
+        .args(["-k", "-Tutf8", "-man", "-ww", "-z"])
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+    {
+        use std::io::Write as _;
+        g.stdin.take().unwrap().write_all(page.as_bytes()).unwrap();
+        let o = g.wait_with_output().unwrap();
+        assert!(o.status.success() && o.stderr.is_empty(), "groff: {}", String::from_utf8_lossy(&o.stderr));
+    }
+    let help = m.ok(&["man", "--help"]);
+    assert!(help.contains("~/.local/share/man/man1"), "{help}");
+    let dir = m.dir.path().join("man1");
+    stdout_ok(run_storeless(&m, &["man", "--dir", dir.to_str().unwrap()]), "man --dir");
+    for f in ["mado.1", "mado-log.1", "mado-refs.1", "mado-ws-create.1"] {
+        let p = std::fs::read_to_string(dir.join(f)).unwrap_or_else(|e| panic!("{f}: {e}"));
+        assert!(is_man_page(&p), "{f}");
+    }
+}
+
+#[test]
+fn refs_lists_imports_and_workspaces() {
+    let m = Mado::local();
+    // No refs yet: an empty list, not an error.
+    assert_eq!(m.json(&["refs"]), serde_json::json!([]));
+    setup(&m);
+    let w = m.dir.path().join("w");
+    m.ok(&["ws", "create", "agent", "--from", "main", "--dir", w.to_str().unwrap()]);
+    let refs = m.json(&["refs"]);
+    let refs = refs.as_array().unwrap();
+    let names: Vec<&str> = refs.iter().map(|r| r["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["main", "ws/agent"], "{refs:?}");
+    let log = m.json(&["log", "main"]);
+    for r in refs {
+        // Full ids and numbers; the workspace starts at main's snapshot.
+        assert_eq!(r["snapshot"], log[0]["snapshot"], "{r}");
+        assert_eq!(r["root"], log[0]["root"], "{r}");
+        assert_eq!(r["snapshot"].as_str().unwrap().len(), 64);
+        assert_eq!(r["time"], 1767323045, "{r}");
+        assert_eq!(r["message"], "fixture\n");
+    }
+    let text = run_tz(&m, "UTC", &["refs"]);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    let snap = log[0]["snapshot"].as_str().unwrap();
+    let root = log[0]["root"].as_str().unwrap();
+    for (line, name) in lines.iter().zip(["main", "ws/agent"]) {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(f[0], name, "{line}");
+        assert_eq!(f[1], &snap[..12], "{line}");
+        assert_eq!(f[2], &root[..12], "{line}");
+        assert!(line.contains("2026-01-02 03:04:05 +00:00  fixture"), "{line}");
+    }
+}
+
+#[test]
+fn log_and_ws_log_take_a_count() {
+    let m = Mado::local();
+    let repo = setup(&m);
+    std::fs::write(repo.join("README.md"), "changed\n").unwrap();
+    git(&repo, &["commit", "-qam", "second"]);
+    m.ok(&["import-git", repo.to_str().unwrap()]);
+    assert_eq!(m.json(&["log", "main"]).as_array().unwrap().len(), 2, "default: all");
+    let one = m.json(&["log", "main", "-n", "1"]);
+    assert_eq!(one.as_array().unwrap().len(), 1);
+    assert_eq!(one[0]["message"], "second\n");
+    assert_eq!(m.json(&["log", "main", "--max-count", "5"]).as_array().unwrap().len(), 2);
+    let text = m.ok(&["log", "main", "-n", "1"]);
+    assert_eq!(text.lines().filter(|l| l.starts_with("snapshot ")).count(), 1, "{text}");
+    assert!(m.ok(&["log", "main", "-n", "0"]).is_empty());
+    assert!(m.fails(&["log", "main", "-n", "x"], 1).contains("invalid value"));
+
+    let w = m.dir.path().join("w");
+    m.ok(&["ws", "create", "agent", "--dir", w.to_str().unwrap()]);
+    for i in 0..2 {
+        std::fs::write(w.join("added.txt"), format!("{i}\n")).unwrap();
+        m.ok(&["ws", "checkpoint", "--dir", w.to_str().unwrap(), "-m", &format!("cp {i}")]);
+    }
+    assert_eq!(m.json(&["ws", "log", "agent"]).as_array().unwrap().len(), 4, "2 checkpoints, 2 imports");
+    let two = m.json(&["ws", "log", "agent", "-n", "2"]);
+    let msgs: Vec<&str> = two.as_array().unwrap().iter().map(|e| e["message"].as_str().unwrap()).collect();
+    assert_eq!(msgs, ["cp 1", "cp 0"]);
+    let text = m.ok(&["ws", "log", "agent", "-n", "1"]);
+    assert_eq!(text.lines().filter(|l| l.starts_with("snapshot ")).count(), 1, "{text}");
+}
+
+#[test]
+fn log_shows_local_dates_and_json_keeps_numbers() {
+    let m = Mado::local();
+    setup(&m);
+    let text = run_tz(&m, "UTC", &["log", "main"]);
+    assert!(text.contains("Date:     2026-01-02 03:04:05 +00:00"), "{text}");
+    assert!(!text.contains("unix"), "{text}");
+    // The zone comes from TZ.
+    let tokyo = run_tz(&m, "Asia/Tokyo", &["log", "main"]);
+    assert!(tokyo.contains("Date:     2026-01-02 12:04:05 +09:00"), "{tokyo}");
+    let j = m.json(&["log", "main"]);
+    assert_eq!(j[0]["time"], 1767323045, "{j}");
+
+    let w = m.dir.path().join("w");
+    m.ok(&["ws", "create", "agent", "--dir", w.to_str().unwrap()]);
+    std::fs::write(w.join("added.txt"), "x\n").unwrap();
+    m.ok(&["ws", "checkpoint", "--dir", w.to_str().unwrap(), "-m", "cp"]);
+    let wl = m.json(&["ws", "log", "agent"]);
+    let t = wl[0]["time"].as_i64().unwrap();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+    assert!((now - t).abs() < 600, "a checkpoint's time is now: {wl}");
+    let text = run_tz(&m, "UTC", &["ws", "log", "agent", "-n", "1"]);
+    let date = text.lines().find_map(|l| l.strip_prefix("Date:     ")).unwrap_or_else(|| panic!("{text}"));
+    assert!(date.ends_with(" +00:00") && date.len() == "2026-01-02 03:04:05 +00:00".len(), "{date}");
+}
