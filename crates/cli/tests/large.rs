@@ -86,7 +86,7 @@ fn daemon_of(dir: &Path) -> u32 {
         let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
         let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else { continue };
         let args: Vec<&[u8]> = cmd.split(|b| *b == 0).collect();
-        if args.iter().any(|a| *a == b"mount") && args.iter().any(|a| *a == want.as_bytes()) {
+        if args.contains(&&b"mount"[..]) && args.contains(&want.as_bytes()) {
             return pid;
         }
     }

@@ -404,3 +404,76 @@ fn a_checkpoint_waits_on_three_round_trips_after_its_walk_minio() {
         assert_eq!(v["upload"]["trees_uploaded"], 0, "trees travel in the index: {v}");
     }
 }
+
+/// A working copy's checkpoint leaves out `.git` and the untracked paths
+/// that `.gitignore` / `.madoignore` files ignore (nested files, `!`
+/// re-includes), keeps what is tracked even when a rule matches it, and
+/// keeps everything with `--no-ignore`. Without a stat cache to tell
+/// tracked paths, no rule but `.git` applies (nothing tracked is dropped
+/// because local state went missing).
+#[test]
+fn a_checkpoint_leaves_out_git_and_ignored_untracked_paths() {
+    let m = Mado::local();
+    let repo = m.dir.path().join("repo");
+    let w = |p: &str, data: &str| {
+        let p = repo.join(p);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, data).unwrap();
+    };
+    w(".gitignore", "target/\n*.log\n!keep.log\n");
+    w("src/a.rs", "a\n");
+    w("src/.gitignore", "gen/\n");
+    w("tracked.log", "tracked once\n");
+    git(&repo, &["init", "-q", "-b", "main"]);
+    git(&repo, &["add", "-A"]);
+    git(&repo, &["add", "-f", "tracked.log"]);
+    git(&repo, &["commit", "-qm", "x"]);
+    m.ok(&["import-git", repo.to_str().unwrap()]);
+    let wc = m.dir.path().join("wc");
+    m.ok(&["ws", "create", "ig", "--dir", wc.to_str().unwrap()]);
+    let put = |p: &str, data: &str| {
+        let p = wc.join(p);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, data).unwrap();
+    };
+    git(&wc, &["init", "-q"]);
+    put("target/debug/app", "binary\n");
+    put("new.log", "noise\n");
+    put("keep.log", "kept\n");
+    put("src/b.rs", "b\n");
+    put("src/gen/x.rs", "generated\n");
+    put("tracked.log", "tracked twice\n");
+    put(".madoignore", "secret.txt\n");
+    put("secret.txt", "do not upload\n");
+    let cp = m.json(&["ws", "checkpoint", "--dir", wc.to_str().unwrap()]);
+    assert_eq!(cp["paths_ignored"], 5, ".git, target, new.log, secret.txt, src/gen: {cp}");
+    let names = |dir: &str| -> Vec<String> {
+        let mut args = vec!["ls", "ws/ig"];
+        if !dir.is_empty() {
+            args.push(dir);
+        }
+        m.json(&args).as_array().unwrap().iter().map(|e| e["name"].as_str().unwrap().to_string()).collect()
+    };
+    let top = names("");
+    for want in [".gitignore", ".madoignore", "keep.log", "src", "tracked.log"] {
+        assert!(top.contains(&want.to_string()), "{want} missing from {top:?}");
+    }
+    for gone in [".git", "target", "new.log", "secret.txt"] {
+        assert!(!top.contains(&gone.to_string()), "{gone} uploaded: {top:?}");
+    }
+    assert_eq!(names("src"), vec![".gitignore", "a.rs", "b.rs"]);
+    assert_eq!(m.ok(&["cat", "ws/ig", "tracked.log"]), "tracked twice\n", "a tracked path stays");
+
+    // --no-ignore keeps everything.
+    let cp = m.json(&["ws", "checkpoint", "--dir", wc.to_str().unwrap(), "--no-ignore"]);
+    assert_eq!(cp["paths_ignored"], 0, "{cp}");
+    let top = names("");
+    assert!(top.contains(&".git".to_string()) && top.contains(&"target".to_string()), "{top:?}");
+
+    // Without a stat cache, rules do not apply (everything was tracked
+    // since the last checkpoint anyway); `.git` still goes.
+    std::fs::remove_file(wc.join(".mado/statcache.json")).unwrap();
+    let cp = m.json(&["ws", "checkpoint", "--dir", wc.to_str().unwrap()]);
+    assert_eq!(cp["paths_ignored"], 1, "{cp}");
+    assert!(names("").contains(&"target".to_string()));
+}

@@ -33,7 +33,9 @@ pub async fn resolve(remote: &Remote, spec: &str) -> Result<Resolved> {
         let found = remote.snapshots_with_prefix(spec).await?;
         return match found.as_slice() {
             [one] => Ok(Resolved { snapshot: *one, root: None, layers: Vec::new() }),
-            [] => Err(Error::NotFound(format!("no ref or snapshot named {spec:?}; see `mado log` for snapshot ids"))),
+            [] => Err(Error::NotFound(format!(
+                "no ref or snapshot named {spec:?}; see `mado refs` for refs and `mado log REF` for snapshot ids"
+            ))),
             many => Err(Error::User(format!(
                 "{spec:?} matches {} snapshots; give more digits ({} …)",
                 many.len(),
@@ -42,7 +44,7 @@ pub async fn resolve(remote: &Remote, spec: &str) -> Result<Resolved> {
         };
     }
     Err(Error::NotFound(format!(
-        "no ref named {spec:?}; list refs with `mado log` or import one with `mado import-git`"
+        "no ref named {spec:?}; list refs with `mado refs` or import one with `mado import-git`"
     )))
 }
 

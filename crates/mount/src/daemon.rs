@@ -241,7 +241,7 @@ pub fn run(
                         user_error: true,
                     };
                 }
-                let lease = mado_core::workspace::CheckpointLease { steal, force };
+                let lease = mado_core::workspace::CheckpointLease { steal, force, no_ignore: false };
                 // On a thread of its own: the checkpoint's future is not
                 // Send (it borrows across its upload streams).
                 let h = tokio::runtime::Handle::current();

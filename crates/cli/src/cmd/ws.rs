@@ -66,6 +66,11 @@ pub struct CheckpointArgs {
     /// copy's base (the newer checkpoints stay in `ws log`, not in the head).
     #[arg(long)]
     force: bool,
+    /// Keep everything: by default a working copy's checkpoint leaves out
+    /// `.git` directories and the untracked paths that `.gitignore` and
+    /// `.madoignore` files ignore (git's syntax; a tracked path stays).
+    #[arg(long)]
+    no_ignore: bool,
 }
 
 #[derive(Args)]
@@ -263,7 +268,7 @@ async fn checkpoint_dir(
             .into());
         }
     }
-    let lease = workspace::CheckpointLease { steal: a.steal, force: a.force };
+    let lease = workspace::CheckpointLease { steal: a.steal, force: a.force, no_ignore: a.no_ignore };
     Ok(workspace::checkpoint(fetcher, dir, &a.message, lease).await?)
 }
 

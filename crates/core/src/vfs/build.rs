@@ -15,6 +15,9 @@ pub struct Built {
     pub files_unchanged: u64,
     /// Directories re-encoded.
     pub trees_built: u64,
+    /// `.git` directories left out (a checkout's own repository is not the
+    /// workspace's content).
+    pub ignored: u64,
 }
 
 /// Lists the paths of tree `id` (already in memory) with the snapshot time.
@@ -113,6 +116,7 @@ impl SnapshotFs {
             files_read: hashed_count,
             files_unchanged: 0,
             trees_built: 0,
+            ignored: 0,
         };
         let root = self.build_tree(&mut st, cache, staged, &upper_dir, &fresh, &mut b)?;
         b.root = root.id;
@@ -150,6 +154,10 @@ impl SnapshotFs {
                     let n = st.get(ino)?;
                     if let Body::Special(_) = &n.body {
                         // FIFOs and sockets are not source: not kept.
+                        continue;
+                    }
+                    if ino != ROOT_INO && n.name == b".git" {
+                        b.ignored += 1;
                         continue;
                     }
                     if let Body::Dir { children: Some(ch), .. } = &n.body {

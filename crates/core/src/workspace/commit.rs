@@ -102,6 +102,7 @@ pub(super) async fn commit_locked(
         files_read: walked.files_read,
         files_unchanged: walked.files_unchanged,
         trees_built: walked.trees_built,
+        paths_ignored: walked.ignored,
         ..Default::default()
     };
     if let Some((id, s)) = &parent_stat {
@@ -240,4 +241,6 @@ pub(super) struct Walked {
     pub(super) trees_built: Option<u64>,
     /// The plain directory's new stat cache.
     pub(super) statcache: Option<StatCache>,
+    /// Paths the ignore rules left out.
+    pub(super) ignored: u64,
 }

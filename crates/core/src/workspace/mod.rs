@@ -40,6 +40,7 @@ use crate::upload::{upload_closure, Staged, UploadReport};
 use crate::vfs::SnapshotFs;
 
 mod commit;
+mod ignore;
 mod lease;
 mod mounted;
 mod working_copy;
@@ -91,6 +92,9 @@ pub struct CheckpointReport {
     pub index_layers: usize,
     /// Bytes of the stat object uploaded.
     pub stat_bytes: u64,
+    /// Paths left out: `.git` directories, and untracked paths the ignore
+    /// rules name (whole directories count once).
+    pub paths_ignored: u64,
 }
 
 /// How a checkpoint treats the lease and the workspace's head.
@@ -101,6 +105,9 @@ pub struct CheckpointLease {
     /// Replace the workspace's head although it moved since this working
     /// copy's base (the newer checkpoints stay in the log, not in the head).
     pub force: bool,
+    /// Keep everything: `.git` directories and what `.gitignore` and
+    /// `.madoignore` ignore (a plain working copy; see `ignore.rs`).
+    pub no_ignore: bool,
 }
 
 fn holder_id(dir: &Path) -> String {

@@ -38,6 +38,7 @@ pub async fn checkpoint_mount(
             files_unchanged: b.files_unchanged,
             trees_built: Some(b.trees_built),
             statcache: None,
+            ignored: b.ignored,
         };
         Ok((staged, w))
     };

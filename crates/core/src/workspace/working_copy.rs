@@ -43,7 +43,7 @@ pub(super) struct StatCache {
     /// When the cache was written: a file changed within the same tick
     /// could look unchanged ("racy"), so rows at or after it are re-read.
     written_ns: i128,
-    rows: BTreeMap<String, StatRow>,
+    pub(super) rows: BTreeMap<String, StatRow>,
 }
 
 pub(super) fn state_dir(dir: &Path) -> PathBuf {
@@ -119,13 +119,15 @@ pub(super) fn save_statcache(dir: &Path, c: &StatCache) {
     }
 }
 
-/// Walks `dir` (skipping `.mado`), staging changed content and all trees.
+/// Walks `dir` (skipping `.mado`, and what `ign` leaves out), staging
+/// changed content and all trees.
 pub(super) fn walk(
     dir: &Path,
     cache: &DiskCache,
     staged: &mut Staged,
     sc: &StatCache,
     new_sc: &mut StatCache,
+    ign: &mut super::ignore::Ignores,
 ) -> Result<Walked> {
     let mut w = Walked {
         root: Hash([0; 32]),
@@ -134,14 +136,16 @@ pub(super) fn walk(
         files_unchanged: 0,
         trees_built: None,
         statcache: None,
+        ignored: 0,
     };
     let root_meta = std::fs::symlink_metadata(dir).map_err(Error::io(format!("reading {}", dir.display())))?;
     w.stat.entries.push((Vec::new(), root_meta.mtime(), root_meta.mtime_nsec() as u32));
-    w.root = walk_dir(dir, &[], cache, staged, sc, new_sc, &mut w)?;
+    w.root = walk_dir(dir, &[], cache, staged, sc, new_sc, &mut w, ign)?;
     w.stat.entries.sort();
     Ok(w)
 }
 
+#[allow(clippy::too_many_arguments)]
 pub(super) fn walk_dir(
     abs: &Path,
     rel: &[u8],
@@ -150,9 +154,11 @@ pub(super) fn walk_dir(
     sc: &StatCache,
     new_sc: &mut StatCache,
     w: &mut Walked,
+    ign: &mut super::ignore::Ignores,
 ) -> Result<Hash> {
     let mut entries = Vec::new();
     let rd = std::fs::read_dir(abs).map_err(Error::io(format!("reading {}", abs.display())))?;
+    let rules_here = ign.enter(abs)?;
     for de in rd {
         let de = de.map_err(Error::io(format!("reading {}", abs.display())))?;
         let name = de.file_name().as_bytes().to_vec();
@@ -162,16 +168,19 @@ pub(super) fn walk_dir(
         let p = de.path();
         let r = if rel.is_empty() { name.clone() } else { [rel, b"/", &name].concat() };
         let m = std::fs::symlink_metadata(&p).map_err(Error::io(format!("reading {}", p.display())))?;
-        w.stat.entries.push((r.clone(), m.mtime(), m.mtime_nsec() as u32));
         let ft = m.file_type();
         let key = key_of(&r);
+        if ign.skips(&name, &p, ft.is_dir(), &key, sc) {
+            continue;
+        }
+        w.stat.entries.push((r.clone(), m.mtime(), m.mtime_nsec() as u32));
         let gitlink = sc.rows.get(&key).filter(|row| row.gitlink && ft.is_dir());
         let entry = if let Some(row) = gitlink.filter(|_| crate::checkout::is_empty_dir(&p).unwrap_or(false)) {
             new_sc.rows.insert(key, row.clone());
             let id = row.id.parse().map_err(|_| Error::local_state(&p, "a bad gitlink id in the stat cache"))?;
             Entry { name, kind: Kind::Gitlink, chunked: false, size: 0, id }
         } else if ft.is_dir() {
-            let id = walk_dir(&p, &r, cache, staged, sc, new_sc, w)?;
+            let id = walk_dir(&p, &r, cache, staged, sc, new_sc, w, ign)?;
             Entry { name, kind: Kind::Directory, chunked: false, size: 0, id }
         } else if ft.is_symlink() {
             let target = std::fs::read_link(&p).map_err(Error::io(format!("reading {}", p.display())))?;
@@ -219,6 +228,9 @@ pub(super) fn walk_dir(
         };
         entries.push(entry);
     }
+    if rules_here {
+        ign.leave();
+    }
     let tree = Tree::normalized(entries)
         .map_err(|e| Error::UnsafePath { path: String::from_utf8_lossy(rel).into_owned(), reason: e.to_string() })?;
     staged.tree(cache, &tree)
@@ -237,8 +249,10 @@ pub async fn checkpoint(
         let mut staged = Staged::default();
         let sc = load_statcache(&dir2);
         let mut new_sc = StatCache { written_ns: ns(Ok(SystemTime::now())), rows: BTreeMap::new() };
-        let mut w = crate::fsutil::on_deep_stack(|| walk(&dir2, &cache, &mut staged, &sc, &mut new_sc))?;
+        let mut ign = super::ignore::Ignores::new(!lease.no_ignore, &sc);
+        let mut w = crate::fsutil::on_deep_stack(|| walk(&dir2, &cache, &mut staged, &sc, &mut new_sc, &mut ign))?;
         w.statcache = Some(new_sc);
+        w.ignored = ign.skipped;
         Ok((staged, w))
     };
     let (report, walked, _) = commit(fetcher, &st, &state_dir(dir), message, lease, stage).await?;
