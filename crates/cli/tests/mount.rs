@@ -480,6 +480,18 @@ fn allow_other_lets_another_user_read_as_the_modes_say() {
     // The modes still hold: the snapshot is read-only for everyone.
     let (code, _) = as_nobody(&["touch", open.join("new").to_str().unwrap()]);
     assert_ne!(code, Some(0));
+
+    // A workspace mount too: another user reads, and the owner's modes
+    // (0644 files, 0755 directories, owned by the mounting user) keep it
+    // from writing.
+    let ws = base.path().join("ws");
+    m.ok(&["ws", "create", "shared", "--mount", ws.to_str().unwrap(), "--allow-other"]);
+    let _c = Mounted { m: &m, dir: ws.clone(), stderr: String::new() };
+    let (code, err) = as_nobody(&["cat", &readme(&ws)]);
+    assert_eq!(code, Some(0), "{err}");
+    let (code, err) = as_nobody(&["sh", "-c", &format!("echo x >> {}", readme(&ws))]);
+    assert_ne!(code, Some(0), "another user wrote a 0644 file it does not own");
+    assert!(err.contains("Permission denied"), "{err}");
 }
 
 fn mount_at<'a>(m: &'a Mado, spec: &str, dir: &Path, extra: &[&str]) -> Mounted<'a> {

@@ -68,7 +68,7 @@ struct ReadyMsg {
 }
 
 /// The arguments that mount workspace `name` read-write at `dir`.
-pub fn workspace_args(name: &str, dir: PathBuf, steal: bool) -> MountArgs {
+pub fn workspace_args(name: &str, dir: PathBuf, steal: bool, allow_other: bool) -> MountArgs {
     MountArgs {
         spec: name.to_string(),
         dir,
@@ -77,7 +77,7 @@ pub fn workspace_args(name: &str, dir: PathBuf, steal: bool) -> MountArgs {
         no_passthrough: false,
         workspace: true,
         steal,
-        allow_other: false,
+        allow_other,
         ready_fd: None,
     }
 }

@@ -48,6 +48,10 @@ pub struct CreateArgs {
     /// The working copy as a read-write FUSE mount at DIR (an existing, empty directory).
     #[arg(long, value_name = "DIR")]
     mount: Option<PathBuf>,
+    /// With --mount: let other users in, the kernel checking the modes
+    /// (see `mado mount --allow-other`).
+    #[arg(long, requires = "mount")]
+    allow_other: bool,
 }
 
 #[derive(Args)]
@@ -91,6 +95,10 @@ pub struct ResumeArgs {
     /// yet checkpointed by an earlier mount on this machine are kept.
     #[arg(long)]
     mount: bool,
+    /// With --mount: let other users in, the kernel checking the modes
+    /// (see `mado mount --allow-other`).
+    #[arg(long, requires = "mount")]
+    allow_other: bool,
     /// Take the lease once it has expired, even if another holder had it.
     #[arg(long)]
     steal: bool,
@@ -142,7 +150,7 @@ fn print_resume(ctx: &Ctx, verb: &str, r: &workspace::ResumeReport) -> Result<()
 pub async fn run(c: WsCommand, ctx: &Ctx) -> Result<()> {
     let fetcher = ctx.fetcher()?;
     match c {
-        WsCommand::Create(CreateArgs { name, from, mount: Some(mp), .. }) => {
+        WsCommand::Create(CreateArgs { name, from, mount: Some(mp), allow_other, .. }) => {
             // A new workspace's mount point is made for it, as `ws create
             // --dir` and `checkout` make their directory.
             if !mp.exists() {
@@ -154,7 +162,7 @@ pub async fn run(c: WsCommand, ctx: &Ctx) -> Result<()> {
             }
             workspace::create_ref(&fetcher, &name, &from).await?;
             ctx.step("workspace ref created");
-            super::mount::run(super::mount::workspace_args(&name, mp, false), ctx).await
+            super::mount::run(super::mount::workspace_args(&name, mp, false, allow_other), ctx).await
         }
         WsCommand::Create(a) => {
             let dir = a.dir.expect("clap requires --dir or --mount");
@@ -164,7 +172,7 @@ pub async fn run(c: WsCommand, ctx: &Ctx) -> Result<()> {
             print_resume(ctx, "created", &r?)
         }
         WsCommand::Resume(a) if a.mount => {
-            super::mount::run(super::mount::workspace_args(&a.name, a.dir, a.steal), ctx).await
+            super::mount::run(super::mount::workspace_args(&a.name, a.dir, a.steal, a.allow_other), ctx).await
         }
         WsCommand::Resume(a) => {
             let (pb, p) = ctx.progress_counter("restoring");
