@@ -293,6 +293,22 @@ mod tests {
         }
     }
 
+    /// A pack entry whose size never ends is refused, not shifted past
+    /// 64 bits.
+    #[test]
+    fn an_endless_pack_entry_size_is_refused() {
+        let t = tempfile::tempdir().unwrap();
+        let p = t.path().join("bad.pack");
+        let mut bytes = vec![0x80 | (PACK_BLOB << 4)];
+        bytes.extend([0xff; 12]);
+        bytes.push(0);
+        std::fs::write(&p, &bytes).unwrap();
+        let id = ObjectId::from_hex(b"0123456789012345678901234567890123456789").unwrap();
+        let mut s = BlobStream::new(File::open(&p).unwrap(), id, 1);
+        let e = s.pack_header().unwrap_err().to_string();
+        assert!(e.contains("does not end"), "{e}");
+    }
+
     #[test]
     fn unknown_ids_and_alternates() {
         let data = bytes(50_000, 3);
