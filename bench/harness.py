@@ -35,10 +35,13 @@ def sh(*args, env=None, cwd=None):
     return r.stdout
 
 
-def settle():
+def settle(drop=True):
     """Flush dirty pages and drop the page cache before a timed run, so one
-    run's writeback does not land in the next one's time."""
+    run's writeback does not land in the next one's time. `drop=False`
+    only flushes (a warm run: scenario k's checkpoints)."""
     os.sync()
+    if not drop:
+        return
     try:
         with open("/proc/sys/vm/drop_caches", "w") as f:
             f.write("3\n")
@@ -178,6 +181,7 @@ class Cell:
     run: Callable[[Any], Optional["Sample"]]
     teardown: Optional[Callable[[Any], Any]] = None
     extra_of: Optional[Callable[[List["Sample"]], dict]] = None
+    drop_caches: bool = True  # False: the page cache stays warm (dirty pages are still flushed)
 
 
 class _Acc:
@@ -199,6 +203,13 @@ class Sample:
     rss_mib: Optional[float] = None  # j: max RSS of the process measured (MiB)
     up_bytes: Optional[int] = None  # j: bytes up, as mado's --json counts them
     counts: Optional[Counts] = None  # j: mado's own request counts (--json), where no proxy sees them
+    # k: from `ws checkpoint --json`, and what the run changed.
+    round_trips: Optional[int] = None
+    index_bytes: Optional[int] = None
+    stat_bytes: Optional[int] = None
+    files_read: Optional[int] = None
+    changed: Optional[int] = None
+    content_bytes: Optional[int] = None
 
 
 def run_rss(argv, env=None, cwd=None):
@@ -235,6 +246,18 @@ def vm_hwm_mib(pid: int) -> Optional[float]:
     except OSError:
         pass
     return None
+
+
+def parse_counts(text: str) -> List[int]:
+    """`5000,20k` -> [5000, 20000] (k = 1000): scenario k's tree sizes."""
+    out = []
+    for x in text.split(","):
+        x = x.strip().lower()
+        mult, digits = (1000, x[:-1]) if x.endswith("k") else (1, x)
+        if not digits.isdigit() or int(digits) * mult < 100:
+            raise ValueError(f"{x!r}: tree sizes are file counts of at least 100, like 5000 or 20k")
+        out.append(int(digits) * mult)
+    return out
 
 
 def parse_sizes(text: str) -> List[int]:
@@ -294,10 +317,13 @@ def log_result(r: Result) -> Result:
 
 
 class Harness:
-    def __init__(self, quick: bool, runs: int, timeout: float, profile: str, large_sizes: Optional[List[int]] = None):
+    def __init__(self, quick: bool, runs: int, timeout: float, profile: str, large_sizes: Optional[List[int]] = None,
+                 ck_sizes: Optional[List[int]] = None):
         self.quick, self.runs, self.timeout, self.profile = quick, runs, timeout, profile
         # Scenario j's file sizes (run.py --large-sizes).
         self.large_sizes = large_sizes or ([16 << 20, 48 << 20] if quick else [300 << 20, 1 << 30])
+        # Scenario k's tree sizes in files (run.py --ck-sizes).
+        self.ck_sizes = ck_sizes or ([300, 1200] if quick else [5000, 20000, 40000])
         self.work = tempfile.mkdtemp(prefix="mado-bench-")
         self.procs = []
         # MADO_BENCH_QUIET_S: before each timed run, wait up to that many
@@ -604,10 +630,11 @@ class Harness:
             raise RuntimeError(f"mado {' '.join(args)}: {r.stderr}")
         return r.stdout
 
-    def timed(self, proxy, setup, run, teardown, timeout):
-        """One cold run: setup, settle, reset counts, run, count."""
+    def timed(self, proxy, setup, run, teardown, timeout, drop_caches=True):
+        """One cold run: setup, settle, reset counts, run, count
+        (`drop_caches=False`: the page cache is only flushed, not dropped)."""
         ctx = setup() if setup else None
-        settle()
+        settle(drop_caches)
         if self.quiet is not None:
             self.timed_runs += 1
             if not wait_quiet(self.quiet):
@@ -658,7 +685,8 @@ class Harness:
             for spec, a in zip(specs, accs):
                 if not a.more():
                     continue
-                wall, c, r, err = self.timed(spec.proxy, spec.setup, spec.run, spec.teardown, self.timeout)
+                wall, c, r, err = self.timed(spec.proxy, spec.setup, spec.run, spec.teardown, self.timeout,
+                                             spec.drop_caches)
                 if err:
                     a.note = err
                     continue

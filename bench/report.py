@@ -17,6 +17,8 @@ from results import (BRIEF, FIRST_FILE, FLOOR_ROW, GIT_CLONE_ROW, GIT_PUSH_ROW, 
 from results import (J_CHECKOUT_COLD, J_CHECKOUT_WARM, J_CHECKPOINT, J_CP, J_DISK_READ, J_GET8, J_IMPORT_LOCAL,
                      J_MOUNT_COLD, J_MOUNT_RANDOM, J_MOUNT_WARM, J_ROWS, J_RSS_LIMIT_MIB, J_RTT, J_WRITE, large_system,
                      size_label)
+from results import (K_CHECKPOINT, K_EDITS, K_FLAT, K_GIT, K_GOAL_RTT, K_META_LIMIT, K_ROWS, K_RTTS_AFTER_WALK,
+                     K_TOUCH, K_TOUCH_PER_FILE, K_TOUCHES, K_VS_GIT, K_WALK_RTTS, ck_system)
 
 # Their cells also give the bytes and connections: the cold walks and the peers.
 TRAFFIC = {Table.A_DENSE, Table.A_THIN, Table.B_DENSE, Table.B_THIN, Table.B_DENSE300, Table.H_DENSE, Table.H_THIN,
@@ -96,14 +98,15 @@ class Report:
         out.append("")
         return out
 
-    def part_header(self, key: Table, title: str) -> List[str]:
+    def part_header(self, key: Table, title: str, cold: bool = True) -> List[str]:
         """A table's heading, and where its cells come from if a later run
         measured them."""
         out = [f"### {title}", ""]
         part = self.run.parts.get(key)
         if part:
             out += [f"*Measured later*, on {part.measured_at} in {part.elapsed:.0f} s, by "
-                    f"`python3 bench/run.py {shlex.join(part.argv)}` ({part.runs} cold runs per cell at most, RTT "
+                    f"`python3 bench/run.py {shlex.join(part.argv)}` ({part.runs} {'cold' if cold else 'warm'} runs "
+                    "per cell at most, RTT "
                     + " / ".join(map(str, part.rtts)) + " ms), and merged into the run above."
                     + (" mado is the debug build in this table." if debug_build(part.argv) else "")
                     + (f" {part.note.rstrip('.')}." if part.note else ""), ""]
@@ -172,6 +175,7 @@ class Report:
                              f"{r.counts.gets if r.counts else '–'} GETs for W = {r.working_set} files"))
         rows += self.real_summary()
         rows += self.large_summary()
+        rows += self.ck_summary()
         out = ["## Summary against the brief", "",
                "| case | seed 003 | goal | mado in this run |", "|---|---|---|---|"]
         out += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
@@ -493,6 +497,214 @@ class Report:
         plt.close(fig)
         return True
 
+    # ---- scenario k: checkpoint after k edits (issue #18) ----
+
+    def ck_sizes(self) -> List[int]:
+        return sorted({r.tree_files for by in self.results.rows(Table.K).values() for r in by.values()
+                       if r.tree_files})
+
+    def ck_rtts(self) -> List[int]:
+        return sorted({rtt for by in self.results.rows(Table.K).values() for rtt in by})
+
+    def ck(self, row: str, files: int, rtt: int) -> Optional[Result]:
+        return self.results.get(Table.K, ck_system(row, files), rtt)
+
+    @staticmethod
+    def kib(n: Optional[int]) -> str:
+        return "–" if n is None else f"{n / 1024:.1f} KiB"
+
+    def ck_cell(self, row: str, files: int, rtt: int) -> str:
+        r = self.ck(row, files, rtt)
+        if not r:
+            return "–"
+        if r.median is None:
+            return r.note or "–"
+        parts = [fmt_t(r)]
+        k = r.counts
+        if row == K_GIT:
+            if k:
+                parts.append(f"{self.kib(k.bytes_up)} up (the git proxy's count), {k.connections} conn")
+            return "; ".join(parts)
+        if r.round_trips is not None:
+            parts.append(f"{r.round_trips} round trips")
+        if k and k.requests:
+            parts.append(f"{k.puts} PUT, {k.gets} GET, {k.heads} HEAD")
+        up = [f"**{self.kib(r.up_bytes)} up**"]
+        if r.max_up_bytes and r.up_bytes and r.max_up_bytes > 1.2 * r.up_bytes:
+            up.append(f"(max {self.kib(r.max_up_bytes)})")
+        up.append(f"(index layer {self.kib(r.index_bytes)}, stat layer {self.kib(r.stat_bytes)}"
+                  + (f"; the edited files {self.kib(r.content_bytes)}" if r.content_bytes else "") + ")")
+        parts.append(" ".join(up))
+        if row == K_TOUCH and r.changed is not None:
+            parts.append(f"{r.changed:,} touched, {r.files_read:,} files read" if r.files_read is not None
+                         else f"{r.changed:,} touched")
+        return "; ".join(parts)
+
+    def ck_values(self, files: int) -> dict:
+        """Issue #18's figures at one tree size (None where a cell is missing)."""
+        at = K_GOAL_RTT if K_GOAL_RTT in self.ck_rtts() else (self.ck_rtts() or [0])[-1]
+        m, g, t = (self.ck(x, files, at) for x in (K_CHECKPOINT, K_GIT, K_TOUCH))
+        ok = lambda r: r is not None and r.median is not None  # noqa: E731
+        smallest = self.ck(K_CHECKPOINT, self.ck_sizes()[0], at)
+        return {
+            "at": at,
+            "vs_git": m.median / g.median if ok(m) and ok(g) and g.median else None,
+            "up": m.up_bytes if ok(m) else None,
+            "flat": m.up_bytes / smallest.up_bytes if ok(m) and ok(smallest) and m.up_bytes is not None
+            and smallest.up_bytes else None,
+            "rtts": m.round_trips - K_WALK_RTTS if ok(m) and m.round_trips is not None else None,
+            "heads": m.counts.heads if ok(m) and m.counts and m.counts.heads is not None else None,
+            "puts": m.counts.puts if ok(m) and m.counts and m.counts.puts is not None else None,
+            "touch_up": t.up_bytes if ok(t) else None,
+            "touched": t.changed if ok(t) else None,
+        }
+
+    def ck_tables(self) -> List[str]:
+        sizes = self.ck_sizes()
+        names = " / ".join(f"{n:,}" for n in sizes) or "5,000 / 20,000 / 40,000"
+        out = self.part_header(Table.K, f"k. Checkpoint after {K_EDITS} edits (issue #18): `mado ws checkpoint` of a "
+                               f"plain working copy of {names} files, beside `git commit -a && git push` of the "
+                               "same edit", cold=False)
+        if not self.results.rows(Table.K):
+            return out + ["not yet measured in this run", ""]
+        rtts = self.ck_rtts()
+        out += ["| case | " + " | ".join(f"{n:,} files" for n in sizes) + " |", "|---|" + "---|" * len(sizes)]
+        for rtt in rtts:
+            for row in K_ROWS:
+                if any(self.ck(row, n, rtt) for n in sizes):
+                    out.append(f"| {row}, RTT {rtt} ms | " + " | ".join(self.ck_cell(row, n, rtt) for n in sizes)
+                               + " |")
+        out += ["", " ".join([
+            "The trees: synthetic source files (`fn main() {…}`, 5 to 60 short lines, about 1.3 KB), 10 per "
+            "directory, under three levels of 10-way directories (`m<NN>/p<N>/d<N>/f<N>.rs`, one top-level "
+            "folder per 1,000 files), committed to git, imported with `mado import-git` straight into MinIO "
+            "(untimed) and checked out as a plain working copy (`mado ws create NAME --dir W`) through the S3 "
+            "proxy; the same commit cloned for git, whose `origin` is a bare repository that `git daemon` "
+            "serves through the git proxy (the one scenarios d and h use). Setup ends with a warm-up: one edit "
+            "checkpointed and the same edit committed and pushed (the first checkpoint after an import writes "
+            "whole metadata).",
+            f"Each round appends one line to {K_EDITS} files, one in each of {K_EDITS} directories spread over "
+            "the tree (other files each round), and times `mado ws checkpoint --dir W --json` through the S3 "
+            "proxy; then the same edit in the git clone and `git commit -qam … && git push -q` through the git "
+            f"proxy; then `touch` (a new mtime, the content unchanged) of {K_TOUCHES:,} files spread over the "
+            "tree (half the tree when it is smaller) and a checkpoint. The three rows are measured interleaved "
+            "(one run of each in turn), with the page cache warm, as for an agent that checkpoints every minute "
+            "(dirty pages are flushed before each run, not dropped), and with the workspace's mado cache kept "
+            "from run to run.",
+            "Round trips, bytes up, the index layer and the stat layer are mado's own counts (`--json`: "
+            "`remote.round_trips`, `remote.bytes_up` (bodies only), `index_bytes`, `stat_bytes`), medians over "
+            "the runs; PUT, GET and HEAD are the proxy's. The bytes up include the edited files' new content "
+            "(their size after the edit, beside it, before compression); git's bytes up are what the git proxy "
+            "saw go up (the pack and the protocol).",
+            "A checkpoint's requests: the lease GET ‖ the ref ‖ the writer lock's PUT, then the lease's conditional "
+            "PUT ‖ the lock's LIST (both while the working copy is walked); then the stat layer ‖ the index HEAD "
+            "‖ the snapshot, the delta pack, the index layer, the ref's compare-and-swap and the lock's DELETE. "
+            "mado's counter gives a request that starts after another has completed one more round trip, so a "
+            "pack whose build outlasts a round trip counts one of its own. Every 8th layer of a chain is written "
+            "over the bottom index instead, holding every change since it (PACKS.md, \"Layers\"): the max beside "
+            "a median is that checkpoint.",
+            "`bench/run.py --only k --rtts 0,20` runs this scenario alone (add `--merge "
+            "docs/bench-results.json` to put its table here); `--ck-sizes 5000,20k` (or MADO_BENCH_CK_SIZES) "
+            "picks the tree sizes."]), ""]
+        vals = {n: self.ck_values(n) for n in sizes}
+        at = vals[sizes[0]]["at"]
+        touched = [vals[n]["touched"] for n in sizes if vals[n]["touched"]]
+        touch_limit = lambda n: K_META_LIMIT + K_TOUCH_PER_FILE * (vals[n]["touched"] or 0)  # noqa: E731
+        goals = [
+            ("vs_git", f"wall time: mado ws checkpoint / git commit -a && git push (RTT {at} ms)", f"≤ {K_VS_GIT}×",
+             lambda x, n: x <= K_VS_GIT, lambda x: f"{x:.2f}×"),
+            ("up", f"bytes up by a {K_EDITS}-file checkpoint, all of it (the edited files' content too, so at "
+             "least its metadata)", f"≤ {K_META_LIMIT >> 10} KiB of metadata", lambda x, n: x <= K_META_LIMIT,
+             self.kib),
+            ("flat", "the same, over the smallest tree's", f"≤ {K_FLAT}×", lambda x, n: x <= K_FLAT,
+             lambda x: f"{x:.2f}×"),
+            ("rtts", f"sequential round trips after the walk (mado's count less the {K_WALK_RTTS} made while it "
+             "walks: lease, ref, writer lock; the last is the lock's DELETE, after the ref moved)",
+             f"≤ {K_RTTS_AFTER_WALK}", lambda x, n: x <= K_RTTS_AFTER_WALK, str),
+            ("heads", f"HEADs of a {K_EDITS}-file checkpoint", "none per directory or object", None, str),
+            ("puts", f"PUTs of a {K_EDITS}-file checkpoint", "–", None, str),
+            ("touch_up", "bytes up after touching "
+             + (f"{touched[-1]:,}" if len(set(touched)) == 1 else " / ".join(f"{x:,}" for x in touched))
+             + " mtimes", f"≤ {K_META_LIMIT >> 10} KiB + {K_TOUCH_PER_FILE} B a file",
+             lambda x, n: x <= touch_limit(n), self.kib),
+        ]
+        out += ["| goal (issue #18) | limit | " + " | ".join(f"{n:,} files" for n in sizes) + " |",
+                "|---|---|" + "---|" * len(sizes)]
+        for what, label, limit, ok, f in goals:
+            cells = []
+            for n in sizes:
+                x = vals[n][what]
+                if x is None or (what == "flat" and n == sizes[0]):
+                    cells.append("–")
+                elif ok is None:
+                    cells.append(f(x))
+                else:
+                    cells.append(f"**{f(x)}** " + ("✓" if ok(x, n) else "✗"))
+            out.append(f"| {label} | {limit} | " + " | ".join(cells) + " |")
+        return out + [""]
+
+    def ck_summary(self) -> List[Tuple[str, str, str, str]]:
+        """A summary row for scenario k, at its largest tree, RTT 20."""
+        sizes = self.ck_sizes()
+        if not sizes:
+            return []
+        n = sizes[-1]
+        x = self.ck_values(n)
+        m = self.ck(K_CHECKPOINT, n, x["at"])
+        if not m or m.median is None:
+            return []
+        return [(f"checkpoint after {K_EDITS} edits, {n:,}-file tree, RTT {x['at']} ms (issue #18)", "–",
+                 f"≤ {K_VS_GIT}× git commit -a && git push; ≤ {K_META_LIMIT >> 10} KiB up, flat from the "
+                 f"smallest tree (≤ {K_FLAT}×); ≤ {K_RTTS_AFTER_WALK} round trips after the walk",
+                 fmt_t(m).split(" (")[0]
+                 + (f": {x['vs_git']:.2f}× git's" if x["vs_git"] else "")
+                 + f"; {self.kib(x['up'])} up" + (f" ({x['flat']:.2f}× the {sizes[0]:,}-file tree's)"
+                                                   if x["flat"] and len(sizes) > 1 else "")
+                 + (f"; {x['rtts']} round trips after the walk" if x["rtts"] is not None else ""))]
+
+    def ck_plot(self, plt, outdir) -> bool:
+        sizes, rtts = self.ck_sizes(), self.ck_rtts()
+        if not sizes:
+            return False
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+        styles = ["--", "-", ":", "-."]  # by RTT; the colour is the system
+        for i, rtt in enumerate(rtts):
+            for row, label, colour in ((K_CHECKPOINT, "mado ws checkpoint", "C0"),
+                                       (K_GIT, "git commit -a && git push", "C3")):
+                pts = [(n, self.ck(row, n, rtt).median) for n in sizes
+                       if self.ck(row, n, rtt) and self.ck(row, n, rtt).median is not None]
+                if pts:
+                    ax1.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", color=colour,
+                             linestyle=styles[i % len(styles)], label=f"{label}, RTT {rtt} ms")
+        ax1.set_xlabel("files in the tree")
+        ax1.set_ylabel("wall time (s, median)")
+        ax1.set_title(f"k: {K_EDITS} files edited")
+        ax1.set_xscale("log")
+        ax1.set_yscale("log")
+        ax1.grid(True, which="both", alpha=0.3)
+        ax1.legend(fontsize=7)
+        at = self.ck_values(sizes[0])["at"]
+        for row, field, label in ((K_CHECKPOINT, "up_bytes", f"{K_EDITS} edits: bytes up"),
+                                  (K_CHECKPOINT, "index_bytes", f"{K_EDITS} edits: index layer"),
+                                  (K_CHECKPOINT, "stat_bytes", f"{K_EDITS} edits: stat layer"),
+                                  (K_TOUCH, "up_bytes", "mtimes touched: bytes up")):
+            pts = [(n, getattr(self.ck(row, n, at), field)) for n in sizes
+                   if self.ck(row, n, at) and getattr(self.ck(row, n, at), field) is not None]
+            if pts:
+                ax2.plot([p[0] for p in pts], [p[1] / 1024 for p in pts], marker="o", label=label)
+        ax2.axhline(K_META_LIMIT / 1024, color="grey", linestyle="--", label=f"{K_META_LIMIT >> 10} KiB")
+        ax2.set_xlabel("files in the tree")
+        ax2.set_ylabel(f"KiB (mado's count, RTT {at} ms)")
+        ax2.set_title("k: what a checkpoint uploads")
+        ax2.set_xscale("log")
+        ax2.set_yscale("log")
+        ax2.grid(True, which="both", alpha=0.3)
+        ax2.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(os.path.join(outdir, "bench-k.png"), dpi=90, bbox_inches="tight")
+        plt.close(fig)
+        return True
+
     def import_vs_push(self) -> List[Tuple[int, Result, Result]]:
         """(RTT, mado's import, git push) at each RTT where both were measured."""
         out = []
@@ -542,6 +754,10 @@ class Report:
             if key == Table.J:  # not against RTT: a plot of its own
                 if self.large_plot(plt, outdir):
                     made.append("bench-j.png")
+                continue
+            if key == Table.K:  # against the tree's size
+                if self.ck_plot(plt, outdir):
+                    made.append("bench-k.png")
                 continue
             fig, ax = plt.subplots(figsize=(6, 4))
             any_line = False
@@ -593,7 +809,8 @@ def write(run: Run, path: str, quick: bool):
          f"`thin/` ({files[Subtree.THIN]} files, 4 per directory, two levels), `dense300/` "
          f"({files[Subtree.DENSE300]} files), filler in `other/` — and a workspace tree of "
          f"{ws} × 1 KiB files. Scenario i uses a real tree (this machine's cargo registry sources; see its "
-         "tables), scenario j one large file of random bytes. Whole-tree walks of other real trees (Linux 6.1, an "
+         "tables), scenario j one large file of random bytes, scenario k synthetic source trees of a few "
+         "thousand to tens of thousands of files. Whole-tree walks of other real trees (Linux 6.1, an "
          "npm node_modules) are in the last section.", ""]
     L += rep.summary()
     L += ["## mado against the best peer", "",
@@ -626,6 +843,7 @@ def write(run: Run, path: str, quick: bool):
         L += rep.table(PEERS[sub], f"h. Peers on the {sub.value} subtree (clone or mount, then walk and read it)")
     L += rep.real_tables()
     L += rep.large_tables()
+    L += rep.ck_tables()
     if pngs:
         L += ["## Plots (wall time against RTT, one line per system)", ""]
         L += [f"![{p}]({p})" for p in pngs] + [""]

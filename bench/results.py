@@ -31,6 +31,7 @@ class Table(Enum):
     I_SUB = "i-subtree"
     I_WHOLE = "i-whole"
     J = "j"
+    K = "k"
 
 
 class Subtree(Enum):
@@ -141,6 +142,30 @@ def large_system(row: str, size: int) -> str:
     return f"{row} [{size_label(size)}]"
 
 
+# Scenario k (issue #18): a workspace checkpoint after editing a few files
+# of a synthetic source tree, at each of a few tree sizes, beside `git
+# commit -a && git push` of the same edit through the git proxy. Its rows;
+# a cell's system is `ck_system(row, files)`, its RTT the run's.
+K_EDITS = 10  # files edited (a line appended to each) before each timed checkpoint
+K_TOUCHES = 1000  # files whose mtime alone changes, for the touch row (fewer on a small tree)
+K_CHECKPOINT = f"mado ws checkpoint, {K_EDITS} files edited"
+K_GIT = f"git commit -a && git push, the same {K_EDITS} edits"
+K_TOUCH = f"mado ws checkpoint, {K_TOUCHES} mtimes touched"
+K_ROWS = (K_CHECKPOINT, K_GIT, K_TOUCH)
+# Issue #18's goals.
+K_META_LIMIT = 64 << 10  # bytes of metadata a 10-file checkpoint uploads, at every tree size
+K_FLAT = 1.5  # the largest tree's figure over the smallest's
+K_TOUCH_PER_FILE = 50  # bytes per touched mtime, on top of K_META_LIMIT
+K_RTTS_AFTER_WALK = 4  # sequential round trips after the walk
+K_WALK_RTTS = 2  # the first round trips (lease, ref, writer lock), made while the working copy is walked
+K_VS_GIT = 1.5  # wall time over git's, at K_GOAL_RTT
+K_GOAL_RTT = 20
+
+
+def ck_system(row: str, files: int) -> str:
+    return f"{row} [{files:,} files]"
+
+
 @dataclass(frozen=True)
 class Target:
     seed: str  # seed 003's figure (an Intel N100), as BRIEF.md gives it
@@ -227,6 +252,17 @@ class Result:
     rss_mib: Optional[float] = None
     up_bytes: Optional[int] = None
     read_at: Optional[int] = None
+    # k: mado's own counts and sizes from `ws checkpoint --json` (medians):
+    # its sequential round trips, the pack index layer and stat object it
+    # wrote, the files it read; and what the run changed (files edited or
+    # touched, the edited files' bytes after the edit). tree_files: the tree.
+    round_trips: Optional[int] = None
+    index_bytes: Optional[int] = None
+    stat_bytes: Optional[int] = None
+    files_read: Optional[int] = None
+    changed: Optional[int] = None
+    content_bytes: Optional[int] = None
+    max_up_bytes: Optional[int] = None  # the largest bytes up of any run (a compaction shows here)
     note: Optional[str] = None
 
     def to_json(self) -> dict:

@@ -6,10 +6,10 @@ PNG plots under docs/.
 
     bench/run.py [--quick] [--runs N] [--rtts 0,20,50] [--out docs/BENCHMARKS.md]
                  [--profile release|debug] [--only a,b,...] [--merge JSON]
-                 [--large-sizes 300M,1G] [--note TEXT]
+                 [--large-sizes 300M,1G] [--ck-sizes 5000,20000,40000] [--note TEXT]
     bench/run.py --report-only docs/bench-results.json
 
-`--only d` (or `--only c,d`) runs only those scenarios (a to j) at each
+`--only d` (or `--only c,d`) runs only those scenarios (a to k) at each
 RTT; the setup (MinIO, the stores, the repositories) is the same. Alone,
 it writes a report of those tables only. With `--merge
 docs/bench-results.json` the tables it measured replace that saved run's
@@ -46,6 +46,20 @@ largest size of free disk, in the work folder under $TMPDIR:
 
     bench/run.py --only j --rtts 20 --runs 1 --merge docs/bench-results.json
 
+Scenario k (issue #18), checkpoint after k edits: a synthetic source tree
+of each of `--ck-sizes` files (default 5000,20000,40000; --quick
+300,1200; also MADO_BENCH_CK_SIZES; 20k = 20000), 10 small files per
+directory, imported into MinIO and checked out as a plain working copy
+(`mado ws create --dir`), and the same commit as a git clone pushing to
+`git daemon` through the git proxy. Each round appends a line to 10 files
+in 10 directories and times `mado ws checkpoint` (S3 proxy) against `git
+commit -a && git push` (git proxy) of the same edit, then a checkpoint
+after touching the mtimes of 1,000 files; bytes up, PUTs, HEADs and
+mado's sequential round trips beside them. Page cache warm (flushed, not
+dropped):
+
+    bench/run.py --only k --rtts 0,20 --merge docs/bench-results.json
+
 `--quick` uses a small synthetic tree (and a real tree of a few hundred
 files), one run and RTT 0 and 20 ms, and finishes in a few minutes: the
 test suite runs it as a smoke test.
@@ -65,7 +79,7 @@ import argparse, os, signal, sys, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import report  # noqa: E402
-from harness import ROOT, Harness, log, parse_sizes  # noqa: E402
+from harness import ROOT, Harness, log, parse_counts, parse_sizes  # noqa: E402
 from results import Run  # noqa: E402
 from scenarios import scenarios  # noqa: E402
 
@@ -77,9 +91,11 @@ def main():
     ap.add_argument("--rtts")
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "BENCHMARKS.md"))
     ap.add_argument("--profile", default="release", choices=["release", "debug"])
-    ap.add_argument("--only", default="a,b,c,d,e,f,g,h,i,j", help="scenarios to run, e.g. d or c,d (default: all)")
+    ap.add_argument("--only", default="a,b,c,d,e,f,g,h,i,j,k", help="scenarios to run, e.g. d or c,d (default: all)")
     ap.add_argument("--large-sizes", default=os.environ.get("MADO_BENCH_LARGE_SIZES"),
                     help="scenario j's file sizes, e.g. 64M,256M (default 300M,1G; --quick 16M,48M)")
+    ap.add_argument("--ck-sizes", default=os.environ.get("MADO_BENCH_CK_SIZES"),
+                    help="scenario k's tree sizes in files, e.g. 5000,20k (default 5000,20000,40000; --quick 300,1200)")
     ap.add_argument("--note", help="what this run measured, printed with its tables")
     ap.add_argument("--timeout", type=float)
     ap.add_argument("--report-only", metavar="JSON", help="rewrite the report from a saved bench-results.json")
@@ -101,11 +117,15 @@ def main():
         large = parse_sizes(a.large_sizes) if a.large_sizes else None
     except ValueError as e:
         ap.error(f"--large-sizes: {e}")
+    try:
+        ck = parse_counts(a.ck_sizes) if a.ck_sizes else None
+    except ValueError as e:
+        ap.error(f"--ck-sizes: {e}")
     base = Run.load(a.merge) if a.merge else None
     if base and not set(rtts) <= set(base.rtts):
         ap.error(f"--merge: RTTs {rtts} are not among the saved run's {base.rtts}")
     t0 = time.time()
-    h = Harness(a.quick, a.runs, a.timeout, a.profile, large)
+    h = Harness(a.quick, a.runs, a.timeout, a.profile, large, ck)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     try:
         h.build()

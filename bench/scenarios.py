@@ -1,4 +1,4 @@
-"""The benchmark's scenarios, a to j, one function or class each.
+"""The benchmark's scenarios, a to k, one function or class each.
 
 Each is called once per RTT with the harness and yields its cells as
 `Result`s, one at a time, so the cells measured before a scenario fails
@@ -6,7 +6,7 @@ still reach the report. What a scenario keeps from one RTT to the next
 (the workspace c resumes, the peers h stopped running) lives in its
 instance: `scenarios()` makes fresh ones for each run.
 """
-import json, os, shutil, statistics, subprocess, threading, time
+import json, os, random, shutil, statistics, subprocess, threading, time
 from dataclasses import replace
 from typing import Callable, Dict, Iterator, List
 
@@ -15,6 +15,7 @@ from harness import (BUCKET, GIT_ENV, REAL, WS, Cell, Harness, Sample, log, log_
 from results import (FLOOR_ROW, GIT_CLONE_ROW, GIT_PUSH_ROW, GIT_SPARSE_ROW, IMPORT_ROW, J_CHECKOUT_COLD,
                      J_CHECKOUT_COLD_LOCAL, J_CHECKOUT_WARM, J_CHECKPOINT, J_CP, J_DISK_READ, J_GET1, J_GET8,
                      J_IMPORT_LOCAL, J_IMPORT_S3, J_MOUNT_COLD, J_MOUNT_RANDOM, J_MOUNT_WARM, J_ROWS, J_RTT, J_WRITE,
+                     K_CHECKPOINT, K_EDITS, K_GIT, K_TOUCH, K_TOUCHES, ck_system,
                      MATERIALIZE, MOUNT, PEERS, REAL_CHECKOUT_ROW, REAL_CHECKOUT_SUB_ROW, REAL_MATERIALIZE_ROW,
                      REAL_MOUNT_ROW, REAL_SUB, RESUME_ROW, UNTAR_ROW, Counts, Layout, Result, Subtree, Table,
                      large_system, materialize_row, mount_row, readers_row, size_label, writers_row)
@@ -627,7 +628,183 @@ class Large:
             spec(J_MOUNT_RANDOM, lambda: mount(self.fresh(d, "mount")), random_read, umount)]))
 
 
+class CkTree:
+    """One of scenario k's trees, set up once: the file list by leaf
+    directory, the mado working copy and its cache, the git clone, and how
+    many rounds of edits and touches each has had."""
+
+    def __init__(self, files: int, d: str, prefix: str, leaves: List[List[str]], wsd: str, cache: str, clone: str):
+        self.files, self.d, self.prefix, self.leaves = files, d, prefix, leaves
+        self.wsd, self.cache, self.clone = wsd, cache, clone
+        self.all = [f for leaf in leaves for f in leaf]
+        self.edits = {"mado": 0, "git": 0}  # rounds of edits so far (round 0: the warm-up)
+        self.touches = 0
+
+    def edit_paths(self, c: int) -> List[str]:
+        """Round c's K_EDITS files: one in each of K_EDITS leaf directories
+        spread evenly over the tree (so over different top-level folders),
+        moving on each round."""
+        n = len(self.leaves)
+        out = []
+        for i in range(K_EDITS):
+            leaf = self.leaves[(c * 37 + i * n // K_EDITS) % n]
+            out.append(leaf[c % len(leaf)])
+        return out
+
+    def edit(self, root: str, c: int) -> int:
+        """Appends round c's line to round c's files under `root` (the same
+        bytes in the mado working copy and the git clone); returns the
+        edited files' sizes after the edit."""
+        total = 0
+        for rel in self.edit_paths(c):
+            p = os.path.join(root, rel)
+            with open(p, "a") as f:
+                f.write(f"// edit {c}: {random.Random(c).randbytes(16).hex()}\n")
+            total += os.path.getsize(p)
+        return total
+
+    def touch(self, t: int) -> int:
+        """Sets a new mtime (content unchanged) on K_TOUCHES files spread
+        over the tree (half the tree when it is smaller); returns how many."""
+        k = min(K_TOUCHES, self.files // 2)
+        ns = time.time_ns() + t * 1000
+        stride = len(self.all) / k
+        for i in range(k):
+            p = os.path.join(self.wsd, self.all[(int(i * stride) + t) % len(self.all)])
+            os.utime(p, ns=(ns, ns))
+        return k
+
+
+class Checkpoints:
+    """k. Checkpoint after k edits (issue #18): a synthetic source tree of
+    each of `h.ck_sizes` files (10 per directory, three levels of 10-way
+    directories under n/1000 top-level ones, small text files), committed to
+    git, imported into MinIO (its own prefix) and checked out as a plain
+    working copy (`mado ws create --dir`); the same commit cloned from a
+    bare repository that `git daemon` serves through the git proxy. After a
+    warm-up (one edit checkpointed and pushed: the first checkpoint after
+    an import writes whole metadata), each round appends a line to 10 files
+    in 10 directories and times `mado ws checkpoint` through the S3 proxy,
+    then the same edit in the clone and `git commit -a && git push` through
+    the git proxy; then touches the mtimes of 1,000 files and times a
+    checkpoint. The three rows are measured interleaved (Harness.cells),
+    fresh edits each round, with the page cache warm (as for an agent that
+    checkpoints every minute; dirty pages are flushed before each run).
+    Trees are built at the first RTT and kept for the next."""
+
+    def __init__(self):
+        self.trees: Dict[int, CkTree] = {}
+
+    def __call__(self, h: Harness, rtt: int) -> Iterator[Result]:
+        for n in h.ck_sizes:
+            if n not in self.trees:
+                self.trees[n] = self.build(h, n)
+            yield from self.measure(h, rtt, self.trees[n])
+
+    @staticmethod
+    def generate(root: str, n: int) -> List[List[str]]:
+        """n small source-like files, 10 per leaf directory:
+        `m<top>/p<0-9>/d<0-9>/f<0-9>.rs` (files in order); returns the
+        files by leaf directory (relative paths)."""
+        rnd = random.Random(n)
+        leaves: List[List[str]] = []
+        for i in range(n):
+            j = i // 10
+            rel = f"m{j // 100:02}/p{(j // 10) % 10}/d{j % 10}/f{i % 10}.rs"
+            if i % 10 == 0:
+                leaves.append([])
+                os.makedirs(os.path.join(root, os.path.dirname(rel)))
+            leaves[-1].append(rel)
+            lines = [f"// {rel}\n"]
+            for k in range(rnd.randint(5, 60)):
+                word = rnd.randbytes(rnd.randint(2, 12)).hex()
+                lines.append(f"    let v{k} = 0x{word}; // {rnd.randint(0, 1 << 30)}\n")
+            with open(os.path.join(root, rel), "w") as f:
+                f.write("fn main() {\n" + "".join(lines) + "}\n")
+        return leaves
+
+    def build(self, h: Harness, n: int) -> CkTree:
+        d = os.path.join(h.work, f"ck-{n}")
+        repo, wsd, clone = (os.path.join(d, x) for x in ("repo", "ws", "git"))
+        prefix, name = f"ck-{n}", f"ck-{n}"
+        t0 = time.time()
+        os.makedirs(repo)
+        leaves = self.generate(repo, n)
+        genv = dict(os.environ, **GIT_ENV)
+        sh("git", "init", "-q", "-b", "main", repo, env=genv)
+        sh("git", "add", "-A", cwd=repo, env=genv)
+        sh("git", "commit", "-qm", f"a {n}-file tree", cwd=repo, env=genv)
+        bare = os.path.join(h.gitroot, f"{name}.git")
+        sh("git", "clone", "-q", "--bare", repo, bare)
+        sh("git", "clone", "-q", bare, clone)
+        sh("git", "-C", clone, "remote", "set-url", "origin", h.git_url(f"{name}.git"))
+        # The store: imported straight into MinIO (untimed); the working copy
+        # and every checkpoint through the S3 proxy.
+        h.mado_run(h.env(prefix, os.path.join(d, "cache-import"), direct=True), "import-git", repo)
+        shutil.rmtree(os.path.join(d, "cache-import"), ignore_errors=True)
+        cache = os.path.join(d, "cache")
+        h.mado_run(h.env(prefix, cache), "ws", "create", name, "--dir", wsd)
+        shutil.rmtree(repo)
+        t = CkTree(n, d, prefix, leaves, wsd, cache, clone)
+        # Warm-up: round 0's edit, checkpointed and pushed.
+        t.edit(wsd, 0)
+        h.mado_run(h.env(prefix, cache), "ws", "checkpoint", "--dir", wsd, "-m", "warm-up")
+        t.edit(clone, 0)
+        sh("git", "-C", clone, "commit", "-qam", "warm-up", env=genv)
+        sh("git", "-C", clone, "push", "-q", env=genv)
+        log(f"checkpoint tree of {n} files in {len(leaves)} leaf directories set up in {time.time() - t0:.1f} s")
+        return t
+
+    def measure(self, h: Harness, rtt: int, t: CkTree) -> Iterator[Result]:
+        env = h.env(t.prefix, t.cache)
+        genv = dict(os.environ, **GIT_ENV)
+
+        def edit_mado():
+            t.edits["mado"] += 1
+            return K_EDITS, t.edit(t.wsd, t.edits["mado"])
+
+        def edit_git():
+            t.edits["git"] += 1
+            return K_EDITS, t.edit(t.clone, t.edits["git"])
+
+        def touch():
+            t.touches += 1
+            return t.touch(t.touches), 0
+
+        def checkpoint(ctx) -> Sample:
+            changed, content = ctx
+            rep = json.loads(h.mado_run(env, "ws", "checkpoint", "--dir", t.wsd, "-m", "bench", "--json"))
+            if rep.get("unchanged"):
+                raise RuntimeError("mado ws checkpoint saw nothing changed")
+            st = rep.get("remote", {})
+            return Sample(up_bytes=st.get("bytes_up"), round_trips=st.get("round_trips"),
+                          index_bytes=rep.get("index_bytes"), stat_bytes=rep.get("stat_bytes"),
+                          files_read=rep.get("files_read"), changed=changed, content_bytes=content)
+
+        def push(ctx) -> Sample:
+            changed, content = ctx
+            sh("git", "-C", t.clone, "commit", "-qam", "bench", env=genv)
+            sh("git", "-C", t.clone, "push", "-q", env=genv)
+            return Sample(changed=changed, content_bytes=content)
+
+        def extra(xs: List[Sample]) -> dict:
+            def med(name):
+                v = [getattr(x, name) for x in xs if getattr(x, name) is not None]
+                return int(statistics.median(v)) if v else None
+            ups = [x.up_bytes for x in xs if x.up_bytes is not None]
+            return dict(tree_files=t.files, up_bytes=med("up_bytes"), max_up_bytes=max(ups) if ups else None,
+                        round_trips=med("round_trips"), index_bytes=med("index_bytes"), stat_bytes=med("stat_bytes"),
+                        files_read=med("files_read"), changed=med("changed"), content_bytes=med("content_bytes"))
+
+        def cell(row, proxy, setup, run) -> Cell:
+            return Cell(Table.K, ck_system(row, t.files), proxy, setup, run, extra_of=extra, drop_caches=False)
+
+        yield from h.cells(rtt, [cell(K_CHECKPOINT, h.s3proxy, edit_mado, checkpoint),
+                                 cell(K_GIT, h.gitproxy, edit_git, push),
+                                 cell(K_TOUCH, h.s3proxy, touch, checkpoint)])
+
+
 def scenarios() -> Dict[str, Callable[[Harness, int], Iterator[Result]]]:
     """By the letter `--only` takes."""
     return {"a": materialize, "b": mount_walk, "c": Resume(), "d": import_pack_build, "e": warm_mount,
-            "f": concurrency, "g": capped_cache, "h": Peers(), "i": Real(), "j": Large()}
+            "f": concurrency, "g": capped_cache, "h": Peers(), "i": Real(), "j": Large(), "k": Checkpoints()}
