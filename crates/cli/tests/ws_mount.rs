@@ -694,3 +694,35 @@ fn fifos_and_sockets_work_in_a_workspace_mount_and_are_not_checkpointed() {
     std::fs::remove_file(&sock).unwrap();
     assert!(!fifo.exists() && !sock.exists());
 }
+
+/// A mounted workspace's state (its upper layer: work no checkpoint has
+/// saved) lives in the data directory, not the cache: wiping the cache
+/// loses nothing, and a state an older mado left in the cache is moved out.
+#[test]
+fn a_mounted_workspace_keeps_its_state_outside_the_cache() {
+    if !fuse_usable() {
+        return;
+    }
+    let m = Mado::local();
+    setup(&m);
+    let mnt = create(&m, "st");
+    std::fs::write(mnt.dir.join("unsaved.txt"), "not checkpointed\n").unwrap();
+    let state = |m: &Mado| PathBuf::from(m.json(&["stats", mnt.path()])["workspace"]["state_dir"].as_str().unwrap());
+    let sd = state(&m);
+    let root = m.home().join(".local/share/mado/workspaces");
+    assert!(sd.starts_with(&root) && !sd.starts_with(m.cache_dir()), "{}", sd.display());
+    mnt.umount();
+    std::fs::remove_dir_all(m.cache_dir()).unwrap();
+    m.ok(&["ws", "resume", "st", mnt.path(), "--mount"]);
+    assert_eq!(std::fs::read(mnt.dir.join("unsaved.txt")).unwrap(), b"not checkpointed\n");
+
+    // The layout of an older mado: the state inside the cache.
+    mnt.umount();
+    let old = m.cache_dir().join("workspaces").join(sd.file_name().unwrap());
+    std::fs::create_dir_all(old.parent().unwrap()).unwrap();
+    std::fs::rename(&sd, &old).unwrap();
+    m.ok(&["ws", "resume", "st", mnt.path(), "--mount"]);
+    assert_eq!(std::fs::read(mnt.dir.join("unsaved.txt")).unwrap(), b"not checkpointed\n");
+    assert_eq!(state(&m), sd, "moved to the data directory");
+    assert!(!old.exists());
+}

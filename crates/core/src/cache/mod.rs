@@ -179,11 +179,16 @@ impl DiskCache {
         self.root.join("packs").join("locks").join(format!("{}.lock", id.to_hex()))
     }
 
-    /// The folder holding the state of workspace `name` of remote `remote`
-    /// while it is mounted (overlay state and upper layer).
-    pub fn workspace_dir(&self, remote: &str, name: &str) -> PathBuf {
-        let key = blake3::hash(format!("{remote}\n{name}").as_bytes()).to_hex();
-        self.root.join("workspaces").join(&key[..24])
+    /// Where an older mado kept the state of workspace `name` of remote
+    /// `remote` while mounted (inside the cache, which a user may wipe; it
+    /// now lives in the data directory: `workspace::mounted`).
+    pub fn legacy_workspace_dir(&self, remote: &str, name: &str) -> PathBuf {
+        self.root.join("workspaces").join(Self::workspace_key(remote, name))
+    }
+
+    /// The folder name of workspace `name` of remote `remote`'s mount state.
+    pub fn workspace_key(remote: &str, name: &str) -> String {
+        blake3::hash(format!("{remote}\n{name}").as_bytes()).to_hex()[..24].to_string()
     }
 
     /// Where the entry for `id` lives (it may be absent).

@@ -53,6 +53,50 @@ pub async fn checkpoint_mount(
     Ok(report)
 }
 
+/// The root of mounted workspaces' states: `$MADO_WORKSPACES_DIR`, else
+/// `$XDG_DATA_HOME/mado/workspaces`, else `~/.local/share/mado/workspaces`.
+/// Not the cache: an upper layer holds work no checkpoint has saved yet,
+/// and wiping a cache must never lose it.
+pub fn workspaces_root() -> Result<PathBuf> {
+    let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+    if let Some(d) = env("MADO_WORKSPACES_DIR") {
+        return Ok(d);
+    }
+    let data = match (env("XDG_DATA_HOME"), env("HOME")) {
+        (Some(d), _) => d,
+        (None, Some(h)) => h.join(".local/share"),
+        (None, None) => {
+            return Err(Error::User(
+                "cannot place a workspace's state: set HOME, XDG_DATA_HOME or MADO_WORKSPACES_DIR".into(),
+            ))
+        }
+    };
+    Ok(data.join("mado").join("workspaces"))
+}
+
+/// The state folder of workspace `name` of this fetcher's remote while it
+/// is mounted. A state an older mado left in the cache is moved here first
+/// (kept where it is, with a warning, if it cannot be moved).
+fn mount_state_dir(fetcher: &Fetcher, name: &str, warnings: &mut Vec<String>) -> Result<PathBuf> {
+    let root = workspaces_root()?;
+    // Private: the upper layers hold copies of the user's files.
+    crate::fsutil::create_private_dir(&root)?;
+    let sd = root.join(DiskCache::workspace_key(fetcher.remote.url(), name));
+    let old = fetcher.cache.legacy_workspace_dir(fetcher.remote.url(), name);
+    if old.is_dir() && !sd.exists() {
+        if let Err(e) = std::fs::rename(&old, &sd) {
+            warnings.push(format!(
+                "the state of workspace {name} is still in the cache at {} (moving it to {} failed: {e}); \
+                 do not wipe the cache before checkpointing",
+                old.display(),
+                sd.display()
+            ));
+            return Ok(old);
+        }
+    }
+    Ok(sd)
+}
+
 /// Saves a mounted workspace's state when it changed since the last save:
 /// shared by the saver that runs after each burst of changes and by
 /// fsync, so concurrent and repeated requests cost one save.
@@ -118,8 +162,8 @@ pub async fn open_mount(
     let (snap, attach) = futures::join!(fetcher.snapshot(v.snapshot), fetcher.attach_hinted(v.root, &v.layers));
     let snap = snap?;
     let attach = attach?;
-    let sd = fetcher.cache.workspace_dir(fetcher.remote.url(), name);
     let mut warnings = Vec::new();
+    let sd = mount_state_dir(fetcher, name, &mut warnings)?;
     if sd.join("overlay.json").exists() && !sd.join(OVERLAY_FILE).exists() {
         return Err(Error::User(format!(
             "{} holds changes saved by an older mado (overlay.json); check them out with that version, \
