@@ -29,6 +29,21 @@ struct Cli {
     json: bool,
 }
 
+/// Chunks of large files are ~1 MiB buffers allocated and freed on many
+/// threads. glibc's malloc raises its mmap threshold after such frees and
+/// then keeps the freed buffers in per-thread arenas: a mount daemon reading
+/// a 1 GiB file peaked at 200 MiB with 64 MiB of chunks live (measured,
+/// issue #19's bound is 256 MiB). A fixed threshold maps each big buffer
+/// and gives it back when freed: the same read peaks at ~90 MiB.
+fn bound_malloc() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only changes a malloc parameter; called once at start,
+    // before any other thread exists.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 << 10);
+    }
+}
+
 fn main() {
     let cli = match Cli::try_parse() {
         Ok(c) => c,
@@ -40,6 +55,7 @@ fn main() {
     if !cli.cmd.is_mount_daemon() {
         exit::quiet_on_closed_stdout();
     }
+    bound_malloc();
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

@@ -17,17 +17,21 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Mutex;
 
+use futures::FutureExt;
+
 use super::*;
 use crate::fetch::CHUNK_WINDOW;
 
 /// Bytes of decoded chunks kept in memory.
-pub const RECENT_BYTES: u64 = 96 << 20;
+pub const RECENT_BYTES: u64 = 64 << 20;
 /// The largest read-ahead window of one reader, in bytes (at a 20 ms round
 /// trip, 32 MiB in flight is ~1.6 GB/s).
 pub const READ_AHEAD_BYTES: u64 = 32 << 20;
 /// Read-ahead fetches in flight across every open file (with the recent
-/// set, at most ~200 MiB of chunks even if every chunk were 4 MiB).
-const AHEAD_IN_FLIGHT: usize = 24;
+/// set, at most ~130 MiB of chunks even if every chunk were 4 MiB).
+const AHEAD_IN_FLIGHT: usize = 16;
+
+type Loading = futures::future::Shared<futures::future::BoxFuture<'static, std::result::Result<Bytes, Arc<Error>>>>;
 
 /// The read pattern of one open chunked file.
 #[derive(Default)]
@@ -42,6 +46,9 @@ pub struct Readahead {
 
 pub(super) struct Chunks {
     recent: Arc<Mutex<VecDeque<(Hash, Bytes)>>>,
+    /// Chunks being loaded: the kernel's parallel reads of one chunk and
+    /// the read-ahead share one load (one copy in memory, one check).
+    loading: Arc<Mutex<std::collections::HashMap<Hash, Loading>>>,
     ahead: Arc<tokio::sync::Semaphore>,
     pub(super) ahead_started: AtomicU64,
 }
@@ -50,6 +57,7 @@ impl Default for Chunks {
     fn default() -> Self {
         Chunks {
             recent: Arc::new(Mutex::new(VecDeque::new())),
+            loading: Arc::new(Mutex::new(std::collections::HashMap::new())),
             ahead: Arc::new(tokio::sync::Semaphore::new(AHEAD_IN_FLIGHT)),
             ahead_started: AtomicU64::new(0),
         }
@@ -61,8 +69,34 @@ impl Chunks {
         self.recent.lock().expect("recent chunks").iter().find(|(h, _)| h == id).map(|(_, b)| b.clone())
     }
 
-    fn remember(&self, id: Hash, b: Bytes) {
-        remember(&self.recent, id, b)
+    /// Chunk `id`: from the recent set, or one shared load of it (from
+    /// the disk cache or the store), remembered once loaded.
+    fn load(&self, fetcher: &Arc<Fetcher>, id: Hash) -> Loading {
+        let mut loading = self.loading.lock().expect("loading chunks");
+        if let Some(l) = loading.get(&id) {
+            return l.clone();
+        }
+        let (recent, all, fetcher) = (self.recent.clone(), self.loading.clone(), fetcher.clone());
+        let l = async move {
+            let r = load(&fetcher, id).await;
+            if let Ok(b) = &r {
+                remember(&recent, id, b.clone());
+            }
+            all.lock().expect("loading chunks").remove(&id);
+            r.map_err(Arc::new)
+        }
+        .boxed()
+        .shared();
+        loading.insert(id, l.clone());
+        l
+    }
+}
+
+/// A shared load's error, for one of its waiters.
+fn unshare(e: Arc<Error>) -> Error {
+    match Arc::try_unwrap(e) {
+        Ok(e) => e,
+        Err(e) => Error::Io { context: e.to_string(), source: std::io::Error::other("a shared chunk read failed") },
     }
 }
 
@@ -123,9 +157,7 @@ impl SnapshotFs {
                         if let Some(b) = self.chunks.recent(&id) {
                             return Ok(b);
                         }
-                        let b = load(&self.fetcher, id).await.map_err(|e| e.at_path(&name))?;
-                        self.chunks.remember(id, b.clone());
-                        Ok(b)
+                        self.chunks.load(&self.fetcher, id).await.map_err(|e| unshare(e).at_path(&name))
                     }
                 }))
                 .buffered(CHUNK_WINDOW)
@@ -175,16 +207,17 @@ impl SnapshotFs {
             if self.chunks.recent(&id).is_some() {
                 continue;
             }
-            let (fetcher, permits) = (self.fetcher.clone(), self.chunks.ahead.clone());
-            let recent = self.chunks.recent.clone();
+            let permits = self.chunks.ahead.clone();
             self.chunks.ahead_started.fetch_add(1, Relaxed);
+            // Registered now, so a read that reaches this chunk first
+            // drives the same load; the permit only bounds how many the
+            // read-ahead itself drives.
+            let load = self.chunks.load(&self.fetcher, id);
             tokio::spawn(async move {
                 let Ok(_permit) = permits.acquire_owned().await else { return };
                 // A failure is met again (and reported) by the read that
                 // needs the chunk.
-                if let Ok(b) = load(&fetcher, id).await {
-                    remember(&recent, id, b);
-                }
+                let _ = load.await;
             });
         }
     }
