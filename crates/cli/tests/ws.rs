@@ -477,3 +477,52 @@ fn a_checkpoint_leaves_out_git_and_ignored_untracked_paths() {
     assert_eq!(cp["paths_ignored"], 1, "{cp}");
     assert!(names("").contains(&"target".to_string()));
 }
+
+/// A fork (`ws create --from ws/NAME`) checkpoints at the cost of its own
+/// change too: its first checkpoint uploads an index layer and a stat
+/// layer over the parent workspace's, not whole ones, and a cold resume of
+/// the fork keeps the round trips of any resume.
+#[test]
+fn a_fork_checkpoints_layers_over_its_parent_workspace() {
+    let m = Mado::local();
+    let repo = m.dir.path().join("repo");
+    for d in 0..400 {
+        let p = repo.join(format!("d{}/e{:02}/f.txt", d / 20, d % 20));
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, format!("dir {d}\n")).unwrap();
+    }
+    git(&repo, &["init", "-q", "-b", "main"]);
+    git(&repo, &["add", "-A"]);
+    git(&repo, &["commit", "-qm", "x"]);
+    let imp = m.json(&["import-git", repo.to_str().unwrap()]);
+    let whole = imp["packs"][0]["index_bytes"].as_u64().unwrap();
+    let parent = m.dir.path().join("parent");
+    m.ok(&["ws", "create", "parent", "--dir", parent.to_str().unwrap()]);
+    std::fs::write(parent.join("d1/e01/f.txt"), "parent edit\n").unwrap();
+    let p = m.json(&["ws", "checkpoint", "--dir", parent.to_str().unwrap()]);
+    let parent_stat = p["stat_bytes"].as_u64().unwrap();
+
+    let fork = m.dir.path().join("fork");
+    m.ok(&["ws", "create", "fork", "--from", "ws/parent", "--dir", fork.to_str().unwrap()]);
+    assert_eq!(std::fs::read(fork.join("d1/e01/f.txt")).unwrap(), b"parent edit\n");
+    std::fs::write(fork.join("d2/e02/f.txt"), "fork edit\n").unwrap();
+    let f = m.json(&["ws", "checkpoint", "--dir", fork.to_str().unwrap()]);
+    let (idx, stat) = (f["index_bytes"].as_u64().unwrap(), f["stat_bytes"].as_u64().unwrap());
+    assert!(idx > 0 && idx * 4 < whole, "an index layer, not the whole {whole} bytes: {f}");
+    assert!(stat > 0 && stat * 4 < parent_stat.max(2_000), "a stat layer: {f}");
+    assert!(f["index_layers"].as_u64().unwrap() >= 2, "{f}");
+
+    // Cold, with a delay per request: a resume of the fork costs what any
+    // resume costs (ref; snapshot ‖ every index layer; packs ‖ stat layers).
+    let _ = std::fs::remove_dir_all(m.cache_dir());
+    let r = m.dir.path().join("r");
+    let o = m
+        .cmd(&["ws", "resume", "fork", r.to_str().unwrap(), "--read-only", "--json"])
+        .env("MADO_INJECT_RTT_MS", "30")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(v["remote"]["round_trips"].as_u64().unwrap() <= 4, "{v}");
+    assert_same_state(&fork, &r);
+}
