@@ -726,3 +726,25 @@ fn a_mounted_workspace_keeps_its_state_outside_the_cache() {
     assert_eq!(state(&m), sd, "moved to the data directory");
     assert!(!old.exists());
 }
+
+/// `ws create --mount` that cannot mount (here: a non-empty directory)
+/// takes its new workspace ref back, so the same command works once the
+/// cause is fixed.
+#[test]
+fn a_failed_ws_create_mount_leaves_no_workspace_behind() {
+    if !fuse_usable() {
+        return;
+    }
+    let m = Mado::local();
+    setup(&m);
+    let dir = m.dir.path().join("busy");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("x"), "in the way\n").unwrap();
+    let err = m.fails(&["ws", "create", "again", "--from", "main", "--mount", dir.to_str().unwrap()], 1);
+    assert!(err.contains("not empty"), "{err}");
+    assert!(!m.ok(&["refs"]).contains("ws/again"), "the ref was taken back");
+    std::fs::remove_file(dir.join("x")).unwrap();
+    let out = m.ok(&["ws", "create", "again", "--from", "main", "--mount", dir.to_str().unwrap()]);
+    let _mounted = WsMount { m: &m, dir: dir.clone() };
+    assert!(out.contains("read-write"), "{out}");
+}

@@ -162,7 +162,14 @@ pub async fn run(c: WsCommand, ctx: &Ctx) -> Result<()> {
             }
             workspace::create_ref(&fetcher, &name, &from).await?;
             ctx.step("workspace ref created");
-            super::mount::run(super::mount::workspace_args(&name, mp, false, allow_other), ctx).await
+            let mounted = super::mount::run(super::mount::workspace_args(&name, mp, false, allow_other), ctx).await;
+            if mounted.is_err() {
+                // Never mounted, so never changed: take the new ref back,
+                // so that fixing the cause and running the same command
+                // again works (rather than "already exists").
+                let _ = workspace::remove(&fetcher.remote, &name).await;
+            }
+            mounted
         }
         WsCommand::Create(a) => {
             let dir = a.dir.expect("clap requires --dir or --mount");
