@@ -526,3 +526,40 @@ fn a_fork_checkpoints_layers_over_its_parent_workspace() {
     assert!(v["remote"]["round_trips"].as_u64().unwrap() <= 4, "{v}");
     assert_same_state(&fork, &r);
 }
+
+/// `ws status` lists what a checkpoint would record against the working
+/// copy's base: added, modified (content or exec bit) and deleted paths,
+/// through renames and whole new or removed directories; an mtime alone is
+/// no change; it uploads nothing, and is empty right after a checkpoint.
+#[test]
+fn ws_status_lists_what_a_checkpoint_would_record() {
+    let m = Mado::local();
+    setup(&m);
+    let w = m.dir.path().join("w");
+    m.ok(&["ws", "create", "st", "--dir", w.to_str().unwrap()]);
+    let status = |extra: &[&str]| {
+        let mut args = vec!["ws", "status", "--dir", w.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        m.json(&args)
+    };
+    let s = status(&[]);
+    assert_eq!((s["added"].as_array().unwrap().len(), s["modified"].as_array().unwrap().len()), (0, 0), "{s}");
+    edit(&w);
+    std::fs::remove_dir_all(w.join("src/deep")).unwrap();
+    std::fs::create_dir_all(w.join("newdir/inner")).unwrap();
+    std::fs::write(w.join("newdir/inner/x.txt"), "x\n").unwrap();
+    let s = status(&[]);
+    let list =
+        |k: &str| -> Vec<String> { s[k].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_string()).collect() };
+    assert_eq!(list("added"), ["added.txt", "newdir/inner/x.txt", "newlink", "src/renamed.rs"]);
+    assert_eq!(list("modified"), ["README.md", "win.bat"]);
+    assert_eq!(list("deleted"), ["empty", "src/deep/er/still.txt", "src/lib.rs"]);
+    let text = m.ok(&["ws", "status", "--dir", w.to_str().unwrap()]);
+    assert!(text.lines().any(|l| l == "A added.txt") && text.lines().any(|l| l == "D src/lib.rs"), "{text}");
+    // Nothing went up; after a checkpoint, nothing is left to show.
+    let cp = m.json(&["ws", "checkpoint", "--dir", w.to_str().unwrap()]);
+    assert_eq!(cp["unchanged"], false);
+    let s = status(&[]);
+    let total: usize = ["added", "modified", "deleted"].iter().map(|k| s[*k].as_array().unwrap().len()).sum();
+    assert_eq!(total, 0, "{s}");
+}

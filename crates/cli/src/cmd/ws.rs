@@ -20,6 +20,11 @@ pub enum WsCommand {
     /// parent is the previous checkpoint, and move `ws/NAME` with
     /// compare-and-swap under the workspace's single-writer lease.
     Checkpoint(CheckpointArgs),
+    /// What a checkpoint of this plain working copy would record: paths
+    /// added, modified (content, kind or exec bit) and deleted since the
+    /// snapshot it is based on, like `git status --short`. Nothing is
+    /// uploaded and no lease is taken.
+    Status(StatusArgs),
     /// Restore a workspace's latest checkpoint into DIR (content, exec
     /// bits, symlinks and mtimes), taking its lease when free.
     Resume(ResumeArgs),
@@ -73,6 +78,16 @@ pub struct CheckpointArgs {
     /// Keep everything: by default a working copy's checkpoint leaves out
     /// `.git` directories and the untracked paths that `.gitignore` and
     /// `.madoignore` files ignore (git's syntax; a tracked path stays).
+    #[arg(long)]
+    no_ignore: bool,
+}
+
+#[derive(Args)]
+pub struct StatusArgs {
+    /// The working copy (default: found from the current directory).
+    #[arg(long, value_name = "DIR")]
+    dir: Option<PathBuf>,
+    /// As `ws checkpoint --no-ignore` would see it.
     #[arg(long)]
     no_ignore: bool,
 }
@@ -212,6 +227,31 @@ pub async fn run(c: WsCommand, ctx: &Ctx) -> Result<()> {
                 (checkpoint_dir(&fetcher, &dir, &a).await?, fetcher.remote.stats())
             };
             print_checkpoint(ctx, &r, remote)
+        }
+        WsCommand::Status(a) => {
+            let start = match a.dir {
+                Some(d) => d,
+                None => std::env::current_dir()?,
+            };
+            let dir = workspace::find_working_copy(&start).ok_or_else(|| {
+                mado_core::Error::User(format!(
+                    "{} is not inside a plain working copy; pass --dir (a mount has no status yet)",
+                    start.display()
+                ))
+            })?;
+            let s = workspace::status(&fetcher, &dir, a.no_ignore).await?;
+            if ctx.json {
+                return ctx.print_json(&s);
+            }
+            for (tag, paths) in [("A", &s.added), ("M", &s.modified), ("D", &s.deleted)] {
+                for p in paths {
+                    println!("{tag} {p}");
+                }
+            }
+            if s.added.is_empty() && s.modified.is_empty() && s.deleted.is_empty() {
+                eprintln!("nothing changed since {} (workspace {})", &s.base[..12.min(s.base.len())], s.workspace);
+            }
+            Ok(())
         }
         WsCommand::List => {
             let l = workspace::list(&fetcher).await?;

@@ -43,11 +43,13 @@ mod commit;
 mod ignore;
 mod lease;
 mod mounted;
+mod status;
 mod working_copy;
 
 use commit::*;
 pub use lease::{release, release_lease, take_lease};
 pub use mounted::{checkpoint_mount, open_mount, save_mount_state, MountedWorkspace, StateSaver};
+pub use status::{status, Status};
 use working_copy::*;
 pub use working_copy::{checkpoint, find_working_copy, load_state, load_state_at, LocalState};
 

@@ -236,6 +236,19 @@ pub(super) fn walk_dir(
     staged.tree(cache, &tree)
 }
 
+/// Walks the working copy at `dir` into the cache: its new tree (every
+/// changed file staged), its stat object and its next stat cache.
+pub(super) fn stage(dir: &Path, cache: &DiskCache, no_ignore: bool) -> Result<(Staged, Walked)> {
+    let mut staged = Staged::default();
+    let sc = load_statcache(dir);
+    let mut new_sc = StatCache { written_ns: ns(Ok(SystemTime::now())), rows: BTreeMap::new() };
+    let mut ign = super::ignore::Ignores::new(!no_ignore, &sc);
+    let mut w = crate::fsutil::on_deep_stack(|| walk(dir, cache, &mut staged, &sc, &mut new_sc, &mut ign))?;
+    w.statcache = Some(new_sc);
+    w.ignored = ign.skipped;
+    Ok((staged, w))
+}
+
 /// Checkpoints the working copy at `dir` (a plain directory).
 pub async fn checkpoint(
     fetcher: &Arc<Fetcher>,
@@ -245,16 +258,7 @@ pub async fn checkpoint(
 ) -> Result<CheckpointReport> {
     let mut st = load_state(dir)?;
     let dir2 = dir.to_path_buf();
-    let stage = move |cache: Arc<DiskCache>| {
-        let mut staged = Staged::default();
-        let sc = load_statcache(&dir2);
-        let mut new_sc = StatCache { written_ns: ns(Ok(SystemTime::now())), rows: BTreeMap::new() };
-        let mut ign = super::ignore::Ignores::new(!lease.no_ignore, &sc);
-        let mut w = crate::fsutil::on_deep_stack(|| walk(&dir2, &cache, &mut staged, &sc, &mut new_sc, &mut ign))?;
-        w.statcache = Some(new_sc);
-        w.ignored = ign.skipped;
-        Ok((staged, w))
-    };
+    let stage = move |cache: Arc<DiskCache>| stage(&dir2, &cache, lease.no_ignore);
     let (report, walked, _) = commit(fetcher, &st, &state_dir(dir), message, lease, stage).await?;
     if !report.unchanged || st.pending.is_some() {
         st.head = report.snapshot.clone();
