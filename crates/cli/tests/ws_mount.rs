@@ -672,8 +672,9 @@ fn fifos_and_sockets_work_in_a_workspace_mount_and_are_not_checkpointed() {
     let r = unsafe { libc::mknod(dev.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) };
     assert_eq!((r, std::io::Error::last_os_error().raw_os_error()), (-1, Some(libc::EPERM)));
 
-    // A checkpoint succeeds and keeps neither.
-    mnt.checkpoint("specials");
+    // A checkpoint succeeds, keeps neither, and counts both as left out.
+    let cp = mnt.checkpoint("specials");
+    assert_eq!(cp["paths_ignored"], 2, "{cp}");
     let names = |dir: &str| -> Vec<String> {
         let mut args = vec!["ls", "ws/sp"];
         if !dir.is_empty() {

@@ -27,7 +27,7 @@ use crate::ctx::Ctx;
 pub struct MountArgs {
     /// Ref name or snapshot id (with --workspace: the workspace name).
     spec: String,
-    /// Mount point (an existing, empty directory).
+    /// Mount point: an empty directory (made if missing).
     dir: PathBuf,
     /// Stay attached to the terminal instead of running as a daemon.
     #[arg(long)]
@@ -83,6 +83,12 @@ pub fn workspace_args(name: &str, dir: PathBuf, steal: bool, allow_other: bool) 
 }
 
 pub async fn run(a: MountArgs, ctx: &Ctx) -> Result<()> {
+    // A missing mount point is made, as `checkout` and `ws create` make
+    // their directory.
+    if !a.dir.exists() && !daemon::is_disconnected(&a.dir) {
+        std::fs::create_dir_all(&a.dir)
+            .map_err(|e| mado_core::Error::User(format!("cannot create {}: {e}", a.dir.display())))?;
+    }
     if !a.dir.is_dir() && !daemon::is_disconnected(&a.dir) {
         return Err(mado_core::Error::User(format!("{} is not a directory; create it first", a.dir.display())).into());
     }

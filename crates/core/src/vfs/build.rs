@@ -15,8 +15,8 @@ pub struct Built {
     pub files_unchanged: u64,
     /// Directories re-encoded.
     pub trees_built: u64,
-    /// `.git` directories left out (a checkout's own repository is not the
-    /// workspace's content).
+    /// What is left out: `.git` directories (a checkout's own repository
+    /// is not the workspace's content), FIFOs and sockets.
     pub ignored: u64,
 }
 
@@ -153,7 +153,9 @@ impl SnapshotFs {
                 Step::Enter(ino, path) => {
                     let n = st.get(ino)?;
                     if let Body::Special(_) = &n.body {
-                        // FIFOs and sockets are not source: not kept.
+                        // FIFOs and sockets are not source: not kept
+                        // (counted with what is left out).
+                        b.ignored += 1;
                         continue;
                     }
                     if ino != ROOT_INO && n.name == b".git" {
