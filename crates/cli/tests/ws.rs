@@ -16,6 +16,7 @@ fn checkpoint_resume_round_trip(m: &Mado) {
     edit(&w1);
     let cp = m.json(&["ws", "checkpoint", "--dir", w1.to_str().unwrap(), "-m", "edits"]);
     assert_eq!(cp["unchanged"], false, "{cp}");
+    assert_eq!(cp["upload"]["snapshots_uploaded"], 1, "the new snapshot is counted: {cp}");
     // The submodule's empty directory goes back as the gitlink it was.
     assert!(m.ok(&["ls", "ws/agent", "vendor"]).contains("gitlink"), "the gitlink is kept");
     // Elsewhere, from an empty cache.

@@ -229,6 +229,7 @@ pub(super) async fn commit_locked(
     remote.cas_ref(&refname, Some(&ver), RefValue { snapshot: sid, root: walked.root, layers }).await?;
     failpoint("checkpoint-after-ref");
     report.snapshot = sid.to_hex();
+    report.upload.snapshots_uploaded = 1;
     Ok((report, walked, stat_id))
 }
 
