@@ -123,10 +123,11 @@ pub fn split(data: &[u8]) -> Split<'_> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn pseudo_random(n: usize, seed: u64) -> Vec<u8> {
+    /// Reproducible incompressible bytes (xorshift; a seed of 0 gives zeros).
+    pub(crate) fn pseudo_random(n: usize, seed: u64) -> Vec<u8> {
         let mut x = seed;
         (0..n)
             .map(|_| {

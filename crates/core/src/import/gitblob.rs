@@ -204,6 +204,7 @@ impl Read for BlobStream {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::chunk::tests::pseudo_random as bytes;
 
     fn git(repo: &Path, args: &[&str]) -> String {
         let o = std::process::Command::new("git")
@@ -216,18 +217,6 @@ mod tests {
             .unwrap();
         assert!(o.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&o.stderr));
         String::from_utf8_lossy(&o.stdout).trim().to_string()
-    }
-
-    fn bytes(n: usize, seed: u64) -> Vec<u8> {
-        let mut x = seed | 1;
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
     }
 
     /// A repository holding `data` as big.bin, committed.
