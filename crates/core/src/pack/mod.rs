@@ -139,11 +139,21 @@ fn codec_from(c: u8) -> Result<Codec, DecodeError> {
     })
 }
 
-/// Encodes a pack from raw members; returns its bytes and its entry.
 /// A member as stored: compressed when that saves at least an eighth.
-fn stored_form<'a>(raw: &'a [u8]) -> (Codec, std::borrow::Cow<'a, [u8]>) {
-    match zstd::bulk::compress(raw, ZSTD_LEVEL) {
-        Ok(z) if raw.len() >= 64 && z.len() < raw.len() - raw.len() / 8 => (Codec::Zstd, z.into()),
+/// `z` is the calling thread's compressor: making a zstd context costs
+/// more than compressing a small source file, so each thread keeps one.
+fn stored_form<'a>(
+    z: &mut Option<zstd::bulk::Compressor<'static>>,
+    raw: &'a [u8],
+) -> (Codec, std::borrow::Cow<'a, [u8]>) {
+    if raw.len() < 64 {
+        return (Codec::Raw, raw.into());
+    }
+    if z.is_none() {
+        *z = zstd::bulk::Compressor::new(ZSTD_LEVEL).ok();
+    }
+    match z.as_mut().map(|z| z.compress(raw)) {
+        Some(Ok(c)) if c.len() < raw.len() - raw.len() / 8 => (Codec::Zstd, c.into()),
         _ => (Codec::Raw, raw.into()),
     }
 }
@@ -153,19 +163,21 @@ fn stored_form<'a>(raw: &'a [u8]) -> (Codec, std::borrow::Cow<'a, [u8]>) {
 /// frame, so the work splits freely and the bytes do not change.
 fn stored_forms<'a>(members: &[(Hash, MemberKind, &'a [u8])]) -> Vec<(Codec, std::borrow::Cow<'a, [u8]>)> {
     let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(8);
+    let part = |c: &[(Hash, MemberKind, &'a [u8])]| {
+        let mut z = None;
+        c.iter().map(|(_, _, raw)| stored_form(&mut z, raw)).collect::<Vec<_>>()
+    };
     if threads <= 1 || members.len() < 2 * threads {
-        return members.iter().map(|(_, _, raw)| stored_form(raw)).collect();
+        return part(members);
     }
     let per = members.len().div_ceil(threads);
     std::thread::scope(|s| {
-        let parts: Vec<_> = members
-            .chunks(per)
-            .map(|c| s.spawn(move || c.iter().map(|(_, _, raw)| stored_form(raw)).collect::<Vec<_>>()))
-            .collect();
+        let parts: Vec<_> = members.chunks(per).map(|c| s.spawn(move || part(c))).collect();
         parts.into_iter().flat_map(|h| h.join().expect("a compression thread panicked")).collect()
     })
 }
 
+/// Encodes a pack from raw members; returns its bytes and its entry.
 pub fn build_pack(members: &[(Hash, MemberKind, &[u8])]) -> (Vec<u8>, PackEntry) {
     let stored = stored_forms(members);
     let mut header = Vec::with_capacity(8 + members.len() * 40);
@@ -436,7 +448,7 @@ mod tests {
     #[test]
     fn members_are_compressed_only_when_it_pays() {
         let text = b"fn main() { println!(\"hello\"); }\n".repeat(300);
-        assert_eq!(stored_form(&text).0, Codec::Zstd);
+        assert_eq!(stored_form(&mut None, &text).0, Codec::Zstd);
         let mut x = 0x9e37_79b9_7f4a_7c15u64;
         let noise: Vec<u8> = (0..4096)
             .map(|_| {
@@ -446,11 +458,15 @@ mod tests {
                 (x >> 32) as u8
             })
             .collect();
-        assert_eq!(stored_form(&noise).0, Codec::Raw, "incompressible bytes stay raw");
+        assert_eq!(stored_form(&mut None, &noise).0, Codec::Raw, "incompressible bytes stay raw");
         let mostly_noise = [noise.clone(), vec![0u8; 300]].concat();
-        assert_eq!(stored_form(&mostly_noise).0, Codec::Raw, "a saving under an eighth is not worth a frame");
+        assert_eq!(
+            stored_form(&mut None, &mostly_noise).0,
+            Codec::Raw,
+            "a saving under an eighth is not worth a frame"
+        );
         let small = b"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"; // 63 bytes
-        assert_eq!(stored_form(small).0, Codec::Raw, "under 64 bytes stays raw");
+        assert_eq!(stored_form(&mut None, small).0, Codec::Raw, "under 64 bytes stays raw");
     }
 
     #[test]
@@ -459,7 +475,15 @@ mod tests {
             (0..100usize).map(|i| format!("member {i} ").repeat(i % 50 + 1).into_bytes()).collect();
         let members: Vec<(Hash, MemberKind, &[u8])> =
             data.iter().map(|d| (Hash::of(d), MemberKind::Blob, d.as_slice())).collect();
-        let seq: Vec<_> = members.iter().map(|(_, _, raw)| stored_form(raw)).collect();
+        // A fresh context per member (zstd's one-shot call) gives the
+        // same bytes as a thread's reused one.
+        let seq: Vec<_> = members
+            .iter()
+            .map(|(_, _, raw)| match zstd::bulk::compress(raw, ZSTD_LEVEL) {
+                Ok(z) if raw.len() >= 64 && z.len() < raw.len() - raw.len() / 8 => (Codec::Zstd, z.into()),
+                _ => (Codec::Raw, std::borrow::Cow::Borrowed(*raw)),
+            })
+            .collect();
         assert_eq!(stored_forms(&members), seq);
         let (bytes, entry) = build_pack(&members);
         for (m, d) in entry.members.iter().zip(&data) {
