@@ -207,16 +207,27 @@ pub async fn publish_packs(
     let mut idx = built.index;
     let enc = match &parent {
         Some(base) => {
-            // A full chain is compacted: one layer over the bottom (whole)
-            // index, holding everything since it; whole if that is large.
+            // Placed over the parent's chain where the compaction rule says
+            // (absorbing the small layers at its top; crate::object::layering).
+            // Without every layer at hand, a full chain is compacted into one
+            // layer over the bottom (whole) index.
             let layers = base.layers();
-            let bottom = match layers.last() {
-                Some(b) if layers.len() >= crate::pack::MAX_INDEX_LAYERS => {
-                    crate::fetch::load_index(remote, cache, *b, &[]).await?.ok().map(|(i, _)| i)
-                }
-                _ => None,
+            let placed = match crate::fetch::index_layers(remote, cache, &layers).await? {
+                Some(parts) => idx.layer_over_chain(&parts).ok(),
+                None => None,
             };
-            let layer = idx.layer_over(bottom.as_ref().unwrap_or(base));
+            let layer = match placed {
+                Some(layer) => layer,
+                None => {
+                    let bottom = match layers.last() {
+                        Some(b) if layers.len() >= crate::pack::MAX_INDEX_LAYERS => {
+                            crate::fetch::load_index(remote, cache, *b, &[]).await?.ok().map(|(i, _)| i)
+                        }
+                        _ => None,
+                    };
+                    idx.layer_over(bottom.as_ref().unwrap_or(base))
+                }
+            };
             idx.base = layer.base.clone();
             layer.encode()
         }

@@ -168,6 +168,21 @@ pub async fn load_index(remote: &Remote, cache: &DiskCache, tree: Hash, hint: &[
     Ok(top.merge(lower).map(|idx| (idx, via)).map_err(|detail| Attach::Undecodable { detail }))
 }
 
+/// Each layer of the chain `chain` (a view's [`PackIndex::layers`]) as
+/// stored, not merged: from the local copies a load just left, else the
+/// store. `None` when one is missing or not the layer named.
+pub async fn index_layers(remote: &Remote, cache: &DiskCache, chain: &[Hash]) -> Result<Option<Vec<PackIndex>>> {
+    let got = futures::future::join_all(chain.iter().map(|t| one_layer(remote, cache, *t))).await;
+    let mut out = Vec::with_capacity(chain.len());
+    for r in got {
+        match r? {
+            Ok((idx, _)) => out.push(idx),
+            Err(_) => return Ok(None),
+        }
+    }
+    Ok(Some(out))
+}
+
 /// One index layer, the local pointer first.
 async fn one_layer(remote: &Remote, cache: &DiskCache, tree: Hash) -> Result<Located> {
     let local = cache.index_path(&tree);

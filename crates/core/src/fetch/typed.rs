@@ -69,7 +69,8 @@ impl Fetcher {
         top.merge(lower).map_err(|detail| Error::Corrupt { id, what: "stat object", path: String::new(), detail })
     }
 
-    async fn stat_layer(self: &Arc<Self>, id: Hash) -> Result<StatObject> {
+    /// One stat object as stored (a layer is not merged with those below).
+    pub async fn stat_layer(self: &Arc<Self>, id: Hash) -> Result<StatObject> {
         let b = self.get(Space::Objects, id, "stat object").await?;
         StatObject::decode(&b).map_err(|e| Error::corrupt(id, "stat object", "", e))
     }

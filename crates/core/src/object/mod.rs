@@ -6,9 +6,11 @@
 //! bytes) and returns [`DecodeError`] instead of panicking, so a hostile
 //! object can never reach the checkout or mount code unchecked.
 
+mod layering;
 mod lease;
 mod stat;
 
+pub use layering::compaction_point;
 pub use lease::Lease;
 pub use stat::{StatObject, MAX_STAT_LAYERS};
 

@@ -150,6 +150,32 @@ impl StatObject {
     }
 }
 
+impl StatObject {
+    /// The object to upload for the whole object `self` over its parent's
+    /// chain `parts` (each layer as stored with its id, the parent's top
+    /// first, the whole bottom last): a layer placed where
+    /// [`crate::object::compaction_point`] says, absorbing the small layers
+    /// above that point, or `self` whole. `Err` when the layers do not
+    /// form the chain they name.
+    pub fn layer_over_chain(&self, parts: &[(Hash, StatObject)]) -> Result<StatObject, String> {
+        if parts.is_empty() {
+            return Ok(StatObject::whole(self.entries.clone()));
+        }
+        let view = |k: usize| parts[k].1.clone().merge(parts[k + 1..].to_vec());
+        let chain: Vec<Hash> = parts.iter().map(|(id, _)| *id).collect();
+        let over_parent = self.layer_over(&view(0)?, &chain);
+        if over_parent.base.is_empty() {
+            return Ok(over_parent);
+        }
+        let sizes: Vec<usize> = parts.iter().map(|(_, l)| l.entries.len() + l.removed.len()).collect();
+        let delta = over_parent.entries.len() + over_parent.removed.len();
+        match super::compaction_point(&sizes, delta, MAX_STAT_LAYERS) {
+            0 => Ok(over_parent),
+            k => Ok(self.layer_over(&view(k)?, &chain[k..])),
+        }
+    }
+}
+
 fn apply(map: &mut BTreeMap<Vec<u8>, (i64, u32)>, layer: &StatObject) {
     for p in &layer.removed {
         map.remove(p);

@@ -433,6 +433,28 @@ impl PackIndex {
         PackIndex { tree: self.tree, mode: self.mode, dirs: self.dirs, packs, trees, base: below }
     }
 
+    /// The layer to publish for the view `self` over its parent's chain
+    /// `parts` (each layer as stored, the parent's top first, the whole
+    /// bottom last): placed where [`crate::object::compaction_point`] says,
+    /// absorbing the small layers above that point, or `self` whole. `Err`
+    /// when the layers do not form the chain they name.
+    pub fn layer_over_chain(&self, parts: &[PackIndex]) -> Result<PackIndex, String> {
+        if parts.is_empty() {
+            return Ok(PackIndex { base: Vec::new(), ..self.clone() });
+        }
+        let view = |k: usize| parts[k].clone().merge(parts[k + 1..].to_vec());
+        let over_parent = self.layer_over(&view(0)?);
+        if over_parent.base.is_empty() {
+            return Ok(over_parent);
+        }
+        let sizes: Vec<usize> = parts.iter().map(|l| l.trees.len() + l.packs.len()).collect();
+        let delta = over_parent.trees.len() + over_parent.packs.len();
+        match crate::object::compaction_point(&sizes, delta, MAX_INDEX_LAYERS) {
+            0 => Ok(over_parent),
+            k => Ok(self.layer_over(&view(k)?)),
+        }
+    }
+
     pub fn member_count(&self) -> usize {
         self.packs.iter().map(|p| p.members.len()).sum()
     }

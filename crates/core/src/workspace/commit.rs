@@ -113,17 +113,19 @@ pub(super) async fn commit_locked(
         }
     }
     let up = match &parent_stat {
-        Some((id, s)) => {
+        Some((id, _)) => {
+            // Each layer of the parent's chain as stored (from the cache:
+            // they were just read to merge the parent's times), so the new
+            // layer can absorb the small ones at the top.
             let chain: Vec<Hash> = std::iter::once(*id).chain(parent_snap.stat_layers.iter().copied()).collect();
-            match chain.last() {
-                // A full chain is compacted: one layer over the bottom
-                // (whole) object, holding every change since it.
-                Some(bottom) if chain.len() >= crate::object::MAX_STAT_LAYERS => {
-                    let whole = fetcher.stat(*bottom, &[]).await?;
-                    walked.stat.layer_over(&whole, &[*bottom])
-                }
-                _ => walked.stat.layer_over(s, &chain),
-            }
+            let parts = futures::future::try_join_all(chain.iter().map(|h| fetcher.stat_layer(*h))).await?;
+            let parts: Vec<(Hash, StatObject)> = chain.into_iter().zip(parts).collect();
+            walked.stat.layer_over_chain(&parts).map_err(|detail| Error::Corrupt {
+                id: *id,
+                what: "stat object",
+                path: String::new(),
+                detail,
+            })?
         }
         None => walked.stat.clone(),
     };

@@ -7,7 +7,7 @@
 //! As in git, rules only apply to untracked paths: a path the working
 //! copy's stat cache knows (it was in the last snapshot written or
 //! checkpointed here) stays, ignored or not. Without a stat cache (a lost
-//! `.mado/statcache.json`), no rule applies but `.git`: nothing tracked is
+//! `.mado/statcache.bin`), no rule applies but `.git`: nothing tracked is
 //! ever dropped because local state went missing.
 //! `--no-ignore` turns all of it off.
 
@@ -25,28 +25,38 @@ pub(super) struct Ignores {
     on: bool,
     /// Rules apply (there is a stat cache to tell tracked paths).
     rules: bool,
-    /// The matchers of the directories being walked, outermost first.
-    stack: Vec<Gitignore>,
-    /// Paths left out (files and whole directories).
-    pub(super) skipped: u64,
 }
+
+/// The matchers of the directories from the root down to one being
+/// walked, outermost first; shared by the directories below it that add
+/// no rules of their own.
+pub(super) type Stack = std::sync::Arc<Vec<Gitignore>>;
 
 impl Ignores {
     pub(super) fn new(on: bool, sc: &StatCache) -> Ignores {
-        Ignores { on, rules: on && !sc.rows.is_empty(), stack: Vec::new(), skipped: 0 }
+        Ignores { on, rules: on && !sc.rows.is_empty() }
     }
 
-    /// Reads the rule files of directory `abs`; true when it had any (the
-    /// caller pops them with [`Ignores::leave`] after the directory).
-    pub(super) fn enter(&mut self, abs: &Path) -> Result<bool> {
+    /// The rules in force inside directory `abs`, whose entries are
+    /// `names`: `parent`'s, plus its own rule files if it lists any.
+    pub(super) fn enter(
+        &self,
+        abs: &Path,
+        names: impl Iterator<Item = std::ffi::OsString>,
+        parent: &Stack,
+    ) -> Result<Stack> {
         if !self.rules {
-            return Ok(false);
+            return Ok(parent.clone());
+        }
+        let listed: Vec<std::ffi::OsString> = names.filter(|n| RULE_FILES.iter().any(|f| n == f)).collect();
+        if listed.is_empty() {
+            return Ok(parent.clone());
         }
         let mut b = GitignoreBuilder::new(abs);
         let mut any = false;
         for f in RULE_FILES {
             let p = abs.join(f);
-            if p.is_file() {
+            if listed.iter().any(|n| n == f) && p.is_file() {
                 if let Some(e) = b.add(&p) {
                     return Err(Error::User(format!(
                         "{}: {e}; fix the rule, or checkpoint with --no-ignore",
@@ -57,51 +67,54 @@ impl Ignores {
             }
         }
         if !any {
-            return Ok(false);
+            return Ok(parent.clone());
         }
         let gi = b.build().map_err(|e| Error::User(format!("the ignore rules in {}: {e}", abs.display())))?;
-        self.stack.push(gi);
-        Ok(true)
+        let mut stack = parent.as_ref().clone();
+        stack.push(gi);
+        Ok(std::sync::Arc::new(stack))
     }
 
-    pub(super) fn leave(&mut self) {
-        self.stack.pop();
-    }
-
-    /// Whether the entry `name` at `path` (`key`: its stat cache key) is
-    /// left out of the checkpoint.
-    pub(super) fn skips(&mut self, name: &[u8], path: &Path, is_dir: bool, key: &str, sc: &StatCache) -> bool {
+    /// Whether the entry `name` at `path` (`key`: its stat cache key),
+    /// under the rules `stack`, is left out of the checkpoint.
+    pub(super) fn skips(
+        &self,
+        stack: &[Gitignore],
+        name: &[u8],
+        path: &Path,
+        is_dir: bool,
+        key: &[u8],
+        sc: &StatCache,
+    ) -> bool {
         if !self.on {
             return false;
         }
-        let skip = name == b".git" || (self.rules && self.ignored(path, is_dir) && !tracked(sc, key, is_dir));
-        self.skipped += skip as u64;
-        skip
-    }
-
-    fn ignored(&self, path: &Path, is_dir: bool) -> bool {
-        // The innermost directory with a say decides.
-        for gi in self.stack.iter().rev() {
-            let m = gi.matched(path, is_dir);
-            if m.is_ignore() {
-                return true;
-            }
-            if m.is_whitelist() {
-                return false;
-            }
-        }
-        false
+        name == b".git" || (self.rules && ignored(stack, path, is_dir) && !tracked(sc, key, is_dir))
     }
 }
 
+fn ignored(stack: &[Gitignore], path: &Path, is_dir: bool) -> bool {
+    // The innermost directory with a say decides.
+    for gi in stack.iter().rev() {
+        let m = gi.matched(path, is_dir);
+        if m.is_ignore() {
+            return true;
+        }
+        if m.is_whitelist() {
+            return false;
+        }
+    }
+    false
+}
+
 /// Whether the stat cache knows `key`, or (a directory) anything below it.
-fn tracked(sc: &StatCache, key: &str, is_dir: bool) -> bool {
+fn tracked(sc: &StatCache, key: &[u8], is_dir: bool) -> bool {
     if sc.rows.contains_key(key) {
         return true;
     }
     if !is_dir {
         return false;
     }
-    let prefix = format!("{key}/");
+    let prefix = [key, b"/"].concat();
     sc.rows.range(prefix.clone()..).next().is_some_and(|(k, _)| k.starts_with(&prefix))
 }

@@ -43,6 +43,7 @@ mod commit;
 mod ignore;
 mod lease;
 mod mounted;
+mod statcache;
 mod status;
 mod working_copy;
 

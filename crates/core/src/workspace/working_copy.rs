@@ -2,6 +2,9 @@
 //! spares unchanged files a re-read, the walk that stages a checkpoint,
 //! and materializing a snapshot into it (resume).
 
+use std::collections::HashMap;
+use std::os::unix::ffi::OsStringExt;
+
 use super::*;
 
 /// The working copy's state (`DIR/.mado/workspace.json`).
@@ -23,28 +26,7 @@ pub struct LocalState {
     pub pending: Option<String>,
 }
 
-/// One stat-cache row: what a file looked like when its id was known.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub(super) struct StatRow {
-    size: u64,
-    mtime_ns: i128,
-    ctime_ns: i128,
-    ino: u64,
-    id: String,
-    chunked: bool,
-    /// A gitlink, checked out as an empty directory: written back as the
-    /// gitlink while the directory stays empty.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    gitlink: bool,
-}
-
-#[derive(Default, Serialize, Deserialize)]
-pub(super) struct StatCache {
-    /// When the cache was written: a file changed within the same tick
-    /// could look unchanged ("racy"), so rows at or after it are re-read.
-    written_ns: i128,
-    pub(super) rows: BTreeMap<String, StatRow>,
-}
+pub(super) use super::statcache::{StatCache, StatRow};
 
 pub(super) fn state_dir(dir: &Path) -> PathBuf {
     dir.join(STATE_DIR)
@@ -94,146 +76,225 @@ pub(super) fn save_state_at(d: &Path, s: &LocalState) -> Result<()> {
     crate::fsutil::save_atomic(&d.join("workspace.json"), text.as_bytes())
 }
 
-pub(super) fn ns(t: std::io::Result<SystemTime>) -> i128 {
-    t.ok().and_then(|t| t.duration_since(UNIX_EPOCH).ok()).map(|d| d.as_nanos() as i128).unwrap_or(0)
+pub(super) fn ns(t: std::io::Result<SystemTime>) -> i64 {
+    t.ok().and_then(|t| t.duration_since(UNIX_EPOCH).ok()).map(|d| d.as_nanos() as i64).unwrap_or(0)
 }
 
-pub(super) fn key_of(rel: &[u8]) -> String {
-    // Paths as lossless strings: hex for anything that is not UTF-8.
-    match std::str::from_utf8(rel) {
-        Ok(s) => format!("u:{s}"),
-        Err(_) => format!("x:{}", rel.iter().map(|b| format!("{b:02x}")).collect::<String>()),
+/// What the stat cache compares of a file's metadata.
+fn row_of(m: &std::fs::Metadata, id: Hash, chunked: bool, gitlink: bool) -> StatRow {
+    StatRow {
+        size: m.len(),
+        mtime_ns: m.mtime().saturating_mul(1_000_000_000).saturating_add(m.mtime_nsec()),
+        ctime_ns: m.ctime().saturating_mul(1_000_000_000).saturating_add(m.ctime_nsec()),
+        ino: m.ino(),
+        id,
+        chunked,
+        gitlink,
     }
 }
 
 pub(super) fn load_statcache(dir: &Path) -> StatCache {
-    std::fs::read(state_dir(dir).join("statcache.json"))
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok())
-        .unwrap_or_default()
+    super::statcache::load(&state_dir(dir))
 }
 
 pub(super) fn save_statcache(dir: &Path, c: &StatCache) {
-    if let Ok(b) = serde_json::to_vec(c) {
-        crate::fsutil::save_cache_file(&state_dir(dir).join("statcache.json"), &b);
-    }
+    super::statcache::save(&state_dir(dir), c)
 }
 
-/// Walks `dir` (skipping `.mado`, and what `ign` leaves out), staging
-/// changed content and all trees.
-pub(super) fn walk(
-    dir: &Path,
-    cache: &DiskCache,
-    staged: &mut Staged,
-    sc: &StatCache,
-    new_sc: &mut StatCache,
-    ign: &mut super::ignore::Ignores,
-) -> Result<Walked> {
-    let mut w = Walked {
-        root: Hash([0; 32]),
-        stat: StatObject::default(),
-        files_read: 0,
-        files_unchanged: 0,
-        trees_built: None,
-        statcache: None,
-        ignored: 0,
+/// One directory as the scan found it.
+struct Listing {
+    /// Its entries that are not left out, with their metadata.
+    entries: Vec<(Vec<u8>, std::fs::Metadata)>,
+    /// How many entries it has on disk, left out or not.
+    on_disk: usize,
+}
+
+/// A directory waiting to be scanned: where it is, its path in the tree,
+/// and the ignore rules in force above it.
+type ScanItem = (PathBuf, Vec<u8>, super::ignore::Stack);
+
+struct ScanQueue {
+    todo: Vec<ScanItem>,
+    /// Directories queued or being scanned.
+    pending: usize,
+    failed: Option<Error>,
+}
+
+/// Phase 1 of a walk: every directory of the working copy listed and every
+/// entry stat'ed, on all cores (a checkpoint of an unchanged 40k-file
+/// tree is nothing but these syscalls), leaving out `.mado` and what the
+/// ignore rules skip. Directories are the unit of work, taken from one
+/// shared queue; nothing recurses, so no depth can overflow a stack.
+/// Returns the listings by path and how many paths were left out.
+fn scan(dir: &Path, sc: &StatCache, ign: &super::ignore::Ignores) -> Result<(HashMap<Vec<u8>, Listing>, u64)> {
+    use std::sync::{Condvar, Mutex};
+    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).clamp(1, 4);
+    let queue = Mutex::new(ScanQueue {
+        todo: vec![(dir.to_path_buf(), Vec::new(), Default::default())],
+        pending: 1,
+        failed: None,
+    });
+    let woken = Condvar::new();
+    let skipped = std::sync::atomic::AtomicU64::new(0);
+    let worker = || {
+        let mut found = Vec::new();
+        loop {
+            let item = {
+                let mut q = queue.lock().expect("scan queue");
+                loop {
+                    if q.failed.is_some() {
+                        return found;
+                    }
+                    if let Some(item) = q.todo.pop() {
+                        break item;
+                    }
+                    if q.pending == 0 {
+                        return found;
+                    }
+                    q = woken.wait(q).expect("scan queue");
+                }
+            };
+            let rel = item.1.clone();
+            let r = scan_dir(item, sc, ign, &skipped);
+            let mut q = queue.lock().expect("scan queue");
+            q.pending -= 1;
+            match r {
+                Ok((listing, subdirs)) => {
+                    q.pending += subdirs.len();
+                    q.todo.extend(subdirs);
+                    found.push((rel, listing));
+                }
+                Err(e) => {
+                    q.failed.get_or_insert(e);
+                }
+            }
+            woken.notify_all();
+        }
     };
-    let root_meta = std::fs::symlink_metadata(dir).map_err(Error::io(format!("reading {}", dir.display())))?;
-    w.stat.entries.push((Vec::new(), root_meta.mtime(), root_meta.mtime_nsec() as u32));
-    w.root = walk_dir(dir, &[], cache, staged, sc, new_sc, &mut w, ign)?;
-    w.stat.entries.sort();
-    Ok(w)
+    let found: Vec<Vec<(Vec<u8>, Listing)>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads).map(|_| s.spawn(worker)).collect();
+        handles.into_iter().map(|h| h.join().expect("a scan thread panicked")).collect()
+    });
+    if let Some(e) = queue.into_inner().expect("scan queue").failed {
+        return Err(e);
+    }
+    Ok((found.into_iter().flatten().collect(), skipped.into_inner()))
 }
 
-#[allow(clippy::too_many_arguments)]
-pub(super) fn walk_dir(
-    abs: &Path,
-    rel: &[u8],
-    cache: &DiskCache,
-    staged: &mut Staged,
+/// Lists and stats one directory; returns it and its subdirectories to scan.
+fn scan_dir(
+    (abs, rel, above): ScanItem,
     sc: &StatCache,
-    new_sc: &mut StatCache,
-    w: &mut Walked,
-    ign: &mut super::ignore::Ignores,
-) -> Result<Hash> {
-    let mut entries = Vec::new();
-    let rd = std::fs::read_dir(abs).map_err(Error::io(format!("reading {}", abs.display())))?;
-    let rules_here = ign.enter(abs)?;
-    for de in rd {
-        let de = de.map_err(Error::io(format!("reading {}", abs.display())))?;
-        let name = de.file_name().as_bytes().to_vec();
+    ign: &super::ignore::Ignores,
+    skipped: &std::sync::atomic::AtomicU64,
+) -> Result<(Listing, Vec<ScanItem>)> {
+    let read = |e: std::io::Error| Error::Io { context: format!("reading {}", abs.display()), source: e };
+    let listed: Vec<std::fs::DirEntry> =
+        std::fs::read_dir(&abs).map_err(read)?.collect::<std::io::Result<_>>().map_err(read)?;
+    // The rule files are read only where they are listed.
+    let rules = ign.enter(&abs, listed.iter().map(|de| de.file_name()), &above)?;
+    let mut out = Listing { entries: Vec::with_capacity(listed.len()), on_disk: listed.len() };
+    let mut subdirs = Vec::new();
+    for de in listed {
+        let name = de.file_name().into_vec();
         if rel.is_empty() && name == STATE_DIR.as_bytes() {
             continue;
         }
-        let p = de.path();
-        let r = if rel.is_empty() { name.clone() } else { [rel, b"/", &name].concat() };
-        let m = std::fs::symlink_metadata(&p).map_err(Error::io(format!("reading {}", p.display())))?;
-        let ft = m.file_type();
-        let key = key_of(&r);
-        if ign.skips(&name, &p, ft.is_dir(), &key, sc) {
+        // Stat'ed relative to the open directory: no path walk per file.
+        let m =
+            de.metadata().map_err(|e| Error::Io { context: format!("reading {}", de.path().display()), source: e })?;
+        let r = if rel.is_empty() { name.clone() } else { [&rel[..], b"/", &name].concat() };
+        let p = abs.join(std::ffi::OsStr::from_bytes(&name));
+        if ign.skips(&rules, &name, &p, m.is_dir(), &r, sc) {
+            skipped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             continue;
         }
-        w.stat.entries.push((r.clone(), m.mtime(), m.mtime_nsec() as u32));
-        let gitlink = sc.rows.get(&key).filter(|row| row.gitlink && ft.is_dir());
-        let entry = if let Some(row) = gitlink.filter(|_| crate::checkout::is_empty_dir(&p).unwrap_or(false)) {
-            new_sc.rows.insert(key, row.clone());
-            let id = row.id.parse().map_err(|_| Error::local_state(&p, "a bad gitlink id in the stat cache"))?;
-            Entry { name, kind: Kind::Gitlink, chunked: false, size: 0, id }
-        } else if ft.is_dir() {
-            let id = walk_dir(&p, &r, cache, staged, sc, new_sc, w, ign)?;
-            Entry { name, kind: Kind::Directory, chunked: false, size: 0, id }
-        } else if ft.is_symlink() {
-            let target = std::fs::read_link(&p).map_err(Error::io(format!("reading {}", p.display())))?;
-            let t = target.as_os_str().as_bytes();
-            let (id, _) = staged.content(cache, t)?;
-            Entry { name, kind: Kind::Symlink, chunked: false, size: t.len() as u64, id }
-        } else if ft.is_file() {
-            let kind = if m.permissions().mode() & 0o111 != 0 { Kind::Executable } else { Kind::File };
-            let mtime_ns = ns(m.modified());
-            let row_now = |id: Hash, chunked: bool| StatRow {
-                size: m.len(),
-                mtime_ns,
-                ctime_ns: m.ctime() as i128 * 1_000_000_000 + m.ctime_nsec() as i128,
-                ino: m.ino(),
-                id: id.to_hex(),
-                chunked,
-                gitlink: false,
-            };
-            let cached = sc.rows.get(&key).filter(|row| {
-                let fresh = row_now(Hash([0; 32]), row.chunked);
-                row.size == fresh.size
-                    && row.mtime_ns == fresh.mtime_ns
-                    && row.ctime_ns == fresh.ctime_ns
-                    && row.ino == fresh.ino
-                    && row.mtime_ns < sc.written_ns
-            });
-            let (id, chunked, size) = match cached.and_then(|row| row.id.parse::<Hash>().ok().map(|h| (h, row.chunked)))
-            {
-                Some((id, chunked)) => {
-                    w.files_unchanged += 1;
-                    (id, chunked, m.len())
-                }
-                None => {
-                    w.files_read += 1;
-                    staged.file(cache, &p)?
-                }
-            };
-            // The size is what was read (a file written to meanwhile is
-            // recorded as read, and hashed again next time: its mtime moved).
-            new_sc.rows.insert(key, row_now(id, chunked));
-            Entry { name, kind, chunked, size, id }
-        } else {
-            // Sockets, FIFOs, devices: not source. Skipped.
-            continue;
+        if m.is_dir() {
+            subdirs.push((p, r, rules.clone()));
+        }
+        out.entries.push((name, m));
+    }
+    Ok((out, subdirs))
+}
+
+/// Phase 2 of a walk: from the listings, stage the content of every file
+/// the stat cache does not vouch for, and every tree.
+struct Stager<'a> {
+    dir: &'a Path,
+    cache: &'a DiskCache,
+    staged: &'a mut Staged,
+    sc: &'a StatCache,
+    /// The next stat cache's rows (sorted once at the end).
+    rows: Vec<(Vec<u8>, StatRow)>,
+    listings: HashMap<Vec<u8>, Listing>,
+    w: Walked,
+}
+
+impl Stager<'_> {
+    fn dir_tree(&mut self, rel: &[u8]) -> Result<Hash> {
+        let Some(listing) = self.listings.remove(rel) else {
+            return Err(Error::Internal(format!("the walk did not list {:?}", String::from_utf8_lossy(rel))));
         };
-        entries.push(entry);
+        let mut entries = Vec::with_capacity(listing.entries.len());
+        for (name, m) in listing.entries {
+            let r = if rel.is_empty() { name.clone() } else { [rel, b"/", &name].concat() };
+            let p = || self.dir.join(std::ffi::OsStr::from_bytes(&r));
+            let ft = m.file_type();
+            self.w.stat.entries.push((r.clone(), m.mtime(), m.mtime_nsec() as u32));
+            let gitlink = self.sc.rows.get(&r).filter(|row| row.gitlink && ft.is_dir());
+            let empty = || self.listings.get(&r).is_some_and(|l| l.on_disk == 0);
+            let entry = if let Some(row) = gitlink.filter(|_| empty()) {
+                let id = row.id;
+                self.rows.push((r.clone(), row.clone()));
+                self.listings.remove(&r);
+                Entry { name, kind: Kind::Gitlink, chunked: false, size: 0, id }
+            } else if ft.is_dir() {
+                let id = self.dir_tree(&r)?;
+                Entry { name, kind: Kind::Directory, chunked: false, size: 0, id }
+            } else if ft.is_symlink() {
+                let p = p();
+                let target = std::fs::read_link(&p).map_err(Error::io(format!("reading {}", p.display())))?;
+                let t = target.as_os_str().as_bytes();
+                let (id, _) = self.staged.content(self.cache, t)?;
+                Entry { name, kind: Kind::Symlink, chunked: false, size: t.len() as u64, id }
+            } else if ft.is_file() {
+                let kind = if m.permissions().mode() & 0o111 != 0 { Kind::Executable } else { Kind::File };
+                let now = row_of(&m, Hash([0; 32]), false, false);
+                let cached = self.sc.rows.get(&r).filter(|row| {
+                    row.size == now.size
+                        && row.mtime_ns == now.mtime_ns
+                        && row.ctime_ns == now.ctime_ns
+                        && row.ino == now.ino
+                        && row.mtime_ns < self.sc.written_ns
+                        && !row.gitlink
+                });
+                let (id, chunked, size) = match cached {
+                    Some(row) => {
+                        self.w.files_unchanged += 1;
+                        (row.id, row.chunked, m.len())
+                    }
+                    None => {
+                        self.w.files_read += 1;
+                        self.staged.file(self.cache, &p())?
+                    }
+                };
+                // The size is what was read (a file written to meanwhile is
+                // recorded as read, and hashed again next time: its mtime
+                // moved).
+                self.rows.push((r, StatRow { id, chunked, ..now }));
+                Entry { name, kind, chunked, size, id }
+            } else {
+                // Sockets, FIFOs, devices: not source. Skipped.
+                continue;
+            };
+            entries.push(entry);
+        }
+        let tree = Tree::normalized(entries).map_err(|e| Error::UnsafePath {
+            path: String::from_utf8_lossy(rel).into_owned(),
+            reason: e.to_string(),
+        })?;
+        self.staged.tree(self.cache, &tree)
     }
-    if rules_here {
-        ign.leave();
-    }
-    let tree = Tree::normalized(entries)
-        .map_err(|e| Error::UnsafePath { path: String::from_utf8_lossy(rel).into_owned(), reason: e.to_string() })?;
-    staged.tree(cache, &tree)
 }
 
 /// Walks the working copy at `dir` into the cache: its new tree (every
@@ -241,11 +302,26 @@ pub(super) fn walk_dir(
 pub(super) fn stage(dir: &Path, cache: &DiskCache, no_ignore: bool) -> Result<(Staged, Walked)> {
     let mut staged = Staged::default();
     let sc = load_statcache(dir);
-    let mut new_sc = StatCache { written_ns: ns(Ok(SystemTime::now())), rows: BTreeMap::new() };
-    let mut ign = super::ignore::Ignores::new(!no_ignore, &sc);
-    let mut w = crate::fsutil::on_deep_stack(|| walk(dir, cache, &mut staged, &sc, &mut new_sc, &mut ign))?;
-    w.statcache = Some(new_sc);
-    w.ignored = ign.skipped;
+    let written_ns = ns(Ok(SystemTime::now()));
+    let ign = super::ignore::Ignores::new(!no_ignore, &sc);
+    let root_meta = std::fs::symlink_metadata(dir).map_err(Error::io(format!("reading {}", dir.display())))?;
+    let (listings, ignored) = scan(dir, &sc, &ign)?;
+    let mut w = Walked {
+        root: Hash([0; 32]),
+        stat: StatObject::default(),
+        files_read: 0,
+        files_unchanged: 0,
+        trees_built: None,
+        statcache: None,
+        ignored,
+    };
+    w.stat.entries.push((Vec::new(), root_meta.mtime(), root_meta.mtime_nsec() as u32));
+    let mut st = Stager { dir, cache, staged: &mut staged, sc: &sc, rows: Vec::new(), listings, w };
+    // Building trees recurses once per level.
+    st.w.root = crate::fsutil::on_deep_stack(|| st.dir_tree(&[]))?;
+    let mut w = st.w;
+    w.stat.entries.sort_unstable();
+    w.statcache = Some(StatCache { written_ns, rows: st.rows.into_iter().collect() });
     Ok((staged, w))
 }
 
@@ -381,18 +457,7 @@ pub(super) async fn materialize_into(
         for (rel, e) in written {
             let p = dir2.join(std::ffi::OsStr::from_bytes(&rel));
             if let Ok(m) = std::fs::symlink_metadata(&p) {
-                sc.rows.insert(
-                    key_of(&rel),
-                    StatRow {
-                        size: m.len(),
-                        mtime_ns: ns(m.modified()),
-                        ctime_ns: m.ctime() as i128 * 1_000_000_000 + m.ctime_nsec() as i128,
-                        ino: m.ino(),
-                        id: e.id.to_hex(),
-                        chunked: e.chunked,
-                        gitlink: e.kind == Kind::Gitlink,
-                    },
-                );
+                sc.rows.insert(rel, row_of(&m, e.id, e.chunked, e.kind == Kind::Gitlink));
             }
         }
         save_statcache(&dir2, &sc);
