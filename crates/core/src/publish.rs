@@ -98,6 +98,15 @@ pub async fn publish_packs(
         return Err(e);
     }
     let started = Instant::now();
+    // On top of a base: its chain, layer by layer (local copies, left by
+    // the load of the base), so the new layer and pack can absorb the
+    // small ones at the top (pack::Absorb).
+    let parts = match &opts.base {
+        Some(b) if b.base.is_empty() => Some(vec![(**b).clone()]),
+        Some(b) => crate::fetch::index_layers(remote, cache, &b.layers()).await?,
+        None => None,
+    };
+    let absorb = parts.as_deref().map(crate::pack::Absorb::of);
     let (tx, mut rx) = tokio::sync::mpsc::channel::<(Hash, Vec<u8>)>(2);
     let c = cache.clone();
     let base = opts.base.clone();
@@ -108,16 +117,17 @@ pub async fn publish_packs(
         // pack (a resume or a mount read it through that pack).
         let in_base = std::sync::OnceLock::new();
         let from_base = |id: &Hash| {
+            // Every pack holding the member: the cache may hold any of them.
             let map = in_base.get_or_init(|| {
-                let mut m = std::collections::HashMap::new();
+                let mut m: std::collections::HashMap<Hash, Vec<Hash>> = std::collections::HashMap::new();
                 for p in base.iter().flat_map(|b| b.packs.iter()) {
                     for member in &p.members {
-                        m.insert(member.id, p.id);
+                        m.entry(member.id).or_default().push(p.id);
                     }
                 }
                 m
             });
-            map.get(id).and_then(|pack| c.pack_get(pack, id))
+            map.get(id).into_iter().flatten().find_map(|pack| c.pack_get(pack, id))
         };
         // Trees the base carries are read from it, in memory: a delta build
         // walks every tree of the new root, and on a big tree thousands of
@@ -146,7 +156,7 @@ pub async fn publish_packs(
         };
         // Planning recurses once per tree level.
         crate::fsutil::on_deep_stack(|| match &opts.base {
-            Some(base) => crate::pack::build_delta(tree, opts.cap, base, &src, &mut emit),
+            Some(base) => crate::pack::build_delta(tree, opts.cap, base, absorb.as_ref(), &src, &mut emit),
             None => build(tree, opts.mode, opts.cap, &src, &mut emit),
         })
     });
@@ -212,10 +222,7 @@ pub async fn publish_packs(
             // Without every layer at hand, a full chain is compacted into one
             // layer over the bottom (whole) index.
             let layers = base.layers();
-            let placed = match crate::fetch::index_layers(remote, cache, &layers).await? {
-                Some(parts) => idx.layer_over_chain(&parts).ok(),
-                None => None,
-            };
+            let placed = parts.as_ref().and_then(|parts| idx.layer_over_at(parts, built.placed_at).ok());
             let layer = match placed {
                 Some(layer) => layer,
                 None => {

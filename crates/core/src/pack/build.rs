@@ -32,6 +32,31 @@ pub struct Built {
     /// Those objects' ids: when packs are how content goes up, they go
     /// up alone.
     pub loose: Vec<(Hash, MemberKind)>,
+    /// For a delta build with [`Absorb`]: the position in the base's chain
+    /// the new layer must go over (the packs of the layers above it were
+    /// folded into the new packs).
+    pub placed_at: usize,
+}
+
+/// What a delta build may fold in: the base's chain, layer by layer (its
+/// top first, the whole bottom last), so that the new layer can absorb the
+/// small layers at the top (crate::object::compaction_point) and the new
+/// pack the packs they brought. Without it, every checkpoint would leave
+/// one more small pack for a cold reader to fetch.
+pub struct Absorb {
+    /// Each layer's size (trees and packs it holds).
+    pub sizes: Vec<usize>,
+    /// The packs each layer introduced.
+    pub packs: Vec<Vec<Hash>>,
+}
+
+impl Absorb {
+    pub fn of(layers: &[PackIndex]) -> Absorb {
+        Absorb {
+            sizes: layers.iter().map(|l| l.trees.len() + l.packs.len()).collect(),
+            packs: layers.iter().map(|l| l.packs.iter().map(|p| p.id).collect()).collect(),
+        }
+    }
 }
 
 struct Walk<'a> {
@@ -204,6 +229,7 @@ pub fn build_delta(
     tree: Hash,
     cap: u64,
     base: &PackIndex,
+    absorb: Option<&Absorb>,
     src: &Source<'_>,
     emit: &mut dyn FnMut(Hash, Vec<u8>) -> Result<()>,
 ) -> Result<Built> {
@@ -212,8 +238,24 @@ pub fn build_delta(
     let root = w.dir(tree)?;
     let mut all = Vec::new();
     flatten(&root, &mut all);
-    let in_base: std::collections::HashMap<Hash, usize> =
-        base.packs.iter().enumerate().flat_map(|(pi, p)| p.members.iter().map(move |m| (m.id, pi))).collect();
+    // Where the new layer goes: its size is about the trees the base
+    // lacks, plus its pack.
+    let placed_at = absorb.map_or(0, |a| {
+        let known: HashSet<Hash> = base.trees.iter().map(|t| t.0).collect();
+        let delta = w.trees.iter().filter(|t| !known.contains(&t.0)).count() + 1;
+        crate::object::compaction_point(&a.sizes, delta, MAX_INDEX_LAYERS)
+    });
+    let absorbed: HashSet<Hash> =
+        absorb.map(|a| a.packs[..placed_at].iter().flatten().copied().collect()).unwrap_or_default();
+    // A member of an absorbed pack goes in the new pack, unless a pack
+    // that stays holds it too.
+    let in_base: std::collections::HashMap<Hash, usize> = base
+        .packs
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| !absorbed.contains(&p.id))
+        .flat_map(|(pi, p)| p.members.iter().map(move |m| (m.id, pi)))
+        .collect();
     let mut used = vec![false; base.packs.len()];
     let mut seen = HashSet::new();
     let mut fresh: Vec<(Hash, MemberKind)> = Vec::new();
@@ -254,6 +296,7 @@ pub fn build_delta(
         index: PackIndex { tree, mode: Mode::Recursive, dirs: w.dirs, packs, trees: w.trees, base: Vec::new() },
         unpacked: w.unpacked,
         loose: w.loose,
+        placed_at,
     })
 }
 
@@ -301,5 +344,6 @@ pub fn build(
         index: PackIndex { tree, mode, dirs: w.dirs, packs, trees: w.trees, base: Vec::new() },
         unpacked: w.unpacked,
         loose: w.loose,
+        placed_at: 0,
     })
 }

@@ -31,7 +31,7 @@ use crate::object::{ChunkManifest, Kind, Tree};
 
 mod build;
 
-pub use build::{build, build_delta, Built, Source};
+pub use build::{build, build_delta, Absorb, Built, Source};
 
 pub const DEFAULT_MAX_PACK_BYTES: u64 = 64 << 20;
 /// v1 packs a directory only if it has at least this many small files.
@@ -435,24 +435,15 @@ impl PackIndex {
 
     /// The layer to publish for the view `self` over its parent's chain
     /// `parts` (each layer as stored, the parent's top first, the whole
-    /// bottom last): placed where [`crate::object::compaction_point`] says,
-    /// absorbing the small layers above that point, or `self` whole. `Err`
-    /// when the layers do not form the chain they name.
-    pub fn layer_over_chain(&self, parts: &[PackIndex]) -> Result<PackIndex, String> {
-        if parts.is_empty() {
+    /// bottom last), going over `parts[at]` (see [`build::Absorb`]): it
+    /// replaces the layers above that one. Or `self` whole, when the layer
+    /// would not be smaller by half. `Err` when the layers do not form the
+    /// chain they name.
+    pub fn layer_over_at(&self, parts: &[PackIndex], at: usize) -> Result<PackIndex, String> {
+        if at >= parts.len() {
             return Ok(PackIndex { base: Vec::new(), ..self.clone() });
         }
-        let view = |k: usize| parts[k].clone().merge(parts[k + 1..].to_vec());
-        let over_parent = self.layer_over(&view(0)?);
-        if over_parent.base.is_empty() {
-            return Ok(over_parent);
-        }
-        let sizes: Vec<usize> = parts.iter().map(|l| l.trees.len() + l.packs.len()).collect();
-        let delta = over_parent.trees.len() + over_parent.packs.len();
-        match crate::object::compaction_point(&sizes, delta, MAX_INDEX_LAYERS) {
-            0 => Ok(over_parent),
-            k => Ok(self.layer_over(&view(k)?)),
-        }
+        Ok(self.layer_over(&parts[at].clone().merge(parts[at + 1..].to_vec())?))
     }
 
     pub fn member_count(&self) -> usize {
@@ -690,7 +681,7 @@ mod tests {
         let root2 = m.dir("", entries).id;
         let mut emitted = Vec::new();
         let src = |id: &Hash| m.0.get(id).cloned().ok_or_else(|| Error::NotFound(id.to_hex()));
-        let d = build_delta(root2, DEFAULT_MAX_PACK_BYTES, &base.index, &src, &mut |id, b| {
+        let d = build_delta(root2, DEFAULT_MAX_PACK_BYTES, &base.index, None, &src, &mut |id, b| {
             emitted.push((id, b.len()));
             Ok(())
         })

@@ -142,7 +142,9 @@ pub(super) async fn commit_locked(
     // built (IndexCheck::Concurrent), not in a round trip of its own.
     let (base, indexed) = match parent_snap.root == walked.root {
         true => (None, true),
-        false => (fetcher.locate(parent_snap.root).await?.ok().map(|(idx, _)| Arc::new(idx)), false),
+        // Attached: a delta build that folds small packs into its own reads
+        // any member this machine lacks through them.
+        false => (fetcher.locate_attached(parent_snap.root).await?.ok().map(|(idx, _)| Arc::new(idx)), false),
     };
     let pack_opts = |base, primary, index_check| crate::publish::PackOptions {
         mode: crate::pack::Mode::Recursive,
