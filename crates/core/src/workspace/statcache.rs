@@ -133,7 +133,8 @@ fn path_in(state_dir: &Path) -> PathBuf {
 /// The stat cache kept in `state_dir` (a working copy's `.mado`); empty
 /// when there is none or it cannot be read.
 pub(super) fn load(state_dir: &Path) -> StatCache {
-    match std::fs::read(path_in(state_dir)) {
+    // Not a plain read: a FIFO planted there must not hang a checkpoint.
+    match crate::fsutil::read_regular(&path_in(state_dir)) {
         Ok(b) => StatCache::decode(&b).unwrap_or_default(),
         Err(_) => load_legacy(&state_dir.join(LEGACY_FILE)).unwrap_or_default(),
     }
@@ -171,7 +172,7 @@ fn load_legacy(p: &Path) -> Option<StatCache> {
         written_ns: i128,
         rows: BTreeMap<String, Row>,
     }
-    let l: Legacy = serde_json::from_slice(&std::fs::read(p).ok()?).ok()?;
+    let l: Legacy = serde_json::from_slice(&crate::fsutil::read_regular(p).ok()?).ok()?;
     let clamp = |t: i128| t.clamp(i64::MIN as i128, i64::MAX as i128) as i64;
     let mut rows = BTreeMap::new();
     for (k, r) in l.rows {
@@ -320,5 +321,18 @@ mod tests {
         assert_eq!(load(d.path()), c, "and the binary one reads the same");
         remove(d.path());
         assert_eq!(load(d.path()), StatCache::default());
+    }
+
+    #[test]
+    fn a_fifo_or_a_symlink_in_its_place_reads_as_no_cache() {
+        use rustix::fs::{mknodat, FileType, Mode, CWD};
+        let d = tempfile::tempdir().unwrap();
+        mknodat(CWD, path_in(d.path()), FileType::Fifo, Mode::from_raw_mode(0o600), 0).unwrap();
+        assert_eq!(load(d.path()), StatCache::default(), "no hang on a FIFO");
+        std::fs::remove_file(path_in(d.path())).unwrap();
+        let real = d.path().join("elsewhere");
+        std::fs::write(&real, sample().encode()).unwrap();
+        std::os::unix::fs::symlink(&real, path_in(d.path())).unwrap();
+        assert_eq!(load(d.path()), StatCache::default(), "a symlink is not followed");
     }
 }

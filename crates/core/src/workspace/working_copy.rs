@@ -54,14 +54,21 @@ pub fn load_state(dir: &Path) -> Result<LocalState> {
 pub fn load_state_at(sd: &Path) -> Result<LocalState> {
     let dir = sd.parent().unwrap_or(sd);
     let p = sd.join("workspace.json");
-    let text = std::fs::read_to_string(&p).map_err(|_| {
-        Error::User(format!(
-            "{} is not a mado workspace (no {}); create one with `mado ws create`",
-            dir.display(),
-            p.display()
-        ))
-    })?;
-    serde_json::from_str(&text).map_err(|e| {
+    // Not a plain read: a FIFO planted there must not hang the command.
+    let text = match crate::fsutil::read_regular(&p) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(Error::User(format!(
+                "{} is not a mado workspace (no {}); create one with `mado ws create`",
+                dir.display(),
+                p.display()
+            )))
+        }
+        Err(e) => {
+            return Err(Error::local_state(&p, format!("unreadable ({e}); remove it and resume the workspace afresh")))
+        }
+    };
+    serde_json::from_slice(&text).map_err(|e| {
         Error::local_state(&p, format!("unreadable ({e}); restore it from a backup, or resume the workspace afresh"))
     })
 }
