@@ -153,7 +153,10 @@ fn corrupt_store_object_is_named_with_its_path() {
 fn corrupt_cache_entry_heals_by_refetching() {
     let m = Mado::local();
     let repo = fixture_repo(m.dir.path());
-    m.ok(&["import-git", repo.to_str().unwrap()]);
+    // Staged in the cache as loose objects (an import with packs stages
+    // in memory and caches its packs instead), then packed.
+    m.ok(&["import-git", repo.to_str().unwrap(), "--no-packs"]);
+    m.ok(&["pack", "--recursive"]);
     let id = Hash::of(b"pub fn f() {}\n").to_hex();
     let entry = m.cache_dir().join("objects").join(&id[..2]).join(&id);
     std::fs::write(&entry, b"rotten").unwrap();
@@ -356,9 +359,14 @@ fn mados_folders_are_private_to_the_user() {
         let mode = std::fs::metadata(home.join(d)).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o700, "{d} is {mode:o}");
     }
-    // And really: another uid cannot read a cached copy.
-    let id = Hash::of(b"pub fn f() {}\n").to_hex();
-    let entry = home.join(".cache/mado/objects").join(&id[..2]).join(&id);
+    // And really: another uid cannot read a cached copy (the import keeps
+    // the pack it built, with every file in it).
+    let data = home.join(".cache/mado/packs/data");
+    let entry = std::fs::read_dir(&data)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "pack"))
+        .expect("the import's pack is cached");
     assert!(entry.is_file());
     if rustix::process::geteuid().is_root() {
         // The temp folders above are traversable, so only mado's own

@@ -225,10 +225,14 @@ fn pack_status_reports_each_reason() {
     }
     let m = Mado::local();
     let repo = fixture_repo(m.dir.path());
-    m.ok(&["import-git", repo.to_str().unwrap()]);
+    // Objects alone in the store, then packs: a mount without a usable
+    // index reads them (a packs-first import keeps its trees only in the
+    // index, and no longer stages them in this cache).
+    m.ok(&["import-git", repo.to_str().unwrap(), "--no-packs"]);
+    m.ok(&["pack", "--recursive"]);
     let local_pointers = m.cache_dir().join("packs/index");
 
-    // Attached, via the local pointer (the import kept a copy).
+    // Attached, via the local pointer (`mado pack` kept a copy).
     let s = mount(&m, "main", "a", &[], &[]).status();
     assert_eq!((s["attached"].clone(), s["status"]["via"].clone()), (true.into(), "local-pointer".into()), "{s}");
     assert_eq!(s["status"]["mode"], "recursive");

@@ -480,3 +480,41 @@ fn a_fetched_pack_is_one_cache_file_and_heals_when_damaged() {
     let v = m.json(&["cache", "verify"]);
     assert_eq!(v["bad"].as_array().unwrap().len(), 0, "nothing bad was kept: {v}");
 }
+
+/// An import stages small content in memory and keeps the packs it builds
+/// in the cache whole: a handful of files, not one per object, and reads
+/// right after it stay local. Content a built pack does not carry (the
+/// ref's members, with the cache wiped in between) lands as loose objects.
+#[test]
+fn an_import_keeps_its_packs_whole_in_the_cache_not_a_file_per_object() {
+    let m = Mado::local();
+    let repo = real_repo(m.dir.path());
+    let files = count_files(&repo.join("vendor"));
+    let imp = m.json(&["import-git", repo.to_str().unwrap()]);
+    let packs = imp["packs"][0]["packs"].as_u64().unwrap();
+    let loose = count_files(&m.cache_dir().join("objects"));
+    assert!(loose <= 2, "the snapshot, not {files} staged objects: {loose} loose files");
+    let stats = m.json(&["cache", "stats"]);
+    assert_eq!(stats["packs"].as_u64().unwrap(), packs, "every pack built is kept: {stats}");
+    let co = m.dir.path().join("co");
+    let warm = m.json(&["checkout", "main", co.to_str().unwrap()]);
+    assert!(gets(&warm) <= 1, "the ref only: {warm}");
+    assert_same_tree(&repo.join("vendor"), &co.join("vendor"));
+    let v = m.json(&["cache", "verify"]);
+    assert_eq!(v["bad"].as_array().unwrap().len(), 0, "{v}");
+    assert!(v["checked"].as_u64().unwrap() >= packs, "{v}");
+
+    // A next commit imported into a wiped cache packs only the new file;
+    // the rest is cached loose, as staging in the cache left it.
+    std::fs::write(repo.join("NEW"), "one more file\n").unwrap();
+    git(&repo, &["add", "NEW"]);
+    git(&repo, &["commit", "-q", "-m", "new"]);
+    wipe_cache(&m);
+    m.ok(&["import-git", repo.to_str().unwrap()]);
+    let co2 = m.dir.path().join("co2");
+    let warm = m.json(&["checkout", "main", co2.to_str().unwrap()]);
+    assert!(gets(&warm) <= 1, "the ref only: {warm}");
+    assert_same_tree(&repo.join("vendor"), &co2.join("vendor"));
+    let v = m.json(&["cache", "verify"]);
+    assert_eq!(v["bad"].as_array().unwrap().len(), 0, "{v}");
+}

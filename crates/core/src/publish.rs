@@ -94,6 +94,32 @@ pub async fn publish_packs(
     opts: PackOptions,
     inline: Option<Arc<crate::fetch::Fetcher>>,
 ) -> Result<PackReport> {
+    build_and_publish(remote, cache, tree, opts, inline, None).await
+}
+
+/// [`publish_packs`] for content an import staged in memory
+/// ([`crate::upload::Staged::in_memory`]): members are read from `staged`
+/// first (then the cache), and every pack built is also kept in the disk
+/// cache whole, as a fetch of it would have left it, so reads right after
+/// the import need no GET.
+pub async fn publish_staged_packs(
+    remote: &Remote,
+    cache: &Arc<DiskCache>,
+    tree: Hash,
+    opts: PackOptions,
+    staged: Arc<crate::upload::InMemory>,
+) -> Result<PackReport> {
+    build_and_publish(remote, cache, tree, opts, None, Some(staged)).await
+}
+
+async fn build_and_publish(
+    remote: &Remote,
+    cache: &Arc<DiskCache>,
+    tree: Hash,
+    opts: PackOptions,
+    inline: Option<Arc<crate::fetch::Fetcher>>,
+    staged: Option<Arc<crate::upload::InMemory>>,
+) -> Result<PackReport> {
     if let Some(e) = crate::failpoint::error("publish-packs") {
         return Err(e);
     }
@@ -112,6 +138,7 @@ pub async fn publish_packs(
     let base = opts.base.clone();
     let parent = opts.base.clone();
     let rt = tokio::runtime::Handle::current();
+    let memory = staged.clone();
     let builder = tokio::task::spawn_blocking(move || {
         // What the base index packs is read from the cache's copy of its
         // pack (a resume or a mount read it through that pack).
@@ -135,6 +162,9 @@ pub async fn publish_packs(
         let base_trees: std::collections::HashMap<Hash, &Vec<u8>> =
             base.iter().flat_map(|b| b.trees.iter()).map(|(id, t)| (*id, t)).collect();
         let src = |id: &Hash| {
+            if let Some(b) = memory.as_ref().and_then(|m| m.get(id)) {
+                return Ok(b.to_vec());
+            }
             if let Some(t) = base_trees.get(id) {
                 return Ok((*t).clone());
             }
@@ -176,13 +206,23 @@ pub async fn publish_packs(
     let uploads = futures::stream::poll_fn(|cx| rx.poll_recv(cx))
         .map(|(id, bytes)| {
             let indexed = *head_rx.borrow() == Some(true);
+            let bytes = Bytes::from(bytes);
+            let keep = staged.is_some().then(|| keep_pack(cache, id, bytes.clone()));
             async move {
-                if indexed || (!opts.primary && remote.has_pack(&id).await?) {
-                    return Ok::<u64, Error>(0);
-                }
-                let n = bytes.len() as u64;
-                remote.put_pack(&id, Bytes::from(bytes)).await?;
-                Ok(n)
+                let put = async {
+                    if indexed || (!opts.primary && remote.has_pack(&id).await?) {
+                        return Ok::<u64, Error>(0);
+                    }
+                    let n = bytes.len() as u64;
+                    remote.put_pack(&id, bytes).await?;
+                    Ok(n)
+                };
+                let keep = async {
+                    if let Some(k) = keep {
+                        k.await
+                    }
+                };
+                futures::join!(put, keep).0
             }
         })
         .buffer_unordered(4)
@@ -209,7 +249,7 @@ pub async fn publish_packs(
     // Every member of the tree is now in a pack the index names, or must
     // be stored alone: those the store lacks go up (packs-first content
     // never went up alone; a rebuild may leave out what a pack held).
-    let (n, bytes) = upload_loose(remote, cache, &built.loose).await?;
+    let (n, bytes) = upload_loose(remote, cache, staged.as_deref(), &built.loose).await?;
     report.loose_uploaded = n;
     report.bytes_uploaded += bytes;
     // On top of a base, only a layer goes up: what the base lacks, naming
@@ -270,7 +310,12 @@ pub async fn publish_packs(
 /// Uploads the objects a build left out of every pack (too large, or not
 /// in a dense directory), those the store lacks: one HEAD batch, then chunks and blobs,
 /// then manifests (the closure rule). Returns (objects, bytes) uploaded.
-async fn upload_loose(remote: &Remote, cache: &DiskCache, loose: &[(Hash, MemberKind)]) -> Result<(u64, u64)> {
+async fn upload_loose(
+    remote: &Remote,
+    cache: &DiskCache,
+    staged: Option<&crate::upload::InMemory>,
+    loose: &[(Hash, MemberKind)],
+) -> Result<(u64, u64)> {
     let ids: Vec<Hash> = loose.iter().map(|(id, _)| *id).collect();
     let have = remote.have_objects(Space::Objects, &ids).await?;
     let missing: Vec<(Hash, MemberKind)> =
@@ -279,5 +324,29 @@ async fn upload_loose(remote: &Remote, cache: &DiskCache, loose: &[(Hash, Member
     let ids = |v: Vec<(Hash, MemberKind)>| v.into_iter().map(|(id, _)| id).collect();
     let absent =
         |id: &Hash| format!("object {id} is neither in the store nor in the disk cache; run `mado materialize` first");
-    crate::upload::put_from_cache(remote, cache, ids(leaves), ids(manifests), &absent).await
+    crate::upload::put_from_cache(remote, cache, staged, ids(leaves), ids(manifests), &absent).await
+}
+
+/// Keeps pack `id` (built here, `bytes` whole) in the disk cache as a fetch
+/// of it would: under the pack's lock, its bytes, then the record of every
+/// member. Best effort: a cache that cannot take it (a full disk warns
+/// once) costs a later read its fetch, never the import.
+async fn keep_pack(cache: &Arc<DiskCache>, id: Hash, bytes: Bytes) {
+    let Ok((_, members)) = crate::pack::decode_pack_header(&bytes) else { return };
+    // Without the lock (an unwritable cache) the write below fails too.
+    let Ok(_lock) = crate::fsutil::lock_file(cache.pack_lock_path(&id)).await else { return };
+    let c = cache.clone();
+    let _ = tokio::task::spawn_blocking(move || {
+        if members.iter().all(|m| c.pack_has(&id, &m.id)) {
+            return;
+        }
+        let kept = c.pack_writer(&id).and_then(|w| {
+            w.write_at(&c, 0, &bytes)?;
+            w.commit(&c, &members)
+        });
+        if kept.is_err() {
+            c.discard_unrecorded(&id);
+        }
+    })
+    .await;
 }

@@ -3,8 +3,14 @@
 //! share. Content is first written into the disk cache (no network), then
 //! what the store lacks goes up leaves first and trees by height, so a
 //! tree in the store always proves its whole subtree (the closure rule).
+//!
+//! An import stages in memory instead ([`Staged::in_memory`]): trees and
+//! small blobs stay in a map, up to a budget, and reach the disk only
+//! inside the packs built from them (which the import keeps in the cache
+//! whole), not as one cache file per object.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
@@ -16,19 +22,83 @@ use crate::hash::Hash;
 use crate::object::{Kind, Tree};
 use crate::store::{Remote, Space, CONCURRENCY};
 
-/// Objects staged in the cache by phase 1, with the tree structure needed
-/// to upload them in closure order.
+/// Objects staged by phase 1 (in the cache, or in memory), with the tree
+/// structure needed to upload them in closure order.
 #[derive(Default)]
 pub struct Staged {
     /// Tree id -> (encoded bytes, child ids that are objects).
     trees: HashMap<Hash, (Bytes, Vec<Hash>)>,
     /// Chunk manifest id -> chunk ids.
     manifests: HashMap<Hash, Vec<Hash>>,
+    /// In-memory mode: what is staged here instead of in the cache.
+    memory: Option<Memory>,
     pub files: u64,
     pub bytes: u64,
 }
 
+/// Staged objects kept in memory, by id (trees and small blobs).
+pub type InMemory = HashMap<Hash, Bytes>;
+
+/// A blob above this size is staged in the cache even in in-memory mode
+/// (as are chunks and manifests: a large file is streamed to the cache).
+pub const IN_MEMORY_MAX_BLOB: usize = 1 << 20;
+
+struct Memory {
+    objects: Arc<InMemory>,
+    /// Blob bytes held in `objects` (trees are held in any mode).
+    held: u64,
+    budget: u64,
+}
+
 impl Staged {
+    /// Stages trees and blobs up to [`IN_MEMORY_MAX_BLOB`] in memory, not
+    /// in the cache, until the blobs held reach `budget` bytes; past it,
+    /// blobs go to the cache as in the default mode. Trees are never
+    /// written to the cache in this mode. Whoever reads the staged
+    /// content (pack builds, uploads) asks [`Staged::memory`] first.
+    pub fn in_memory(budget: u64) -> Staged {
+        Staged { memory: Some(Memory { objects: Arc::default(), held: 0, budget }), ..Staged::default() }
+    }
+
+    /// The objects staged in memory (none in the default mode).
+    pub fn memory(&self) -> Option<Arc<InMemory>> {
+        self.memory.as_ref().map(|m| m.objects.clone())
+    }
+
+    /// Keeps blob `id` in memory if the mode and the budget allow it.
+    fn keep_blob(&mut self, id: &Hash, data: &[u8]) -> bool {
+        let Some(m) = self.memory.as_mut() else { return false };
+        if m.objects.contains_key(id) {
+            return true;
+        }
+        if data.len() > IN_MEMORY_MAX_BLOB || m.held + data.len() as u64 > m.budget {
+            return false;
+        }
+        m.held += data.len() as u64;
+        Arc::make_mut(&mut m.objects).insert(*id, Bytes::copy_from_slice(data));
+        true
+    }
+
+    /// The ids staged in memory that `root` reaches (itself included),
+    /// through the trees staged here.
+    pub fn in_memory_below(&self, root: &Hash) -> Vec<Hash> {
+        let Some(m) = &self.memory else { return Vec::new() };
+        let mut seen = HashSet::from([*root]);
+        let mut stack = vec![*root];
+        let mut out = Vec::new();
+        while let Some(id) = stack.pop() {
+            if m.objects.contains_key(&id) {
+                out.push(id);
+            }
+            for k in self.trees.get(&id).map(|(_, k)| k.as_slice()).unwrap_or(&[]) {
+                if seen.insert(*k) {
+                    stack.push(*k);
+                }
+            }
+        }
+        out
+    }
+
     /// Stores a file's content in the cache (split if large); returns its
     /// id and whether it is chunked.
     pub fn content(&mut self, cache: &DiskCache, data: &[u8]) -> Result<(Hash, bool)> {
@@ -36,7 +106,9 @@ impl Staged {
         self.bytes += data.len() as u64;
         match split(data) {
             Split::Whole { id } => {
-                cache.put(&id, data)?;
+                if !self.keep_blob(&id, data) {
+                    cache.put(&id, data)?;
+                }
                 Ok((id, false))
             }
             Split::Chunked { encoded, id, chunks, .. } => {
@@ -81,13 +153,19 @@ impl Staged {
         self.content_from(cache, f, &path.display().to_string())
     }
 
-    /// Stores a tree in the cache and remembers its children for upload.
+    /// Stores a tree in the cache (in memory only, in in-memory mode) and
+    /// remembers its children for upload.
     pub fn tree(&mut self, cache: &DiskCache, tree: &Tree) -> Result<Hash> {
-        let enc = tree.encode();
+        let enc = Bytes::from(tree.encode());
         let id = Hash::of(&enc);
-        cache.put(&id, &enc)?;
+        match self.memory.as_mut() {
+            Some(m) => {
+                Arc::make_mut(&mut m.objects).insert(id, enc.clone());
+            }
+            None => cache.put(&id, &enc)?,
+        }
         let children = tree.entries.iter().filter(|e| e.kind != Kind::Gitlink).map(|e| e.id).collect();
-        self.trees.insert(id, (Bytes::from(enc), children));
+        self.trees.insert(id, (enc, children));
         Ok(id)
     }
 }
@@ -151,7 +229,8 @@ pub async fn upload_closure(
             "object {id} was evicted from the disk cache before upload; raise MADO_DISK_CACHE_MAX_BYTES and import again"
         )
     };
-    let (n, bytes) = put_from_cache(remote, cache, plain, manifests, &evicted).await?;
+    let memory = staged.memory.as_ref().map(|m| &*m.objects);
+    let (n, bytes) = put_from_cache(remote, cache, memory, plain, manifests, &evicted).await?;
     report.objects_uploaded += n;
     report.bytes_uploaded += bytes;
     // Trees by height: a tree goes up only once every missing tree below it
@@ -182,13 +261,15 @@ pub async fn upload_closure(
     Ok(report)
 }
 
-/// Uploads objects from the disk cache: `leaves` (blobs, chunks) all in
+/// Uploads objects from `memory` (what was staged there) or else the disk
+/// cache: `leaves` (blobs, chunks) all in
 /// flight together, then `manifests` (a manifest before its chunks would
 /// break the closure rule). `absent` words the error for an object the
 /// cache no longer holds. Returns (objects, bytes) uploaded.
 pub(crate) async fn put_from_cache(
     remote: &Remote,
     cache: &DiskCache,
+    memory: Option<&InMemory>,
     leaves: Vec<Hash>,
     manifests: Vec<Hash>,
     absent: &(dyn Fn(&Hash) -> String + Sync),
@@ -196,9 +277,12 @@ pub(crate) async fn put_from_cache(
     let (mut n, mut bytes) = (0, 0);
     for batch in [leaves, manifests] {
         let sizes: Vec<u64> = futures::stream::iter(batch.into_iter().map(|id| async move {
-            let b = cache.get(&id).ok_or_else(|| Error::User(absent(&id)))?;
+            let b = match memory.and_then(|m| m.get(&id)) {
+                Some(b) => b.clone(),
+                None => Bytes::from(cache.get(&id).ok_or_else(|| Error::User(absent(&id)))?),
+            };
             let len = b.len() as u64;
-            remote.put_object(Space::Objects, &id, Bytes::from(b)).await?;
+            remote.put_object(Space::Objects, &id, b).await?;
             Ok::<u64, Error>(len)
         }))
         .buffer_unordered(CONCURRENCY)
@@ -291,6 +375,61 @@ mod tests {
         // Children already in the store (not in `trees`) do not delay a parent.
         let partial = tree_batches(&[h(1), h(2)], |id| kids.get(id).map(|v| v.as_slice()));
         assert_eq!(partial, vec![vec![h(2)], vec![h(1)]]);
+    }
+
+    fn file(name: &str, id: Hash, size: usize) -> crate::object::Entry {
+        crate::object::Entry { name: name.into(), kind: Kind::File, chunked: false, size: size as u64, id }
+    }
+
+    /// In-memory mode keeps trees and small blobs out of the cache until
+    /// the blobs reach the budget; past it, and for blobs above
+    /// IN_MEMORY_MAX_BLOB, content goes to the cache as in the default
+    /// mode. An upload reads both.
+    #[tokio::test]
+    async fn in_memory_staging_keeps_small_content_out_of_the_cache_up_to_its_budget() {
+        let d = tempfile::tempdir().unwrap();
+        let cache = DiskCache::open(d.path().join("cache"), None).unwrap();
+        let mut staged = Staged::in_memory(2500);
+        let (a, b, c) = (vec![b'a'; 1000], vec![b'b'; 1000], vec![b'c'; 1000]);
+        let (ia, _) = staged.content(&cache, &a).unwrap();
+        let (ib, _) = staged.content(&cache, &b).unwrap();
+        // The same content again is not counted twice against the budget.
+        assert_eq!(staged.content(&cache, &a).unwrap().0, ia);
+        let (ic, _) = staged.content(&cache, &c).unwrap();
+        let big = vec![b'd'; IN_MEMORY_MAX_BLOB + 1];
+        let mut roomy = Staged::in_memory(u64::MAX);
+        let (id, chunked) = roomy.content(&cache, &big).unwrap();
+        assert!(!chunked);
+        assert!(cache.contains(&id) && !roomy.memory().unwrap().contains_key(&id), "a blob above 1 MiB is cached");
+
+        let mem = staged.memory().unwrap();
+        for (id, what) in [(ia, "a"), (ib, "b")] {
+            assert!(mem.contains_key(&id) && !cache.contains(&id), "{what} is in memory only");
+        }
+        assert!(cache.contains(&ic) && !mem.contains_key(&ic), "past the budget, content goes to the cache");
+
+        let tree = Tree::normalized(vec![file("a", ia, 1000), file("b", ib, 1000), file("c", ic, 1000)]).unwrap();
+        let root = staged.tree(&cache, &tree).unwrap();
+        assert!(!cache.contains(&root), "trees are not cached in memory mode");
+        assert_eq!(staged.memory().unwrap()[&root][..], tree.encode()[..]);
+        let mut below = staged.in_memory_below(&root);
+        below.sort();
+        let mut want = vec![root, ia, ib];
+        want.sort();
+        assert_eq!(below, want);
+
+        // The default mode caches everything, as before.
+        let mut plain = Staged::default();
+        let e = vec![b'e'; 10];
+        let (ie, _) = plain.content(&cache, &e).unwrap();
+        let t = plain.tree(&cache, &Tree::normalized(vec![file("e", ie, 10)]).unwrap()).unwrap();
+        assert!(cache.contains(&ie) && cache.contains(&t) && plain.memory().is_none());
+
+        // Without packs, the upload reads memory and the cache alike.
+        let remote = Remote::open(&format!("file://{}/store", d.path().display()), &Default::default()).unwrap();
+        let r = upload_closure(&remote, &cache, &staged, &[root]).await.unwrap();
+        assert_eq!((r.objects_uploaded, r.trees_uploaded), (4, 1));
+        assert!(remote.have_objects(Space::Objects, &[root, ia, ib, ic]).await.unwrap().iter().all(|p| *p));
     }
 
     #[test]

@@ -4,8 +4,10 @@
 //! 1. **Stage** (blocking thread, no network): walk the commit's tree with
 //!    gix, apply the repository's `.gitattributes` conversions as `git
 //!    clone` would (read from the commit's own tree, not the worktree),
-//!    split large files, and write every object into the disk cache.
-//!    Hostile names are refused here, with the path.
+//!    split large files, and stage every object: into the disk cache, or
+//!    (when packs are built, the default) trees and small blobs in memory
+//!    up to [`IN_MEMORY_BUDGET`], the packs then being what reaches the
+//!    cache. Hostile names are refused here, with the path.
 //! 2. **Upload** (async), packs-first by default: what the store has is
 //!    what the index of the ref's tree names, so the new members go up as
 //!    packs built on top of it (no HEAD or PUT per object), then the index,
@@ -27,7 +29,11 @@ use crate::error::{Error, Result};
 use crate::hash::Hash;
 use crate::object::{check_name, Entry, Kind, RefValue, Snapshot, Tree};
 use crate::store::{Remote, Space};
-use crate::upload::{upload_closure, Staged, UploadReport};
+use crate::upload::{upload_closure, InMemory, Staged, UploadReport};
+
+/// Blob bytes an import stages in memory before it stages in the cache
+/// (see [`Staged::in_memory`]).
+pub const IN_MEMORY_BUDGET: u64 = 1 << 30;
 
 /// One commit, staged.
 pub struct StagedRev {
@@ -43,20 +49,23 @@ fn git_err(what: impl std::fmt::Display) -> impl FnOnce(gix::Error) -> Error {
     move |e| Error::Git(format!("{what}: {e}"))
 }
 
-/// Phase 1 for each of `revs` (blocking: call from a blocking thread).
+/// Phase 1 for each of `revs` into `staged` (blocking: call from a
+/// blocking thread).
 pub fn stage(
     repo_path: &Path,
     revs: &[String],
     cache: &DiskCache,
+    staged: Staged,
     progress: &(dyn Fn(u64, u64) + Sync),
 ) -> Result<(Staged, Vec<StagedRev>)> {
-    crate::fsutil::on_deep_stack(|| stage_here(repo_path, revs, cache, progress))
+    crate::fsutil::on_deep_stack(|| stage_here(repo_path, revs, cache, staged, progress))
 }
 
 fn stage_here(
     repo_path: &Path,
     revs: &[String],
     cache: &DiskCache,
+    mut staged: Staged,
     progress: &(dyn Fn(u64, u64) + Sync),
 ) -> Result<(Staged, Vec<StagedRev>)> {
     let repo = gix::open(repo_path)
@@ -72,7 +81,6 @@ fn stage_here(
             repo.workdir().unwrap_or(repo.git_dir()).display()
         )));
     }
-    let mut staged = Staged::default();
     let mut out = Vec::new();
     for rev in revs {
         let id = repo
@@ -310,6 +318,7 @@ pub async fn publish(
     packs: Option<crate::publish::PackOptions>,
 ) -> Result<ImportReport> {
     let roots: Vec<Hash> = revs.iter().map(|r| r.root).collect();
+    let memory = staged.memory();
     let index_probe = async {
         let mut out = Vec::new();
         if packs.is_some() {
@@ -339,7 +348,8 @@ pub async fn publish(
         let mut upload = UploadReport::default();
         let nothing = async { Ok((Vec::new(), UploadReport::default())) };
         let r =
-            finish_publish(remote, cache, revs, ref_name, packs, Ok(current), &mut upload, indexed, nothing).await?;
+            finish_publish(remote, cache, revs, ref_name, packs, Ok(current), &mut upload, indexed, &memory, nothing)
+                .await?;
         (r, upload)
     } else {
         // Something to publish: the writer's lock (a PUT, then a LIST for a
@@ -363,7 +373,8 @@ pub async fn publish(
             let (alongside, packs, indexed) = match primary {
                 Some(opts) => {
                     let (indexed, base) = (indexed?, base?);
-                    let f = async move { publish_primary(remote, cache, &indexed, base, &opts).await };
+                    let memory = &memory;
+                    let f = async move { publish_primary(remote, cache, &indexed, base, &opts, memory).await };
                     (futures::future::Either::Left(f), None, Ok(Vec::new()))
                 }
                 None => {
@@ -372,8 +383,19 @@ pub async fn publish(
                     (futures::future::Either::Right(none), packs, indexed)
                 }
             };
-            let r = finish_publish(remote, cache, revs, ref_name, packs, Ok(current), &mut upload, indexed, alongside)
-                .await?;
+            let r = finish_publish(
+                remote,
+                cache,
+                revs,
+                ref_name,
+                packs,
+                Ok(current),
+                &mut upload,
+                indexed,
+                &memory,
+                alongside,
+            )
+            .await?;
             Ok::<_, Error>((r, upload))
         }
         .await;
@@ -381,6 +403,7 @@ pub async fn publish(
         remote.drop_lock(lock).await;
         r?
     };
+    spill(cache, staged, &roots, &pack_reports).await;
     Ok(ImportReport {
         imported,
         files: staged.files,
@@ -410,6 +433,7 @@ async fn publish_primary(
     indexed: &[(Hash, bool)],
     mut base: Option<Arc<crate::pack::PackIndex>>,
     opts: &crate::publish::PackOptions,
+    memory: &Option<Arc<InMemory>>,
 ) -> Result<(Vec<crate::publish::PackReport>, UploadReport)> {
     let mut upload = UploadReport::default();
     let mut reports = Vec::new();
@@ -428,13 +452,94 @@ async fn publish_primary(
             primary: true,
             ..opts.clone()
         };
-        let r = crate::publish::publish_packs(remote, cache, *root, o, None).await?;
+        let r = packs_of(remote, cache, *root, o, memory).await?;
         upload.objects_uploaded += r.loose_uploaded;
         upload.bytes_uploaded += r.bytes_uploaded;
         base = r.index.clone();
         reports.push(r);
     }
     Ok((reports, upload))
+}
+
+/// Builds and publishes `root`'s packs from what was staged: from memory
+/// (the packs then kept in the cache) when the import staged there.
+async fn packs_of(
+    remote: &Remote,
+    cache: &Arc<DiskCache>,
+    root: Hash,
+    opts: crate::publish::PackOptions,
+    memory: &Option<Arc<InMemory>>,
+) -> Result<crate::publish::PackReport> {
+    match memory {
+        Some(m) => crate::publish::publish_staged_packs(remote, cache, root, opts, m.clone()).await,
+        None => crate::publish::publish_packs(remote, cache, root, opts, None).await,
+    }
+}
+
+/// Content staged in memory that no pack in the cache carries (a tree
+/// indexed already, or the ref's own, or members of the ref's packs this
+/// cache never read) goes to the cache as loose objects, where staging in
+/// the cache would have left it: reads right after an import stay local.
+/// Best effort, as any cache write (a full disk warns once).
+async fn spill(cache: &Arc<DiskCache>, staged: &Staged, roots: &[Hash], built: &[crate::publish::PackReport]) {
+    let Some(memory) = staged.memory() else { return };
+    let mut left: Vec<Hash> = Vec::new();
+    let mut done = HashSet::new();
+    for root in roots {
+        if !done.insert(*root) {
+            continue;
+        }
+        let hex = root.to_hex();
+        let index = match built.iter().rev().find(|r| r.tree == hex).and_then(|r| r.index.clone()) {
+            Some(i) => Some(i),
+            None => local_index(cache, root).map(Arc::new),
+        };
+        let (trees, members): (HashSet<Hash>, std::collections::HashMap<Hash, Hash>) = match &index {
+            Some(i) => (
+                i.trees.iter().map(|(t, _)| *t).collect(),
+                i.packs.iter().flat_map(|p| p.members.iter().map(move |m| (m.id, p.id))).collect(),
+            ),
+            None => Default::default(),
+        };
+        left.extend(
+            staged
+                .in_memory_below(root)
+                .into_iter()
+                .filter(|id| !trees.contains(id) && !members.get(id).is_some_and(|pack| cache.pack_has(pack, id))),
+        );
+    }
+    if left.is_empty() {
+        return;
+    }
+    let c = cache.clone();
+    let _ = tokio::task::spawn_blocking(move || {
+        for id in left {
+            if let Some(b) = memory.get(&id) {
+                if c.put(&id, b).is_err() {
+                    return;
+                }
+            }
+        }
+    })
+    .await;
+}
+
+/// Tree `root`'s pack index from the cache's copies of its layers alone
+/// (no network); its top layer alone when a layer below is not there.
+fn local_index(cache: &DiskCache, root: &Hash) -> Option<crate::pack::PackIndex> {
+    let read = |t: &Hash| {
+        let b = std::fs::read(cache.index_path(t)).ok()?;
+        crate::pack::PackIndex::decode(&b).ok().filter(|i| i.tree == *t)
+    };
+    let top = read(root)?;
+    let lower: Option<Vec<_>> = top.base.iter().map(read).collect();
+    match lower {
+        Some(lower) => {
+            let fallback = top.clone();
+            Some(top.merge(lower).unwrap_or(fallback))
+        }
+        None => Some(top),
+    }
 }
 
 /// The rest of [`publish`], under the writer's lock: packs, snapshots and
@@ -449,6 +554,7 @@ async fn finish_publish(
     current: Result<CurrentRef>,
     upload: &mut UploadReport,
     indexed: Result<Vec<(Hash, bool)>>,
+    memory: &Option<Arc<InMemory>>,
     alongside: impl std::future::Future<Output = Result<(Vec<crate::publish::PackReport>, UploadReport)>>,
 ) -> Result<(Vec<Imported>, Vec<crate::publish::PackReport>, Vec<String>)> {
     let (current, indexed) = (current?, indexed?);
@@ -468,7 +574,7 @@ async fn finish_publish(
             // not fail for them. One retry, then a warning.
             let mut last = None;
             for _ in 0..2 {
-                match crate::publish::publish_packs(remote, cache, root, opts.clone(), None).await {
+                match packs_of(remote, cache, root, opts.clone(), memory).await {
                     Ok(r) => {
                         pack_reports.push(r);
                         last = None;
@@ -598,7 +704,11 @@ pub async fn import_git(
     }
     let repo = repo.to_path_buf();
     let c = cache.clone();
-    let (staged, revs) = tokio::task::spawn_blocking(move || stage(&repo, &revs, &c, &*progress))
+    // Packs are built from what is staged: small content need not be in
+    // the cache as one file per object (the packs go there instead).
+    // Without packs, the objects staged in the cache are what reads find.
+    let staged = if packs.is_some() { Staged::in_memory(IN_MEMORY_BUDGET) } else { Staged::default() };
+    let (staged, revs) = tokio::task::spawn_blocking(move || stage(&repo, &revs, &c, staged, &*progress))
         .await
         .map_err(|e| Error::Io { context: "import task".into(), source: std::io::Error::other(e) })??;
     publish(remote, &cache, &staged, &revs, ref_name, packs).await
