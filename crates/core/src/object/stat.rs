@@ -100,6 +100,10 @@ impl StatObject {
         for _ in 0..n {
             let p = r.bytes()?.to_vec();
             check_path(&p)?;
+            // Sorted, as every writer writes them (readers search them).
+            if entries.last().is_some_and(|(q, _, _): &(Vec<u8>, i64, u32)| *q > p) {
+                return Err(DecodeError::Invalid("stat entries out of order".into()));
+            }
             let s = r.i64_le()?;
             let nanos = r.varint()?;
             if nanos >= 1_000_000_000 {
@@ -134,12 +138,37 @@ impl StatObject {
     /// first): a layer of what changed, or `self` whole when the chain is
     /// at [`MAX_STAT_LAYERS`] or the layer would not be smaller by half.
     pub fn layer_over(&self, parent: &StatObject, parent_chain: &[Hash]) -> StatObject {
-        let old: BTreeMap<&[u8], (i64, u32)> = parent.entries.iter().map(|(p, s, n)| (&p[..], (*s, *n))).collect();
-        let new: std::collections::HashSet<&[u8]> = self.entries.iter().map(|e| &e.0[..]).collect();
-        let entries: Vec<_> =
-            self.entries.iter().filter(|(p, s, n)| old.get(&p[..]) != Some(&(*s, *n))).cloned().collect();
-        let removed: Vec<Vec<u8>> =
-            parent.entries.iter().filter(|e| !new.contains(&e.0[..])).map(|e| e.0.clone()).collect();
+        // Both lists are sorted by path: one pass over the two.
+        let (mut entries, mut removed) = (Vec::new(), Vec::new());
+        let (mut a, mut b) = (self.entries.iter().peekable(), parent.entries.iter().peekable());
+        loop {
+            match (a.peek(), b.peek()) {
+                (Some(x), Some(y)) if x.0 == y.0 => {
+                    if (x.1, x.2) != (y.1, y.2) {
+                        entries.push((*x).clone());
+                    }
+                    a.next();
+                    b.next();
+                }
+                (Some(x), Some(y)) if x.0 < y.0 => {
+                    entries.push((*x).clone());
+                    a.next();
+                }
+                (Some(_), Some(y)) => {
+                    removed.push(y.0.clone());
+                    b.next();
+                }
+                (Some(x), None) => {
+                    entries.push((*x).clone());
+                    a.next();
+                }
+                (None, Some(y)) => {
+                    removed.push(y.0.clone());
+                    b.next();
+                }
+                (None, None) => break,
+            }
+        }
         let whole = parent_chain.is_empty()
             || parent_chain.len() >= MAX_STAT_LAYERS
             || (entries.len() + removed.len()) * 2 > self.entries.len().max(1);
@@ -153,26 +182,54 @@ impl StatObject {
 impl StatObject {
     /// The object to upload for the whole object `self` over its parent's
     /// chain `parts` (each layer as stored with its id, the parent's top
-    /// first, the whole bottom last): a layer placed where
-    /// [`crate::object::compaction_point`] says, absorbing the small layers
-    /// above that point, or `self` whole. `Err` when the layers do not
-    /// form the chain they name.
-    pub fn layer_over_chain(&self, parts: &[(Hash, StatObject)]) -> Result<StatObject, String> {
+    /// first, the whole bottom last; `parent` is their merge): a layer
+    /// placed where [`crate::object::compaction_point`] says, absorbing the
+    /// small layers above that point, or `self` whole. `Err` when the
+    /// layers do not form the chain they name.
+    pub fn layer_over_chain(&self, parent: &StatObject, parts: &[(Hash, StatObject)]) -> Result<StatObject, String> {
         if parts.is_empty() {
             return Ok(StatObject::whole(self.entries.clone()));
         }
-        let view = |k: usize| parts[k].1.clone().merge(parts[k + 1..].to_vec());
         let chain: Vec<Hash> = parts.iter().map(|(id, _)| *id).collect();
-        let over_parent = self.layer_over(&view(0)?, &chain);
+        for (i, (id, l)) in parts.iter().enumerate() {
+            if l.base[..] != chain[i + 1..] {
+                return Err(format!("stat layer {} is not the one named", id.short()));
+            }
+        }
+        let over_parent = self.layer_over(parent, &chain);
         if over_parent.base.is_empty() {
             return Ok(over_parent);
         }
         let sizes: Vec<usize> = parts.iter().map(|(_, l)| l.entries.len() + l.removed.len()).collect();
         let delta = over_parent.entries.len() + over_parent.removed.len();
-        match super::compaction_point(&sizes, delta, MAX_STAT_LAYERS) {
-            0 => Ok(over_parent),
-            k => Ok(self.layer_over(&view(k)?, &chain[k..])),
+        let k = super::compaction_point(&sizes, delta, MAX_STAT_LAYERS);
+        if k == 0 {
+            return Ok(over_parent);
         }
+        // The object at position k differs from the parent's only at the
+        // paths the layers above it touched: those are looked up again in
+        // the layers from k down (the first that mentions a path decides).
+        let below = &parts[k..];
+        let at_k = |p: &[u8]| -> Option<(i64, u32)> {
+            for (_, l) in below {
+                if let Ok(i) = l.entries.binary_search_by(|e| e.0[..].cmp(p)) {
+                    return Some((l.entries[i].1, l.entries[i].2));
+                }
+                if l.removed.iter().any(|r| r[..] == *p) {
+                    return None;
+                }
+            }
+            None
+        };
+        let touched: std::collections::BTreeSet<&[u8]> = parts[..k]
+            .iter()
+            .flat_map(|(_, l)| l.entries.iter().map(|e| &e.0[..]).chain(l.removed.iter().map(|r| &r[..])))
+            .collect();
+        let mut view: Vec<(Vec<u8>, i64, u32)> =
+            parent.entries.iter().filter(|e| !touched.contains(&e.0[..])).cloned().collect();
+        view.extend(touched.iter().filter_map(|p| at_k(p).map(|(s, n)| (p.to_vec(), s, n))));
+        view.sort_unstable();
+        Ok(self.layer_over(&StatObject::whole(view), &chain[k..]))
     }
 }
 
@@ -206,6 +263,63 @@ mod tests {
         }
         let l = Lease { holder: "me".into(), expires: 9 };
         assert_eq!(Lease::decode(&l.encode()).unwrap(), l);
+    }
+
+    /// 300 checkpoints of random edits, adds and removals, each placed by
+    /// the compaction rule: every layer merged with the chain it names is
+    /// the whole object it stands for, the chain never passes the bound,
+    /// and the uploads stay near the changes made.
+    #[test]
+    fn layers_placed_by_the_compaction_rule_merge_back_to_the_whole() {
+        let rnd = crate::chunk::tests::pseudo_random(300 * 16 * 3, 7);
+        let mut r = rnd.iter().copied();
+        let path = |i: u8| format!("d{}/f{}", i % 13, i).into_bytes();
+        let mut whole: BTreeMap<Vec<u8>, (i64, u32)> = (0..200u8).map(|i| (path(i), (i as i64, 0))).collect();
+        let flat = |m: &BTreeMap<Vec<u8>, (i64, u32)>| {
+            StatObject::whole(m.iter().map(|(p, (s, n))| (p.clone(), *s, *n)).collect())
+        };
+        // The store: id -> object as uploaded.
+        let mut store: std::collections::HashMap<Hash, StatObject> = std::collections::HashMap::new();
+        let first = flat(&whole);
+        let mut top = Hash::of(&first.encode());
+        store.insert(top, first);
+        let (mut changed, mut uploaded) = (0usize, 0usize);
+        for round in 0..300i64 {
+            for _ in 0..(r.next().unwrap() % 16 + 1) {
+                let (op, i) = (r.next().unwrap(), r.next().unwrap());
+                match op % 5 {
+                    0 => whole.remove(&path(i)),
+                    _ => whole.insert(path(i), (1_000 + round, op as u32)),
+                };
+                changed += 1;
+            }
+            let now = flat(&whole);
+            // The parent's chain as a reader has it, and its merge.
+            let parent = &store[&top];
+            let chain: Vec<Hash> = std::iter::once(top).chain(parent.base.iter().copied()).collect();
+            let parts: Vec<(Hash, StatObject)> = chain.iter().map(|h| (*h, store[h].clone())).collect();
+            let view = parts[0].1.clone().merge(parts[1..].to_vec()).unwrap();
+            let up = now.layer_over_chain(&view, &parts).unwrap();
+            assert!(up.base.len() < MAX_STAT_LAYERS, "round {round}: a chain of {}", up.base.len() + 1);
+            uploaded += up.entries.len() + up.removed.len();
+            let below: Vec<(Hash, StatObject)> = up.base.iter().map(|h| (*h, store[h].clone())).collect();
+            assert_eq!(up.clone().merge(below.clone()).unwrap(), now, "round {round}");
+            // And it holds only what differs from the object it goes over.
+            if let Some(((_, first), rest)) = below.split_first() {
+                let under = first.clone().merge(rest.to_vec()).unwrap();
+                let under: BTreeMap<&[u8], (i64, u32)> =
+                    under.entries.iter().map(|(p, s, n)| (&p[..], (*s, *n))).collect();
+                for (p, s, n) in &up.entries {
+                    assert_ne!(under.get(&p[..]), Some(&(*s, *n)), "round {round}: an unchanged entry uploaded");
+                }
+                for p in &up.removed {
+                    assert!(under.contains_key(&p[..]), "round {round}: a removal of nothing");
+                }
+            }
+            top = Hash::of(&up.encode());
+            store.insert(top, up);
+        }
+        assert!(uploaded < changed * 8, "{uploaded} entries uploaded for {changed} changes");
     }
 
     #[test]

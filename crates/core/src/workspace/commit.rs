@@ -113,14 +113,14 @@ pub(super) async fn commit_locked(
         }
     }
     let up = match &parent_stat {
-        Some((id, _)) => {
+        Some((id, parent)) => {
             // Each layer of the parent's chain as stored (from the cache:
             // they were just read to merge the parent's times), so the new
             // layer can absorb the small ones at the top.
             let chain: Vec<Hash> = std::iter::once(*id).chain(parent_snap.stat_layers.iter().copied()).collect();
             let parts = futures::future::try_join_all(chain.iter().map(|h| fetcher.stat_layer(*h))).await?;
             let parts: Vec<(Hash, StatObject)> = chain.into_iter().zip(parts).collect();
-            walked.stat.layer_over_chain(&parts).map_err(|detail| Error::Corrupt {
+            walked.stat.layer_over_chain(parent, &parts).map_err(|detail| Error::Corrupt {
                 id: *id,
                 what: "stat object",
                 path: String::new(),
