@@ -127,10 +127,10 @@ async fn build_and_publish(
     // On top of a base: its chain, layer by layer (local copies, left by
     // the load of the base), so the new layer and pack can absorb the
     // small ones at the top (pack::Absorb).
+    // (A whole base has nothing above it to absorb.)
     let parts = match &opts.base {
-        Some(b) if b.base.is_empty() => Some(vec![(**b).clone()]),
-        Some(b) => crate::fetch::index_layers(remote, cache, &b.layers()).await?,
-        None => None,
+        Some(b) if !b.base.is_empty() => crate::fetch::index_layers(remote, cache, &b.layers()).await?,
+        _ => None,
     };
     let absorb = parts.as_deref().map(crate::pack::Absorb::of);
     let (tx, mut rx) = tokio::sync::mpsc::channel::<(Hash, Vec<u8>)>(2);
@@ -262,7 +262,12 @@ async fn build_and_publish(
             // Without every layer at hand, a full chain is compacted into one
             // layer over the bottom (whole) index.
             let layers = base.layers();
-            let placed = parts.as_ref().and_then(|parts| idx.layer_over_at(parts, built.placed_at).ok());
+            let placed = match (&parts, built.placed_at) {
+                // Over the parent itself: its view is at hand.
+                (Some(_), 0) => Some(idx.layer_over(base)),
+                (Some(parts), at) => idx.layer_over_at(parts, at).ok(),
+                _ => None,
+            };
             let layer = match placed {
                 Some(layer) => layer,
                 None => {
