@@ -365,6 +365,21 @@ fn checkpoint_indexes_are_layers_and_cold_reads_keep_their_round_trips() {
     let n = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap();
     assert!(n(last, "ranged_gets") <= n(&first, "ranged_gets") + 2, "packs fetched: {first} then {last}");
     assert!(n(last, "gets") <= n(&first, "gets") + 8, "objects fetched: {first} then {last}");
+    // A cold checkout and a cold materialize of a subtree of the same
+    // snapshot keep the packed-subtree economy: 3 sequential round trips.
+    let cold = |args: &[&str]| {
+        let _ = std::fs::remove_dir_all(m.cache_dir());
+        let o = m.cmd(args).arg("--json").env("MADO_INJECT_RTT_MS", "30").output().unwrap();
+        assert!(o.status.success(), "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        v["remote"].clone()
+    };
+    let co = m.dir.path().join("co-sub");
+    let sub = cold(&["checkout", "ws/lay", co.to_str().unwrap(), "d007"]);
+    assert!(n(&sub, "round_trips") <= 3, "cold subtree checkout after 100 checkpoints: {sub}");
+    assert_eq!(std::fs::read(co.join("d007/sub/f0.txt")).unwrap(), std::fs::read(w.join("d007/sub/f0.txt")).unwrap());
+    let mat = cold(&["materialize", "-r", "ws/lay", "d014"]);
+    assert!(n(&mat, "round_trips") <= 3, "cold materialize after 100 checkpoints: {mat}");
     // gc keeps the layers below a live index (their trees are older roots).
     m.ok(&["gc", "--grace", "0"]);
     resume_cold(100);
