@@ -319,9 +319,14 @@ pub async fn publish(
 ) -> Result<ImportReport> {
     let roots: Vec<Hash> = revs.iter().map(|r| r.root).collect();
     let memory = staged.memory();
+    let primary = packs.as_ref().filter(|o| o.primary).cloned();
+    // One new tree, packs-first (an import of one commit, the usual case):
+    // whether its index exists is asked alongside its packs, after the
+    // writer's lock (IndexCheck::Concurrent), not in a round trip before.
+    let single = primary.is_some() && roots.iter().collect::<HashSet<_>>().len() == 1;
     let index_probe = async {
         let mut out = Vec::new();
-        if packs.is_some() {
+        if packs.is_some() && !single {
             let heads = roots.iter().map(|r| async move { remote.has_index(r).await.map(|present| (*r, present)) });
             for r in futures::future::join_all(heads).await {
                 out.push(r?);
@@ -329,11 +334,25 @@ pub async fn publish(
         }
         Ok::<_, Error>(out)
     };
-    // Round trip 1: the ref (and its snapshot) and the index probe. An
-    // import of what the ref already holds stops there: the ref proves
-    // its whole closure is in the store, so there is nothing to upload and
-    // nothing for gc to race.
-    let (current, indexed) = futures::join!(read_ref_snapshot(remote, cache, ref_name), index_probe);
+    // Round trip 1: the ref, the index probe, and (one new tree) the
+    // writer's lock, whose LIST goes in round trip 2 with the ref's
+    // snapshot and the index of the ref's tree (the base of the packs)
+    // when they are not cached. An import of what the ref already holds
+    // stops there: the ref proves its whole closure is in the store, so
+    // there is nothing to upload and nothing for gc to race.
+    // The lock goes early only when the tree looks new here (no local copy
+    // of its index): an import of what the ref already holds, told apart
+    // only once the ref is read, then makes no write at all.
+    let early = single && !roots.first().is_some_and(|r| cache.index_path(r).exists());
+    let early_lock = async {
+        match early {
+            true => Some(remote.begin_write().await),
+            false => None,
+        }
+    };
+    let with_base = primary.is_some();
+    let ((current, early_base), indexed, early_lock) =
+        futures::join!(read_ref_and_base(remote, cache, ref_name, with_base), index_probe, early_lock);
     let current = current?;
     let noop = {
         let mut at = current.as_ref().map(|(_, _, s)| (s.root, s.source.clone()));
@@ -345,6 +364,9 @@ pub async fn publish(
         })
     };
     let ((imported, pack_reports, warnings), upload) = if noop {
+        if let Some(Ok(lock)) = early_lock {
+            remote.drop_lock(lock).await;
+        }
         let mut upload = UploadReport::default();
         let nothing = async { Ok((Vec::new(), UploadReport::default())) };
         let r =
@@ -357,14 +379,18 @@ pub async fn publish(
         // object this import finds present and reuses (docs/DESIGN.md).
         // Packs-first: the index of what the ref holds is the base (what
         // the store has), fetched alongside the lock.
-        let primary = packs.as_ref().filter(|o| o.primary).cloned();
-        let base = async {
-            match (&primary, &current) {
-                (Some(_), Some((v, _, _))) => index_of(remote, cache, &v.root).await,
-                _ => Ok(None),
+        let (lock, base) = match early_lock {
+            Some(lock) => (lock, early_base),
+            None => {
+                let base = async {
+                    match (&primary, &current) {
+                        (Some(_), Some((v, _, _))) => index_of(remote, cache, &v.root).await,
+                        _ => Ok(None),
+                    }
+                };
+                futures::join!(remote.begin_write(), base)
             }
         };
-        let (lock, base) = futures::join!(remote.begin_write(), base);
         let lock = lock?;
         let r = async {
             let mut upload = UploadReport::default();
@@ -372,7 +398,12 @@ pub async fn publish(
             // snapshots (nothing reaches either before the ref moves).
             let (alongside, packs, indexed) = match primary {
                 Some(opts) => {
-                    let (indexed, base) = (indexed?, base?);
+                    let base = base?;
+                    let indexed: Vec<(Hash, Option<bool>)> = match single {
+                        // Not asked yet: asked alongside the packs.
+                        true => roots.iter().take(1).map(|r| (*r, None)).collect(),
+                        false => indexed?.into_iter().map(|(r, present)| (r, Some(present))).collect(),
+                    };
                     let memory = &memory;
                     let f = async move { publish_primary(remote, cache, &indexed, base, &opts, memory).await };
                     (futures::future::Either::Left(f), None, Ok(Vec::new()))
@@ -430,7 +461,7 @@ async fn index_of(remote: &Remote, cache: &DiskCache, root: &Hash) -> Result<Opt
 async fn publish_primary(
     remote: &Remote,
     cache: &Arc<DiskCache>,
-    indexed: &[(Hash, bool)],
+    indexed: &[(Hash, Option<bool>)],
     mut base: Option<Arc<crate::pack::PackIndex>>,
     opts: &crate::publish::PackOptions,
     memory: &Option<Arc<InMemory>>,
@@ -442,16 +473,17 @@ async fn publish_primary(
         if !done.insert(*root) {
             continue;
         }
-        if *present {
+        if *present == Some(true) {
             base = index_of(remote, cache, root).await?;
             continue;
         }
-        let o = crate::publish::PackOptions {
-            index_check: crate::publish::IndexCheck::KnownAbsent,
-            base: base.clone(),
-            primary: true,
-            ..opts.clone()
+        let index_check = match present {
+            // Unknown: a HEAD alongside the packs; an index found there
+            // means the packs that went up meanwhile are garbage for gc.
+            None => crate::publish::IndexCheck::Concurrent,
+            Some(_) => crate::publish::IndexCheck::KnownAbsent,
         };
+        let o = crate::publish::PackOptions { index_check, base: base.clone(), primary: true, ..opts.clone() };
         let r = packs_of(remote, cache, *root, o, memory).await?;
         upload.objects_uploaded += r.loose_uploaded;
         upload.bytes_uploaded += r.bytes_uploaded;
@@ -663,14 +695,33 @@ async fn finish_publish(
 }
 
 /// A ref's value, version and snapshot (from the cache when present).
-async fn read_ref_snapshot(
+/// The ref and its snapshot, and (`with_base`) the index of the ref's
+/// tree, fetched together with the snapshot once the ref named it.
+async fn read_ref_and_base(
     remote: &Remote,
     cache: &DiskCache,
     ref_name: &str,
-) -> Result<Option<(RefValue, crate::store::RefVersion, Snapshot)>> {
-    let Some((v, ver)) = remote.read_ref(ref_name).await? else {
-        return Ok(None);
+    with_base: bool,
+) -> (Result<CurrentRef>, Result<Option<Arc<crate::pack::PackIndex>>>) {
+    let (v, ver) = match remote.read_ref(ref_name).await {
+        Ok(Some(found)) => found,
+        Ok(None) => return (Ok(None), Ok(None)),
+        Err(e) => return (Err(e), Ok(None)),
     };
+    // The ref names its index's layers: all of them come in one round trip.
+    let base = async {
+        match with_base {
+            true => {
+                Ok(crate::fetch::load_index(remote, cache, v.root, &v.layers).await?.ok().map(|(i, _)| Arc::new(i)))
+            }
+            false => Ok(None),
+        }
+    };
+    let (snap, base) = futures::join!(snapshot_of(remote, cache, ref_name, &v), base);
+    (snap.map(|s| Some((v, ver, s))), base)
+}
+
+async fn snapshot_of(remote: &Remote, cache: &DiskCache, ref_name: &str, v: &RefValue) -> Result<Snapshot> {
     let b = match cache.get(&v.snapshot) {
         Some(b) => Bytes::from(b),
         None => {
@@ -679,8 +730,7 @@ async fn read_ref_snapshot(
             b
         }
     };
-    let s = Snapshot::decode(&b).map_err(|e| Error::corrupt(v.snapshot, "snapshot", ref_name, e))?;
-    Ok(Some((v, ver, s)))
+    Snapshot::decode(&b).map_err(|e| Error::corrupt(v.snapshot, "snapshot", ref_name, e))
 }
 
 /// Stage and publish in one call (the CLI's `import-git`).
