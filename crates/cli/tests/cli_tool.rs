@@ -108,7 +108,10 @@ fn refs_lists_imports_and_workspaces() {
     }
     let text = run_tz(&m, "UTC", &["refs"]);
     let lines: Vec<&str> = text.lines().collect();
-    assert_eq!(lines.len(), 2, "{text}");
+    assert_eq!(lines.len(), 3, "{text}");
+    let head: Vec<&str> = lines[0].split_whitespace().collect();
+    assert_eq!(head, ["REF", "SNAPSHOT", "ROOT", "TIME", "MESSAGE"], "a header names the columns: {text}");
+    let lines = &lines[1..];
     let snap = log[0]["snapshot"].as_str().unwrap();
     let root = log[0]["root"].as_str().unwrap();
     for (line, name) in lines.iter().zip(["main", "ws/agent"]) {
@@ -118,6 +121,21 @@ fn refs_lists_imports_and_workspaces() {
         assert_eq!(f[2], &root[..12], "{line}");
         assert!(line.contains("2026-01-02 03:04:05 +00:00  fixture"), "{line}");
     }
+}
+
+/// `--verbose` says in words which pack index a read attached, not as a
+/// Rust structure.
+#[test]
+fn verbose_describes_the_attached_index_in_words() {
+    let m = Mado::local();
+    setup(&m);
+    let out = m.cmd(&["-v", "checkout", "main", m.dir.path().join("co").to_str().unwrap()]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let line = err.lines().find(|l| l.contains("packs:")).unwrap_or_default();
+    assert!(line.contains("attached a recursive index (pack v"), "{err}");
+    assert!(line.contains("1 layer,") && line.ends_with("from the local copy"), "{line}");
+    assert!(!err.contains("Attached {"), "{err}");
 }
 
 #[test]

@@ -33,7 +33,7 @@ pub async fn run(a: CheckoutArgs, ctx: &Ctx) -> Result<()> {
     let remote = ctx.remote()?;
     let fetcher = ctx.fetcher()?;
     let (id, snap, attach) = mado_core::resolve::open(&fetcher, &a.spec).await?;
-    ctx.step(format!("resolved {} to {}; packs: {attach:?}", a.spec, id.short()));
+    ctx.step(format!("resolved {} to {}; packs: {attach}", a.spec, id.short()));
     let (pb, progress) = ctx.progress_counter("checking out");
     let report = mado_core::checkout::checkout(
         &fetcher,

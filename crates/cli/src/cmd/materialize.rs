@@ -22,7 +22,7 @@ pub async fn run(a: MaterializeArgs, ctx: &Ctx) -> Result<()> {
     let remote = ctx.remote()?;
     let fetcher = ctx.fetcher()?;
     let (id, snap, attach) = mado_core::resolve::open(&fetcher, &a.spec).await?;
-    ctx.step(format!("opened {} ({}); packs: {attach:?}", a.spec, id.short()));
+    ctx.step(format!("opened {} ({}); packs: {attach}", a.spec, id.short()));
     let (pb, progress) = ctx.progress_counter("materializing");
     let r = mado_core::materialize::materialize(&fetcher, snap.root, &a.path, &progress).await;
     pb.finish_and_clear();

@@ -33,7 +33,7 @@ pub async fn run(a: PackArgs, ctx: &Ctx) -> Result<()> {
     let cache = ctx.cache()?;
     let fetcher = ctx.fetcher()?;
     let (_, snap, attach) = mado_core::resolve::open(&fetcher, &a.spec).await?;
-    ctx.step(format!("opened {}; existing packs: {attach:?}", a.spec));
+    ctx.step(format!("opened {}; existing packs: {attach}", a.spec));
     // The builder reads from the disk cache: bring the tree in first
     // (through any packs it already has).
     let (pb, progress) = ctx.progress_counter("fetching content");

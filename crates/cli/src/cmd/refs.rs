@@ -8,8 +8,8 @@ use crate::ctx::Ctx;
 /// List every ref in the store (`main`, imports' `--ref`s, workspaces'
 /// `ws/NAME`): its snapshot, root tree, the snapshot's time and message.
 ///
-/// Text: `NAME SNAPSHOT ROOT TIME MESSAGE` (ids shortened, the first line
-/// of the message); `--json`: full ids and the time in seconds since the
+/// Text: a header line, then `NAME SNAPSHOT ROOT TIME MESSAGE` (ids
+/// shortened, the first line of the message); `--json`: full ids and the time in seconds since the
 /// Unix epoch.
 #[derive(Args)]
 pub struct RefsArgs {}
@@ -55,6 +55,7 @@ pub async fn run(_a: RefsArgs, ctx: &Ctx) -> Result<()> {
         return Ok(());
     }
     let width = out.iter().map(|e| e.name.len()).max().unwrap_or(0).max(4);
+    println!("{:<width$}  {:<12}  {:<12}  {:<26}  MESSAGE", "REF", "SNAPSHOT", "ROOT", "TIME");
     for e in &out {
         println!(
             "{:<width$}  {}  {}  {}  {}",

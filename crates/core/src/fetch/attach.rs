@@ -219,6 +219,28 @@ async fn one_layer(remote: &Remote, cache: &DiskCache, tree: Hash) -> Result<Loc
     Ok(Ok((idx, Discovery::DerivedPointer)))
 }
 
+/// For people (`--verbose`): what was attached, or why not.
+impl std::fmt::Display for Attach {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Attach::Attached { mode, version, layers, dirs, packs, members, via } => {
+                let via = match via {
+                    Discovery::LocalPointer => "the local copy",
+                    Discovery::DerivedPointer => "the store",
+                };
+                let layers = if *layers == 1 { "1 layer".to_string() } else { format!("{layers} layers") };
+                write!(
+                    f,
+                    "attached a {mode} index (pack v{version}, {layers}, {dirs} directories, {packs} packs, \
+                     {members} members) from {via}"
+                )
+            }
+            Attach::NoIndex => f.write_str("none: this tree has no pack index (reads go object by object)"),
+            other => write!(f, "none: the index is {} (reads go object by object)", other.describe()),
+        }
+    }
+}
+
 impl Attach {
     /// A short reason, for messages.
     pub fn describe(&self) -> String {
