@@ -194,3 +194,43 @@ fn log_shows_local_dates_and_json_keeps_numbers() {
     let date = text.lines().find_map(|l| l.strip_prefix("Date:     ")).unwrap_or_else(|| panic!("{text}"));
     assert!(date.ends_with(" +00:00") && date.len() == "2026-01-02 03:04:05 +00:00".len(), "{date}");
 }
+
+/// `mado diff`: the paths two snapshots differ by (added, modified, deleted),
+/// with a ref compared with its parent by default; a directory replaced by a
+/// file is its files deleted and the file added.
+#[test]
+fn diff_lists_what_changed_between_two_snapshots() {
+    let m = Mado::local();
+    let repo = m.dir.path().join("repo");
+    for p in ["keep/a.txt", "keep/deep/b.txt", "edit.txt", "gone.txt", "dir/x.txt", "dir/y.txt", "run.sh"] {
+        std::fs::create_dir_all(repo.join(p).parent().unwrap()).unwrap();
+        std::fs::write(repo.join(p), format!("{p}\n")).unwrap();
+    }
+    git(&repo, &["init", "-q", "-b", "main"]);
+    git(&repo, &["add", "-A"]);
+    git(&repo, &["commit", "-qm", "one"]);
+    let one = m.json(&["import-git", repo.to_str().unwrap()])["imported"][0]["snapshot"].as_str().unwrap().to_string();
+    std::fs::write(repo.join("edit.txt"), "edited\n").unwrap();
+    std::fs::remove_file(repo.join("gone.txt")).unwrap();
+    std::fs::remove_dir_all(repo.join("dir")).unwrap();
+    std::fs::write(repo.join("dir"), "now a file\n").unwrap();
+    std::fs::write(repo.join("keep/deep/new.txt"), "new\n").unwrap();
+    std::fs::set_permissions(repo.join("run.sh"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    git(&repo, &["add", "-A"]);
+    git(&repo, &["commit", "-qm", "two"]);
+    m.ok(&["import-git", repo.to_str().unwrap()]);
+    let d = m.json(&["diff", &one, "main"]);
+    assert_eq!(d["added"], serde_json::json!(["dir", "keep/deep/new.txt"]), "{d}");
+    assert_eq!(d["modified"], serde_json::json!(["edit.txt", "run.sh"]), "{d}");
+    assert_eq!(d["deleted"], serde_json::json!(["dir/x.txt", "dir/y.txt", "gone.txt"]), "{d}");
+    // One side: against its parent, the same; as text, one line per path.
+    assert_eq!(m.json(&["diff", "main"])["added"], d["added"]);
+    let text = m.ok(&["diff", "main"]);
+    assert!(text.lines().any(|l| l == "A keep/deep/new.txt") && text.lines().any(|l| l == "D gone.txt"), "{text}");
+    assert_eq!(text.lines().count(), 7, "{text}");
+    // The same snapshot twice: nothing; a first import has no parent.
+    assert_eq!(m.ok(&["diff", "main", "main"]), "");
+    let o = m.run(&["diff", &one]);
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no parent"), "{o:?}");
+}

@@ -6,6 +6,7 @@ pub mod cache;
 pub mod checkout;
 pub mod chunk;
 pub mod codec;
+pub mod diff;
 pub mod error;
 pub mod failpoint;
 pub mod fetch;

@@ -5,6 +5,7 @@ mod cache;
 mod cat;
 mod checkout;
 mod completion;
+mod diff;
 mod gc;
 mod import_git;
 mod init;
@@ -33,6 +34,7 @@ pub enum Command {
     Log(log::LogArgs),
     Refs(refs::RefsArgs),
     Ls(ls::LsArgs),
+    Diff(diff::DiffArgs),
     Cat(cat::CatArgs),
     Checkout(checkout::CheckoutArgs),
     Pack(pack::PackArgs),
@@ -70,6 +72,7 @@ async fn dispatch(cmd: Command, ctx: &Ctx) -> Result<()> {
         Command::Init(a) => init::run(a, ctx).await,
         Command::ImportGit(a) => import_git::run(a, ctx).await,
         Command::Log(a) => log::run(a, ctx).await,
+        Command::Diff(a) => diff::run(a, ctx).await,
         Command::Refs(a) => refs::run(a, ctx).await,
         Command::Ls(a) => ls::run(a, ctx).await,
         Command::Cat(a) => cat::run(a, ctx).await,

@@ -7,7 +7,6 @@
 //! taken, and the working copy's state is not written.
 
 use super::*;
-use crate::object::{Entry, Tree};
 
 /// What changed in a working copy since its base snapshot.
 #[derive(Debug, Default, Clone, serde::Serialize)]
@@ -39,62 +38,7 @@ pub async fn status(fetcher: &Arc<Fetcher>, dir: &Path, no_ignore: bool) -> Resu
         paths_ignored: walked.ignored,
         ..Default::default()
     };
-    // Pairs of trees that differ, iteratively (no depth can overflow).
-    let mut todo: Vec<(String, Option<Hash>, Option<Hash>)> = vec![(String::new(), Some(snap.root), Some(walked.root))];
-    while let Some((path, old, new)) = todo.pop() {
-        if old == new {
-            continue;
-        }
-        let load = |id: Option<Hash>| {
-            let f = fetcher.clone();
-            let p = path.clone();
-            async move {
-                match id {
-                    Some(id) => f.tree(id, &p).await,
-                    None => Ok(Tree { entries: Vec::new() }),
-                }
-            }
-        };
-        let (a, b) = futures::try_join!(load(old), load(new))?;
-        let join = |name: &[u8]| {
-            let n = String::from_utf8_lossy(name);
-            if path.is_empty() {
-                n.into_owned()
-            } else {
-                format!("{path}/{n}")
-            }
-        };
-        let find = |t: &Tree, name: &[u8]| t.entries.iter().find(|e| e.name == name).cloned();
-        let is_dir = |e: &Entry| e.kind == Kind::Directory;
-        for e in &a.entries {
-            match find(&b, &e.name) {
-                None if is_dir(e) => todo.push((join(&e.name), Some(e.id), None)),
-                None => out.deleted.push(join(&e.name)),
-                Some(n) if is_dir(e) && is_dir(&n) => todo.push((join(&e.name), Some(e.id), Some(n.id))),
-                Some(n) if is_dir(e) => {
-                    todo.push((join(&e.name), Some(e.id), None));
-                    out.added.push(join(&n.name));
-                }
-                Some(n) if is_dir(&n) => {
-                    out.deleted.push(join(&e.name));
-                    todo.push((join(&n.name), None, Some(n.id)));
-                }
-                Some(n) if n.id != e.id || n.kind != e.kind => out.modified.push(join(&e.name)),
-                Some(_) => {}
-            }
-        }
-        for n in &b.entries {
-            if find(&a, &n.name).is_none() {
-                if is_dir(n) {
-                    todo.push((join(&n.name), None, Some(n.id)));
-                } else {
-                    out.added.push(join(&n.name));
-                }
-            }
-        }
-    }
-    out.added.sort();
-    out.modified.sort();
-    out.deleted.sort();
+    let c = crate::diff::diff_trees(fetcher, snap.root, walked.root).await?;
+    (out.added, out.modified, out.deleted) = (c.added, c.modified, c.deleted);
     Ok(out)
 }

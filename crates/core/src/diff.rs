@@ -1,0 +1,111 @@
+//! What changed between two trees, as paths added, modified (content, kind
+//! or exec bit) and deleted: the comparison behind `mado diff` and `mado ws
+//! status`. Subtrees whose ids are equal are skipped without being read, so
+//! the cost follows the change; trees are read through the fetcher (their
+//! index's inline copies, the cache, else the store), both sides of a pair
+//! together. Iterative: no tree depth can overflow a stack.
+
+use std::sync::Arc;
+
+use crate::error::Result;
+use crate::fetch::Fetcher;
+use crate::hash::Hash;
+use crate::object::{Entry, Kind, Tree};
+
+/// Paths that differ between two trees, each list sorted.
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Changes {
+    pub added: Vec<String>,
+    pub modified: Vec<String>,
+    pub deleted: Vec<String>,
+}
+
+impl Changes {
+    pub fn is_empty(&self) -> bool {
+        self.added.is_empty() && self.modified.is_empty() && self.deleted.is_empty()
+    }
+}
+
+/// The changes that turn tree `old` into tree `new`. A directory that
+/// becomes a file (or the reverse) is the directory's paths deleted (or
+/// added) and the file added (or deleted).
+pub async fn diff_trees(fetcher: &Arc<Fetcher>, old: Hash, new: Hash) -> Result<Changes> {
+    let mut out = Changes::default();
+    let mut todo: Vec<(String, Option<Hash>, Option<Hash>)> = vec![(String::new(), Some(old), Some(new))];
+    while let Some((path, old, new)) = todo.pop() {
+        if old == new {
+            continue;
+        }
+        let load = |id: Option<Hash>| {
+            let f = fetcher.clone();
+            let p = path.clone();
+            async move {
+                match id {
+                    Some(id) => f.tree(id, &p).await,
+                    None => Ok(Tree { entries: Vec::new() }),
+                }
+            }
+        };
+        let (a, b) = futures::try_join!(load(old), load(new))?;
+        let join = |name: &[u8]| {
+            let n = String::from_utf8_lossy(name);
+            if path.is_empty() {
+                n.into_owned()
+            } else {
+                format!("{path}/{n}")
+            }
+        };
+        let dir = |e: &Entry| (e.kind == Kind::Directory).then_some(e.id);
+        // Entries are sorted by name (a decoded tree is checked for it):
+        // one pass over both.
+        let (mut i, mut j) = (0, 0);
+        while i < a.entries.len() || j < b.entries.len() {
+            let (x, y) = (a.entries.get(i), b.entries.get(j));
+            let order = match (x, y) {
+                (Some(x), Some(y)) => x.name.cmp(&y.name),
+                (Some(_), None) => std::cmp::Ordering::Less,
+                _ => std::cmp::Ordering::Greater,
+            };
+            match order {
+                std::cmp::Ordering::Less => {
+                    let x = x.expect("an entry on the left");
+                    match dir(x) {
+                        Some(id) => todo.push((join(&x.name), Some(id), None)),
+                        None => out.deleted.push(join(&x.name)),
+                    }
+                    i += 1;
+                }
+                std::cmp::Ordering::Greater => {
+                    let y = y.expect("an entry on the right");
+                    match dir(y) {
+                        Some(id) => todo.push((join(&y.name), None, Some(id))),
+                        None => out.added.push(join(&y.name)),
+                    }
+                    j += 1;
+                }
+                std::cmp::Ordering::Equal => {
+                    let (x, y) = (x.expect("left"), y.expect("right"));
+                    match (dir(x), dir(y)) {
+                        (Some(p), Some(q)) => todo.push((join(&x.name), Some(p), Some(q))),
+                        (Some(p), None) => {
+                            todo.push((join(&x.name), Some(p), None));
+                            out.added.push(join(&y.name));
+                        }
+                        (None, Some(q)) => {
+                            out.deleted.push(join(&x.name));
+                            todo.push((join(&y.name), None, Some(q)));
+                        }
+                        (None, None) if x.id != y.id || x.kind != y.kind => out.modified.push(join(&x.name)),
+                        (None, None) => {}
+                    }
+                    i += 1;
+                    j += 1;
+                }
+            }
+        }
+    }
+    out.added.sort();
+    out.modified.sort();
+    out.deleted.sort();
+    Ok(out)
+}
