@@ -228,11 +228,14 @@ impl std::fmt::Display for Attach {
                     Discovery::LocalPointer => "the local copy",
                     Discovery::DerivedPointer => "the store",
                 };
-                let layers = if *layers == 1 { "1 layer".to_string() } else { format!("{layers} layers") };
+                let n = |k: usize, one: &str, many: &str| format!("{k} {}", if k == 1 { one } else { many });
                 write!(
                     f,
-                    "attached a {mode} index (pack v{version}, {layers}, {dirs} directories, {packs} packs, \
-                     {members} members) from {via}"
+                    "attached a {mode} index (pack v{version}, {}, {}, {}, {}) from {via}",
+                    n(*layers, "layer", "layers"),
+                    n(*dirs as usize, "directory", "directories"),
+                    n(*packs, "pack", "packs"),
+                    n(*members, "member", "members"),
                 )
             }
             Attach::NoIndex => f.write_str("none: this tree has no pack index (reads go object by object)"),
