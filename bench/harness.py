@@ -318,12 +318,14 @@ def log_result(r: Result) -> Result:
 
 class Harness:
     def __init__(self, quick: bool, runs: int, timeout: float, profile: str, large_sizes: Optional[List[int]] = None,
-                 ck_sizes: Optional[List[int]] = None):
+                 ck_sizes: Optional[List[int]] = None, import_sizes: Optional[List[int]] = None):
         self.quick, self.runs, self.timeout, self.profile = quick, runs, timeout, profile
         # Scenario j's file sizes (run.py --large-sizes).
         self.large_sizes = large_sizes or ([16 << 20, 48 << 20] if quick else [300 << 20, 1 << 30])
         # Scenario k's tree sizes in files (run.py --ck-sizes).
         self.ck_sizes = ck_sizes or ([300, 1200] if quick else [5000, 20000, 40000])
+        # Scenario l's synthetic trees in files (run.py --import-sizes; none by default).
+        self.import_sizes = import_sizes or []
         self.work = tempfile.mkdtemp(prefix="mado-bench-")
         self.procs = []
         # MADO_BENCH_QUIET_S: before each timed run, wait up to that many
@@ -438,7 +440,9 @@ class Harness:
         (libc, linux-raw-sys, nix, rustix) when they hold 2,000 to 3,500
         files, else crates from the middle of the selection until 2,500
         files (--quick: 100). Also measures the plain GET throughput, at
-        RTT 0, then sets `rtt` back."""
+        RTT 0, then sets `rtt` back. Built once: scenarios i and l share it."""
+        if getattr(self, "_real", None) is not None:
+            return self._real
         q = self.quick
         crates = [(name, path, count_files(path)) for name, path in registry_crates()]
         if q:
@@ -496,11 +500,12 @@ class Harness:
 
         sub_tar, sub_files, sub_bytes = tar_of("real-sub", REAL_SUB)
         whole_tar, whole_files, whole_bytes = tar_of("real-whole")
-        return RealTree(repo=repo, crates=f"{len(chosen)} crates, {chosen[0][0]} to {chosen[-1][0]} in name order",
-                        sub_crates=f"{len(sub)} crates: " + ", ".join(sorted(sub_names)), sub_tar=sub_tar,
-                        sub_files=sub_files,
-                        sub_bytes=sub_bytes, whole_tar=whole_tar, whole_files=whole_files, whole_bytes=whole_bytes,
-                        get_mb_s=self.get_throughput(rtt))
+        self._real = RealTree(
+            repo=repo, crates=f"{len(chosen)} crates, {chosen[0][0]} to {chosen[-1][0]} in name order",
+            sub_crates=f"{len(sub)} crates: " + ", ".join(sorted(sub_names)), sub_tar=sub_tar, sub_files=sub_files,
+            sub_bytes=sub_bytes, whole_tar=whole_tar, whole_files=whole_files, whole_bytes=whole_bytes,
+            get_mb_s=self.get_throughput(rtt))
+        return self._real
 
     def shm(self):
         """A folder on tmpfs (/dev/shm) for the floor's tars: dropping the

@@ -19,6 +19,8 @@ from results import (J_CHECKOUT_COLD, J_CHECKOUT_WARM, J_CHECKPOINT, J_CP, J_DIS
                      size_label)
 from results import (K_CHECKPOINT, K_EDITS, K_FLAT, K_GIT, K_GOAL_RTT, K_META_LIMIT, K_ROWS, K_RTTS_AFTER_WALK,
                      K_TOUCH, K_TOUCH_PER_FILE, K_TOUCHES, K_VS_GIT, K_WALK_RTTS, ck_system)
+from results import (L_BIG_RTT, L_CHANGED, L_IMPORT, L_NEXT, L_NEXT_COLD, L_NEXT_PUSH, L_NEXT_RTTS,
+                     L_PUSH, L_PUT_BYTES, L_PUT_EXTRA, L_ROWS, L_VS_PUSH, l_system)
 
 # Their cells also give the bytes and connections: the cold walks and the peers.
 TRAFFIC = {Table.A_DENSE, Table.A_THIN, Table.B_DENSE, Table.B_THIN, Table.B_DENSE300, Table.H_DENSE, Table.H_THIN,
@@ -176,6 +178,7 @@ class Report:
         rows += self.real_summary()
         rows += self.large_summary()
         rows += self.ck_summary()
+        rows += self.l_summary()
         out = ["## Summary against the brief", "",
                "| case | seed 003 | goal | mado in this run |", "|---|---|---|---|"]
         out += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
@@ -705,6 +708,146 @@ class Report:
         plt.close(fig)
         return True
 
+    # ---- scenario l: import of a real tree against git push (issue #13) ----
+
+    def l_sizes(self) -> List[int]:
+        """The synthetic trees' sizes (rows `l_system(row, n)`)."""
+        return sorted({r.tree_files for s, by in self.results.rows(Table.L).items() if s not in L_ROWS
+                       for r in by.values() if r.tree_files})
+
+    def l_tree(self) -> Optional[Result]:
+        """A cell of the real tree's first import, which says its size."""
+        for r in self.results.rows(Table.L).get(L_IMPORT, {}).values():
+            if r.tree_files:
+                return r
+        return None
+
+    @staticmethod
+    def l_put_limit(size: int) -> int:
+        return -(-size // L_PUT_BYTES) + L_PUT_EXTRA
+
+    def l_cell(self, system: str, rtt: int) -> str:
+        r = self.results.get(Table.L, system, rtt)
+        if not r:
+            return "–"
+        if r.median is None:
+            return r.note or "–"
+        parts = [fmt_t(r)]
+        k = r.counts
+        up = lambda n: f"{n / 1e6:.1f} MB up" if n >= 1e5 else f"{n / 1024:.1f} KiB up"  # noqa: E731
+        if k and k.requests:  # the S3 proxy: mado
+            parts.append(f"{k.puts} PUT, {k.heads} HEAD, {k.gets} GET, " + up(k.bytes_up or 0))
+        elif k and k.bytes_up is not None:  # the git proxy
+            parts.append(up(k.bytes_up) + f", {k.connections} conn")
+        if r.round_trips is not None:
+            parts.append(f"{r.round_trips} round trips")
+        return "; ".join(parts)
+
+    def l_ratio(self, num: str, den: str, rtt: int) -> Optional[float]:
+        a, b = self.med(Table.L, num, rtt), self.med(Table.L, den, rtt)
+        return a / b if a is not None and b else None
+
+    def l_tables(self) -> List[str]:
+        tree = self.l_tree()
+        size = f"{tree.tree_files:,} files, {tree.tree_bytes / 1e6:.0f} MB" if tree else "about 15,000 files"
+        out = self.part_header(Table.L, f"l. Import of a real tree ({size}) against `git push` of it, and of the "
+                               f"next commit ({L_CHANGED} files changed) (issue #13)")
+        rows = self.results.rows(Table.L)
+        if not rows:
+            return out + ["not yet measured in this run", ""]
+        rtts = self.rtts
+        out += ["| system | " + " | ".join(f"RTT {r} ms" for r in rtts) + " |", "|---|" + "---|" * len(rtts)]
+        for system in rows:
+            out.append(f"| {system} | " + " | ".join(self.l_cell(system, r) for r in rtts) + " |")
+        sizes = self.l_sizes()
+        out += ["", " ".join(x for x in [
+            "The tree is scenario i's (this machine's cargo registry crate sources as one git commit). "
+            "`mado import-git REPO --json` runs through the S3 proxy into a new store (its own prefix in the "
+            "bucket) with an empty mado cache; `git push -q git://…/l-push.git main:main` goes through the git "
+            "proxy into a fresh empty bare repository that `git daemon` serves (the transport of scenario d); "
+            "the page cache is dropped before each run. The next commit appends a line to "
+            f"{L_CHANGED} `.rs` files spread over the tree (`l-next`, main's child): `mado import-git REPO --rev "
+            "l-next` into a store that already holds the first (imported straight into MinIO in setup, "
+            "untimed), with the cache that setup import left (as on the machine that made the first import) "
+            "and, in the `cold cache` row, with an empty one; `git push` of `l-next` to a bare repository that "
+            "already holds main. Each group's rows are measured interleaved (one run of each in turn).",
+            "PUT, HEAD and GET are the proxy's counts and the first MB up its bytes (requests and bodies); "
+            "round trips are mado's own count of its longest chain of dependent requests (`--json`: "
+            "`remote.round_trips`); git's MB up are what the git proxy saw go up (pack and protocol).",
+            (f"The rows marked `[N files]` are synthetic source trees (scenario k's generator: 10 small files a "
+             f"directory), first import and push only, at RTT {L_BIG_RTT} ms only (`--import-sizes`)."
+             if sizes else ""),
+            "`bench/run.py --only l --rtts 0,20,50 --runs 3 --merge docs/bench-results.json` runs this "
+            "scenario alone; `--import-sizes 78k` adds a Linux-sized synthetic tree."]), ""]
+        out += ["| goal (issue #13) | limit | " + " | ".join(f"RTT {r} ms" for r in rtts) + " |",
+                "|---|---|" + "---|" * len(rtts)]
+
+        def mark(x, ok, f):
+            if x is None:
+                return "–"
+            return f"**{f(x)}** " + ("✓" if ok(x) else "✗") if ok else f(x)
+
+        def line(label, limit, value, ok, f, only=None):
+            cells = [mark(value(r), ok, f) if only is None or r == only else "–" for r in rtts]
+            out.append(f"| {label} | {limit} | " + " | ".join(cells) + " |")
+
+        ratio = lambda x: f"{x:.2f}×"  # noqa: E731
+        get = lambda system, r: self.results.get(Table.L, system, r)  # noqa: E731
+        line("first import: mado import-git / git push", f"≤ {L_VS_PUSH:g}×",
+             lambda r: self.l_ratio(L_IMPORT, L_PUSH, r), lambda x: x <= L_VS_PUSH, ratio)
+        if tree:
+            limit = self.l_put_limit(tree.tree_bytes)
+            line(f"first import: PUTs ({tree.tree_bytes / (1 << 20):.0f} MiB of content)",
+                 f"≤ 1 per {L_PUT_BYTES >> 20} MiB + {L_PUT_EXTRA} = {limit}",
+                 lambda r: get(L_IMPORT, r).counts.puts if get(L_IMPORT, r) and get(L_IMPORT, r).counts else None,
+                 lambda x: x <= limit, str)
+        line("first import: bytes up (mado's count, bodies) / the tree's bytes", "–",
+             lambda r: get(L_IMPORT, r).up_bytes / tree.tree_bytes
+             if tree and get(L_IMPORT, r) and get(L_IMPORT, r).up_bytes is not None else None, None, ratio)
+        for row, what in ((L_NEXT, "next commit"), (L_NEXT_COLD, "next commit, cold cache")):
+            if row not in rows:
+                continue
+            line(f"{what}: sequential round trips", f"≤ {L_NEXT_RTTS}",
+                 lambda r, row=row: get(row, r).round_trips if get(row, r) else None, lambda x: x <= L_NEXT_RTTS,
+                 str)
+            line(f"{what}: bytes up (mado's count, bodies) / the changed files' bytes", "proportional to the change",
+                 lambda r, row=row: get(row, r).up_bytes / get(row, r).content_bytes
+                 if get(row, r) and get(row, r).up_bytes is not None and get(row, r).content_bytes else None,
+                 None, lambda x: f"{x:.2f}×" if x < 10 else f"{x:,.0f}×")
+            line(f"{what}: mado import-git / git push", "–", lambda r, row=row: self.l_ratio(row, L_NEXT_PUSH, r),
+                 None, ratio)
+        for n in sizes:
+            line(f"first import of a synthetic {n:,}-file tree: mado / git push", f"≤ {L_VS_PUSH:g}× at RTT "
+                 f"{L_BIG_RTT} ms", lambda r, n=n: self.l_ratio(l_system(L_IMPORT, n), l_system(L_PUSH, n), r),
+                 lambda x: x <= L_VS_PUSH, ratio, only=L_BIG_RTT)
+        nxt = [get(L_NEXT, r) for r in rtts if get(L_NEXT, r) and get(L_NEXT, r).content_bytes]
+        if nxt:
+            out += ["", f"The next commit's {L_CHANGED} changed files hold {nxt[0].content_bytes / 1024:.1f} KiB "
+                    "after the change (before compression)."]
+        return out + [""]
+
+    def l_summary(self) -> List[Tuple[str, str, str, str]]:
+        tree = self.l_tree()
+        pairs = [(r, self.l_ratio(L_IMPORT, L_PUSH, r)) for r in self.rtts]
+        pairs = [(r, x) for r, x in pairs if x is not None]
+        if not tree or not pairs:
+            return []
+        t = lambda system, r: fmt_t(self.results.get(Table.L, system, r)).split(" (")[0]  # noqa: E731
+        rows = [(f"first import of a real {tree.tree_files:,}-file tree against `git push` of it, RTT "
+                 + " / ".join(str(r) for r, _ in pairs) + " ms (issue #13)", IMPORT_VS_PUSH.seed,
+                 IMPORT_VS_PUSH.goal,
+                 " / ".join(f"{x:.1f}×" for _, x in pairs) + " ("
+                 + " / ".join(f"{t(L_IMPORT, r)} against {t(L_PUSH, r)}" for r, _ in pairs) + ")")]
+        at = 20 if 20 in self.rtts else self.rtts[-1]
+        n = self.results.get(Table.L, L_NEXT, at)
+        if n and n.median is not None:
+            rows.append((f"import of the next commit ({L_CHANGED} files changed), RTT {at} ms", "–",
+                         f"≤ {L_NEXT_RTTS} round trips; bytes up proportional to the change",
+                         f"{t(L_NEXT, at)}; {n.round_trips} round trips; "
+                         + (f"{n.up_bytes / 1024:.0f} KiB up" if n.up_bytes is not None else "")
+                         + (f" for {n.content_bytes / 1024:.1f} KiB changed" if n.content_bytes else "")))
+        return rows
+
     def import_vs_push(self) -> List[Tuple[int, Result, Result]]:
         """(RTT, mado's import, git push) at each RTT where both were measured."""
         out = []
@@ -810,7 +953,8 @@ def write(run: Run, path: str, quick: bool):
          f"({files[Subtree.DENSE300]} files), filler in `other/` — and a workspace tree of "
          f"{ws} × 1 KiB files. Scenario i uses a real tree (this machine's cargo registry sources; see its "
          "tables), scenario j one large file of random bytes, scenario k synthetic source trees of a few "
-         "thousand to tens of thousands of files. Whole-tree walks of other real trees (Linux 6.1, an "
+         "thousand to tens of thousands of files, scenario l the real tree of i again (imported, against git "
+         "push). Whole-tree walks of other real trees (Linux 6.1, an "
          "npm node_modules) are in the last section.", ""]
     L += rep.summary()
     L += ["## mado against the best peer", "",
@@ -844,6 +988,7 @@ def write(run: Run, path: str, quick: bool):
     L += rep.real_tables()
     L += rep.large_tables()
     L += rep.ck_tables()
+    L += rep.l_tables()
     if pngs:
         L += ["## Plots (wall time against RTT, one line per system)", ""]
         L += [f"![{p}]({p})" for p in pngs] + [""]

@@ -32,6 +32,7 @@ class Table(Enum):
     I_WHOLE = "i-whole"
     J = "j"
     K = "k"
+    L = "l"
 
 
 class Subtree(Enum):
@@ -163,6 +164,32 @@ K_GOAL_RTT = 20
 
 
 def ck_system(row: str, files: int) -> str:
+    return f"{row} [{files:,} files]"
+
+
+# Scenario l (issue #13): import of a real tree (scenario i's: the cargo
+# registry's crate sources as one commit) against `git push` of the same
+# commit into an empty bare repository, through the same proxies; then the
+# next commit (L_CHANGED files changed) into a store, and a bare repository,
+# that already hold the first. With `--import-sizes`, also the first import
+# of a synthetic source tree of each size (scenario k's generator), at
+# L_BIG_RTT only; a cell's system is then `l_system(row, files)`.
+L_CHANGED = 5  # files the next commit changes (a line appended to each)
+L_IMPORT = "mado import-git, first import"
+L_PUSH = "git push (git://), first push"
+L_NEXT = f"mado import-git, next commit ({L_CHANGED} files changed)"
+L_NEXT_COLD = f"mado import-git, next commit ({L_CHANGED} files changed), cold cache"
+L_NEXT_PUSH = f"git push (git://), next commit ({L_CHANGED} files changed)"
+L_ROWS = (L_IMPORT, L_PUSH, L_NEXT, L_NEXT_COLD, L_NEXT_PUSH)
+# Issue #13's goals.
+L_VS_PUSH = 3.0  # first import's wall time over git push's, at every RTT
+L_PUT_BYTES = 64 << 20  # at most one PUT per this many bytes of content ...
+L_PUT_EXTRA = 4  # ... plus this many
+L_NEXT_RTTS = 6  # sequential round trips of the next commit's import
+L_BIG_RTT = 20  # the synthetic trees' RTT (the Linux-sized tree's goal is stated at RTT 20)
+
+
+def l_system(row: str, files: int) -> str:
     return f"{row} [{files:,} files]"
 
 

@@ -6,10 +6,11 @@ PNG plots under docs/.
 
     bench/run.py [--quick] [--runs N] [--rtts 0,20,50] [--out docs/BENCHMARKS.md]
                  [--profile release|debug] [--only a,b,...] [--merge JSON]
-                 [--large-sizes 300M,1G] [--ck-sizes 5000,20000,40000] [--note TEXT]
+                 [--large-sizes 300M,1G] [--ck-sizes 5000,20000,40000] [--import-sizes 78k]
+                 [--note TEXT]
     bench/run.py --report-only docs/bench-results.json
 
-`--only d` (or `--only c,d`) runs only those scenarios (a to k) at each
+`--only d` (or `--only c,d`) runs only those scenarios (a to l) at each
 RTT; the setup (MinIO, the stores, the repositories) is the same. Alone,
 it writes a report of those tables only. With `--merge
 docs/bench-results.json` the tables it measured replace that saved run's
@@ -60,6 +61,20 @@ dropped):
 
     bench/run.py --only k --rtts 0,20 --merge docs/bench-results.json
 
+Scenario l (issue #13), import of a real tree: scenario i's tree (built
+once if both run) imported cold with `mado import-git --json` into a new
+store through the S3 proxy, against `git push` of the same commit into an
+empty bare repository through the git proxy (as d); then the next commit,
+5 files changed, into a store and a bare repository already holding the
+first (mado with the cache its first import left, and with an empty one).
+PUTs, bytes up and mado's sequential round trips beside the times.
+`--import-sizes 78k` (also MADO_BENCH_IMPORT_SIZES; none by default) adds
+the first import and push of a synthetic source tree of each size
+(scenario k's generator; 78k: a Linux-sized file count), at RTT 20 only:
+
+    bench/run.py --only l --rtts 0,20,50 --runs 3 --import-sizes 78k \
+        --merge docs/bench-results.json
+
 `--quick` uses a small synthetic tree (and a real tree of a few hundred
 files), one run and RTT 0 and 20 ms, and finishes in a few minutes: the
 test suite runs it as a smoke test.
@@ -91,11 +106,13 @@ def main():
     ap.add_argument("--rtts")
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "BENCHMARKS.md"))
     ap.add_argument("--profile", default="release", choices=["release", "debug"])
-    ap.add_argument("--only", default="a,b,c,d,e,f,g,h,i,j,k", help="scenarios to run, e.g. d or c,d (default: all)")
+    ap.add_argument("--only", default="a,b,c,d,e,f,g,h,i,j,k,l", help="scenarios to run, e.g. d or c,d (default: all)")
     ap.add_argument("--large-sizes", default=os.environ.get("MADO_BENCH_LARGE_SIZES"),
                     help="scenario j's file sizes, e.g. 64M,256M (default 300M,1G; --quick 16M,48M)")
     ap.add_argument("--ck-sizes", default=os.environ.get("MADO_BENCH_CK_SIZES"),
                     help="scenario k's tree sizes in files, e.g. 5000,20k (default 5000,20000,40000; --quick 300,1200)")
+    ap.add_argument("--import-sizes", default=os.environ.get("MADO_BENCH_IMPORT_SIZES"),
+                    help="scenario l's synthetic trees in files, imported at RTT 20, e.g. 78k (default: none)")
     ap.add_argument("--note", help="what this run measured, printed with its tables")
     ap.add_argument("--timeout", type=float)
     ap.add_argument("--report-only", metavar="JSON", help="rewrite the report from a saved bench-results.json")
@@ -121,11 +138,15 @@ def main():
         ck = parse_counts(a.ck_sizes) if a.ck_sizes else None
     except ValueError as e:
         ap.error(f"--ck-sizes: {e}")
+    try:
+        imp = parse_counts(a.import_sizes) if a.import_sizes else None
+    except ValueError as e:
+        ap.error(f"--import-sizes: {e}")
     base = Run.load(a.merge) if a.merge else None
     if base and not set(rtts) <= set(base.rtts):
         ap.error(f"--merge: RTTs {rtts} are not among the saved run's {base.rtts}")
     t0 = time.time()
-    h = Harness(a.quick, a.runs, a.timeout, a.profile, large, ck)
+    h = Harness(a.quick, a.runs, a.timeout, a.profile, large, ck, imp)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     try:
         h.build()

@@ -1,4 +1,4 @@
-"""The benchmark's scenarios, a to k, one function or class each.
+"""The benchmark's scenarios, a to l, one function or class each.
 
 Each is called once per RTT with the harness and yields its cells as
 `Result`s, one at a time, so the cells measured before a scenario fails
@@ -15,7 +15,8 @@ from harness import (BUCKET, GIT_ENV, REAL, WS, Cell, Harness, Sample, log, log_
 from results import (FLOOR_ROW, GIT_CLONE_ROW, GIT_PUSH_ROW, GIT_SPARSE_ROW, IMPORT_ROW, J_CHECKOUT_COLD,
                      J_CHECKOUT_COLD_LOCAL, J_CHECKOUT_WARM, J_CHECKPOINT, J_CP, J_DISK_READ, J_GET1, J_GET8,
                      J_IMPORT_LOCAL, J_IMPORT_S3, J_MOUNT_COLD, J_MOUNT_RANDOM, J_MOUNT_WARM, J_ROWS, J_RTT, J_WRITE,
-                     K_CHECKPOINT, K_EDITS, K_GIT, K_TOUCH, K_TOUCHES, ck_system,
+                     K_CHECKPOINT, K_EDITS, K_GIT, K_TOUCH, K_TOUCHES, ck_system, L_BIG_RTT, L_CHANGED, L_IMPORT,
+                     L_NEXT, L_NEXT_COLD, L_NEXT_PUSH, L_PUSH, l_system,
                      MATERIALIZE, MOUNT, PEERS, REAL_CHECKOUT_ROW, REAL_CHECKOUT_SUB_ROW, REAL_MATERIALIZE_ROW,
                      REAL_MOUNT_ROW, REAL_SUB, RESUME_ROW, UNTAR_ROW, Counts, Layout, Result, Subtree, Table,
                      large_system, materialize_row, mount_row, readers_row, size_label, writers_row)
@@ -804,7 +805,183 @@ class Checkpoints:
                                  cell(K_TOUCH, h.s3proxy, touch, checkpoint)])
 
 
+class ImportTree:
+    """One of scenario l's repositories: `main` (the first commit) and
+    `l-next` (main with L_CHANGED files changed), its files and bytes."""
+
+    def __init__(self, repo: str, files: int, size: int, changed: int, content: int):
+        self.repo, self.files, self.size, self.changed, self.content = repo, files, size, changed, content
+
+
+def next_commit(repo: str, n: int) -> ImportTree:
+    """Commits, as the branch `l-next`, main with a line appended to `n`
+    files spread evenly over the tree (.rs files where there are enough),
+    without touching the working tree or main (git plumbing, a temporary
+    index); returns the repository's ImportTree."""
+    genv = dict(os.environ, **GIT_ENV)
+    entries = []  # (mode, blob, path, size) of every file of main
+    for line in sh("git", "-C", repo, "ls-tree", "-r", "-z", "-l", "main").split("\0"):
+        if not line:
+            continue
+        meta, path = line.split("\t", 1)
+        mode, kind, blob, size = meta.split()
+        if kind == "blob":
+            entries.append((mode, blob, path, 0 if size == "-" else int(size)))
+    plain = [e for e in entries if e[0] == "100644"]
+    pool = [e for e in plain if e[2].endswith(".rs")]
+    pool = pool if len(pool) >= n else plain
+    picks = [pool[i * len(pool) // n] for i in range(n)]
+    ienv = dict(genv, GIT_INDEX_FILE=os.path.join(repo, ".git", "l-next-index"))
+    sh("git", "-C", repo, "read-tree", "main", env=ienv)
+    content = 0
+    for mode, blob, path, _ in picks:
+        data = subprocess.run(["git", "-C", repo, "cat-file", "blob", blob], capture_output=True, check=True).stdout
+        data += f"// the next commit: {path}\n".encode()
+        content += len(data)
+        new = subprocess.run(["git", "-C", repo, "hash-object", "-w", "--stdin"], input=data, capture_output=True,
+                             check=True).stdout.decode().strip()
+        sh("git", "-C", repo, "update-index", "--cacheinfo", f"{mode},{new},{path}", env=ienv)
+    tree = sh("git", "-C", repo, "write-tree", env=ienv).strip()
+    commit = subprocess.run(["git", "-C", repo, "commit-tree", tree, "-p", "main", "-m", f"{n} files changed"],
+                            env=genv, capture_output=True, text=True, check=True).stdout.strip()
+    sh("git", "-C", repo, "update-ref", "refs/heads/l-next", commit)
+    os.remove(ienv["GIT_INDEX_FILE"])
+    return ImportTree(repo, len(entries), sum(e[3] for e in entries), n, content)
+
+
+class RealImport:
+    """l. Import of a real tree (issue #13): scenario i's tree (the crate
+    sources of this machine's cargo registry as one commit,
+    harness.real_tree, built once) imported with `mado import-git --json`
+    through the S3 proxy into a new store (a fresh prefix) with a fresh
+    cache, against `git push` of the same commit through the git proxy
+    into a fresh empty bare repository that `git daemon` serves (as d).
+    Then the next commit (`next_commit`: L_CHANGED files changed): `mado
+    import-git --rev l-next` into a store that already holds the first
+    (imported straight into MinIO in setup, untimed), with the cache that
+    import left (as on the machine that imported the first) and with an
+    empty one; and `git push` of it to a bare repository that already
+    holds the first. A new store and bare repository each run, page cache
+    dropped; the rows of each group measured interleaved (Harness.cells).
+    With `h.import_sizes`, the first import and push of a synthetic source
+    tree of each size (scenario k's generator), at L_BIG_RTT only."""
+
+    def __init__(self):
+        self.real = None
+        self.big: Dict[int, ImportTree] = {}
+        self.k = 0  # stores made so far (each run's own prefix)
+
+    def __call__(self, h: Harness, rtt: int) -> Iterator[Result]:
+        if self.real is None:
+            t = h.real_tree(rtt)
+            self.real = next_commit(t.repo, L_CHANGED)
+            log(f"l: the real tree ({self.real.files} files, {self.real.size / 1e6:.0f} MB) and its next commit")
+        yield from self.measure(h, rtt, self.real, lambda row: row, True)
+        if rtt != L_BIG_RTT:
+            return
+        for n in h.import_sizes:
+            if n not in self.big:
+                self.big[n] = self.build(h, n)
+            yield from self.measure(h, rtt, self.big[n], lambda row, n=n: l_system(row, n), False)
+
+    @staticmethod
+    def build(h: Harness, n: int) -> ImportTree:
+        t0 = time.time()
+        repo = os.path.join(h.work, f"l-{n}")
+        os.makedirs(repo)
+        Checkpoints.generate(repo, n)
+        genv = dict(os.environ, **GIT_ENV)
+        sh("git", "init", "-q", "-b", "main", repo, env=genv)
+        sh("git", "add", "-A", cwd=repo, env=genv)
+        sh("git", "commit", "-qm", f"a {n}-file tree", cwd=repo, env=genv)
+        t = next_commit(repo, L_CHANGED)
+        log(f"l: a synthetic {n}-file tree ({t.size / 1e6:.0f} MB) set up in {time.time() - t0:.1f} s")
+        return t
+
+    def measure(self, h: Harness, rtt: int, t: ImportTree, system: Callable[[str], str],
+                nexts: bool) -> Iterator[Result]:
+        bare = os.path.join(h.gitroot, "l-push.git")
+        held = os.path.join(h.work, "l-cache-held")  # the cache a setup import leaves
+
+        def new_store():
+            self.k += 1
+            return f"l-{rtt}-{self.k}"
+
+        def purge(prefix):
+            subprocess.run(["rclone", "purge", f"minio:{BUCKET}/{prefix}"], env=h.rclone_env, capture_output=True)
+
+        def mado(prefix, cache, *args) -> Sample:
+            t0 = time.perf_counter()
+            rep = json.loads(h.mado_run(h.env(prefix, cache), "import-git", t.repo, "--json", *args))
+            wall = time.perf_counter() - t0
+            if not any(i.get("new_snapshot") for i in rep.get("imported", [])):
+                raise RuntimeError("mado import-git made no new snapshot")
+            st = rep.get("remote", {})
+            return Sample(wall=wall, build_ms=sum(p.get("build_ms", 0) for p in rep.get("packs", [])),
+                          up_bytes=st.get("bytes_up"), round_trips=st.get("round_trips"))
+
+        def extra(changed: int, content: int):
+            def of(xs: List[Sample]) -> dict:
+                def med(name):
+                    v = [getattr(x, name) for x in xs if getattr(x, name) is not None]
+                    return statistics.median(v) if v else None
+                return dict(tree_files=t.files, tree_bytes=t.size, changed=changed or None,
+                            content_bytes=content or None, build_ms=med("build_ms"),
+                            up_bytes=None if med("up_bytes") is None else int(med("up_bytes")),
+                            max_up_bytes=max([x.up_bytes for x in xs if x.up_bytes is not None], default=None),
+                            round_trips=None if med("round_trips") is None else int(med("round_trips")))
+            return of
+
+        def fresh_bare(with_first: bool):
+            shutil.rmtree(bare, ignore_errors=True)
+            sh("git", "init", "-q", "--bare", bare)
+            if with_first:  # straight into the bare repository, not through the proxy
+                sh("git", "-C", t.repo, "push", "-q", bare, "main:main")
+
+        def push(branch):
+            sh("git", "-C", t.repo, "push", "-q", h.git_url("l-push.git"), f"{branch}:main")
+
+        # The first import: a new store, an empty cache.
+        def first_setup():
+            prefix = new_store()
+            return prefix, h.fresh_cache()
+
+        yield from h.cells(rtt, [
+            Cell(Table.L, system(L_IMPORT), h.s3proxy, first_setup, lambda c: mado(*c), lambda c: purge(c[0]),
+                 extra(0, 0)),
+            Cell(Table.L, system(L_PUSH), h.gitproxy, lambda: fresh_bare(False), lambda _: push("main"),
+                 lambda _: shutil.rmtree(bare, ignore_errors=True), extra(0, 0))])
+        if not nexts:
+            return
+
+        # The next commit: a store holding the first, imported in setup
+        # (straight into MinIO) with the cache the timed import then uses,
+        # or with one emptied after it.
+        def next_setup(cold: bool):
+            def setup():
+                prefix = new_store()
+                shutil.rmtree(held, ignore_errors=True)
+                h.mado_run(h.env(prefix, held, direct=True), "import-git", t.repo)
+                if cold:
+                    shutil.rmtree(held, ignore_errors=True)
+                return prefix, held
+            return setup
+
+        def next_teardown(c):
+            purge(c[0])
+            shutil.rmtree(held, ignore_errors=True)
+
+        yield from h.cells(rtt, [
+            Cell(Table.L, system(L_NEXT), h.s3proxy, next_setup(False), lambda c: mado(*c, "--rev", "l-next"),
+                 next_teardown, extra(t.changed, t.content)),
+            Cell(Table.L, system(L_NEXT_COLD), h.s3proxy, next_setup(True), lambda c: mado(*c, "--rev", "l-next"),
+                 next_teardown, extra(t.changed, t.content)),
+            Cell(Table.L, system(L_NEXT_PUSH), h.gitproxy, lambda: fresh_bare(True), lambda _: push("l-next"),
+                 lambda _: shutil.rmtree(bare, ignore_errors=True), extra(t.changed, t.content))])
+
+
 def scenarios() -> Dict[str, Callable[[Harness, int], Iterator[Result]]]:
     """By the letter `--only` takes."""
     return {"a": materialize, "b": mount_walk, "c": Resume(), "d": import_pack_build, "e": warm_mount,
-            "f": concurrency, "g": capped_cache, "h": Peers(), "i": Real(), "j": Large(), "k": Checkpoints()}
+            "f": concurrency, "g": capped_cache, "h": Peers(), "i": Real(), "j": Large(), "k": Checkpoints(),
+            "l": RealImport()}
