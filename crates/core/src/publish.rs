@@ -87,6 +87,9 @@ pub struct PackReport {
 ///
 /// `inline` (the fetcher that brought the tree in, if any) supplies trees
 /// that arrived inline with a pack index and so are not in the cache.
+/// Whether index layers absorb the small ones above them (see publish_packs).
+const ABSORB_LAYERS: bool = false;
+
 pub async fn publish_packs(
     remote: &Remote,
     cache: &Arc<DiskCache>,
@@ -128,8 +131,17 @@ async fn build_and_publish(
     // the load of the base), so the new layer and pack can absorb the
     // small ones at the top (pack::Absorb).
     // (A whole base has nothing above it to absorb.)
-    let parts = match &opts.base {
-        Some(b) if !b.base.is_empty() => crate::fetch::index_layers(remote, cache, &b.layers()).await?,
+    //
+    // Disabled for now: with layers absorbed, a read-write mount reopened
+    // after a kill -9 sometimes names a tree that no index of its view
+    // carries (`ws_mount.rs`, a_mount_daemon_killed_at_many_points...: about
+    // 2 runs in 10 fail with absorption, 0 in 8 without). Until that is
+    // understood, a layer goes over its parent and a full chain is
+    // compacted over the bottom, as before.
+    let parts: Option<Vec<crate::pack::PackIndex>> = match &opts.base {
+        Some(b) if !b.base.is_empty() && ABSORB_LAYERS => {
+            crate::fetch::index_layers(remote, cache, &b.layers()).await?
+        }
         _ => None,
     };
     let absorb = parts.as_deref().map(crate::pack::Absorb::of);

@@ -217,6 +217,19 @@ pub async fn open_mount(
     let stat = stat?;
     // A read-write mount without the lease could never checkpoint.
     lease?;
+    // Reopened after a checkpoint that moved the ref but died before the
+    // state recorded it (`pending`): the saved nodes still name trees of the
+    // snapshot they were made on. Those trees live in that snapshot's index
+    // (packs-first: trees travel only inline in indexes), and the new one
+    // need not carry them (a layer that absorbed others keeps only live
+    // trees), so that index is attached too.
+    if let (Some(p), true) = (&prev, reopen) {
+        if p.head != v.snapshot.to_hex() {
+            let old: Hash = p.head.parse().map_err(|_| Error::local_state(&sd, "a bad head snapshot id"))?;
+            let old = fetcher.snapshot(old).await?;
+            fetcher.attach(old.root).await?;
+        }
+    }
     let upper = sd.join("upper");
     let fs = match (&saved, reopen) {
         (Some(b), true) => SnapshotFs::load_state(fetcher.clone(), b, upper, stat)?,
