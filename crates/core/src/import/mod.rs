@@ -350,7 +350,9 @@ pub async fn publish(
             false => None,
         }
     };
-    let with_base = primary.is_some();
+    // The base comes early only with the early lock (that is when it is
+    // used): otherwise it is fetched alongside the lock below, once.
+    let with_base = early;
     let ((current, early_base), indexed, early_lock) =
         futures::join!(read_ref_and_base(remote, cache, ref_name, with_base), index_probe, early_lock);
     let current = current?;
