@@ -83,13 +83,14 @@ pub struct PackReport {
     pub index: Option<Arc<crate::pack::PackIndex>>,
 }
 
+/// Whether index layers absorb the small ones above them (see
+/// `build_and_publish`).
+const ABSORB_LAYERS: bool = false;
+
 /// Builds `tree`'s packs from objects in the disk cache and publishes them.
 ///
 /// `inline` (the fetcher that brought the tree in, if any) supplies trees
 /// that arrived inline with a pack index and so are not in the cache.
-/// Whether index layers absorb the small ones above them (see publish_packs).
-const ABSORB_LAYERS: bool = false;
-
 pub async fn publish_packs(
     remote: &Remote,
     cache: &Arc<DiskCache>,

@@ -93,16 +93,6 @@ impl Fetcher {
         load_index(&self.remote, &self.cache, tree, &[]).await
     }
 
-    /// Like [`Fetcher::locate`], and attaches what it found: reads of
-    /// objects that only live in its packs then go through them.
-    pub async fn locate_attached(&self, tree: Hash) -> Result<std::result::Result<(PackIndex, Discovery), Attach>> {
-        let found = load_index(&self.remote, &self.cache, tree, &[]).await?;
-        if let Ok((idx, via)) = &found {
-            self.install(idx.clone(), *via);
-        }
-        Ok(found)
-    }
-
     /// Attaches `tree`'s index, fetching the layers `hint` names (from the
     /// ref) together with it.
     pub async fn attach_hinted(&self, tree: Hash, hint: &[Hash]) -> Result<Attach> {

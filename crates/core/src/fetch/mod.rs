@@ -44,7 +44,7 @@ mod typed;
 use attach::PackSet;
 pub use attach::{index_layers, load_index, Attach, Discovery};
 use packs::PackFlight;
-pub use typed::{Piece, CHUNK_WINDOW, PIECE_BYTES_IN_MEMORY};
+pub use typed::{merge_stat_chain, Piece, CHUNK_WINDOW, PIECE_BYTES_IN_MEMORY};
 
 type Flight = Shared<BoxFuture<'static, Result<Bytes, Arc<Error>>>>;
 

@@ -49,6 +49,13 @@ impl Fetcher {
     /// `hint` names (the snapshot lists them) come in the same round trip;
     /// any other layer the top names costs one more.
     pub async fn stat(self: &Arc<Self>, id: Hash, hint: &[Hash]) -> Result<StatObject> {
+        merge_stat_chain(&self.stat_chain(id, hint).await?)
+    }
+
+    /// The stat object whose top is `id` as its layers, each as stored and
+    /// with its id: the top first, then the layers it names, in order (one
+    /// entry for a whole object). Fetched as [`Fetcher::stat`] says.
+    pub async fn stat_chain(self: &Arc<Self>, id: Hash, hint: &[Hash]) -> Result<Vec<(Hash, StatObject)>> {
         let mut want = vec![id];
         want.extend(hint.iter().copied().filter(|h| *h != id).take(crate::object::MAX_STAT_LAYERS * 4));
         // A hinted layer the top does not name is not needed: its error is dropped.
@@ -56,21 +63,18 @@ impl Fetcher {
         let fetched = futures::future::join_all(want.iter().map(|h| self.stat_layer(*h))).await;
         got.extend(want.iter().copied().zip(fetched));
         let top = got.remove(&id).expect("the top was asked for")?;
-        if top.base.is_empty() {
-            return Ok(top);
-        }
         let missing: Vec<Hash> = top.base.iter().copied().filter(|b| !got.contains_key(b)).collect();
         let fetched = futures::future::join_all(missing.iter().map(|h| self.stat_layer(*h))).await;
         got.extend(missing.iter().copied().zip(fetched));
-        let mut lower = Vec::with_capacity(top.base.len());
+        let mut chain = Vec::with_capacity(1 + top.base.len());
         for b in &top.base {
-            lower.push((*b, got.remove(b).expect("every layer below was asked for")?));
+            chain.push((*b, got.remove(b).expect("every layer below was asked for")?));
         }
-        top.merge(lower).map_err(|detail| Error::Corrupt { id, what: "stat object", path: String::new(), detail })
+        chain.insert(0, (id, top));
+        Ok(chain)
     }
 
-    /// One stat object as stored (a layer is not merged with those below).
-    pub async fn stat_layer(self: &Arc<Self>, id: Hash) -> Result<StatObject> {
+    async fn stat_layer(self: &Arc<Self>, id: Hash) -> Result<StatObject> {
         let b = self.get(Space::Objects, id, "stat object").await?;
         StatObject::decode(&b).map_err(|e| Error::corrupt(id, "stat object", "", e))
     }
@@ -250,4 +254,15 @@ impl Fetcher {
         }
         Ok(found)
     }
+}
+
+/// The whole stat object of a chain as [`Fetcher::stat_chain`] returns it.
+pub fn merge_stat_chain(chain: &[(Hash, StatObject)]) -> Result<StatObject> {
+    let ((id, top), lower) = chain.split_first().expect("a chain has its top");
+    top.clone().merge(lower.to_vec()).map_err(|detail| Error::Corrupt {
+        id: *id,
+        what: "stat object",
+        path: String::new(),
+        detail,
+    })
 }

@@ -92,8 +92,13 @@ pub(super) async fn commit_locked(
     let parent_snap = fetcher.snapshot(cur.snapshot).await?;
     // The parent's whole stat object (from the cache, where the resume or
     // the last checkpoint left its layers): what changed goes up as a layer.
+    // Its layers are kept too: the new layer may absorb the small ones.
     let parent_stat = match parent_snap.stat {
-        Some(id) => Some((id, fetcher.stat(id, &parent_snap.stat_layers).await?)),
+        Some(id) => {
+            let parts = fetcher.stat_chain(id, &parent_snap.stat_layers).await?;
+            let whole = crate::fetch::merge_stat_chain(&parts)?;
+            Some((id, whole, parts))
+        }
         None => None,
     };
     let mut report = CheckpointReport {
@@ -105,30 +110,21 @@ pub(super) async fn commit_locked(
         paths_ignored: walked.ignored,
         ..Default::default()
     };
-    if let Some((id, s)) = &parent_stat {
+    if let Some((id, s, _)) = &parent_stat {
         if parent_snap.root == walked.root && s.entries == walked.stat.entries {
             report.snapshot = cur.snapshot.to_hex();
             report.unchanged = true;
             return Ok((report, walked, *id));
         }
     }
-    let up = match &parent_stat {
-        Some((id, parent)) => {
-            // Each layer of the parent's chain as stored (from the cache:
-            // they were just read to merge the parent's times), so the new
-            // layer can absorb the small ones at the top.
-            let chain: Vec<Hash> = std::iter::once(*id).chain(parent_snap.stat_layers.iter().copied()).collect();
-            let parts = futures::future::try_join_all(chain.iter().map(|h| fetcher.stat_layer(*h))).await?;
-            let parts: Vec<(Hash, StatObject)> = chain.into_iter().zip(parts).collect();
-            walked.stat.layer_over_chain(parent, &parts).map_err(|detail| Error::Corrupt {
-                id: *id,
-                what: "stat object",
-                path: String::new(),
-                detail,
-            })?
-        }
-        None => walked.stat.clone(),
-    };
+    let up =
+        match &parent_stat {
+            Some((id, parent, parts)) => walked
+                .stat
+                .layer_over_chain(parent, parts)
+                .map_err(|detail| Error::Corrupt { id: *id, what: "stat object", path: String::new(), detail })?,
+            None => walked.stat.clone(),
+        };
     let stat_bytes = up.encode();
     let stat_id = Hash::of(&stat_bytes);
     cache.put(&stat_id, &stat_bytes)?;
@@ -142,9 +138,7 @@ pub(super) async fn commit_locked(
     // built (IndexCheck::Concurrent), not in a round trip of its own.
     let (base, indexed) = match parent_snap.root == walked.root {
         true => (None, true),
-        // Attached: a delta build that folds small packs into its own reads
-        // any member this machine lacks through them.
-        false => (fetcher.locate_attached(parent_snap.root).await?.ok().map(|(idx, _)| Arc::new(idx)), false),
+        false => (fetcher.locate(parent_snap.root).await?.ok().map(|(idx, _)| Arc::new(idx)), false),
     };
     let pack_opts = |base, primary, index_check| crate::publish::PackOptions {
         mode: crate::pack::Mode::Recursive,
