@@ -327,12 +327,11 @@ fn checkpoint_indexes_are_layers_and_cold_reads_keep_their_round_trips() {
     };
     let mut first = None;
     let (mut index_up, mut stat_up, mut one_layer) = (0, 0, 0);
-    // 20 checkpoints: each adds a small delta pack, and while index layers
-    // do not absorb them (publish.rs, ABSORB_LAYERS) a cold read fetches
-    // one ranged GET per pack; past the fetcher's 32 in flight, that costs
-    // round trips. At 100 checkpoints this failed (101 ranged GETs, 7 round
-    // trips); the goal of #18 at 100 waits on absorption.
-    const CHECKPOINTS: u64 = 20;
+    // 100 checkpoints: each adds a small delta pack, which a later
+    // checkpoint's pack folds in (with the layers that named it), so a
+    // cold read does not fetch 100 of them (without folding: 101 ranged
+    // GETs and, past the fetcher's 32 in flight, 7 round trips).
+    const CHECKPOINTS: u64 = 100;
     for i in 0..CHECKPOINTS {
         std::fs::write(w.join(format!("d{:03}/sub/f0.txt", i * 7 % 300)), format!("edit {i}\n")).unwrap();
         let cp = m.json(&["ws", "checkpoint", "--dir", w.to_str().unwrap()]);
@@ -352,13 +351,12 @@ fn checkpoint_indexes_are_layers_and_cold_reads_keep_their_round_trips() {
         }
     }
     // Each checkpoint changes one file: about one root tree (300 entries)
-    // and two small trees. The stat object's chain is kept geometric, so
-    // over the checkpoints its uploads stay small (compacting over the
-    // bottom each time the chain fills up would hold every change since
-    // the bottom: about 150 KB of times here).
-    // (The index's layers are not absorbed yet, see publish.rs: only a
-    // loose bound on them.)
-    assert!(index_up < (CHECKPOINTS - 1) * one_layer * 5, "{index_up} index bytes up, one layer is {one_layer}");
+    // and two small trees. Compaction keeps the chains geometric, so over
+    // the checkpoints the uploads stay near one single layer each
+    // (compacting over the bottom each time the chain fills up would hold
+    // every change since the bottom: about 3 MB of index and 150 KB of
+    // times here).
+    assert!(index_up < (CHECKPOINTS - 1) * one_layer * 3 / 2, "{index_up} index bytes up, one layer is {one_layer}");
     assert!(stat_up < (CHECKPOINTS - 1) * 400, "{stat_up} stat bytes up");
     let last = resume_cold(999);
     let (first, last) = (first.unwrap(), &last["remote"]);
@@ -367,10 +365,11 @@ fn checkpoint_indexes_are_layers_and_cold_reads_keep_their_round_trips() {
     let rts = |v: &serde_json::Value| v["round_trips"].as_u64().unwrap();
     assert!(rts(&first) <= 4 && rts(last) <= 4, "layers cost no extra round trip: {first} then {last}");
     // GETs: the ref, the snapshot, the index layers and the stat layers
-    // (a chain is at most 8 of each). (Packs: one small delta pack per
-    // checkpoint still adds a ranged GET; folding them is disabled, see
-    // publish.rs.)
+    // (a chain is at most 8 of each), and the packs: the new pack of a
+    // checkpoint folds in the small packs of the layers it absorbs, so a
+    // cold read does not fetch one delta pack per checkpoint.
     let n = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap();
+    assert!(n(last, "ranged_gets") <= n(&first, "ranged_gets") + 2, "packs fetched: {first} then {last}");
     assert!(n(last, "gets") <= n(&first, "gets") + 8, "objects fetched: {first} then {last}");
     // A cold checkout and a cold materialize of a subtree of the same
     // snapshot keep the packed-subtree economy: 3 sequential round trips.
@@ -390,6 +389,42 @@ fn checkpoint_indexes_are_layers_and_cold_reads_keep_their_round_trips() {
     // gc keeps the layers below a live index (their trees are older roots).
     m.ok(&["gc", "--grace", "0"]);
     resume_cold(100);
+}
+
+/// A checkpoint's new layer absorbs the small layers above the import's and
+/// its pack folds in their packs' live members: members this machine never
+/// fetched (its cache wiped between checkpoints) are read through those
+/// packs from the store, not refused as missing.
+#[test]
+fn a_checkpoint_folds_in_packs_the_cache_never_held() {
+    let m = Mado::local();
+    setup(&m);
+    let w = m.dir.path().join("w");
+    m.ok(&["ws", "create", "fold", "--dir", w.to_str().unwrap()]);
+    let checkpoint = |i: usize| {
+        std::fs::write(w.join(format!("src/f{i}.txt")), format!("file {i}\n")).unwrap();
+        let cp = m.json(&["ws", "checkpoint", "--dir", w.to_str().unwrap()]);
+        assert_eq!(cp["unchanged"], false, "{cp}");
+    };
+    checkpoint(0);
+    // The cache refilled by a resume elsewhere (the first layer's pack
+    // only), then two checkpoints: the second folds in the first's pack,
+    // whose members it holds only in a pack of its own it built.
+    std::fs::remove_dir_all(m.cache_dir()).unwrap();
+    let r = m.dir.path().join("r");
+    m.ok(&["ws", "resume", "fold", r.to_str().unwrap(), "--read-only"]);
+    for i in 1..4 {
+        checkpoint(i);
+    }
+    // Nothing in the cache at all.
+    std::fs::remove_dir_all(m.cache_dir()).unwrap();
+    for i in 4..6 {
+        checkpoint(i);
+    }
+    std::fs::remove_dir_all(m.cache_dir()).unwrap();
+    let r = m.dir.path().join("r2");
+    m.ok(&["ws", "resume", "fold", r.to_str().unwrap(), "--read-only"]);
+    assert_same_state(&w, &r);
 }
 
 /// Round trips of a checkpoint (issue #18): the lease, the ref and the

@@ -500,6 +500,48 @@ with open(log, "a") as out:
     assert_eq!(v["bad"].as_array().map(|b| b.len()), Some(0), "{v}");
 }
 
+/// A mount opened on a checkpoint whose index is a small layer, then
+/// checkpointed again and again (each new layer absorbs the small ones
+/// above the import's, dropping the trees no longer in the tree), then
+/// unmounted and mounted again: the reopened mount loads the trees of the
+/// snapshot its saved state was last rebased on, not those of the one it
+/// was first opened on (which no index of the view carries any more).
+#[test]
+fn a_mount_reopened_after_many_checkpoints_finds_its_trees() {
+    if !fuse_usable() {
+        return;
+    }
+    let m = Mado::local();
+    setup(&m);
+    let plain = m.dir.path().join("plain");
+    m.ok(&["ws", "create", "layers", "--dir", plain.to_str().unwrap()]);
+    std::fs::write(plain.join("src/deep/er/still.txt"), "plain\n").unwrap();
+    m.json(&["ws", "checkpoint", "--dir", plain.to_str().unwrap()]);
+    m.ok(&["ws", "release", "layers", "--dir", plain.to_str().unwrap()]);
+    let mnt = m.dir.path().join("mnt-layers");
+    m.ok(&["ws", "resume", "layers", mnt.to_str().unwrap(), "--mount"]);
+    let mnt = WsMount { m: &m, dir: mnt };
+    for i in 0..6 {
+        std::fs::write(mnt.dir.join("src/deep/er/still.txt"), format!("round {i}\n")).unwrap();
+        std::fs::write(mnt.dir.join(format!("src/deep/n{i}.txt")), "n\n").unwrap();
+        let cp = mnt.checkpoint(&format!("round {i}"));
+        assert_eq!(cp["unchanged"], false, "{cp}");
+    }
+    std::fs::write(mnt.dir.join("src/deep/uncheckpointed.txt"), "u\n").unwrap();
+    mnt.umount();
+    // From an empty cache (the mount's state is kept outside it): what
+    // the view carries is all there is.
+    std::fs::remove_dir_all(m.cache_dir()).unwrap();
+    m.ok(&["ws", "resume", "layers", mnt.path(), "--mount"]);
+    assert_eq!(std::fs::read_to_string(mnt.dir.join("src/deep/er/still.txt")).unwrap(), "round 5\n");
+    assert_eq!(std::fs::read_to_string(mnt.dir.join("src/deep/uncheckpointed.txt")).unwrap(), "u\n");
+    let cp = mnt.checkpoint("after the reopen");
+    assert_eq!(cp["unchanged"], false, "{cp}");
+    let w = m.dir.path().join("w");
+    m.ok(&["ws", "resume", "layers", w.to_str().unwrap(), "--read-only"]);
+    assert_same_state(&mnt.dir, &w);
+}
+
 /// The longer session, as a developer would have it in a
 /// workspace: grep, git init/add/commit/status, cp -r and rm -rf of a
 /// subtree, sed -i on hundreds of files, a C build with make -j2, the

@@ -83,10 +83,6 @@ pub struct PackReport {
     pub index: Option<Arc<crate::pack::PackIndex>>,
 }
 
-/// Whether index layers absorb the small ones above them (see
-/// `build_and_publish`).
-const ABSORB_LAYERS: bool = false;
-
 /// Builds `tree`'s packs from objects in the disk cache and publishes them.
 ///
 /// `inline` (the fetcher that brought the tree in, if any) supplies trees
@@ -131,18 +127,12 @@ async fn build_and_publish(
     // On top of a base: its chain, layer by layer (local copies, left by
     // the load of the base), so the new layer and pack can absorb the
     // small ones at the top (pack::Absorb).
-    // (A whole base has nothing above it to absorb.)
-    //
-    // Disabled for now: with layers absorbed, a read-write mount reopened
-    // after a kill -9 sometimes names a tree that no index of its view
-    // carries (`ws_mount.rs`, a_mount_daemon_killed_at_many_points...: about
-    // 2 runs in 10 fail with absorption, 0 in 8 without). Until that is
-    // understood, a layer goes over its parent and a full chain is
-    // compacted over the bottom, as before.
+    // (A whole base has nothing above it to absorb.) An absorbing layer
+    // keeps only the trees of its own root: a reader of an older snapshot
+    // attaches that snapshot's index (a reopened mount attaches the one
+    // its saved state was rebased on: workspace::mounted).
     let parts: Option<Vec<crate::pack::PackIndex>> = match &opts.base {
-        Some(b) if !b.base.is_empty() && ABSORB_LAYERS => {
-            crate::fetch::index_layers(remote, cache, &b.layers()).await?
-        }
+        Some(b) if !b.base.is_empty() => crate::fetch::index_layers(remote, cache, &b.layers()).await?,
         _ => None,
     };
     let absorb = parts.as_deref().map(crate::pack::Absorb::of);
@@ -150,24 +140,45 @@ async fn build_and_publish(
     let c = cache.clone();
     let base = opts.base.clone();
     let parent = opts.base.clone();
+    let delta = opts.base.is_some();
     let rt = tokio::runtime::Handle::current();
     let memory = staged.clone();
     let builder = tokio::task::spawn_blocking(move || {
         // What the base index packs is read from the cache's copy of its
         // pack (a resume or a mount read it through that pack).
         let in_base = std::sync::OnceLock::new();
-        let from_base = |id: &Hash| {
-            // Every pack holding the member: the cache may hold any of them.
+        let base_packs: &[crate::pack::PackEntry] = base.as_ref().map_or(&[], |b| &b.packs[..]);
+        // Every pack of the base holding `id` (by position): the cache may
+        // hold any of them.
+        let holders = |id: &Hash| {
             let map = in_base.get_or_init(|| {
-                let mut m: std::collections::HashMap<Hash, Vec<Hash>> = std::collections::HashMap::new();
-                for p in base.iter().flat_map(|b| b.packs.iter()) {
+                let mut m: std::collections::HashMap<Hash, Vec<usize>> = std::collections::HashMap::new();
+                for (pi, p) in base_packs.iter().enumerate() {
                     for member in &p.members {
-                        m.entry(member.id).or_default().push(p.id);
+                        m.entry(member.id).or_default().push(pi);
                     }
                 }
                 m
             });
-            map.get(id).into_iter().flatten().find_map(|pack| c.pack_get(pack, id))
+            map.get(id).cloned().unwrap_or_default()
+        };
+        let from_base = |id: &Hash| holders(id).into_iter().find_map(|pi| c.pack_get(&base_packs[pi].id, id));
+        // Last, the store, through the base's packs (a member to fold in
+        // may live only in a pack this machine never fetched or evicted):
+        // the first member missing from a pack fetches that pack, so the
+        // others are then read from the cache.
+        let pack_arcs = std::sync::Mutex::new(std::collections::HashMap::<usize, Arc<crate::pack::PackEntry>>::new());
+        let from_store = |id: &Hash| {
+            let f = inline.as_ref()?;
+            holders(id).into_iter().find_map(|pi| {
+                let pack = pack_arcs
+                    .lock()
+                    .expect("pack arcs lock")
+                    .entry(pi)
+                    .or_insert_with(|| Arc::new(base_packs[pi].clone()))
+                    .clone();
+                rt.block_on(f.member_of(pack, id)).map(|b| b.to_vec())
+            })
         };
         // Trees the base carries are read from it, in memory: a delta build
         // walks every tree of the new root, and on a big tree thousands of
@@ -189,9 +200,15 @@ async fn build_and_publish(
                 let f = inline.as_ref()?;
                 rt.block_on(f.get(crate::store::Space::Objects, *id, "object")).ok().map(|b| b.to_vec())
             };
-            inline.as_ref().map_or_else(|| c.get(id), through).or_else(|| from_base(id)).or_else(fetched).ok_or_else(
-                || Error::User(format!("object {id} is not in the disk cache; run `mado materialize` first")),
-            )
+            inline
+                .as_ref()
+                .map_or_else(|| c.get(id), through)
+                .or_else(|| from_base(id))
+                .or_else(|| from_store(id))
+                .or_else(fetched)
+                .ok_or_else(|| {
+                    Error::User(format!("object {id} is not in the disk cache; run `mado materialize` first"))
+                })
         };
         let mut emit = |id, bytes| {
             tx.blocking_send((id, bytes))
@@ -220,7 +237,10 @@ async fn build_and_publish(
         .map(|(id, bytes)| {
             let indexed = *head_rx.borrow() == Some(true);
             let bytes = Bytes::from(bytes);
-            let keep = staged.is_some().then(|| keep_pack(cache, id, bytes.clone()));
+            // Kept whole in the cache, as a fetch would leave it: an
+            // import's (reads right after it need no GET) and a delta
+            // build's (the next checkpoint may fold its members in).
+            let keep = (staged.is_some() || delta).then(|| keep_pack(cache, id, bytes.clone()));
             async move {
                 let put = async {
                     if indexed || (!opts.primary && remote.has_pack(&id).await?) {

@@ -410,7 +410,7 @@ impl World {
                 let built = self.fs.build(&self.cache, &mut Staged::default()).unwrap();
                 let stat = built.stat.encode();
                 let stat_id = Hash::of(&stat);
-                self.fs.rebase(stat_id, &built.stat);
+                self.fs.rebase(built.root, stat_id, &built.stat);
                 self.base = Some((stat_id, built.stat.clone()));
                 let ro = SnapshotFs::new(self.fetcher.clone(), built.root, 0);
                 let got = fs_tree(&ro, &mut Kernel::default()).await;

@@ -100,6 +100,14 @@ impl Fetcher {
         None
     }
 
+    /// Member `id` of `pack` (a pack of an index this fetcher need not have
+    /// attached), from the cache or the pack's flight; `None` if the pack
+    /// does not hold it or fetching failed.
+    pub async fn member_of(self: &Arc<Self>, pack: Arc<PackEntry>, id: &Hash) -> Option<Bytes> {
+        let i = pack.members.iter().position(|m| m.id == *id)?;
+        self.from_pack(pack, i).await
+    }
+
     /// `retry`: a flight before this one left member `i` out, so the next
     /// flight covers the rest (not a GET per member).
     async fn from_pack_once(self: &Arc<Self>, pack: &Arc<PackEntry>, i: usize, retry: bool) -> Attempt {

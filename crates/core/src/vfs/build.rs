@@ -111,7 +111,7 @@ impl SnapshotFs {
             }
         }
         let mut b = Built {
-            root: self.root,
+            root: self.root(),
             stat: StatObject::default(),
             files_read: hashed_count,
             files_unchanged: 0,
@@ -275,10 +275,14 @@ impl SnapshotFs {
         list_tree_paths(self, tree, path, out)
     }
 
-    /// After a checkpoint: the new snapshot becomes the base, so origins
-    /// are the paths of now and the stat object is the one just written.
-    pub fn rebase(&self, stat_id: Hash, stat: &StatObject) {
+    /// After a checkpoint: the new snapshot (root tree `root`) becomes the
+    /// base, so origins are the paths of now, the stat object is the one
+    /// just written, and the saved state names the new root (a reopened
+    /// mount loads its trees from it: the old root's trees need not be in
+    /// any index of the new view once its layer was absorbed).
+    pub fn rebase(&self, root: Hash, stat_id: Hash, stat: &StatObject) {
         let Some(u) = &self.upper else { return };
+        *self.root.lock().expect("root lock") = root;
         let mut st = self.st_mut();
         let mut stack = vec![(ROOT_INO, Vec::new())];
         while let Some((ino, path)) = stack.pop() {

@@ -264,7 +264,7 @@ impl SnapshotFs {
     /// Loads every tree of the snapshot into memory (from the attached
     /// index, or fetched level by level), so metadata needs no network.
     pub async fn preload_trees(&self) -> Result<usize> {
-        let mut level = vec![self.root];
+        let mut level = vec![self.root()];
         let mut n = 0;
         while !level.is_empty() {
             let trees: Vec<Arc<Tree>> = futures::stream::iter(level.iter().map(|id| self.tree_by_id(*id, "")))

@@ -115,7 +115,9 @@ struct Upper {
 
 pub struct SnapshotFs {
     fetcher: Arc<Fetcher>,
-    root: Hash,
+    /// The root tree of the snapshot the lower layer is (a checkpoint of a
+    /// read-write mount moves it: [`SnapshotFs::rebase`]).
+    root: std::sync::Mutex<Hash>,
     time: i64,
     state: RwLock<State>,
     trees: RwLock<HashMap<Hash, Arc<Tree>>>,
@@ -207,7 +209,7 @@ impl SnapshotFs {
     fn with_state(fetcher: Arc<Fetcher>, root: Hash, time: i64, upper: Option<Upper>, st: State) -> SnapshotFs {
         SnapshotFs {
             fetcher,
-            root,
+            root: std::sync::Mutex::new(root),
             time,
             state: RwLock::new(st),
             trees: RwLock::new(HashMap::new()),
@@ -216,6 +218,11 @@ impl SnapshotFs {
             reads: AtomicU64::new(0),
             chunks: chunked::Chunks::default(),
         }
+    }
+
+    /// The root tree of the base snapshot.
+    pub fn root(&self) -> Hash {
+        *self.root.lock().expect("root lock")
     }
 
     pub fn fetcher(&self) -> &Arc<Fetcher> {

@@ -66,7 +66,7 @@ impl SnapshotFs {
         let mut out = Vec::with_capacity(64 + st.nodes.len() * 64);
         out.extend_from_slice(OVERLAY_MAGIC);
         out.push(OVERLAY_VERSION);
-        out.extend_from_slice(self.root.as_bytes());
+        out.extend_from_slice(self.root().as_bytes());
         out.extend_from_slice(&self.time.to_le_bytes());
         put_opt_hash(&mut out, u.base_stat_id);
         put_varint(&mut out, st.next_blob);
@@ -158,6 +158,12 @@ impl SnapshotFs {
         })()
         .map_err(state_err)?;
         Ok((h, r))
+    }
+
+    /// The root tree of the snapshot a saved state's nodes were made on
+    /// (its index must be attached before [`SnapshotFs::load_state`]).
+    pub fn saved_root(bytes: &[u8]) -> Result<Hash> {
+        Ok(Self::saved_header(bytes)?.0.root)
     }
 
     /// The base stat object id a saved state refers to (to fetch it

@@ -44,12 +44,17 @@ pub async fn checkpoint_mount(
     };
     let (report, walked, stat_id) = commit(fetcher, &st, state_dir, message, lease, stage).await?;
     if !report.unchanged || st.pending.is_some() {
-        fs.rebase(stat_id, &walked.stat);
+        // The rebased overlay is saved before the record names the new
+        // head: killed in between, the record still says `pending`, and a
+        // reopen attaches both snapshots' indexes.
+        fs.rebase(walked.root, stat_id, &walked.stat);
+        save_mount_state(fs, state_dir)?;
         st.head = report.snapshot.clone();
         st.pending = None;
         save_state_at(state_dir, &st)?;
+    } else {
+        save_mount_state(fs, state_dir)?;
     }
-    save_mount_state(fs, state_dir)?;
     Ok(report)
 }
 
@@ -217,17 +222,16 @@ pub async fn open_mount(
     let stat = stat?;
     // A read-write mount without the lease could never checkpoint.
     lease?;
-    // Reopened after a checkpoint that moved the ref but died before the
-    // state recorded it (`pending`): the saved nodes still name trees of the
-    // snapshot they were made on. Those trees live in that snapshot's index
-    // (packs-first: trees travel only inline in indexes), and the new one
-    // need not carry them (a layer that absorbed others keeps only live
-    // trees), so that index is attached too.
-    if let (Some(p), true) = (&prev, reopen) {
-        if p.head != v.snapshot.to_hex() {
-            let old: Hash = p.head.parse().map_err(|_| Error::local_state(&sd, "a bad head snapshot id"))?;
-            let old = fetcher.snapshot(old).await?;
-            fetcher.attach(old.root).await?;
+    // The saved nodes name trees of the snapshot they were last rebased
+    // on. When that is not the ref's (a checkpoint moved the ref and died
+    // before the overlay was rebased: `pending`), those trees live in that
+    // snapshot's index (packs-first: trees travel only inline in indexes),
+    // and the ref's need not carry them (a layer that absorbed others keeps
+    // only live trees), so that index is attached too.
+    if let (Some(b), true) = (&saved, reopen) {
+        let old = SnapshotFs::saved_root(b)?;
+        if old != v.root {
+            fetcher.attach(old).await?;
         }
     }
     let upper = sd.join("upper");
