@@ -78,7 +78,9 @@ pub struct PackReport {
     /// unpacked objects).
     pub model_gets_unpacked: u64,
     pub model_gets_packed: u64,
-    /// The index published (a next build on top of it needs no re-read).
+    /// The index published: the whole view (a next build on top of it
+    /// needs no re-read), or for a checkpoint's partial delta build only
+    /// the layer (its `base` names the chain below).
     #[serde(skip)]
     pub index: Option<Arc<crate::pack::PackIndex>>,
 }
@@ -295,11 +297,9 @@ async fn build_and_publish(
             // Without every layer at hand, a full chain is compacted into one
             // layer over the bottom (whole) index.
             let layers = base.layers();
-            let placed = match (&parts, built.placed_at) {
-                // Over the parent itself: its view is at hand.
-                (Some(_), 0) => Some(idx.layer_over(base)),
-                (Some(parts), at) => idx.layer_over_at(parts, at).ok(),
-                _ => None,
+            let placed = match &parts {
+                Some(parts) => idx.layer_over_at(parts, built.placed_at, built.partial.then(|| base.trees.len())).ok(),
+                None => None,
             };
             let layer = match placed {
                 Some(layer) => layer,
@@ -313,8 +313,23 @@ async fn build_and_publish(
                     idx.layer_over(bottom.as_ref().unwrap_or(base))
                 }
             };
+            if built.partial && layer.base.is_empty() {
+                // build_delta walks partially only when the result is a layer.
+                return Err(Error::Internal(format!(
+                    "the delta index of {tree} holds only part of the tree's trees and cannot be written whole"
+                )));
+            }
             idx.base = layer.base.clone();
-            layer.encode()
+            let enc = layer.encode();
+            if built.partial {
+                // The view a reader sees (an import builds its next commit
+                // on it); a checkpoint needs only the layer's chain.
+                idx = match (&parts, staged.is_some()) {
+                    (Some(parts), true) => layer.merge(parts[built.placed_at..].to_vec()).map_err(Error::Internal)?,
+                    _ => layer,
+                };
+            }
+            enc
         }
         None => idx.encode(),
     };

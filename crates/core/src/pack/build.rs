@@ -36,6 +36,11 @@ pub struct Built {
     /// the new layer must go over (the packs of the layers above it were
     /// folded into the new packs).
     pub placed_at: usize,
+    /// The index holds only the trees the build walked (the new ones and
+    /// those above the base's bottom layer), not every tree of the view:
+    /// it can be published only as a layer, over `placed_at`. Its `dirs`
+    /// is still the whole tree's.
+    pub partial: bool,
 }
 
 /// What a delta build may fold in: the base's chain, layer by layer (its
@@ -48,6 +53,10 @@ pub struct Absorb {
     pub sizes: Vec<usize>,
     /// The packs each layer introduced.
     pub packs: Vec<Vec<Hash>>,
+    /// The trees of the bottom (whole) layer, which is never absorbed:
+    /// every member below one of them is in the bottom's packs, so a
+    /// delta build need not walk them (see [`build_delta`]).
+    pub bottom_trees: HashSet<Hash>,
 }
 
 impl Absorb {
@@ -55,6 +64,7 @@ impl Absorb {
         Absorb {
             sizes: layers.iter().map(|l| l.trees.len() + l.packs.len()).collect(),
             packs: layers.iter().map(|l| l.packs.iter().map(|p| p.id).collect()).collect(),
+            bottom_trees: layers.last().map(|b| b.trees.iter().map(|t| t.0).collect()).unwrap_or_default(),
         }
     }
 }
@@ -106,6 +116,83 @@ impl Walk<'_> {
         let mut members = vec![(e.id, MemberKind::Manifest)];
         members.extend(m.chunks.iter().map(|(_, c)| (*c, MemberKind::Chunk)));
         Ok(Some(FileMembers { members, bytes }))
+    }
+
+    /// A tree already in the base (not recorded as one the build carries).
+    fn peek(&self, id: Hash) -> Result<Tree> {
+        let bytes = (self.src)(&id)?;
+        Tree::decode(&bytes).map_err(|e| Error::corrupt(id, "tree", "", e))
+    }
+
+    /// Directories in tree `id`, itself included, reading only trees.
+    fn count_dirs(&self, id: Hash) -> Result<u64> {
+        let t = self.peek(id)?;
+        let mut n = 1;
+        for e in t.entries.iter().filter(|e| e.kind == Kind::Directory) {
+            n += self.count_dirs(e.id)?;
+        }
+        Ok(n)
+    }
+
+    /// The new tree `new` against `old`, the base's directory at the same
+    /// path (if any), for a delta build: walks only where they differ, and
+    /// where a tree above the base's bottom layer may name members of
+    /// packs the new one absorbs; the members of every file of a walked
+    /// tree go to `out`. Returns how many directories more (or fewer) the
+    /// new subtree holds than the old.
+    fn diff(
+        &mut self,
+        old: Option<Hash>,
+        new: Hash,
+        bottom: &HashSet<Hash>,
+        out: &mut Vec<(Hash, MemberKind)>,
+    ) -> Result<i64> {
+        if bottom.contains(&new) {
+            // Its members are in the bottom's packs, which stay.
+            if old == Some(new) {
+                return Ok(0);
+            }
+            let before = match old {
+                Some(o) => self.count_dirs(o)? as i64,
+                None => 0,
+            };
+            return Ok(self.count_dirs(new)? as i64 - before);
+        }
+        let t = self.load(new)?;
+        let same = old == Some(new);
+        let old_t = match old {
+            Some(o) if !same => Some(self.peek(o)?),
+            _ => None,
+        };
+        let old_dirs: std::collections::HashMap<&[u8], Hash> = old_t
+            .iter()
+            .flat_map(|t| t.entries.iter())
+            .filter(|e| e.kind == Kind::Directory)
+            .map(|e| (&e.name[..], e.id))
+            .collect();
+        let mut delta = i64::from(old.is_none());
+        for e in &t.entries {
+            match e.kind {
+                Kind::Directory => {
+                    let o = if same { Some(e.id) } else { old_dirs.get(&e.name[..]).copied() };
+                    delta += self.diff(o, e.id, bottom, out)?;
+                }
+                Kind::Gitlink => {}
+                _ => {
+                    if let Some(f) = self.file(e)? {
+                        out.extend(f.members);
+                    }
+                }
+            }
+        }
+        if let Some(ot) = &old_t {
+            let now: HashSet<&[u8]> =
+                t.entries.iter().filter(|e| e.kind == Kind::Directory).map(|e| &e.name[..]).collect();
+            for e in ot.entries.iter().filter(|e| e.kind == Kind::Directory && !now.contains(&e.name[..])) {
+                delta -= self.count_dirs(e.id)? as i64;
+            }
+        }
+        Ok(delta)
     }
 
     fn dir(&mut self, id: Hash) -> Result<Dir> {
@@ -233,18 +320,45 @@ pub fn build_delta(
     src: &Source<'_>,
     emit: &mut dyn FnMut(Hash, Vec<u8>) -> Result<()>,
 ) -> Result<Built> {
-    let mut w =
-        Walk { src, trees: Vec::new(), seen_trees: HashSet::new(), dirs: 0, cap, unpacked: 0, loose: Vec::new() };
-    let root = w.dir(tree)?;
-    let mut all = Vec::new();
-    flatten(&root, &mut all);
+    let new_walk =
+        || Walk { src, trees: Vec::new(), seen_trees: HashSet::new(), dirs: 0, cap, unpacked: 0, loose: Vec::new() };
+    let mut w = new_walk();
+    let known: HashSet<Hash> = base.trees.iter().map(|t| t.0).collect();
     // Where the new layer goes: its size is about the trees the base
     // lacks, plus its pack.
-    let placed_at = absorb.map_or(0, |a| {
-        let known: HashSet<Hash> = base.trees.iter().map(|t| t.0).collect();
+    let place = |w: &Walk, a: &Absorb| {
         let delta = w.trees.iter().filter(|t| !known.contains(&t.0)).count() + 1;
         crate::object::compaction_point(&a.sizes, delta, MAX_INDEX_LAYERS)
-    });
+    };
+    // Over a layered base, only what differs from the base's tree and
+    // what lies above its bottom layer is walked: on a big tree, the
+    // change and the layers since the bottom, not every directory. Unless
+    // the result is not much smaller than the view (it would be written
+    // whole, and a whole index needs every tree): then the whole walk.
+    let fast = match absorb {
+        Some(a) if !a.bottom_trees.is_empty() => {
+            let mut all = Vec::new();
+            let delta = w.diff(Some(base.tree), tree, &a.bottom_trees, &mut all)?;
+            let dirs = base.dirs as i64 + delta;
+            (w.trees.len() * 2 <= base.trees.len() && dirs > 0).then(|| (all, dirs as u64, place(&w, a)))
+        }
+        _ => None,
+    };
+    let partial = fast.is_some();
+    let (all, placed_at) = match fast {
+        Some((all, dirs, at)) => {
+            w.dirs = dirs;
+            (all, at)
+        }
+        None => {
+            w = new_walk();
+            let root = w.dir(tree)?;
+            let mut all = Vec::new();
+            flatten(&root, &mut all);
+            let at = absorb.map_or(0, |a| place(&w, a));
+            (all, at)
+        }
+    };
     let absorbed: HashSet<Hash> =
         absorb.map(|a| a.packs[..placed_at].iter().flatten().copied().collect()).unwrap_or_default();
     // A member of an absorbed pack goes in the new pack, unless a pack
@@ -268,7 +382,15 @@ pub fn build_delta(
             None => fresh.push((id, kind)),
         }
     }
-    let mut packs: Vec<PackEntry> = base.packs.iter().zip(&used).filter(|(_, u)| **u).map(|(p, _)| p.clone()).collect();
+    // A partial walk cannot tell which base packs nothing uses any more:
+    // those that stay are all kept (as their layers list them anyway).
+    let mut packs: Vec<PackEntry> = base
+        .packs
+        .iter()
+        .zip(&used)
+        .filter(|(p, u)| **u || (partial && !absorbed.contains(&p.id)))
+        .map(|(p, _)| p.clone())
+        .collect();
     let mut group: Vec<(Hash, MemberKind, Vec<u8>)> = Vec::new();
     let mut bytes = 0u64;
     let mut flush = |group: &mut Vec<(Hash, MemberKind, Vec<u8>)>, packs: &mut Vec<PackEntry>| -> Result<()> {
@@ -297,6 +419,7 @@ pub fn build_delta(
         unpacked: w.unpacked,
         loose: w.loose,
         placed_at,
+        partial,
     })
 }
 
@@ -370,5 +493,6 @@ pub fn build(
         unpacked: w.unpacked,
         loose: w.loose,
         placed_at: 0,
+        partial: false,
     })
 }

@@ -451,12 +451,24 @@ impl PackIndex {
     /// `parent`'s layers below it; or `self` whole when that chain would
     /// grow past [`MAX_INDEX_LAYERS`] or the layer would not be smaller.
     pub fn layer_over(&self, parent: &PackIndex) -> PackIndex {
-        let below = parent.layers();
         let old_packs: HashSet<Hash> = parent.packs.iter().map(|p| p.id).collect();
         let old_trees: HashSet<Hash> = parent.trees.iter().map(|t| t.0).collect();
+        self.layer_over_sets(parent.layers(), &old_packs, &old_trees, self.trees.len())
+    }
+
+    /// [`PackIndex::layer_over`] given what the chain below holds.
+    /// `view_trees`: how many trees the whole view has (`self` may hold
+    /// only some: a partial delta build).
+    fn layer_over_sets(
+        &self,
+        below: Vec<Hash>,
+        old_packs: &HashSet<Hash>,
+        old_trees: &HashSet<Hash>,
+        view_trees: usize,
+    ) -> PackIndex {
         let packs: Vec<PackEntry> = self.packs.iter().filter(|p| !old_packs.contains(&p.id)).cloned().collect();
         let trees: Vec<(Hash, Vec<u8>)> = self.trees.iter().filter(|t| !old_trees.contains(&t.0)).cloned().collect();
-        if below.len() >= MAX_INDEX_LAYERS || below.contains(&self.tree) || trees.len() * 2 > self.trees.len().max(1) {
+        if below.len() >= MAX_INDEX_LAYERS || below.contains(&self.tree) || trees.len() * 2 > view_trees.max(1) {
             return PackIndex { base: Vec::new(), ..self.clone() };
         }
         PackIndex { tree: self.tree, mode: self.mode, dirs: self.dirs, packs, trees, base: below }
@@ -468,11 +480,25 @@ impl PackIndex {
     /// replaces the layers above that one. Or `self` whole, when the layer
     /// would not be smaller by half. `Err` when the layers do not form the
     /// chain they name.
-    pub fn layer_over_at(&self, parts: &[PackIndex], at: usize) -> Result<PackIndex, String> {
+    /// `view_trees`: the view's tree count when `self` holds only some of
+    /// its trees (a partial delta build), else `None`. The chain below is
+    /// read where it is, not merged into a copy.
+    pub fn layer_over_at(
+        &self,
+        parts: &[PackIndex],
+        at: usize,
+        view_trees: Option<usize>,
+    ) -> Result<PackIndex, String> {
         if at >= parts.len() {
             return Ok(PackIndex { base: Vec::new(), ..self.clone() });
         }
-        Ok(self.layer_over(&parts[at].clone().merge(parts[at + 1..].to_vec())?))
+        let below = parts[at].layers();
+        if below.len() != parts.len() - at || parts[at..].iter().zip(&below).any(|(l, t)| l.tree != *t) {
+            return Err(format!("layer {} is not over the chain given", parts[at].tree.short()));
+        }
+        let old_packs: HashSet<Hash> = parts[at..].iter().flat_map(|l| l.packs.iter().map(|p| p.id)).collect();
+        let old_trees: HashSet<Hash> = parts[at..].iter().flat_map(|l| l.trees.iter().map(|t| t.0)).collect();
+        Ok(self.layer_over_sets(below, &old_packs, &old_trees, view_trees.unwrap_or(self.trees.len())))
     }
 
     pub fn member_count(&self) -> usize {
@@ -731,6 +757,94 @@ mod tests {
         assert!(emitted[0].1 < 200, "only the new member: {} bytes", emitted[0].1);
         assert_eq!(d.index.packs[0], base.index.packs[0]);
         assert_eq!(d.index.tree, root2);
+    }
+
+    /// A delta build over a layered base walks only what changed and what
+    /// lies above the bottom layer; it must produce what the whole walk
+    /// does: the same packs, placement, layer, and directory count. Edits:
+    /// a changed file, a new directory, a removed one, a directory moved,
+    /// one put back as the bottom had it, and a bottom subtree copied.
+    #[test]
+    fn a_partial_delta_build_matches_the_whole_walk() {
+        let mut m = Mem::default();
+        let root = thin(&mut m);
+        let (bottom, _) = build_all(&m, root, Mode::Recursive, DEFAULT_MAX_PACK_BYTES);
+        let tree = |m: &Mem, id: &Hash| Tree::decode(&m.0[id]).unwrap().entries;
+        let top0 = tree(&m, &root);
+        let p1_bottom = top0.iter().find(|e| e.name == b"p1").unwrap().clone();
+        let mut parts = vec![bottom.index.clone()];
+        let mut top = top0.clone();
+        for step in 0..12usize {
+            // Edit `top`.
+            let pi = step % 4;
+            let name = format!("p{pi}");
+            match step % 6 {
+                0 | 3 => {
+                    let i = top
+                        .iter()
+                        .position(|e| e.name == name.as_bytes())
+                        .or_else(|| top.iter().position(|e| e.kind == Kind::Directory))
+                        .unwrap();
+                    let name = String::from_utf8(top[i].name.clone()).unwrap();
+                    let mut mid = tree(&m, &top[i].id);
+                    let k = step % mid.len();
+                    let f = m.file("f0.txt", format!("edit {step}").into_bytes());
+                    let dname = String::from_utf8(mid[k].name.clone()).unwrap();
+                    mid[k].id = m.dir(&dname, vec![f]).id;
+                    top[i] = m.dir(&name, mid);
+                }
+                1 => {
+                    let f = m.file("n.txt", format!("new {step}").into_bytes());
+                    let inner = m.dir("inner", vec![f]);
+                    top.push(m.dir(&format!("new{step}"), vec![inner]));
+                }
+                2 => top.retain(|e| !e.name.starts_with(b"new")),
+                4 => {
+                    let i = top.iter().position(|e| e.name == b"p2" || e.name.starts_with(b"moved")).unwrap();
+                    let mut moved = top.remove(i);
+                    moved.name = format!("moved{step}").into_bytes();
+                    top.push(moved);
+                }
+                _ => {
+                    top.retain(|e| e.name != b"p1");
+                    top.push(p1_bottom.clone());
+                    let mut copy = p1_bottom.clone();
+                    copy.name = format!("copy{step}").into_bytes();
+                    top.push(copy);
+                }
+            }
+            let new_root = m.dir("", top.clone()).id;
+            let view = parts[0].clone().merge(parts[1..].to_vec()).unwrap();
+            let src = |id: &Hash| m.0.get(id).cloned().ok_or_else(|| Error::NotFound(id.to_hex()));
+            let run = |absorb: &build::Absorb| {
+                let mut out = Vec::new();
+                let b = build_delta(new_root, DEFAULT_MAX_PACK_BYTES, &view, Some(absorb), &src, &mut |id, bytes| {
+                    out.push((id, bytes));
+                    Ok(())
+                })
+                .unwrap();
+                (b, out)
+            };
+            let fast_absorb = build::Absorb::of(&parts);
+            let mut whole_absorb = build::Absorb::of(&parts);
+            whole_absorb.bottom_trees.clear();
+            let (fast, fast_packs) = run(&fast_absorb);
+            let (whole, whole_packs) = run(&whole_absorb);
+            assert!(fast.partial, "step {step}: a small change walks partially");
+            assert!(!whole.partial);
+            assert_eq!(fast_packs, whole_packs, "step {step}: the same new packs");
+            assert_eq!(fast.placed_at, whole.placed_at, "step {step}");
+            let (full, _) = build_all(&m, new_root, Mode::Recursive, DEFAULT_MAX_PACK_BYTES);
+            assert_eq!(fast.index.dirs, full.index.dirs, "step {step}: the directory count");
+            assert_eq!(whole.index.dirs, full.index.dirs, "step {step}");
+            let at = fast.placed_at;
+            let lf = fast.index.layer_over_at(&parts, at, fast.partial.then(|| view.trees.len())).unwrap();
+            let lw = whole.index.layer_over_at(&parts, at, None).unwrap();
+            assert_eq!(lf, lw, "step {step}: the same layer");
+            assert!(fast.index.trees.len() < whole.index.trees.len(), "step {step}: the fast walk read less");
+            assert!(!lf.base.is_empty(), "step {step}: a layer");
+            parts = std::iter::once(lf).chain(parts[at..].iter().cloned()).collect();
+        }
     }
 
     /// If this fails, the pack encoding changed: bump PACK_VERSION.

@@ -41,21 +41,71 @@ pub(super) async fn commit(
             .await
             .map_err(|e| Error::Io { context: "walking the workspace".into(), source: std::io::Error::other(e) })?
     };
-    let (walked, (lease, cur, lock)) = futures::join!(walk, async {
-        futures::join!(
-            take_lease(remote, &st.name, &st.holder, opts.steal),
-            remote.read_ref(&refname),
-            remote.begin_write()
-        )
-    });
+    // The parent is most likely the snapshot this copy last recorded: its
+    // stat layers are merged and its index loaded (local work, from the
+    // cache) while the walk runs, not after it. The stager is one thread,
+    // so this uses a core that would otherwise wait. Used only if the ref
+    // names it; any failure here is met again, and reported, after the walk.
+    let guess = st.pending.as_deref().unwrap_or(&st.head).parse::<Hash>().ok();
+    let early = async {
+        match guess {
+            Some(id) => load_parent(fetcher, id).await.ok(),
+            None => None,
+        }
+    };
+    let (walked, (lease, cur, lock), early) = futures::join!(
+        walk,
+        async {
+            futures::join!(
+                take_lease(remote, &st.name, &st.holder, opts.steal),
+                remote.read_ref(&refname),
+                remote.begin_write()
+            )
+        },
+        early
+    );
     let lock = lock?;
-    let r = commit_locked(fetcher, st, state_at, message, opts, walked, lease, cur).await;
+    let r = commit_locked(fetcher, st, state_at, message, opts, walked, lease, cur, early).await;
     // After the ref moved (or failed to): gc may sweep again.
     remote.drop_lock(lock).await;
     r
 }
 
-/// The rest of [`commit`], under the writer's store lock.
+/// What a checkpoint needs of its parent snapshot: the snapshot, its whole
+/// stat object with the layers it merges, and its pack index.
+pub(super) struct Parent {
+    id: Hash,
+    snap: Snapshot,
+    stat: Option<(Hash, StatObject, Vec<(Hash, StatObject)>)>,
+    /// `None`: the parent has no index (a store from before packs-first).
+    index: Option<Arc<crate::pack::PackIndex>>,
+}
+
+/// Loads [`Parent`] for snapshot `id` (from the cache, where the resume or
+/// the last checkpoint left it; else the store).
+async fn load_parent(fetcher: &Arc<Fetcher>, id: Hash) -> Result<Parent> {
+    let snap = fetcher.snapshot(id).await?;
+    let stat = async {
+        match snap.stat {
+            Some(sid) => {
+                let parts = fetcher.stat_chain(sid, &snap.stat_layers).await?;
+                let (whole, parts) = tokio::task::spawn_blocking(move || {
+                    crate::fetch::merge_stat_chain(&parts).map(|whole| (whole, parts))
+                })
+                .await
+                .map_err(|e| Error::Io { context: "merging stat layers".into(), source: std::io::Error::other(e) })??;
+                Ok::<_, Error>(Some((sid, whole, parts)))
+            }
+            None => Ok(None),
+        }
+    };
+    let index = async { Ok::<_, Error>(fetcher.locate(snap.root).await?.ok().map(|(idx, _)| Arc::new(idx))) };
+    let (stat, index) = futures::try_join!(stat, index)?;
+    Ok(Parent { id, snap, stat, index })
+}
+
+/// The rest of [`commit`], under the writer's store lock. `early`: the
+/// parent as loaded during the walk, if it was guessed right.
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn commit_locked(
     fetcher: &Arc<Fetcher>,
@@ -66,6 +116,7 @@ pub(super) async fn commit_locked(
     walked: Result<(Staged, Walked)>,
     lease: Result<()>,
     cur: Result<Option<(RefValue, crate::store::RefVersion)>>,
+    early: Option<Parent>,
 ) -> Result<(CheckpointReport, Walked, Hash)> {
     let remote = &fetcher.remote;
     let cache = fetcher.cache.clone();
@@ -89,18 +140,14 @@ pub(super) async fn commit_locked(
         )));
     }
     let (staged, walked) = walked?;
-    let parent_snap = fetcher.snapshot(cur.snapshot).await?;
-    // The parent's whole stat object (from the cache, where the resume or
-    // the last checkpoint left its layers): what changed goes up as a layer.
-    // Its layers are kept too: the new layer may absorb the small ones.
-    let parent_stat = match parent_snap.stat {
-        Some(id) => {
-            let parts = fetcher.stat_chain(id, &parent_snap.stat_layers).await?;
-            let whole = crate::fetch::merge_stat_chain(&parts)?;
-            Some((id, whole, parts))
-        }
-        None => None,
+    // The parent's whole stat object (what changed goes up as a layer; its
+    // layers are kept too: the new layer may absorb the small ones) and
+    // its index (what the store has).
+    let parent = match early {
+        Some(p) if p.id == cur.snapshot => p,
+        _ => load_parent(fetcher, cur.snapshot).await?,
     };
+    let Parent { snap: parent_snap, stat: parent_stat, index: parent_index, .. } = parent;
     let mut report = CheckpointReport {
         workspace: st.name.clone(),
         parent: cur.snapshot.to_hex(),
@@ -138,7 +185,7 @@ pub(super) async fn commit_locked(
     // built (IndexCheck::Concurrent), not in a round trip of its own.
     let (base, indexed) = match parent_snap.root == walked.root {
         true => (None, true),
-        false => (fetcher.locate(parent_snap.root).await?.ok().map(|(idx, _)| Arc::new(idx)), false),
+        false => (parent_index, false),
     };
     let pack_opts = |base, primary, index_check| crate::publish::PackOptions {
         mode: crate::pack::Mode::Recursive,
