@@ -838,7 +838,7 @@ mod tests {
             assert_eq!(fast.index.dirs, full.index.dirs, "step {step}: the directory count");
             assert_eq!(whole.index.dirs, full.index.dirs, "step {step}");
             let at = fast.placed_at;
-            let lf = fast.index.layer_over_at(&parts, at, fast.partial.then(|| view.trees.len())).unwrap();
+            let lf = fast.index.layer_over_at(&parts, at, fast.partial.then_some(view.trees.len())).unwrap();
             let lw = whole.index.layer_over_at(&parts, at, None).unwrap();
             assert_eq!(lf, lw, "step {step}: the same layer");
             assert!(fast.index.trees.len() < whole.index.trees.len(), "step {step}: the fast walk read less");

@@ -71,12 +71,15 @@ pub(super) async fn commit(
     r
 }
 
+/// A stat object's id, its whole (merged) view, and its layers as stored.
+type StatChain = (Hash, StatObject, Vec<(Hash, StatObject)>);
+
 /// What a checkpoint needs of its parent snapshot: the snapshot, its whole
 /// stat object with the layers it merges, and its pack index.
 pub(super) struct Parent {
     id: Hash,
     snap: Snapshot,
-    stat: Option<(Hash, StatObject, Vec<(Hash, StatObject)>)>,
+    stat: Option<StatChain>,
     /// `None`: the parent has no index (a store from before packs-first).
     index: Option<Arc<crate::pack::PackIndex>>,
 }
