@@ -391,6 +391,77 @@ fn checkpoint_indexes_are_layers_and_cold_reads_keep_their_round_trips() {
     resume_cold(100);
 }
 
+/// The stat cache keeps each directory's tree, reused while every entry is
+/// as recorded and none came or went: each kind of change to a directory
+/// that is otherwise untouched must still reach the checkpoint (a resume
+/// elsewhere after each one is identical to the working copy).
+#[test]
+fn every_change_to_a_directory_reaches_the_checkpoint_despite_reused_trees() {
+    use std::os::unix::fs::PermissionsExt;
+    let m = Mado::local();
+    setup(&m);
+    let w = m.dir.path().join("w");
+    m.ok(&["ws", "create", "dirs", "--dir", w.to_str().unwrap()]);
+    let c = w.join("a/b/c");
+    std::fs::create_dir_all(&c).unwrap();
+    for f in ["x.txt", "z.txt", "w.txt", "v.txt", "t.txt"] {
+        std::fs::write(c.join(f), format!("{f}\n")).unwrap();
+    }
+    std::os::unix::fs::symlink("x.txt", c.join("l")).unwrap();
+    std::fs::write(w.join(".gitignore"), "*.log\n").unwrap();
+    std::fs::write(c.join("y.log"), "log\n").unwrap();
+    // Twice: the second checkpoint is the first with directory rows.
+    for _ in 0..2 {
+        m.json(&["ws", "checkpoint", "--dir", w.to_str().unwrap()]);
+    }
+    type Edit<'a> = (&'a str, Box<dyn Fn() + 'a>);
+    let edits: Vec<Edit> = vec![
+        // (Once tracked, it stays tracked, as in git.)
+        ("an ignored file no longer ignored", Box::new(|| std::fs::write(w.join(".gitignore"), "*.tmp\n").unwrap())),
+        ("a file removed", Box::new(|| std::fs::remove_file(c.join("x.txt")).unwrap())),
+        (
+            "a mode change",
+            Box::new(|| std::fs::set_permissions(c.join("z.txt"), std::fs::Permissions::from_mode(0o755)).unwrap()),
+        ),
+        (
+            "a file replaced by a directory",
+            Box::new(|| {
+                std::fs::remove_file(c.join("w.txt")).unwrap();
+                std::fs::create_dir(c.join("w.txt")).unwrap();
+                std::fs::write(c.join("w.txt/in"), "in\n").unwrap();
+            }),
+        ),
+        ("a rename", Box::new(|| std::fs::rename(c.join("v.txt"), c.join("v2.txt")).unwrap())),
+        (
+            "a symlink retargeted",
+            Box::new(|| {
+                std::fs::remove_file(c.join("l")).unwrap();
+                std::os::unix::fs::symlink("z.txt", c.join("l")).unwrap();
+            }),
+        ),
+        (
+            "new content under the old mtime",
+            Box::new(|| {
+                let old = std::fs::metadata(c.join("t.txt")).unwrap().modified().unwrap();
+                std::fs::write(c.join("t.txt"), "T.TXT\n").unwrap();
+                std::fs::File::options().write(true).open(c.join("t.txt")).unwrap().set_modified(old).unwrap();
+            }),
+        ),
+        ("a directory emptied", Box::new(|| std::fs::remove_file(c.join("w.txt/in")).unwrap())),
+    ];
+    for (i, (what, edit)) in edits.iter().enumerate() {
+        edit();
+        let cp = m.json(&["ws", "checkpoint", "--dir", w.to_str().unwrap()]);
+        assert_eq!(cp["unchanged"], false, "{what}: {cp}");
+        let r = m.dir.path().join(format!("r{i}"));
+        m.ok(&["ws", "resume", "dirs", r.to_str().unwrap(), "--read-only"]);
+        assert_same_state(&w, &r);
+        // Nothing left over: the next checkpoint finds nothing to do.
+        let again = m.json(&["ws", "checkpoint", "--dir", w.to_str().unwrap()]);
+        assert_eq!(again["unchanged"], true, "{what}: {again}");
+    }
+}
+
 /// A checkpoint's new layer absorbs the small layers above the import's and
 /// its pack folds in their packs' live members: members this machine never
 /// fetched (its cache wiped between checkpoints) are read through those

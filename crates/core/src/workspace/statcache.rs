@@ -19,12 +19,16 @@ use crate::codec::{put_bytes, put_varint, DecodeError, Reader};
 use crate::hash::Hash;
 
 const MAGIC: &[u8; 4] = b"MADC";
-const VERSION: u8 = 1;
+/// Version 2 added the snapshot the cache was written for and directory
+/// rows; version 1 files are read as they are (no directory rows).
+const VERSION: u8 = 2;
+const VERSION_1: u8 = 1;
 const FILE: &str = "statcache.bin";
 const LEGACY_FILE: &str = "statcache.json";
 
 const FLAG_CHUNKED: u8 = 1;
 const FLAG_GITLINK: u8 = 2;
+const FLAG_DIR: u8 = 4;
 
 /// One row: what a file looked like when its id was known.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -38,6 +42,11 @@ pub(super) struct StatRow {
     /// A gitlink, checked out as an empty directory: written back as the
     /// gitlink while the directory stays empty.
     pub(super) gitlink: bool,
+    /// A directory: `id` is its tree and `size` how many entries the tree
+    /// has. The tree is reused while every entry is as its row says and
+    /// their number is the same (no entry came or went), so an unchanged
+    /// directory is neither re-encoded nor hashed. Its times are unused.
+    pub(super) dir: bool,
 }
 
 #[derive(Default, Debug, PartialEq, Eq)]
@@ -47,6 +56,10 @@ pub(super) struct StatCache {
     pub(super) written_ns: i64,
     /// By path relative to the working copy (raw bytes, `/`-separated).
     pub(super) rows: BTreeMap<Vec<u8>, StatRow>,
+    /// The snapshot the rows were written for (its checkpoint or resume):
+    /// directory rows name trees of that snapshot, so they are used only
+    /// while it is the working copy's base. `None` in a version 1 file.
+    pub(super) head: Option<Hash>,
 }
 
 impl StatCache {
@@ -55,6 +68,13 @@ impl StatCache {
         out.extend_from_slice(MAGIC);
         out.push(VERSION);
         out.extend_from_slice(&self.written_ns.to_le_bytes());
+        match self.head {
+            None => out.push(0),
+            Some(h) => {
+                out.push(1);
+                out.extend_from_slice(&h.0);
+            }
+        }
         put_varint(&mut out, self.rows.len() as u64);
         let mut prev: &[u8] = &[];
         for (path, r) in &self.rows {
@@ -66,7 +86,11 @@ impl StatCache {
             out.extend_from_slice(&r.ctime_ns.to_le_bytes());
             put_varint(&mut out, r.ino);
             out.extend_from_slice(&r.id.0);
-            out.push(if r.chunked { FLAG_CHUNKED } else { 0 } | if r.gitlink { FLAG_GITLINK } else { 0 });
+            out.push(
+                if r.chunked { FLAG_CHUNKED } else { 0 }
+                    | if r.gitlink { FLAG_GITLINK } else { 0 }
+                    | if r.dir { FLAG_DIR } else { 0 },
+            );
             prev = path;
         }
         let sum = Hash::of(&out);
@@ -84,8 +108,21 @@ impl StatCache {
         }
         let mut r = Reader::new(body);
         r.magic(MAGIC)?;
-        r.version("stat cache", VERSION)?;
+        let version = r.u8()?;
+        if version != VERSION && version != VERSION_1 {
+            return Err(DecodeError::Version { format: "stat cache", version, supported: VERSION });
+        }
         let written_ns = r.i64_le()?;
+        let head = match version {
+            VERSION_1 => None,
+            _ => match r.u8()? {
+                0 => None,
+                1 => Some(r.hash()?),
+                f => return Err(DecodeError::Invalid(format!("bad head flag {f}"))),
+            },
+        };
+        let known =
+            if version == VERSION_1 { FLAG_CHUNKED | FLAG_GITLINK } else { FLAG_CHUNKED | FLAG_GITLINK | FLAG_DIR };
         // A row is at least 2 + 1 + 8 + 8 + 1 + 32 + 1 bytes.
         let n = r.count(53)?;
         let mut rows = BTreeMap::new();
@@ -106,7 +143,7 @@ impl StatCache {
             let ino = r.varint()?;
             let id = r.hash()?;
             let flags = r.u8()?;
-            if flags & !(FLAG_CHUNKED | FLAG_GITLINK) != 0 {
+            if flags & !known != 0 {
                 return Err(DecodeError::Invalid(format!("unknown flags {flags:#x}")));
             }
             let row = StatRow {
@@ -117,12 +154,13 @@ impl StatCache {
                 id,
                 chunked: flags & FLAG_CHUNKED != 0,
                 gitlink: flags & FLAG_GITLINK != 0,
+                dir: flags & FLAG_DIR != 0,
             };
             rows.insert(path.clone(), row);
             prev = path;
         }
         r.finish()?;
-        Ok(StatCache { written_ns, rows })
+        Ok(StatCache { written_ns, rows, head })
     }
 }
 
@@ -193,10 +231,11 @@ fn load_legacy(p: &Path) -> Option<StatCache> {
             id: r.id.parse().ok()?,
             chunked: r.chunked,
             gitlink: r.gitlink,
+            dir: false,
         };
         rows.insert(path, row);
     }
-    Some(StatCache { written_ns: clamp(l.written_ns), rows })
+    Some(StatCache { written_ns: clamp(l.written_ns), rows, head: None })
 }
 
 #[cfg(test)]
@@ -212,11 +251,13 @@ mod tests {
             id: Hash::of(&i.to_le_bytes()),
             chunked: i.is_multiple_of(3),
             gitlink: i.is_multiple_of(5),
+            dir: i.is_multiple_of(7),
         }
     }
 
     fn sample() -> StatCache {
-        let mut c = StatCache { written_ns: 1_700_000_000_123_456_789, rows: BTreeMap::new() };
+        let mut c =
+            StatCache { written_ns: 1_700_000_000_123_456_789, rows: BTreeMap::new(), head: Some(Hash::of(b"head")) };
         for (i, p) in
             [&b"a"[..], b"a/b", b"a/b/c.rs", b"a/bc", b"b\xff\xfe", b"z/y/x/w/v", b"z/y/x/w/v2"].iter().enumerate()
         {
@@ -232,6 +273,35 @@ mod tests {
         assert_eq!(StatCache::decode(&enc).unwrap(), c);
         let empty = StatCache::default();
         assert_eq!(StatCache::decode(&empty.encode()).unwrap(), empty);
+    }
+
+    /// A version 1 file (no head, no directory rows) still reads, with
+    /// its rows; a directory flag in one is refused.
+    #[test]
+    fn a_version_1_cache_reads_without_head_or_directory_rows() {
+        let mut c = sample();
+        c.head = None;
+        for r in c.rows.values_mut() {
+            r.dir = false;
+        }
+        let v2 = c.encode();
+        // Version 1: the same bytes without the head flag byte.
+        let mut v1 = v2[..v2.len() - 32].to_vec();
+        v1[4] = VERSION_1;
+        assert_eq!(v1[4 + 1 + 8], 0, "the head flag");
+        v1.remove(4 + 1 + 8);
+        let sum = Hash::of(&v1);
+        v1.extend_from_slice(&sum.0);
+        assert_eq!(StatCache::decode(&v1).unwrap(), c);
+        let mut d = c;
+        d.rows.values_mut().next().unwrap().dir = true;
+        let mut bad = d.encode()[..].to_vec();
+        bad.truncate(bad.len() - 32);
+        bad[4] = VERSION_1;
+        bad.remove(4 + 1 + 8);
+        let sum = Hash::of(&bad);
+        bad.extend_from_slice(&sum.0);
+        assert!(StatCache::decode(&bad).is_err(), "a directory row in version 1");
     }
 
     #[test]
@@ -269,6 +339,7 @@ mod tests {
             let mut b = MAGIC.to_vec();
             b.push(VERSION);
             b.extend_from_slice(&0i64.to_le_bytes());
+            b.push(0);
             put_varint(&mut b, n);
             b
         };
@@ -312,7 +383,7 @@ mod tests {
         assert_eq!(c.written_ns, 42);
         assert_eq!(
             c.rows[&b"src/a.rs"[..]],
-            StatRow { size: 3, mtime_ns: 7, ctime_ns: 8, ino: 9, id, chunked: false, gitlink: false }
+            StatRow { size: 3, mtime_ns: 7, ctime_ns: 8, ino: 9, id, chunked: false, gitlink: false, dir: false }
         );
         let odd = &c.rows[&b"\xffA"[..]];
         assert!(odd.chunked && odd.gitlink);

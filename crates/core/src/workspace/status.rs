@@ -29,9 +29,13 @@ pub async fn status(fetcher: &Arc<Fetcher>, dir: &Path, no_ignore: bool) -> Resu
     // The base's trees through its index (a local copy, once resumed).
     let _ = fetcher.attach(snap.root).await;
     let (cache, d) = (fetcher.cache.clone(), dir.to_path_buf());
-    let (_, walked) = tokio::task::spawn_blocking(move || working_copy::stage(&d, &cache, no_ignore))
-        .await
-        .map_err(|e| Error::Io { context: "walking the working copy".into(), source: std::io::Error::other(e) })??;
+    // Directory rows of the stat cache are the base's trees (while no
+    // checkpoint is pending): unchanged directories are not re-encoded.
+    let reuse = st.pending.is_none().then_some(base);
+    let (_, walked) =
+        tokio::task::spawn_blocking(move || working_copy::stage(&d, &cache, no_ignore, reuse)).await.map_err(
+            |e| Error::Io { context: "walking the working copy".into(), source: std::io::Error::other(e) },
+        )??;
     let mut out = Status {
         workspace: st.name.clone(),
         base: st.head.clone(),

@@ -97,6 +97,7 @@ fn row_of(m: &std::fs::Metadata, id: Hash, chunked: bool, gitlink: bool) -> Stat
         id,
         chunked,
         gitlink,
+        dir: false,
     }
 }
 
@@ -231,6 +232,8 @@ struct Stager<'a> {
     cache: &'a DiskCache,
     staged: &'a mut Staged,
     sc: &'a StatCache,
+    /// Directory rows of `sc` may be used (their trees are the base's).
+    reuse_dirs: bool,
     /// The next stat cache's rows (sorted once at the end).
     rows: Vec<(Vec<u8>, StatRow)>,
     listings: HashMap<Vec<u8>, Listing>,
@@ -243,6 +246,9 @@ impl Stager<'_> {
             return Err(Error::Internal(format!("the walk did not list {:?}", String::from_utf8_lossy(rel))));
         };
         let mut entries = Vec::with_capacity(listing.entries.len());
+        // Whether every entry is as the stat cache recorded it (then so is
+        // this directory's tree, if its entry count is too).
+        let mut as_recorded = self.reuse_dirs;
         for (name, m) in listing.entries {
             let r = if rel.is_empty() { name.clone() } else { [rel, b"/", &name].concat() };
             let p = || self.dir.join(std::ffi::OsStr::from_bytes(&r));
@@ -257,8 +263,11 @@ impl Stager<'_> {
                 Entry { name, kind: Kind::Gitlink, chunked: false, size: 0, id }
             } else if ft.is_dir() {
                 let id = self.dir_tree(&r)?;
+                as_recorded &= self.sc.rows.get(&r).is_some_and(|row| row.dir && row.id == id);
                 Entry { name, kind: Kind::Directory, chunked: false, size: 0, id }
             } else if ft.is_symlink() {
+                // No row: its target is read every time.
+                as_recorded = false;
                 let p = p();
                 let target = std::fs::read_link(&p).map_err(Error::io(format!("reading {}", p.display())))?;
                 let t = target.as_os_str().as_bytes();
@@ -274,7 +283,9 @@ impl Stager<'_> {
                         && row.ino == now.ino
                         && row.mtime_ns < self.sc.written_ns
                         && !row.gitlink
+                        && !row.dir
                 });
+                as_recorded &= cached.is_some();
                 let (id, chunked, size) = match cached {
                     Some(row) => {
                         self.w.files_unchanged += 1;
@@ -296,17 +307,32 @@ impl Stager<'_> {
             };
             entries.push(entry);
         }
-        let tree = Tree::normalized(entries).map_err(|e| Error::UnsafePath {
-            path: String::from_utf8_lossy(rel).into_owned(),
-            reason: e.to_string(),
-        })?;
-        self.staged.tree(self.cache, &tree)
+        let count = entries.len() as u64;
+        let recorded = self.sc.rows.get(rel).filter(|row| row.dir && row.size == count);
+        let id = match recorded.filter(|_| as_recorded) {
+            // Unchanged since the base: its tree is the base's.
+            Some(row) => row.id,
+            None => {
+                let tree = Tree::normalized(entries).map_err(|e| Error::UnsafePath {
+                    path: String::from_utf8_lossy(rel).into_owned(),
+                    reason: e.to_string(),
+                })?;
+                self.staged.tree(self.cache, &tree)?
+            }
+        };
+        let row =
+            StatRow { size: count, mtime_ns: 0, ctime_ns: 0, ino: 0, id, chunked: false, gitlink: false, dir: true };
+        self.rows.push((rel.to_vec(), row));
+        Ok(id)
     }
 }
 
 /// Walks the working copy at `dir` into the cache: its new tree (every
 /// changed file staged), its stat object and its next stat cache.
-pub(super) fn stage(dir: &Path, cache: &DiskCache, no_ignore: bool) -> Result<(Staged, Walked)> {
+/// `base`: the snapshot the working copy stands on, when the stat cache's
+/// directory rows may be trusted for it (see [`StatRow::dir`]); `None` to
+/// re-encode every directory.
+pub(super) fn stage(dir: &Path, cache: &DiskCache, no_ignore: bool, base: Option<Hash>) -> Result<(Staged, Walked)> {
     let mut staged = Staged::default();
     let sc = load_statcache(dir);
     let written_ns = ns(Ok(SystemTime::now()));
@@ -323,12 +349,15 @@ pub(super) fn stage(dir: &Path, cache: &DiskCache, no_ignore: bool) -> Result<(S
         ignored,
     };
     w.stat.entries.push((Vec::new(), root_meta.mtime(), root_meta.mtime_nsec() as u32));
-    let mut st = Stager { dir, cache, staged: &mut staged, sc: &sc, rows: Vec::new(), listings, w };
+    let reuse_dirs = base.is_some() && sc.head == base;
+    let mut st = Stager { dir, cache, staged: &mut staged, sc: &sc, reuse_dirs, rows: Vec::new(), listings, w };
     // Building trees recurses once per level.
     st.w.root = crate::fsutil::on_deep_stack(|| st.dir_tree(&[]))?;
     let mut w = st.w;
     w.stat.entries.sort_unstable();
-    w.statcache = Some(StatCache { written_ns, rows: st.rows.into_iter().collect() });
+    // The head is set once the checkpoint names the snapshot these trees
+    // are in.
+    w.statcache = Some(StatCache { written_ns, rows: st.rows.into_iter().collect(), head: None });
     Ok((staged, w))
 }
 
@@ -341,14 +370,23 @@ pub async fn checkpoint(
 ) -> Result<CheckpointReport> {
     let mut st = load_state(dir)?;
     let dir2 = dir.to_path_buf();
-    let stage = move |cache: Arc<DiskCache>| stage(&dir2, &cache, lease.no_ignore);
-    let (report, walked, _) = commit(fetcher, &st, &state_dir(dir), message, lease, stage).await?;
+    // Directory rows name trees of the snapshot the cache was written for:
+    // trusted only when that is the base this checkpoint goes on (not
+    // after a checkpoint that may have moved the ref without saying so,
+    // nor when forcing over a ref that moved).
+    let base = match (&st.pending, lease.force) {
+        (None, false) => st.head.parse().ok(),
+        _ => None,
+    };
+    let stage = move |cache: Arc<DiskCache>| stage(&dir2, &cache, lease.no_ignore, base);
+    let (report, mut walked, _) = commit(fetcher, &st, &state_dir(dir), message, lease, stage).await?;
     if !report.unchanged || st.pending.is_some() {
         st.head = report.snapshot.clone();
         st.pending = None;
         save_state(dir, &st)?;
     }
-    if let Some(sc) = &walked.statcache {
+    if let Some(sc) = &mut walked.statcache {
+        sc.head = report.snapshot.parse().ok();
         save_statcache(dir, sc);
     }
     Ok(report)
@@ -460,7 +498,7 @@ pub(super) async fn materialize_into(
     let dir2 = dir.to_path_buf();
     let written = co.written;
     tokio::task::spawn_blocking(move || {
-        let mut sc = StatCache { written_ns: ns(Ok(SystemTime::now())), rows: BTreeMap::new() };
+        let mut sc = StatCache { written_ns: ns(Ok(SystemTime::now())), rows: BTreeMap::new(), head: Some(snapshot) };
         for (rel, e) in written {
             let p = dir2.join(std::ffi::OsStr::from_bytes(&rel));
             if let Ok(m) = std::fs::symlink_metadata(&p) {
