@@ -122,11 +122,15 @@ impl Counters {
     fn start_traced(self: &Arc<Self>, kind: &str, location: &Path) -> InFlight {
         let f = self.start();
         if *TRACE {
-            eprintln!("[store] round trip {:>3}: {kind} {location}", f.depth);
+            let ms = TRACE_START.elapsed().as_millis();
+            eprintln!("[store] round trip {:>3}: {kind} {location} (+{ms} ms)", f.depth);
         }
         f
     }
 }
+
+/// When the first traced request started (the trace's times count from it).
+static TRACE_START: std::sync::LazyLock<std::time::Instant> = std::sync::LazyLock::new(std::time::Instant::now);
 
 static TRACE: std::sync::LazyLock<bool> =
     std::sync::LazyLock::new(|| std::env::var("MADO_TRACE_REQUESTS").as_deref() == Ok("1"));
