@@ -32,6 +32,9 @@ pub struct PackOptions {
     /// Build on top of this index (a checkpoint's parent): only new
     /// members are packed and uploaded.
     pub base: Option<std::sync::Arc<crate::pack::PackIndex>>,
+    /// The base's layers as stored (its top first), when the caller has
+    /// them already; else they are read from the local copies its load left.
+    pub layers: Option<std::sync::Arc<Vec<crate::pack::PackIndex>>>,
     /// Packs are how this content goes up (not a cache of objects stored
     /// alone): new packs are PUT without a HEAD (they hold only new
     /// members), and objects too large for any pack go up alone.
@@ -133,11 +136,13 @@ async fn build_and_publish(
     // keeps only the trees of its own root: a reader of an older snapshot
     // attaches that snapshot's index (a reopened mount attaches the one
     // its saved state was rebased on: workspace::mounted).
-    let parts: Option<Vec<crate::pack::PackIndex>> = match &opts.base {
-        Some(b) if !b.base.is_empty() => crate::fetch::index_layers(remote, cache, &b.layers()).await?,
+    let parts: Option<Arc<Vec<crate::pack::PackIndex>>> = match (&opts.base, &opts.layers) {
+        (Some(b), _) if b.base.is_empty() => None,
+        (Some(b), Some(l)) if l.iter().map(|x| x.tree).eq(b.layers()) => Some(l.clone()),
+        (Some(b), _) => crate::fetch::index_layers(remote, cache, &b.layers()).await?.map(Arc::new),
         _ => None,
     };
-    let absorb = parts.as_deref().map(crate::pack::Absorb::of);
+    let absorb = parts.as_deref().map(|p| crate::pack::Absorb::of(p));
     let (tx, mut rx) = tokio::sync::mpsc::channel::<(Hash, Vec<u8>)>(2);
     let c = cache.clone();
     let base = opts.base.clone();

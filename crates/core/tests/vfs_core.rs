@@ -49,6 +49,7 @@ async fn snapshot_fs_answers_like_the_files() {
         cap: mado_core::pack::DEFAULT_MAX_PACK_BYTES,
         index_check: mado_core::publish::IndexCheck::KnownAbsent,
         base: None,
+        layers: None,
         primary: true,
     };
     let rep = mado_core::import::import_git(

@@ -51,6 +51,7 @@ pub async fn run(a: ImportGitArgs, ctx: &Ctx) -> Result<()> {
             cap: a.max_pack_bytes,
             index_check: mado_core::publish::IndexCheck::KnownAbsent,
             base: None,
+            layers: None,
             primary: true,
         }),
         Arc::new(move |files, bytes| {

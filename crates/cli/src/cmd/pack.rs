@@ -47,6 +47,7 @@ pub async fn run(a: PackArgs, ctx: &Ctx) -> Result<()> {
         cap: a.max_pack_bytes,
         index_check: mado_core::publish::IndexCheck::Compare,
         base: None,
+        layers: None,
         primary: false,
     };
     let report = mado_core::publish::publish_packs(&remote, &cache, snap.root, opts, Some(fetcher.clone())).await?;

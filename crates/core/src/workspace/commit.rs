@@ -82,6 +82,9 @@ pub(super) struct Parent {
     stat: Option<StatChain>,
     /// `None`: the parent has no index (a store from before packs-first).
     index: Option<Arc<crate::pack::PackIndex>>,
+    /// That index's layers as stored, when it has more than one (the new
+    /// layer may absorb the small ones at the top).
+    layers: Option<Arc<Vec<crate::pack::PackIndex>>>,
 }
 
 /// Loads [`Parent`] for snapshot `id` (from the cache, where the resume or
@@ -102,9 +105,19 @@ async fn load_parent(fetcher: &Arc<Fetcher>, id: Hash) -> Result<Parent> {
             None => Ok(None),
         }
     };
-    let index = async { Ok::<_, Error>(fetcher.locate(snap.root).await?.ok().map(|(idx, _)| Arc::new(idx))) };
-    let (stat, index) = futures::try_join!(stat, index)?;
-    Ok(Parent { id, snap, stat, index })
+    let index = async {
+        let Some(view) = fetcher.locate(snap.root).await?.ok().map(|(idx, _)| Arc::new(idx)) else {
+            return Ok::<_, Error>((None, None));
+        };
+        // From the local copies the load just left.
+        let layers = match view.base.is_empty() {
+            true => None,
+            false => crate::fetch::index_layers(&fetcher.remote, &fetcher.cache, &view.layers()).await?.map(Arc::new),
+        };
+        Ok((Some(view), layers))
+    };
+    let (stat, (index, layers)) = futures::try_join!(stat, index)?;
+    Ok(Parent { id, snap, stat, index, layers })
 }
 
 /// The rest of [`commit`], under the writer's store lock. `early`: the
@@ -150,7 +163,7 @@ pub(super) async fn commit_locked(
         Some(p) if p.id == cur.snapshot => p,
         _ => load_parent(fetcher, cur.snapshot).await?,
     };
-    let Parent { snap: parent_snap, stat: parent_stat, index: parent_index, .. } = parent;
+    let Parent { snap: parent_snap, stat: parent_stat, index: parent_index, layers: parent_layers, .. } = parent;
     let mut report = CheckpointReport {
         workspace: st.name.clone(),
         parent: cur.snapshot.to_hex(),
@@ -195,6 +208,7 @@ pub(super) async fn commit_locked(
         cap: crate::pack::DEFAULT_MAX_PACK_BYTES,
         index_check,
         base,
+        layers: parent_layers.clone(),
         primary,
     };
     // The snapshot goes up alongside the content: nothing reaches it
