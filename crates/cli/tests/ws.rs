@@ -524,13 +524,14 @@ fn a_checkpoint_waits_on_three_round_trips_after_its_walk_minio() {
         let trace = String::from_utf8_lossy(&o.stderr);
         assert!(o.status.success(), "{trace}");
         let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-        // "[store] round trip   N: KIND key"
+        // "[store] round trip   N: KIND key (+T ms)"
         let reqs: Vec<(u64, &str)> = trace
             .lines()
             .filter_map(|l| {
                 let rest = l.strip_prefix("[store] round trip")?;
                 let (d, what) = rest.split_once(':')?;
-                Some((d.trim().parse().ok()?, what.trim()))
+                let what = what.trim();
+                Some((d.trim().parse().ok()?, what.rsplit_once(" (+").map_or(what, |(w, _)| w)))
             })
             .collect();
         let depth =

@@ -10,9 +10,21 @@ pub(super) fn author() -> String {
     format!("{user}@{host}")
 }
 
+/// The writer's store lock, being given up once the ref moved: its DELETE
+/// is in flight while the caller records the checkpoint locally (a round
+/// trip that no longer waits on that work, or the other way round).
+#[must_use = "await the unlock before returning, or gc waits for the lock to expire"]
+pub(super) struct Unlock(tokio::task::JoinHandle<()>);
+
+impl Unlock {
+    pub(super) async fn done(self) {
+        let _ = self.0.await;
+    }
+}
+
 /// The shared part of a checkpoint: `stage` (on a blocking thread) while
 /// the lease and the ref are read, then objects, packs, snapshot and,
-/// last, the ref.
+/// last, the ref. The store lock is released by the returned [`Unlock`].
 pub(super) async fn commit(
     fetcher: &Arc<Fetcher>,
     st: &LocalState,
@@ -20,7 +32,7 @@ pub(super) async fn commit(
     message: &str,
     opts: CheckpointLease,
     stage: impl FnOnce(Arc<DiskCache>) -> Result<(Staged, Walked)> + Send + 'static,
-) -> Result<(CheckpointReport, Walked, Hash)> {
+) -> Result<(CheckpointReport, Walked, Hash, Unlock)> {
     let remote = &fetcher.remote;
     let refname = ws_ref(&st.name)?;
     if st.read_only {
@@ -67,8 +79,15 @@ pub(super) async fn commit(
     let lock = lock?;
     let r = commit_locked(fetcher, st, state_at, message, opts, walked, lease, cur, early).await;
     // After the ref moved (or failed to): gc may sweep again.
-    remote.drop_lock(lock).await;
-    r
+    let remote = remote.clone();
+    let unlock = Unlock(tokio::spawn(async move { remote.drop_lock(lock).await }));
+    match r {
+        Ok((report, walked, stat_id)) => Ok((report, walked, stat_id, unlock)),
+        Err(e) => {
+            unlock.done().await;
+            Err(e)
+        }
+    }
 }
 
 /// A stat object's id, its whole (merged) view, and its layers as stored.

@@ -42,19 +42,24 @@ pub async fn checkpoint_mount(
         };
         Ok((staged, w))
     };
-    let (report, walked, stat_id) = commit(fetcher, &st, state_dir, message, lease, stage).await?;
-    if !report.unchanged || st.pending.is_some() {
-        // The rebased overlay is saved before the record names the new
-        // head: killed in between, the record still says `pending`, and a
-        // reopen attaches both snapshots' indexes.
-        fs.rebase(walked.root, stat_id, &walked.stat);
-        save_mount_state(fs, state_dir)?;
-        st.head = report.snapshot.clone();
-        st.pending = None;
-        save_state_at(state_dir, &st)?;
-    } else {
-        save_mount_state(fs, state_dir)?;
-    }
+    let (report, walked, stat_id, unlock) = commit(fetcher, &st, state_dir, message, lease, stage).await?;
+    let saved = (|| {
+        if !report.unchanged || st.pending.is_some() {
+            // The rebased overlay is saved before the record names the new
+            // head: killed in between, the record still says `pending`, and
+            // a reopen attaches both snapshots' indexes.
+            fs.rebase(walked.root, stat_id, &walked.stat);
+            save_mount_state(fs, state_dir)?;
+            st.head = report.snapshot.clone();
+            st.pending = None;
+            save_state_at(state_dir, &st)?;
+        } else {
+            save_mount_state(fs, state_dir)?;
+        }
+        Ok::<_, Error>(())
+    })();
+    unlock.done().await;
+    saved?;
     Ok(report)
 }
 

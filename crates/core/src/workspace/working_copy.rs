@@ -379,16 +379,21 @@ pub async fn checkpoint(
         _ => None,
     };
     let stage = move |cache: Arc<DiskCache>| stage(&dir2, &cache, lease.no_ignore, base);
-    let (report, mut walked, _) = commit(fetcher, &st, &state_dir(dir), message, lease, stage).await?;
-    if !report.unchanged || st.pending.is_some() {
-        st.head = report.snapshot.clone();
-        st.pending = None;
-        save_state(dir, &st)?;
-    }
-    if let Some(sc) = &mut walked.statcache {
-        sc.head = report.snapshot.parse().ok();
-        save_statcache(dir, sc);
-    }
+    let (report, mut walked, _, unlock) = commit(fetcher, &st, &state_dir(dir), message, lease, stage).await?;
+    let saved = (|| {
+        if !report.unchanged || st.pending.is_some() {
+            st.head = report.snapshot.clone();
+            st.pending = None;
+            save_state(dir, &st)?;
+        }
+        if let Some(sc) = &mut walked.statcache {
+            sc.head = report.snapshot.parse().ok();
+            save_statcache(dir, sc);
+        }
+        Ok::<_, Error>(())
+    })();
+    unlock.done().await;
+    saved?;
     Ok(report)
 }
 
