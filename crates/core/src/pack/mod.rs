@@ -759,6 +759,19 @@ mod tests {
         assert_eq!(d.index.tree, root2);
     }
 
+    /// What a delta build may absorb: each layer's size (trees and packs),
+    /// the packs each brought, and the bottom layer's trees.
+    #[test]
+    fn absorb_lists_each_layers_size_packs_and_the_bottom_trees() {
+        let top = index_with(3, &[12, 13], &[b"t4"], &[2, 1]);
+        let mid = index_with(2, &[11], &[b"t3", b"t5", b"t6"], &[1]);
+        let bottom = index_with(1, &[10], &[b"t1", b"t2"], &[]);
+        let a = build::Absorb::of(&[top, mid, bottom]);
+        assert_eq!(a.sizes, vec![3, 4, 3]);
+        assert_eq!(a.packs, vec![vec![Hash([12; 32]), Hash([13; 32])], vec![Hash([11; 32])], vec![Hash([10; 32])]]);
+        assert_eq!(a.bottom_trees, [Hash::of(b"t1"), Hash::of(b"t2")].into_iter().collect());
+    }
+
     /// A delta build over a layered base walks only what changed and what
     /// lies above the bottom layer; it must produce what the whole walk
     /// does: the same packs, placement, layer, and directory count. Edits:
