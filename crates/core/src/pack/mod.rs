@@ -787,11 +787,26 @@ mod tests {
         let p1_bottom = top0.iter().find(|e| e.name == b"p1").unwrap().clone();
         let mut parts = vec![bottom.index.clone()];
         let mut top = top0.clone();
-        for step in 0..12usize {
+        // The last step changes nearly every directory: the layer would not
+        // be small, so the whole walk runs.
+        for step in 0..13usize {
+            let big = step == 12;
             // Edit `top`.
             let pi = step % 4;
             let name = format!("p{pi}");
             match step % 6 {
+                _ if big => {
+                    // New directories for 3/5 of the view's trees: a layer
+                    // over half the view's size is written whole.
+                    let n = parts.iter().map(|l| l.trees.len()).sum::<usize>() * 3 / 5;
+                    let many = (0..n)
+                        .map(|i| {
+                            let f = m.file("big.txt", format!("big {i}").into_bytes());
+                            m.dir(&format!("b{i:04}"), vec![f])
+                        })
+                        .collect();
+                    top.push(m.dir("big", many));
+                }
                 0 | 3 => {
                     let i = top
                         .iter()
@@ -846,17 +861,25 @@ mod tests {
             whole_absorb.bottom_trees.clear();
             let (fast, fast_packs) = run(&fast_absorb);
             let (whole, whole_packs) = run(&whole_absorb);
-            assert!(fast.partial, "step {step}: a small change walks partially");
+            assert_eq!(fast.partial, !big, "step {step}: a small change walks partially, a big one whole");
             assert!(!whole.partial);
             assert_eq!(fast_packs, whole_packs, "step {step}: the same new packs");
             assert_eq!(fast.placed_at, whole.placed_at, "step {step}");
             let (full, _) = build_all(&m, new_root, Mode::Recursive, DEFAULT_MAX_PACK_BYTES);
+            // Placed by the trees the view lacks.
+            let in_view: HashSet<Hash> = view.trees.iter().map(|t| t.0).collect();
+            let new_trees = full.index.trees.iter().filter(|t| !in_view.contains(&t.0)).count() + 1;
+            let want = crate::object::compaction_point(&fast_absorb.sizes, new_trees, MAX_INDEX_LAYERS);
+            assert_eq!(fast.placed_at, want, "step {step}: the placement");
             assert_eq!(fast.index.dirs, full.index.dirs, "step {step}: the directory count");
             assert_eq!(whole.index.dirs, full.index.dirs, "step {step}");
             let at = fast.placed_at;
             let lf = fast.index.layer_over_at(&parts, at, fast.partial.then_some(view.trees.len())).unwrap();
             let lw = whole.index.layer_over_at(&parts, at, None).unwrap();
             assert_eq!(lf, lw, "step {step}: the same layer");
+            if big {
+                break;
+            }
             assert!(fast.index.trees.len() < whole.index.trees.len(), "step {step}: the fast walk read less");
             assert!(!lf.base.is_empty(), "step {step}: a layer");
             parts = std::iter::once(lf).chain(parts[at..].iter().cloned()).collect();
