@@ -142,7 +142,15 @@ async fn build_and_publish(
         (Some(b), _) => crate::fetch::index_layers(remote, cache, &b.layers()).await?.map(Arc::new),
         _ => None,
     };
-    let absorb = parts.as_deref().map(|p| crate::pack::Absorb::of(p));
+    // The chain as stored: those layers, or a whole base alone (nothing to
+    // absorb then, but the delta build still walks only what changed).
+    let whole_base = opts.base.clone().filter(|b| b.base.is_empty());
+    let chain: Option<&[crate::pack::PackIndex]> = match (&parts, &whole_base) {
+        (Some(p), _) => Some(&p[..]),
+        (None, Some(b)) => Some(std::slice::from_ref(&**b)),
+        _ => None,
+    };
+    let absorb = chain.map(crate::pack::Absorb::of);
     let (tx, mut rx) = tokio::sync::mpsc::channel::<(Hash, Vec<u8>)>(2);
     let c = cache.clone();
     let base = opts.base.clone();
@@ -302,8 +310,8 @@ async fn build_and_publish(
             // Without every layer at hand, a full chain is compacted into one
             // layer over the bottom (whole) index.
             let layers = base.layers();
-            let placed = match &parts {
-                Some(parts) => idx.layer_over_at(parts, built.placed_at, built.partial.then(|| base.trees.len())).ok(),
+            let placed = match chain {
+                Some(chain) => idx.layer_over_at(chain, built.placed_at, built.partial.then(|| base.trees.len())).ok(),
                 None => None,
             };
             let layer = match placed {
@@ -329,8 +337,8 @@ async fn build_and_publish(
             if built.partial {
                 // The view a reader sees (an import builds its next commit
                 // on it); a checkpoint needs only the layer's chain.
-                idx = match (&parts, staged.is_some()) {
-                    (Some(parts), true) => layer.merge(parts[built.placed_at..].to_vec()).map_err(Error::Internal)?,
+                idx = match (chain, staged.is_some()) {
+                    (Some(chain), true) => layer.merge(chain[built.placed_at..].to_vec()).map_err(Error::Internal)?,
                     _ => layer,
                 };
             }
