@@ -757,6 +757,20 @@ mod tests {
         assert!(emitted[0].1 < 200, "only the new member: {} bytes", emitted[0].1);
         assert_eq!(d.index.packs[0], base.index.packs[0]);
         assert_eq!(d.index.tree, root2);
+        // New members past the cap start new packs, in walk order, each
+        // member in one pack, no pack empty.
+        let t = Tree::decode(&m.0[&root2]).unwrap();
+        let mut entries = t.entries.clone();
+        for i in 0..5 {
+            entries.push(m.file(&format!("new{i}"), format!("new file {i} ").repeat(10).into_bytes()));
+        }
+        let root3 = m.dir("", entries).id;
+        let src = |id: &Hash| m.0.get(id).cloned().ok_or_else(|| Error::NotFound(id.to_hex()));
+        let d = build_delta(root3, 250, &base.index, None, &src, &mut |_, _| Ok(())).unwrap();
+        let fresh: Vec<&PackEntry> = d.index.packs.iter().filter(|p| *p != &base.index.packs[0]).collect();
+        let sizes: Vec<usize> = fresh.iter().map(|p| p.members.len()).collect();
+        // README (7 bytes), then five of 120 bytes, while they fit in 250.
+        assert_eq!(sizes, vec![3, 2, 1], "{sizes:?}");
     }
 
     /// What a delta build may absorb: each layer's size (trees and packs),
