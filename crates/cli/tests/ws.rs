@@ -460,6 +460,31 @@ fn every_change_to_a_directory_reaches_the_checkpoint_despite_reused_trees() {
         let again = m.json(&["ws", "checkpoint", "--dir", w.to_str().unwrap()]);
         assert_eq!(again["unchanged"], true, "{what}: {again}");
     }
+    // Files whose times moved but not their content are read again, and
+    // not written to the cache again (the base has them).
+    std::fs::remove_dir_all(m.cache_dir()).unwrap();
+    let later = std::time::SystemTime::now() + std::time::Duration::from_secs(5);
+    let touched = ["z.txt", "v2.txt", "t.txt", "y.log"];
+    for f in touched {
+        std::fs::File::options().write(true).open(c.join(f)).unwrap().set_modified(later).unwrap();
+    }
+    let cp = m.json(&["ws", "checkpoint", "--dir", w.to_str().unwrap()]);
+    assert_eq!(cp["files_read"], 4, "{cp}");
+    fn names(d: &std::path::Path, out: &mut Vec<String>) {
+        for e in std::fs::read_dir(d).into_iter().flatten().flatten() {
+            if e.path().is_dir() {
+                names(&e.path(), out);
+            } else {
+                out.push(e.file_name().to_string_lossy().into_owned());
+            }
+        }
+    }
+    let mut cached = Vec::new();
+    names(&m.cache_dir(), &mut cached);
+    for f in touched {
+        let id = mado_core::Hash::of(&std::fs::read(c.join(f)).unwrap()).to_hex();
+        assert!(!cached.iter().any(|n| n.contains(&id)), "{f} was written to the cache again");
+    }
 }
 
 /// A checkpoint's new layer absorbs the small layers above the import's and

@@ -102,11 +102,17 @@ impl Staged {
     /// Stores a file's content in the cache (split if large); returns its
     /// id and whether it is chunked.
     pub fn content(&mut self, cache: &DiskCache, data: &[u8]) -> Result<(Hash, bool)> {
+        self.content_was(cache, data, None)
+    }
+
+    /// [`Staged::content`], but a whole blob that hashes to `known` is not
+    /// written: the caller knows the store has it.
+    fn content_was(&mut self, cache: &DiskCache, data: &[u8], known: Option<Hash>) -> Result<(Hash, bool)> {
         self.files += 1;
         self.bytes += data.len() as u64;
         match split(data) {
             Split::Whole { id } => {
-                if !self.keep_blob(&id, data) {
+                if Some(id) != known && !self.keep_blob(&id, data) {
                     cache.put(&id, data)?;
                 }
                 Ok((id, false))
@@ -132,9 +138,19 @@ impl Staged {
         reader: impl std::io::Read,
         what: &str,
     ) -> Result<(Hash, bool, u64)> {
+        self.content_from_was(cache, reader, what, None)
+    }
+
+    fn content_from_was(
+        &mut self,
+        cache: &DiskCache,
+        reader: impl std::io::Read,
+        what: &str,
+        known: Option<Hash>,
+    ) -> Result<(Hash, bool, u64)> {
         match split_stream(reader, what, |id, piece| cache.put(id, piece))? {
             Streamed::Whole { data } => {
-                let (id, chunked) = self.content(cache, &data)?;
+                let (id, chunked) = self.content_was(cache, &data, known)?;
                 Ok((id, chunked, data.len() as u64))
             }
             Streamed::Chunked { encoded, id, chunks, size } => {
@@ -149,8 +165,22 @@ impl Staged {
 
     /// Stores the file at `path` (streamed, see [`Staged::content_from`]).
     pub fn file(&mut self, cache: &DiskCache, path: &std::path::Path) -> Result<(Hash, bool, u64)> {
+        self.file_was(cache, path, None)
+    }
+
+    /// [`Staged::file`] for a file that was `known` in the snapshot the
+    /// working copy stands on (its stat moved, maybe only its times): when
+    /// it still hashes to that id, the store has it, and it is not written
+    /// to the cache again (a `touch` of a thousand files would otherwise
+    /// write a thousand cache entries).
+    pub fn file_was(
+        &mut self,
+        cache: &DiskCache,
+        path: &std::path::Path,
+        known: Option<Hash>,
+    ) -> Result<(Hash, bool, u64)> {
         let f = crate::fsutil::open_regular(path).map_err(Error::io(format!("reading {}", path.display())))?;
-        self.content_from(cache, f, &path.display().to_string())
+        self.content_from_was(cache, f, &path.display().to_string(), known)
     }
 
     /// Stores a tree in the cache (in memory only, in in-memory mode) and

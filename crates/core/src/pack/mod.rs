@@ -838,8 +838,13 @@ mod tests {
                 1 => {
                     let f = m.file("n.txt", format!("new {step}").into_bytes());
                     // A submodule's commit: no member, in neither walk.
-                    let sub =
-                        Entry { name: b"sub".to_vec(), kind: Kind::Gitlink, chunked: false, size: 0, id: Hash([9; 32]) };
+                    let sub = Entry {
+                        name: b"sub".to_vec(),
+                        kind: Kind::Gitlink,
+                        chunked: false,
+                        size: 0,
+                        id: Hash([9; 32]),
+                    };
                     let inner = m.dir("inner", vec![f, sub]);
                     top.push(m.dir(&format!("new{step}"), vec![inner]));
                 }

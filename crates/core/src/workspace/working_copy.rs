@@ -293,7 +293,14 @@ impl Stager<'_> {
                     }
                     None => {
                         self.w.files_read += 1;
-                        self.staged.file(self.cache, &p())?
+                        // Its id in the base, when the base is the cache's.
+                        let was = self
+                            .sc
+                            .rows
+                            .get(&r)
+                            .filter(|row| self.reuse_dirs && !row.dir && !row.gitlink && !row.chunked)
+                            .map(|row| row.id);
+                        self.staged.file_was(self.cache, &p(), was)?
                     }
                 };
                 // The size is what was read (a file written to meanwhile is
