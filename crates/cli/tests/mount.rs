@@ -184,7 +184,14 @@ fn concurrent_readers_of_a_cold_pack_never_see_eio() {
             }
         });
         assert_eq!(errors.into_inner(), 0, "round {round}: reads failed");
-        assert_eq!(mnt.gets() - before, 1, "one ranged GET for all readers: {}", mnt.stats());
+        // One flight for all readers: one ranged GET, or two when the
+        // reader that started it wanted a member 4 MiB or more into the
+        // pack (a split fetch, fetch/packs.rs; whichever thread reaches the
+        // daemon first decides, so either happens; a clean-clone CI run saw
+        // the second).
+        let st = mnt.stats();
+        let gets = mnt.gets() - before;
+        assert!((1..=2).contains(&gets), "one flight for all readers, not a GET each: {gets} GETs; {st}");
         // The daemon must be gone before the next round wipes the cache it
         // may still be writing into.
         let pid = mnt.stats()["pid"].as_u64().unwrap();
