@@ -139,7 +139,10 @@ async fn build_and_publish(
     let parts: Option<Arc<Vec<crate::pack::PackIndex>>> = match (&opts.base, &opts.layers) {
         (Some(b), _) if b.base.is_empty() => None,
         (Some(b), Some(l)) if l.iter().map(|x| x.tree).eq(b.layers()) => Some(l.clone()),
-        (Some(b), _) => crate::fetch::index_layers(remote, cache, &b.layers()).await?.map(Arc::new),
+        (Some(b), _) => {
+            let got = crate::fetch::load_index_layers(remote, cache, b.tree, &b.base).await?;
+            got.ok().map(|(layers, _)| Arc::new(layers)).filter(|l| l.iter().map(|x| x.tree).eq(b.layers()))
+        }
         _ => None,
     };
     // The chain as stored: those layers, or a whole base alone (nothing to

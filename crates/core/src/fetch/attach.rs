@@ -130,11 +130,28 @@ type Located = std::result::Result<(PackIndex, Discovery), Attach>;
 
 /// Tree `tree`'s pack index as a reader sees it: the local pointer, else
 /// the derived pointer in the store; a layered index is merged with every
-/// layer below it. The layers `hint` names (the ref carries them) are
-/// fetched in the same round trip as the top; a layer the top names that
-/// the hint did not costs one more. A missing or wrong layer is a reason
-/// not to attach (reads then go object by object), never a wrong answer.
+/// layer below it ([`load_index_layers`]). A missing or wrong layer is a
+/// reason not to attach (reads then go object by object), never a wrong
+/// answer.
 pub async fn load_index(remote: &Remote, cache: &DiskCache, tree: Hash, hint: &[Hash]) -> Result<Located> {
+    Ok(load_index_layers(remote, cache, tree, hint).await?.and_then(|(mut layers, via)| {
+        let lower = layers.split_off(1);
+        let top = layers.pop().expect("the top layer");
+        top.merge(lower).map(|idx| (idx, via)).map_err(|detail| Attach::Undecodable { detail })
+    }))
+}
+
+/// Tree `tree`'s index layers as stored, not merged: the top first, then
+/// every layer it names (one for a whole index); each from its local copy,
+/// else the store. The layers `hint` names (the ref carries them) are
+/// fetched in the same round trip as the top; a layer the top names that
+/// the hint did not costs one more.
+pub async fn load_index_layers(
+    remote: &Remote,
+    cache: &DiskCache,
+    tree: Hash,
+    hint: &[Hash],
+) -> Result<std::result::Result<(Vec<PackIndex>, Discovery), Attach>> {
     let mut want = vec![tree];
     want.extend(hint.iter().copied().filter(|h| *h != tree).take(crate::pack::MAX_INDEX_LAYERS * 4));
     let mut got: HashMap<Hash, Located> = HashMap::new();
@@ -146,7 +163,7 @@ pub async fn load_index(remote: &Remote, cache: &DiskCache, tree: Hash, hint: &[
         Err(reason) => return Ok(Err(reason)),
     };
     if top.base.is_empty() {
-        return Ok(Ok((top, via)));
+        return Ok(Ok((vec![top], via)));
     }
     let missing: Vec<Hash> = top.base.iter().copied().filter(|b| !got.contains_key(b)).collect();
     for (t, r) in
@@ -154,10 +171,10 @@ pub async fn load_index(remote: &Remote, cache: &DiskCache, tree: Hash, hint: &[
     {
         got.insert(*t, r?);
     }
-    let mut lower = Vec::with_capacity(top.base.len());
+    let mut layers = Vec::with_capacity(1 + top.base.len());
     for b in &top.base {
         match got.remove(b) {
-            Some(Ok((l, _))) => lower.push(l),
+            Some(Ok((l, _))) => layers.push(l),
             Some(Err(reason)) => {
                 let detail = format!("index layer {} below {}: {}", b.short(), tree.short(), reason.describe());
                 return Ok(Err(Attach::Undecodable { detail }));
@@ -165,22 +182,8 @@ pub async fn load_index(remote: &Remote, cache: &DiskCache, tree: Hash, hint: &[
             None => unreachable!("every layer below was asked for"),
         }
     }
-    Ok(top.merge(lower).map(|idx| (idx, via)).map_err(|detail| Attach::Undecodable { detail }))
-}
-
-/// Each layer of the chain `chain` (a view's [`PackIndex::layers`]) as
-/// stored, not merged: from the local copies a load just left, else the
-/// store. `None` when one is missing or not the layer named.
-pub async fn index_layers(remote: &Remote, cache: &DiskCache, chain: &[Hash]) -> Result<Option<Vec<PackIndex>>> {
-    let got = futures::future::join_all(chain.iter().map(|t| one_layer(remote, cache, *t))).await;
-    let mut out = Vec::with_capacity(chain.len());
-    for r in got {
-        match r? {
-            Ok((idx, _)) => out.push(idx),
-            Err(_) => return Ok(None),
-        }
-    }
-    Ok(Some(out))
+    layers.insert(0, top);
+    Ok(Ok((layers, via)))
 }
 
 /// One index layer, the local pointer first.

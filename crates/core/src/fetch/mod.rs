@@ -42,7 +42,7 @@ mod packs;
 mod typed;
 
 use attach::PackSet;
-pub use attach::{index_layers, load_index, Attach, Discovery};
+pub use attach::{load_index, load_index_layers, Attach, Discovery};
 use packs::PackFlight;
 pub use typed::{merge_stat_chain, Piece, CHUNK_WINDOW, PIECE_BYTES_IN_MEMORY};
 

@@ -124,16 +124,15 @@ async fn load_parent(fetcher: &Arc<Fetcher>, id: Hash) -> Result<Parent> {
             None => Ok(None),
         }
     };
+    // Each layer decoded once: the view is their merge.
     let index = async {
-        let Some(view) = fetcher.locate(snap.root).await?.ok().map(|(idx, _)| Arc::new(idx)) else {
-            return Ok::<_, Error>((None, None));
-        };
-        // From the local copies the load just left.
-        let layers = match view.base.is_empty() {
-            true => None,
-            false => crate::fetch::index_layers(&fetcher.remote, &fetcher.cache, &view.layers()).await?.map(Arc::new),
-        };
-        Ok((Some(view), layers))
+        let got = crate::fetch::load_index_layers(&fetcher.remote, &fetcher.cache, snap.root, &[]).await?;
+        let Ok((mut layers, _)) = got else { return Ok::<_, Error>((None, None)) };
+        if layers.len() == 1 {
+            return Ok((layers.pop().map(Arc::new), None));
+        }
+        let view = layers[0].clone().merge(layers[1..].to_vec()).ok().map(Arc::new);
+        Ok((view.clone(), view.and(Some(Arc::new(layers)))))
     };
     let (stat, (index, layers)) = futures::try_join!(stat, index)?;
     Ok(Parent { id, snap, stat, index, layers })
