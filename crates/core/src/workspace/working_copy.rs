@@ -276,14 +276,14 @@ impl Stager<'_> {
             } else if ft.is_file() {
                 let kind = if m.permissions().mode() & 0o111 != 0 { Kind::Executable } else { Kind::File };
                 let now = row_of(&m, Hash([0; 32]), false, false);
-                let cached = self.sc.rows.get(&r).filter(|row| {
+                // A file's row (not a gitlink's or a directory's).
+                let row = self.sc.rows.get(&r).filter(|row| !row.gitlink && !row.dir);
+                let cached = row.filter(|row| {
                     row.size == now.size
                         && row.mtime_ns == now.mtime_ns
                         && row.ctime_ns == now.ctime_ns
                         && row.ino == now.ino
                         && row.mtime_ns < self.sc.written_ns
-                        && !row.gitlink
-                        && !row.dir
                 });
                 as_recorded &= cached.is_some();
                 let (id, chunked, size) = match cached {
@@ -294,12 +294,7 @@ impl Stager<'_> {
                     None => {
                         self.w.files_read += 1;
                         // Its id in the base, when the base is the cache's.
-                        let was = self
-                            .sc
-                            .rows
-                            .get(&r)
-                            .filter(|row| self.reuse_dirs && !row.dir && !row.gitlink && !row.chunked)
-                            .map(|row| row.id);
+                        let was = row.filter(|row| self.reuse_dirs && !row.chunked).map(|row| row.id);
                         self.staged.file_was(self.cache, &p(), was)?
                     }
                 };
