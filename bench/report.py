@@ -53,11 +53,14 @@ def debug_build(argv: List[str]) -> bool:
     return "--profile=debug" in argv or any(a == "--profile" and b == "debug" for a, b in zip(argv, argv[1:]))
 
 
+def measured(r: Optional[Result]) -> bool:
+    """Whether `r` has a time (else fmt_t says why not)."""
+    return bool(r) and r.median is not None
+
+
 def fmt_t(r: Optional[Result]) -> str:
-    if not r:
-        return "–"
-    if r.median is None:
-        return r.note or "–"
+    if not measured(r):
+        return (r.note or "–") if r else "–"
     m = r.median
     s = f"{m:.3f} s" if m >= 0.1 else f"{m * 1000:.1f} ms"
     if r.n > 1:
@@ -354,10 +357,8 @@ class Report:
 
     def large_cell(self, row: str, size: int) -> str:
         r = self.large(row, size)
-        if not r:
-            return "–"
-        if r.median is None:
-            return r.note or "–"
+        if not measured(r):
+            return fmt_t(r)
         _, whole, bounded = J_ROWS[row]
         parts = [fmt_t(r) + (f" ({size / r.median / 1e6:.0f} MB/s)" if whole and r.median else "")]
         if r.rss_mib is not None:
@@ -518,10 +519,8 @@ class Report:
 
     def ck_cell(self, row: str, files: int, rtt: int) -> str:
         r = self.ck(row, files, rtt)
-        if not r:
-            return "–"
-        if r.median is None:
-            return r.note or "–"
+        if not measured(r):
+            return fmt_t(r)
         parts = [fmt_t(r)]
         k = r.counts
         if row == K_GIT:
@@ -728,10 +727,8 @@ class Report:
 
     def l_cell(self, system: str, rtt: int) -> str:
         r = self.results.get(Table.L, system, rtt)
-        if not r:
-            return "–"
-        if r.median is None:
-            return r.note or "–"
+        if not measured(r):
+            return fmt_t(r)
         parts = [fmt_t(r)]
         k = r.counts
         up = lambda n: f"{n / 1e6:.1f} MB up" if n >= 1e5 else f"{n / 1024:.1f} KiB up"  # noqa: E731
