@@ -8,6 +8,7 @@
 //! Idempotent: packs are content-addressed and the build is deterministic,
 //! so an unchanged tree produces the same pack ids; each is HEADed and
 //! uploaded only if missing, and the index is compared before it is written.
+//! A checkpoint's index goes up beside its packs instead ([`IndexCheck::Concurrent`]).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -46,12 +47,15 @@ pub struct PackOptions {
 pub enum IndexCheck {
     /// Read the published index and compare bytes (one GET).
     Compare,
-    /// The caller knows none is published (import checked with a HEAD).
+    /// The caller knows none is published, or that the one published names
+    /// what the store lacks (import checked): written after the packs.
     KnownAbsent,
-    /// HEAD it while the packs are built and go up (no round trip of its
-    /// own): when it is there, the tree's content is in the store already,
-    /// and neither the index nor a pack built after the answer goes up (two
-    /// workspaces that made the same edits share everything).
+    /// The caller's ref is the only way to the index, and it moves after
+    /// this returns: the index goes up alongside the packs with a
+    /// conditional PUT (no round trip of its own, none waiting on the
+    /// packs). An index found there (another workspace made the same
+    /// edits, or a writer stopped between its index and its packs) is
+    /// kept when everything it names is in the store, replaced when not.
     Concurrent,
 }
 
@@ -69,8 +73,9 @@ pub struct PackReport {
     /// Objects too large for a pack, uploaded alone (packs-first only).
     pub loose_uploaded: u64,
     pub index_uploaded: bool,
-    /// The tree was indexed in the store already (IndexCheck::Concurrent):
-    /// nothing went up.
+    /// The tree was indexed in the store already, soundly
+    /// (IndexCheck::Concurrent): that index stays, and the packs that went
+    /// up meanwhile are garbage for gc.
     pub index_existed: bool,
     pub index_bytes: u64,
     /// Layers a reader merges for this tree's index (1: a whole index).
@@ -238,22 +243,17 @@ async fn build_and_publish(
             None => build(tree, opts.mode, opts.cap, &src, &mut emit),
         })
     });
-    // Whether the tree is indexed already (IndexCheck::Concurrent). A pack
-    // built before the answer came goes up anyway (no round trip waits on
-    // the HEAD: on a big tree the build outlasts it; on a small one the
-    // pack is small); the index waits for it.
-    let (head_tx, head_rx) = tokio::sync::watch::channel(None::<bool>);
-    let head = async {
-        let r = match opts.index_check {
-            IndexCheck::Concurrent => remote.has_index(&tree).await,
-            _ => Ok(false),
-        };
-        let _ = head_tx.send(Some(*r.as_ref().unwrap_or(&false)));
-        r
-    };
+    // A checkpoint (IndexCheck::Concurrent) writes its index alongside its
+    // packs, as soon as the build has it, with a conditional PUT: no round
+    // trip waits for the packs. Nothing reaches the index before the
+    // caller's ref moves, and the ref moves only once the packs are up too;
+    // an index that was there already is trusted only once what it names
+    // is seen in the store ([`reconcile`]), as a writer that crashed
+    // between the two PUTs leaves an index whose packs never came. Every
+    // other caller writes the index after its packs (the closure rule).
+    let concurrent = opts.index_check == IndexCheck::Concurrent;
     let uploads = futures::stream::poll_fn(|cx| rx.poll_recv(cx))
         .map(|(id, bytes)| {
-            let indexed = *head_rx.borrow() == Some(true);
             let bytes = Bytes::from(bytes);
             // Kept whole in the cache, as a fetch would leave it: an
             // import's (reads right after it need no GET) and a delta
@@ -261,7 +261,7 @@ async fn build_and_publish(
             let keep = (staged.is_some() || delta).then(|| keep_pack(cache, id, bytes.clone()));
             async move {
                 let put = async {
-                    if indexed || (!opts.primary && remote.has_pack(&id).await?) {
+                    if !opts.primary && remote.has_pack(&id).await? {
                         return Ok::<u64, Error>(0);
                     }
                     let n = bytes.len() as u64;
@@ -278,9 +278,27 @@ async fn build_and_publish(
         })
         .buffer_unordered(4)
         .collect::<Vec<_>>();
-    let (indexed, uploads) = futures::join!(head, uploads);
-    let built =
-        builder.await.map_err(|e| Error::Io { context: "pack builder".into(), source: std::io::Error::other(e) })??;
+    let finish = async {
+        let built = builder
+            .await
+            .map_err(|e| Error::Io { context: "pack builder".into(), source: std::io::Error::other(e) })??;
+        let crate::pack::Built { index, unpacked, loose, placed_at, partial } = built;
+        let (idx, enc) =
+            place_index(remote, cache, parent.as_deref(), chain, index, (placed_at, partial), staged.is_some()).await?;
+        let early = match concurrent {
+            true => {
+                // Every member of the tree is in a pack the index names, or
+                // must be stored alone: those the store lacks go up too.
+                let loose = upload_loose(remote, cache, staged.as_deref(), &loose);
+                let created = remote.create_index(&tree, Bytes::from(enc.clone()));
+                let (loose, created) = futures::join!(loose, created);
+                Some((loose?, created?))
+            }
+            false => None,
+        };
+        Ok::<_, Error>((loose, unpacked, idx, enc, early))
+    };
+    let (uploads, finished) = futures::join!(uploads, finish);
     let mut report = PackReport::default();
     for u in uploads {
         let n = u?;
@@ -289,73 +307,59 @@ async fn build_and_publish(
             report.bytes_uploaded += n;
         }
     }
-    if indexed? {
-        // Its index, its packs and everything they reach are in the store
-        // (a pack that went up before the answer is garbage for gc).
-        report.tree = tree.to_hex();
-        report.index_existed = true;
-        report.build_ms = started.elapsed().as_millis() as u64;
-        return Ok(report);
-    }
-    // Every member of the tree is now in a pack the index names, or must
-    // be stored alone: those the store lacks go up (packs-first content
-    // never went up alone; a rebuild may leave out what a pack held).
-    let (n, bytes) = upload_loose(remote, cache, staged.as_deref(), &built.loose).await?;
+    let (loose, unpacked, idx, enc, early) = finished?;
+    let ((n, bytes), uploaded) = match early {
+        Some((loose, true)) => (loose, true),
+        Some((loose, false)) => match reconcile(remote, &tree, &enc).await? {
+            found @ (Existing::Ours | Existing::Sound { .. }) => {
+                // Its packs and the layers below it are in the store, and so
+                // is everything stored alone (the same tree leaves the same
+                // objects out of packs, and those went up above). Packs that
+                // went up meanwhile and no index names are garbage for gc.
+                // (The refused PUT carried ours.)
+                let sent = enc.len() as u64;
+                let (bytes, layer) = match found {
+                    Existing::Sound { bytes, layer } => (bytes, layer),
+                    _ => (Bytes::from(enc), idx),
+                };
+                save_cache_file(&cache.index_path(&tree), &bytes);
+                report.tree = tree.to_hex();
+                report.index_existed = true;
+                report.loose_uploaded = loose.0;
+                report.bytes_uploaded += loose.1 + sent;
+                report.index_layers = 1 + layer.base.len();
+                report.index = Some(Arc::new(layer));
+                report.build_ms = started.elapsed().as_millis() as u64;
+                return Ok(report);
+            }
+            Existing::Broken => {
+                // Left by a writer that never finished: its ref never moved
+                // (a ref moves only once its packs are up), so nothing
+                // reads it; ours, whose packs are all up now, replaces it.
+                remote.put_index(&tree, Bytes::from(enc.clone())).await?;
+                (loose, true)
+            }
+        },
+        None => {
+            // Every member of the tree is now in a pack the index names, or
+            // must be stored alone: those the store lacks go up (packs-first
+            // content never went up alone; a rebuild may leave out what a
+            // pack held). Then the index.
+            let loose = upload_loose(remote, cache, staged.as_deref(), &loose).await?;
+            let same = if opts.index_check == IndexCheck::Compare {
+                remote.get_index(&tree).await?.is_some_and(|b| b[..] == enc[..])
+            } else {
+                false
+            };
+            if !same {
+                remote.put_index(&tree, Bytes::from(enc.clone())).await?;
+            }
+            (loose, !same)
+        }
+    };
     report.loose_uploaded = n;
     report.bytes_uploaded += bytes;
-    // On top of a base, only a layer goes up: what the base lacks, naming
-    // the base's layers (compacted whole past MAX_INDEX_LAYERS).
-    let mut idx = built.index;
-    let enc = match &parent {
-        Some(base) => {
-            // Placed over the parent's chain where the compaction rule says
-            // (absorbing the small layers at its top; crate::object::layering).
-            // Without every layer at hand, a full chain is compacted into one
-            // layer over the bottom (whole) index.
-            let layers = base.layers();
-            let placed = match chain {
-                Some(chain) => idx.layer_over_at(chain, built.placed_at, built.partial.then(|| base.trees.len())).ok(),
-                None => None,
-            };
-            let layer = match placed {
-                Some(layer) => layer,
-                None => {
-                    let bottom = match layers.last() {
-                        Some(b) if layers.len() >= crate::pack::MAX_INDEX_LAYERS => {
-                            crate::fetch::load_index(remote, cache, *b, &[]).await?.ok().map(|(i, _)| i)
-                        }
-                        _ => None,
-                    };
-                    idx.layer_over(bottom.as_ref().unwrap_or(base))
-                }
-            };
-            if built.partial && layer.base.is_empty() {
-                // build_delta walks partially only when the result is a layer.
-                return Err(Error::Internal(format!(
-                    "the delta index of {tree} holds only part of the tree's trees and cannot be written whole"
-                )));
-            }
-            idx.base = layer.base.clone();
-            let enc = layer.encode();
-            if built.partial {
-                // The view a reader sees (an import builds its next commit
-                // on it); a checkpoint needs only the layer's chain.
-                idx = match (chain, staged.is_some()) {
-                    (Some(chain), true) => layer.merge(chain[built.placed_at..].to_vec()).map_err(Error::Internal)?,
-                    _ => layer,
-                };
-            }
-            enc
-        }
-        None => idx.encode(),
-    };
-    let same = if opts.index_check == IndexCheck::Compare {
-        remote.get_index(&tree).await?.is_some_and(|b| b[..] == enc[..])
-    } else {
-        false
-    };
-    if !same {
-        remote.put_index(&tree, Bytes::from(enc.clone())).await?;
+    if uploaded {
         report.index_uploaded = true;
         report.bytes_uploaded += enc.len() as u64;
     }
@@ -365,15 +369,115 @@ async fn build_and_publish(
     report.mode = idx.mode.label().to_string();
     report.packs = idx.packs.len();
     report.members = members;
-    report.unpacked_objects = built.unpacked;
+    report.unpacked_objects = unpacked;
     report.dirs = idx.dirs;
     report.index_bytes = enc.len() as u64;
     report.index_layers = 1 + idx.base.len();
     report.build_ms = started.elapsed().as_millis() as u64;
-    report.model_gets_unpacked = idx.trees.len() as u64 + members as u64 + built.unpacked;
-    report.model_gets_packed = 1 + idx.packs.len() as u64 + built.unpacked;
+    report.model_gets_unpacked = idx.trees.len() as u64 + members as u64 + unpacked;
+    report.model_gets_packed = 1 + idx.packs.len() as u64 + unpacked;
     report.index = Some(Arc::new(idx));
     Ok(report)
+}
+
+/// Places a build's index for publishing: over `parent`'s chain as a layer
+/// (where the compaction rule says, absorbing the small layers at its
+/// top; crate::object::layering), or whole. Returns the index the caller
+/// reports (the view for an import, which builds its next commit on it;
+/// for a checkpoint's partial build, the layer) and the bytes to publish.
+async fn place_index(
+    remote: &Remote,
+    cache: &DiskCache,
+    parent: Option<&crate::pack::PackIndex>,
+    chain: Option<&[crate::pack::PackIndex]>,
+    mut idx: crate::pack::PackIndex,
+    (placed_at, partial): (usize, bool),
+    view_wanted: bool,
+) -> Result<(crate::pack::PackIndex, Vec<u8>)> {
+    let Some(base) = parent else {
+        let enc = idx.encode();
+        return Ok((idx, enc));
+    };
+    // Without every layer at hand, a full chain is compacted into one
+    // layer over the bottom (whole) index.
+    let layers = base.layers();
+    let placed = match chain {
+        Some(chain) => idx.layer_over_at(chain, placed_at, partial.then(|| base.trees.len())).ok(),
+        None => None,
+    };
+    let layer = match placed {
+        Some(layer) => layer,
+        None => {
+            let bottom = match layers.last() {
+                Some(b) if layers.len() >= crate::pack::MAX_INDEX_LAYERS => {
+                    crate::fetch::load_index(remote, cache, *b, &[]).await?.ok().map(|(i, _)| i)
+                }
+                _ => None,
+            };
+            idx.layer_over(bottom.as_ref().unwrap_or(base))
+        }
+    };
+    if partial && layer.base.is_empty() {
+        // build_delta walks partially only when the result is a layer.
+        return Err(Error::Internal(format!(
+            "the delta index of {} holds only part of the tree's trees and cannot be written whole",
+            idx.tree
+        )));
+    }
+    idx.base = layer.base.clone();
+    let enc = layer.encode();
+    if partial {
+        idx = match (chain, view_wanted) {
+            (Some(chain), true) => layer.merge(chain[placed_at..].to_vec()).map_err(Error::Internal)?,
+            _ => layer,
+        };
+    }
+    Ok((idx, enc))
+}
+
+/// What a conditional PUT of an index found in its place.
+enum Existing {
+    /// The same bytes: ours (a retry of a build that was cut off after it).
+    Ours,
+    /// Another index of the tree whose packs and lower layers are all in
+    /// the store: a reader of it finds everything.
+    Sound { bytes: Bytes, layer: crate::pack::PackIndex },
+    /// Undecodable, of another tree, or naming a pack or a layer the store
+    /// lacks (left by a writer that stopped between its index and its
+    /// packs).
+    Broken,
+}
+
+/// Looks at the index found at tree `tree`'s key: one GET, then one HEAD
+/// per pack and lower layer it names, all at once.
+async fn reconcile(remote: &Remote, tree: &Hash, ours: &[u8]) -> Result<Existing> {
+    let Some(bytes) = remote.get_index(tree).await? else {
+        // Gone since (gc of an unreached index): write ours.
+        return Ok(Existing::Broken);
+    };
+    if bytes[..] == ours[..] {
+        return Ok(Existing::Ours);
+    }
+    let layer = match crate::pack::PackIndex::decode(&bytes) {
+        Ok(l) if l.tree == *tree => l,
+        _ => return Ok(Existing::Broken),
+    };
+    let packs = layer.packs.iter().map(|p| remote.has_pack(&p.id));
+    let lower = layer.base.iter().map(|t| remote.has_index(t));
+    let (packs, lower) = futures::join!(futures::future::join_all(packs), futures::future::join_all(lower));
+    for present in packs.into_iter().chain(lower) {
+        if !present? {
+            return Ok(Existing::Broken);
+        }
+    }
+    Ok(Existing::Sound { bytes, layer })
+}
+
+/// Whether the index at tree `tree`'s key is there and everything it names
+/// is in the store (see [`reconcile`]): a writer may trust it instead of
+/// publishing the tree again.
+pub async fn index_is_sound(remote: &Remote, tree: &Hash) -> Result<bool> {
+    Ok(matches!(reconcile(remote, tree, &[]).await?, Existing::Sound { .. }))
 }
 
 /// Uploads the objects a build left out of every pack (too large, or not

@@ -475,14 +475,19 @@ async fn publish_primary(
         if !done.insert(*root) {
             continue;
         }
-        if *present == Some(true) {
+        // An index found by the probe is trusted once what it names is seen
+        // in the store: a checkpoint writes its index beside its packs, and
+        // one that stopped between the two leaves an index to replace.
+        if *present == Some(true) && crate::publish::index_is_sound(remote, root).await? {
             base = index_of(remote, cache, root).await?;
             continue;
         }
         let index_check = match present {
-            // Unknown: a HEAD alongside the packs; an index found there
-            // means the packs that went up meanwhile are garbage for gc.
+            // Unknown: the index goes up beside the packs, conditionally
+            // (a sound one found there stays: the packs that went up
+            // meanwhile are garbage for gc).
             None => crate::publish::IndexCheck::Concurrent,
+            // Absent, or found unsound: written after the packs, over it.
             Some(_) => crate::publish::IndexCheck::KnownAbsent,
         };
         let o = crate::publish::PackOptions { index_check, base: base.clone(), primary: true, ..opts.clone() };

@@ -586,6 +586,9 @@ impl Remote {
 
     /// Uploads a pack.
     pub async fn put_pack(&self, id: &Hash, bytes: Bytes) -> Result<()> {
+        if let Some(e) = crate::failpoint::error("put-pack") {
+            return Err(e);
+        }
         let key = self.key(&layout::pack(id));
         self.store.put(&key, PutPayload::from(bytes)).await.map_err(|e| self.remote_err("PUT", &key, e))?;
         Ok(())
@@ -629,6 +632,18 @@ impl Remote {
         let key = self.key(&layout::index(tree));
         self.store.put(&key, PutPayload::from(bytes)).await.map_err(|e| self.remote_err("PUT", &key, e))?;
         Ok(())
+    }
+
+    /// Writes tree `tree`'s pack index only if none is there (a conditional
+    /// PUT): `false` when one was, which is left as it is.
+    pub async fn create_index(&self, tree: &Hash, bytes: Bytes) -> Result<bool> {
+        let key = self.key(&layout::index(tree));
+        let opts = PutOptions { mode: PutMode::Create, ..Default::default() };
+        match self.store.put_opts(&key, PutPayload::from(bytes), opts).await {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::AlreadyExists { .. }) | Err(object_store::Error::Precondition { .. }) => Ok(false),
+            Err(e) => Err(self.remote_err("PUT", &key, e)),
+        }
     }
 
     /// A whole object by a key that a listing returned; `None` if gone.
