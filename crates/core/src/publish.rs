@@ -402,7 +402,7 @@ async fn place_index(
     // layer over the bottom (whole) index.
     let layers = base.layers();
     let placed = match chain {
-        Some(chain) => idx.layer_over_at(chain, placed_at, partial.then(|| base.trees.len())).ok(),
+        Some(chain) => idx.layer_over_at(chain, placed_at, partial.then_some(base.trees.len())).ok(),
         None => None,
     };
     let layer = match placed {
