@@ -599,8 +599,9 @@ class Report:
             "(their size after the edit, beside it, before compression); git's bytes up are what the git proxy "
             "saw go up (the pack and the protocol).",
             "A checkpoint's requests: the lease GET ‖ the ref ‖ the writer lock's PUT, then the lease's conditional "
-            "PUT ‖ the lock's LIST (both while the working copy is walked); then the stat layer ‖ the index HEAD "
-            "‖ the snapshot, the delta pack, the index layer, the ref's compare-and-swap and the lock's DELETE. "
+            "PUT ‖ the lock's LIST (both while the working copy is walked); then the stat layer ‖ the snapshot "
+            "‖ the delta pack ‖ the index layer (a conditional PUT), the ref's compare-and-swap and the lock's "
+            "DELETE (since d922150; before, an index HEAD went with the pack and the index after it). "
             "mado's counter gives a request that starts after another has completed one more round trip, so a "
             "pack whose build outlasts a round trip counts one of its own. Every 8th layer of a chain is written "
             "over the bottom index instead, holding every change since it (PACKS.md, \"Layers\"): the max beside "

@@ -577,6 +577,13 @@ fn a_checkpoint_waits_on_two_round_trips_after_its_walk_minio() {
         assert_eq!(v["remote"]["heads"], 0, "no HEAD: {v}");
         assert_eq!(v["upload"]["trees_uploaded"], 0, "trees travel in the index: {v}");
     }
+    // Only an mtime moved: the stat object goes up alone, without a HEAD.
+    set_mtime(&w.join("README.md"), 1_200_000_000);
+    let v = m.json(&["ws", "checkpoint", "--dir", w.to_str().unwrap()]);
+    assert_eq!(v["unchanged"], false, "{v}");
+    assert_eq!(v["remote"]["heads"], 0, "no HEAD: {v}");
+    assert_eq!(v["upload"]["objects_uploaded"], 1, "the stat object: {v}");
+    assert_eq!(v["packs_uploaded"], 0, "{v}");
 }
 
 /// A checkpoint's index goes up beside its packs, not after them (one round

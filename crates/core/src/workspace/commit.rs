@@ -213,10 +213,10 @@ pub(super) async fn commit_locked(
     // What the store has: the parent's index (its packs and the trees it
     // carries). With one, content goes up packs-first on top of it: new
     // members only, no HEAD per object; the stat object alone, alongside.
-    // A tree already indexed in the store (another workspace made the same
-    // edits) has all its content there: nothing but the stat object goes up.
-    // Whether the new tree is indexed already is asked while its packs are
-    // built (IndexCheck::Concurrent), not in a round trip of its own.
+    // The same root as the parent's (only mtimes changed): nothing but the
+    // stat object goes up. A tree indexed in the store already (another
+    // workspace made the same edits) is found by the conditional PUT of
+    // its index (IndexCheck::Concurrent), not in a round trip of its own.
     let (base, indexed) = match parent_snap.root == walked.root {
         true => (None, true),
         false => (parent_index, false),
@@ -253,9 +253,12 @@ pub(super) async fn commit_locked(
     let mut layers: Vec<Hash> = Vec::new();
     let uploads = async {
         if indexed {
-            // Only mtimes changed, or the tree is indexed already: the stat
-            // object is all that is new.
-            report.upload = upload_closure(remote, &cache, &staged, &[stat_id]).await?;
+            // Only mtimes changed: the stat object is all that is new (a
+            // leaf, PUT without a HEAD first: the same bytes again are
+            // harmless).
+            remote.put_object(Space::Objects, &stat_id, Bytes::from(stat_bytes.clone())).await?;
+            report.upload.objects_uploaded = 1;
+            report.upload.bytes_uploaded = stat_bytes.len() as u64;
             failpoint("checkpoint-after-objects");
         } else if let Some(base) = base {
             let stat = async {
