@@ -149,10 +149,10 @@ fn uncheckpointed_changes_survive_an_unmount_and_a_killed_daemon() {
     m.ok(&["ws", "resume", "keep", mnt.path(), "--mount"]);
     assert_eq!(std::fs::read(mnt.dir.join("b.txt")).unwrap(), b"b\n");
 
-    // What a mount refuses: hard links, non-empty rmdir, a directory into
-    // itself.
+    // What a mount refuses: a hard link to a directory, non-empty rmdir,
+    // a directory into itself.
     let d = &mnt.dir;
-    assert_eq!(errno_of(std::fs::hard_link(d.join("a.txt"), d.join("h"))), Some(1), "EPERM");
+    assert_eq!(errno_of(std::fs::hard_link(d.join("src2"), d.join("h"))), Some(1), "EPERM");
     assert_eq!(errno_of(std::fs::remove_dir(d.join("src2"))), Some(39), "ENOTEMPTY");
     assert_eq!(errno_of(std::fs::rename(d.join("src2"), d.join("src2/in"))), Some(22), "EINVAL");
 
@@ -736,6 +736,68 @@ fn fifos_and_sockets_work_in_a_workspace_mount_and_are_not_checkpointed() {
     std::fs::remove_file(&fifo).unwrap();
     std::fs::remove_file(&sock).unwrap();
     assert!(!fifo.exists() && !sock.exists());
+}
+
+/// Hard links in a workspace mount (pnpm, ccache, `cp -al` and build tools
+/// make them): one file under two names with `nlink` 2, a write through
+/// either shows through both, in one directory and across two, of a file
+/// written here and of one from the snapshot; the names survive an unmount
+/// (the saved state keeps one node); a checkpoint records each path as a
+/// file, and a resume writes them as separate files with the same bytes.
+#[test]
+fn hard_links_work_in_a_workspace_mount_and_checkpoint_as_files() {
+    use std::io::Write;
+    use std::os::unix::fs::MetadataExt;
+    if !fuse_usable() {
+        return;
+    }
+    let m = Mado::local();
+    setup(&m);
+    let mnt = create(&m, "hl");
+    let d = &mnt.dir;
+    std::fs::write(d.join("made.txt"), "made here\n").unwrap();
+    std::fs::hard_link(d.join("made.txt"), d.join("src/made-link.txt")).unwrap();
+    // A file of the snapshot, never written here.
+    std::fs::hard_link(d.join("README.md"), d.join("readme-link")).unwrap();
+    std::fs::hard_link(d.join("README.md"), d.join("src/readme-link2")).unwrap();
+    let ino = |p: &str| std::fs::metadata(d.join(p)).unwrap().ino();
+    let nlink = |p: &str| std::fs::metadata(d.join(p)).unwrap().nlink();
+    assert_eq!(ino("made.txt"), ino("src/made-link.txt"));
+    assert_eq!((nlink("made.txt"), nlink("README.md")), (2, 3));
+    // A write through one name shows through the others.
+    std::fs::OpenOptions::new().append(true).open(d.join("src/made-link.txt")).unwrap().write_all(b"more\n").unwrap();
+    std::fs::write(d.join("readme-link"), "# rewritten through a link\n").unwrap();
+    assert_eq!(std::fs::read_to_string(d.join("made.txt")).unwrap(), "made here\nmore\n");
+    assert_eq!(std::fs::read_to_string(d.join("src/readme-link2")).unwrap(), "# rewritten through a link\n");
+    // Linking a directory, or onto an existing name, is refused.
+    let err = std::fs::hard_link(d.join("src"), d.join("src2")).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EPERM), "{err}");
+    let err = std::fs::hard_link(d.join("made.txt"), d.join("README.md")).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EEXIST), "{err}");
+    // Removing one name leaves the others.
+    std::fs::remove_file(d.join("README.md")).unwrap();
+    assert_eq!(nlink("readme-link"), 2);
+    mnt.umount();
+    m.ok(&["ws", "resume", "hl", mnt.path(), "--mount"]);
+    assert_eq!(ino("made.txt"), ino("src/made-link.txt"), "one node after a remount");
+    assert_eq!((nlink("made.txt"), nlink("readme-link")), (2, 2));
+    std::fs::write(d.join("made.txt"), "after the remount\n").unwrap();
+    assert_eq!(std::fs::read_to_string(d.join("src/made-link.txt")).unwrap(), "after the remount\n");
+    // Each path is a file of its own in the checkpoint.
+    mnt.checkpoint("links");
+    let r = m.dir.path().join("resumed");
+    m.ok(&["ws", "resume", "hl", r.to_str().unwrap(), "--read-only"]);
+    for (p, want) in [
+        ("made.txt", "after the remount\n"),
+        ("src/made-link.txt", "after the remount\n"),
+        ("readme-link", "# rewritten through a link\n"),
+        ("src/readme-link2", "# rewritten through a link\n"),
+    ] {
+        assert_eq!(std::fs::read_to_string(r.join(p)).unwrap(), want, "{p}");
+        assert_eq!(std::fs::metadata(r.join(p)).unwrap().nlink(), 1, "{p}");
+    }
+    assert!(!r.join("README.md").exists());
+    mnt.umount();
 }
 
 /// A mounted workspace's state (its upper layer: work no checkpoint has

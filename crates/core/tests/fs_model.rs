@@ -1,6 +1,6 @@
 //! The read-write filesystem against a reference model: random sequences of
 //! creates, in-place writes, appends, renames over existing files, unlinks
-//! of open files, mkdir/rmdir, kernel forgets (every reference dropped, as
+//! of open files, hard links (and their `nlink`), mkdir/rmdir, kernel forgets (every reference dropped, as
 //! `echo 2 > /proc/sys/vm/drop_caches` does), remounts (save, reload) and
 //! checkpoints, applied both to `SnapshotFs` and to a plain directory. After
 //! every step group the two trees must be equal, handles held open must read
@@ -117,8 +117,9 @@ async fn resolve(fs: &SnapshotFs, k: &mut Kernel, path: &str) -> Option<u64> {
     Some(ino)
 }
 
-/// path -> ('d' | 'f', content) of a plain directory.
-fn model_tree(root: &Path) -> BTreeMap<String, (char, Vec<u8>)> {
+/// path -> ('d' | 'f', content, links) of a plain directory (a file's
+/// `nlink`; 0 for a directory).
+fn model_tree(root: &Path) -> BTreeMap<String, (char, Vec<u8>, u32)> {
     let mut out = BTreeMap::new();
     let mut stack = vec![(root.to_path_buf(), String::new())];
     while let Some((d, rel)) = stack.pop() {
@@ -127,10 +128,12 @@ fn model_tree(root: &Path) -> BTreeMap<String, (char, Vec<u8>)> {
             let name = e.file_name().to_string_lossy().into_owned();
             let p = if rel.is_empty() { name.clone() } else { format!("{rel}/{name}") };
             if e.file_type().unwrap().is_dir() {
-                out.insert(p.clone(), ('d', Vec::new()));
+                out.insert(p.clone(), ('d', Vec::new(), 0));
                 stack.push((e.path(), p));
             } else {
-                out.insert(p, ('f', std::fs::read(e.path()).unwrap()));
+                use std::os::unix::fs::MetadataExt;
+                let links = e.metadata().unwrap().nlink() as u32;
+                out.insert(p, ('f', std::fs::read(e.path()).unwrap(), links));
             }
         }
     }
@@ -139,7 +142,7 @@ fn model_tree(root: &Path) -> BTreeMap<String, (char, Vec<u8>)> {
 
 /// The same of a filesystem, walked as the kernel would (each entry a
 /// reference it holds).
-async fn fs_tree(fs: &SnapshotFs, k: &mut Kernel) -> BTreeMap<String, (char, Vec<u8>)> {
+async fn fs_tree(fs: &SnapshotFs, k: &mut Kernel) -> BTreeMap<String, (char, Vec<u8>, u32)> {
     let mut out = BTreeMap::new();
     let mut stack = vec![(ROOT_INO, String::new())];
     while let Some((ino, rel)) = stack.pop() {
@@ -151,14 +154,14 @@ async fn fs_tree(fs: &SnapshotFs, k: &mut Kernel) -> BTreeMap<String, (char, Vec
             k.dcache.insert(p.clone(), a.ino);
             match a.kind {
                 NodeKind::Dir => {
-                    out.insert(p.clone(), ('d', Vec::new()));
+                    out.insert(p.clone(), ('d', Vec::new(), 0));
                     stack.push((a.ino, p));
                 }
                 _ => {
                     let h = fs.open(a.ino).await.unwrap_or_else(|e| panic!("listed but cannot open {p}: {e}"));
                     let data = fs.read(&h, 0, 1 << 20).await.unwrap();
                     fs.release(a.ino);
-                    out.insert(p, ('f', data.to_vec()));
+                    out.insert(p, ('f', data.to_vec(), a.nlink));
                 }
             }
         }
@@ -292,7 +295,39 @@ impl World {
         let is_file = mp.is_file() && !mp.is_symlink();
         match op {
             // Write a whole file (create or truncate and rewrite in place).
-            0..=24 => self.write_file(rng, dir, name, &path, log).await,
+            0..=18 => self.write_file(rng, dir, name, &path, log).await,
+            // A hard link to a file (writes, renames and unlinks then go
+            // through either name), at times to one in the read-only part
+            // (whose directory stays clean, and may fold while a name
+            // elsewhere still holds the node).
+            19..=24 if is_file || op == 19 => {
+                let (path, mp) = match op {
+                    19 => {
+                        let p = format!("{}/{}", READ_ONLY[rng.below(READ_ONLY.len())], NAMES[rng.below(4)]);
+                        let mp = self.m(&p);
+                        (p, mp)
+                    }
+                    _ => (path, mp),
+                };
+                if !mp.is_file() {
+                    return;
+                }
+                let d2 = DIRS[rng.below(DIRS.len())];
+                let n2 = NAMES[rng.below(NAMES.len())];
+                let to = if d2.is_empty() { n2.to_string() } else { format!("{d2}/{n2}") };
+                let tp = self.m(&to);
+                if !self.m(d2).is_dir() || tp.exists() || tp.is_symlink() {
+                    return;
+                }
+                log.push(format!("link {path} -> {to}"));
+                std::fs::hard_link(&mp, &tp).unwrap();
+                let ino = resolve(fs, &mut self.k, &path).await.unwrap();
+                let p2 = resolve(fs, &mut self.k, d2).await.unwrap();
+                let a = fs.link(ino, p2, n2.as_bytes()).await.unwrap();
+                assert_eq!(a.ino, ino, "one node, two names");
+                self.k.took(fs, a.ino);
+                self.k.dcache.insert(to, a.ino);
+            }
             // Append through a new handle.
             25..=34 if is_file => {
                 let extra = format!("+{}", rng.next());
@@ -414,12 +449,12 @@ impl World {
                 self.base = Some((stat_id, built.stat.clone()));
                 let ro = SnapshotFs::new(self.fetcher.clone(), built.root, 0);
                 let got = fs_tree(&ro, &mut Kernel::default()).await;
-                assert_eq!(
-                    got,
-                    model_tree(&self.model),
-                    "checkpoint differs from the model after:\n{}",
-                    log.join("\n")
-                );
+                // A checkpoint records each path as a file of its own.
+                let mut want = model_tree(&self.model);
+                for v in want.values_mut().filter(|v| v.0 == 'f') {
+                    v.2 = 1;
+                }
+                assert_eq!(got, want, "checkpoint differs from the model after:\n{}", log.join("\n"));
             }
             _ => {}
         }
@@ -471,7 +506,7 @@ async fn run(seed: u64, steps: usize) {
     w.k.forget_all(&w.fs);
     // Every blob left belongs to a file in the tree (no leak).
     let blobs = std::fs::read_dir(&w.upper).unwrap().count();
-    let files = model_tree(&w.model).values().filter(|(k, _)| *k == 'f').count();
+    let files = model_tree(&w.model).values().filter(|(k, _, _)| *k == 'f').count();
     assert!(blobs <= files, "seed {seed}: {blobs} upper blobs for {files} files: blobs leaked");
     let _ = Kind::File;
 }

@@ -694,9 +694,11 @@ impl Filesystem for MadoFs {
         self.empty_later(reply, async move { core.rename(parent.0, &name, newparent.0, &newname, no_replace).await });
     }
 
-    fn link(&self, _req: &Request, _ino: INodeNo, _newparent: INodeNo, _newname: &OsStr, reply: ReplyEntry) {
+    fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
         writable_or_erofs!(self, reply);
-        // Trees have no hard links.
-        reply.error(Errno::EPERM);
+        // Both names show one node while mounted; a checkpoint records each
+        // path as a file (trees have no hard links, as in git).
+        let (core, name) = (self.core.clone(), newname.as_bytes().to_vec());
+        self.entry_later(reply, async move { core.link(ino.0, newparent.0, &name).await });
     }
 }

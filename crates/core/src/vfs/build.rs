@@ -158,7 +158,9 @@ impl SnapshotFs {
                         b.ignored += 1;
                         continue;
                     }
-                    if ino != ROOT_INO && n.name == b".git" {
+                    // Named by the entry it was reached through (a hard-linked
+                    // file has several names; the node keeps one).
+                    if ino != ROOT_INO && last_name(&path) == b".git" {
                         b.ignored += 1;
                         continue;
                     }
@@ -216,7 +218,8 @@ impl SnapshotFs {
     ) -> Result<Entry> {
         let n = st.get(ino)?.clone();
         b.stat.entries.push((path.to_vec(), n.mtime.0, n.mtime.1));
-        let entry = |kind, chunked, size, id| Entry { name: n.name.clone(), kind, chunked, size, id };
+        let name = last_name(path).to_vec();
+        let entry = |kind, chunked, size, id| Entry { name: name.clone(), kind, chunked, size, id };
         Ok(match &n.body {
             Body::Dir { clean, origin, children: None } => {
                 let id = clean.ok_or_else(|| Error::Internal("an unloaded directory without a tree".into()))?;
@@ -298,4 +301,9 @@ impl SnapshotFs {
         u.base_stat = stat.entries.iter().map(|(p, s, n)| (p.clone(), (*s, *n))).collect();
         u.base_stat_id = Some(stat_id);
     }
+}
+
+/// The last name of a `/`-joined path (the whole path at the top).
+fn last_name(path: &[u8]) -> &[u8] {
+    path.rsplit(|b| *b == b'/').next().unwrap_or(path)
 }

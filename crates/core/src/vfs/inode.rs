@@ -43,12 +43,52 @@ pub(super) struct Node {
     pub(super) opens: u32,
     /// Mode or mtime set by the user (kept in memory, so never collapsed).
     pub(super) touched: bool,
+    /// Hard links besides (`parent`, `name`): every other directory entry
+    /// that names this node. Never for a directory. A node with links is
+    /// never folded away (its names would come back as separate files).
+    pub(super) links: Vec<(u64, Vec<u8>)>,
     pub(super) body: Body,
 }
 
 impl Node {
     pub(super) fn new(parent: u64, name: Vec<u8>, perm: u16, mtime: (i64, u32), body: Body) -> Node {
-        Node { parent, name, perm, mtime, version: 0, lookups: 0, opens: 0, touched: false, body }
+        Node { parent, name, perm, mtime, version: 0, lookups: 0, opens: 0, touched: false, links: Vec::new(), body }
+    }
+
+    /// Directory entries naming this node (0 once unlinked).
+    pub(super) fn nlink(&self) -> u32 {
+        match self.parent {
+            0 => 0,
+            _ => 1 + self.links.len() as u32,
+        }
+    }
+
+    /// Drops the entry `name` in `parent` from this node's names. Returns
+    /// whether that was its last name (the caller then detaches it).
+    pub(super) fn drop_name(&mut self, parent: u64, name: &[u8]) -> bool {
+        if let Some(i) = self.links.iter().position(|(p, n)| *p == parent && n == name) {
+            self.links.swap_remove(i);
+            return false;
+        }
+        match self.links.pop() {
+            Some((p, n)) => {
+                self.parent = p;
+                self.name = n;
+                false
+            }
+            None => true,
+        }
+    }
+
+    /// Renames the entry `name` in `parent` of this node.
+    pub(super) fn move_name(&mut self, parent: u64, name: &[u8], to_parent: u64, to_name: &[u8]) {
+        match self.links.iter_mut().find(|(p, n)| *p == parent && n == name) {
+            Some(l) => *l = (to_parent, to_name.to_vec()),
+            None => {
+                self.parent = to_parent;
+                self.name = to_name.to_vec();
+            }
+        }
     }
 }
 
@@ -108,7 +148,19 @@ impl State {
     /// Marks `ino` and every directory above it as changed. Clean
     /// directories only ever sit below clean ones, so this stops at the
     /// first directory already changed.
-    pub(super) fn dirty(&mut self, mut ino: u64) {
+    pub(super) fn dirty(&mut self, ino: u64) {
+        // A node with hard links changes every directory that names it.
+        let also: Vec<u64> = match self.get(ino) {
+            Ok(n) => n.links.iter().map(|(p, _)| *p).collect(),
+            Err(_) => return,
+        };
+        self.dirty_up(ino);
+        for p in also {
+            self.dirty_up(p);
+        }
+    }
+
+    fn dirty_up(&mut self, mut ino: u64) {
         loop {
             let Ok(n) = self.get_mut(ino) else { return };
             n.version += 1;
@@ -262,6 +314,7 @@ impl SnapshotFs {
                 n.lookups == 0
                     && n.opens == 0
                     && !n.touched
+                    && n.links.is_empty()
                     && matches!(n.body, Body::Lower(_) | Body::Dir { clean: Some(_), children: None, .. })
             })
         };

@@ -290,16 +290,18 @@ impl SnapshotFs {
     }
 
     fn attr_of(&self, ino: u64, n: &Node) -> Attr {
+        // A file's names (0 once unlinked, while a handle keeps it).
+        let names = if ino == ROOT_INO { 1 } else { n.nlink() };
         let (kind, size, nlink) = match &n.body {
             Body::Dir { .. } => (NodeKind::Dir, 0, 2),
             Body::Lower(e) => match e.kind {
                 Kind::Directory | Kind::Gitlink => (NodeKind::Dir, 0, 2),
-                Kind::Symlink => (NodeKind::Symlink, e.size, 1),
-                Kind::File | Kind::Executable => (NodeKind::File, e.size, 1),
+                Kind::Symlink => (NodeKind::Symlink, e.size, names),
+                Kind::File | Kind::Executable => (NodeKind::File, e.size, names),
             },
-            Body::Upper { size, .. } => (NodeKind::File, *size, 1),
-            Body::Link(t) => (NodeKind::Symlink, t.len() as u64, 1),
-            Body::Special(k) => (*k, 0, 1),
+            Body::Upper { size, .. } => (NodeKind::File, *size, names),
+            Body::Link(t) => (NodeKind::Symlink, t.len() as u64, names),
+            Body::Special(k) => (*k, 0, names),
         };
         let perm = if kind == NodeKind::Symlink { 0o777 } else { n.perm };
         Attr { ino, kind, size, perm, nlink, mtime: n.mtime.0, mtime_ns: n.mtime.1 }

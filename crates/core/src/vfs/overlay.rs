@@ -269,7 +269,7 @@ impl SnapshotFs {
         self.reap(st, ino);
     }
 
-    fn is_dir_body(b: &Body) -> bool {
+    pub(super) fn is_dir_body(b: &Body) -> bool {
         matches!(b, Body::Dir { .. }) || matches!(b, Body::Lower(e) if e.kind == Kind::Gitlink)
     }
 
@@ -312,7 +312,9 @@ impl SnapshotFs {
         }
         Self::may_remove(&st, ino, dir)?;
         st.children_mut(parent)?.remove(name);
-        self.detach(&mut st, ino);
+        if st.get_mut(ino)?.drop_name(parent, name) {
+            self.detach(&mut st, ino);
+        }
         st.touch_dir(parent);
         drop(st);
         self.changed();
@@ -361,17 +363,48 @@ impl SnapshotFs {
             }
             Self::may_remove(&st, t, src_dir)?;
             st.children_mut(new_parent)?.remove(new_name);
-            self.detach(&mut st, t);
+            if st.get_mut(t)?.drop_name(new_parent, new_name) {
+                self.detach(&mut st, t);
+            }
         }
         st.children_mut(parent)?.remove(name);
         st.children_mut(new_parent)?.insert(new_name.to_vec(), src);
-        let n = st.get_mut(src)?;
-        n.parent = new_parent;
-        n.name = new_name.to_vec();
+        st.get_mut(src)?.move_name(parent, name, new_parent, new_name);
         st.touch_dir(parent);
         st.touch_dir(new_parent);
         drop(st);
         self.changed();
         Ok(())
+    }
+
+    /// A hard link: `new_parent/new_name` names node `ino` too (not a
+    /// directory). Both names show every write; a checkpoint records each
+    /// path as a file of its own (trees have no hard links, as in git).
+    pub async fn link(&self, ino: u64, new_parent: u64, new_name: &[u8]) -> Result<Attr> {
+        self.writable_only()?;
+        check_name(new_name).map_err(|m| Error::fs(Errno::INVAL, m))?;
+        self.load(new_parent).await?;
+        let mut st = self.st_mut();
+        self.loaded(&mut st, new_parent)?;
+        let n = st.get(ino)?;
+        if Self::is_dir_body(&n.body) {
+            return Err(Error::fs(Errno::PERM, "a directory cannot be hard-linked"));
+        }
+        if ino == ROOT_INO || n.parent == 0 {
+            return Err(Error::fs(Errno::NOENT, "the file was removed"));
+        }
+        if n.links.len() >= u16::MAX as usize {
+            return Err(Error::fs(Errno::MLINK, "too many links"));
+        }
+        if st.children_mut(new_parent)?.contains_key(new_name) {
+            return Err(Error::fs(Errno::EXIST, String::from_utf8_lossy(new_name).into_owned()));
+        }
+        st.children_mut(new_parent)?.insert(new_name.to_vec(), ino);
+        st.get_mut(ino)?.links.push((new_parent, new_name.to_vec()));
+        st.touch_dir(new_parent);
+        let a = self.attr_of(ino, st.get(ino)?);
+        drop(st);
+        self.changed();
+        Ok(a)
     }
 }

@@ -11,16 +11,21 @@ use super::*;
 // torn or rotten file reads as corrupt, never as an empty overlay.
 
 const OVERLAY_MAGIC: &[u8; 4] = b"MADV";
-/// Version 3 added FIFO and socket records (REC_SPECIAL); version 2 files
-/// (which cannot hold one) are read as they are.
-const OVERLAY_VERSION: u8 = 3;
+/// Version 3 added FIFO and socket records (REC_SPECIAL), version 4 hard
+/// links (REC_ALIAS); older files (which cannot hold them) are read as
+/// they are.
+const OVERLAY_VERSION: u8 = 4;
 const OVERLAY_VERSION_2: u8 = 2;
+const OVERLAY_VERSION_3: u8 = 3;
 /// Node bodies in the saved state.
 const REC_DIR: u8 = 0;
 const REC_LOWER: u8 = 1;
 const REC_UPPER: u8 = 2;
 const REC_LINK: u8 = 3;
 const REC_SPECIAL: u8 = 4;
+/// Another name of the node an earlier record made (a hard link): its
+/// record index follows.
+const REC_ALIAS: u8 = 5;
 fn put_opt_hash(out: &mut Vec<u8>, h: Option<Hash>) {
     match h {
         None => out.push(0),
@@ -70,24 +75,37 @@ impl SnapshotFs {
         out.extend_from_slice(&self.time.to_le_bytes());
         put_opt_hash(&mut out, u.base_stat_id);
         put_varint(&mut out, st.next_blob);
-        // Pre-order, iteratively: (ino, index of its parent's record).
-        let mut records: Vec<(u64, u64)> = Vec::new();
-        let mut stack = vec![(ROOT_INO, 0u64)];
-        while let Some((ino, parent)) = stack.pop() {
+        // Pre-order, iteratively: (ino, index of its parent's record, the
+        // name it has there).
+        let mut records: Vec<(u64, u64, &[u8])> = Vec::new();
+        let mut stack = vec![(ROOT_INO, 0u64, &st.get(ROOT_INO)?.name[..])];
+        while let Some((ino, parent, name)) = stack.pop() {
             let me = records.len() as u64;
-            records.push((ino, parent));
+            records.push((ino, parent, name));
             if let Body::Dir { children: Some(c), .. } = &st.get(ino)?.body {
-                stack.extend(c.values().rev().map(|k| (*k, me)));
+                stack.extend(c.iter().rev().map(|(name, k)| (*k, me, &name[..])));
             }
         }
         put_varint(&mut out, records.len() as u64);
-        for (ino, parent) in records {
+        // A node with hard links is written once; its other names are
+        // aliases of that record.
+        let mut first: HashMap<u64, u64> = HashMap::new();
+        for (i, (ino, parent, name)) in records.iter().enumerate() {
+            let (ino, parent) = (*ino, *parent);
             let n = st.get(ino)?;
             put_varint(&mut out, parent);
-            put_bytes(&mut out, &n.name);
+            put_bytes(&mut out, name);
             put_varint(&mut out, n.perm as u64);
             out.extend_from_slice(&n.mtime.0.to_le_bytes());
             put_varint(&mut out, n.mtime.1 as u64);
+            if !n.links.is_empty() {
+                if let Some(at) = first.get(&ino) {
+                    out.push(REC_ALIAS);
+                    put_varint(&mut out, *at);
+                    continue;
+                }
+                first.insert(ino, i as u64);
+            }
             match &n.body {
                 Body::Dir { clean, origin, children } => {
                     out.push(REC_DIR);
@@ -143,7 +161,7 @@ impl SnapshotFs {
         let h = (|| {
             r.magic(OVERLAY_MAGIC)?;
             let version = r.u8()?;
-            if version != OVERLAY_VERSION && version != OVERLAY_VERSION_2 {
+            if ![OVERLAY_VERSION, OVERLAY_VERSION_3, OVERLAY_VERSION_2].contains(&version) {
                 return Err(crate::codec::DecodeError::Version {
                     format: "overlay state",
                     version,
@@ -196,6 +214,7 @@ impl SnapshotFs {
                 let perm = r.varint()? as u16;
                 let mtime = (r.i64_le()?, r.varint()? as u32);
                 let body = match r.u8()? {
+                    REC_ALIAS => return Ok((parent, name, perm, mtime, Err(r.varint()?))),
                     REC_DIR => {
                         let clean = opt_hash(&mut r)?;
                         let origin = match r.u8()? {
@@ -229,10 +248,39 @@ impl SnapshotFs {
                     }),
                     t => return Err(DecodeError::Invalid(format!("unknown record type {t}"))),
                 };
-                Ok((parent, name, perm, mtime, body))
+                Ok((parent, name, perm, mtime, Ok(body)))
             })()
             .map_err(state_err)?;
             let (parent, name, perm, mtime, body) = rec;
+            let body = match body {
+                Ok(b) => b,
+                Err(of) => {
+                    // A hard link: the node record `of` made, named here too.
+                    let at = |k: u64| inos.get(k as usize).copied().filter(|_| (k as usize) < i);
+                    let (Some(p), Some(ino)) = (at(parent), at(of)) else {
+                        return Err(state_err(format!("record {i}: a link to a record that is not an earlier one")));
+                    };
+                    check_name(&name).map_err(state_err)?;
+                    if Self::is_dir_body(&st.get(ino)?.body) || ino == ROOT_INO {
+                        return Err(state_err(format!("record {i}: a link to a directory")));
+                    }
+                    match &mut st.get_mut(p)?.body {
+                        Body::Dir { children: Some(c), .. } => {
+                            if c.insert(name.clone(), ino).is_some() {
+                                return Err(state_err(format!("record {i}: a name appears twice in one directory")));
+                            }
+                        }
+                        _ => return Err(state_err(format!("record {i}: its parent is not a loaded directory"))),
+                    }
+                    st.get_mut(ino)?.links.push((p, name));
+                    if matches!(st.get(ino)?.body, Body::Upper { .. }) {
+                        holders.push(p);
+                    }
+                    // Records are numbered in order: this one names the node.
+                    inos.push(ino);
+                    continue;
+                }
+            };
             let is_upper = matches!(body, Body::Upper { .. });
             let ino = if i == 0 {
                 st.next_ino = ROOT_INO;
