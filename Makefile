@@ -1,5 +1,5 @@
 # mado's entry points. Both install what they need if it is missing.
-.PHONY: demo test check fmt bench bench-quick
+.PHONY: demo test check fmt bench bench-quick pjdfstest
 
 demo:   ## import this repository into the embedded local store and check it out
 	./scripts/demo.sh
@@ -12,6 +12,9 @@ bench:  ## every benchmark scenario, mado and its peers, at RTT 0/20/50 ms: writ
 
 bench-quick:  ## a small, fast version of `make bench` (the test suite runs it)
 	./scripts/ensure-deps.sh --bench && . scripts/env.sh && python3 bench/run.py --quick --out "$${BENCH_OUT:-/tmp/mado-bench-quick/BENCHMARKS.md}"
+
+pjdfstest:  ## the POSIX suite pjdfstest against a workspace mount (root; `make test` runs it too)
+	./scripts/ensure-deps.sh && ./scripts/pjdfstest.sh
 
 check:  ## formatting and lints
 	. scripts/env.sh && cargo fmt --all -- --check && cargo clippy --workspace --all-targets -- -D warnings

@@ -20,6 +20,10 @@ cargo clippy --workspace --all-targets -q -- -D warnings
 cargo build --workspace --all-targets
 cargo test --workspace -- --test-threads="${MADO_TEST_THREADS:-4}"
 
+# POSIX conformance of a workspace mount (pjdfstest; device nodes are the
+# listed exceptions).
+"$MADO_ROOT/scripts/pjdfstest.sh" "$CARGO_TARGET_DIR/debug/mado"
+
 # The benchmark harness, small and fast, as a smoke test: it must produce
 # the report and its plots (no timing is checked).
 bench_out="$state/bench/BENCHMARKS.md"

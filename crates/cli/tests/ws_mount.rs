@@ -670,6 +670,73 @@ fn another_user_reads_no_copy_of_a_private_file() {
     assert!(tried > 10, "{tried}");
 }
 
+/// Owners and times behave as on a local filesystem while mounted (#20):
+/// root chowns; a file another user makes is theirs, and under a
+/// set-group-ID directory gets its group (a directory made there is one
+/// too); atime is kept apart from the mtime; the ctime moves on chmod. The
+/// saved state keeps all of it across an unmount; a checkpoint keeps none
+/// of it (mtimes and the exec bit only), so a resume elsewhere shows the
+/// resuming user's. (scripts/pjdfstest.sh runs the whole POSIX suite.)
+#[test]
+fn owners_and_times_behave_as_on_a_local_filesystem_while_mounted() {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    if !fuse_usable() || !rustix::process::geteuid().is_root() {
+        return;
+    }
+    let m = Mado::local();
+    setup(&m);
+    let dir = m.dir.path().join("mnt-own");
+    std::fs::set_permissions(m.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    m.ok(&["ws", "create", "own", "--from", "main", "--mount", dir.to_str().unwrap(), "--allow-other"]);
+    let mnt = WsMount { m: &m, dir };
+    let d = mnt.dir.clone();
+    let md = |p: &str| std::fs::symlink_metadata(d.join(p)).unwrap();
+    let as_nobody = |args: &[&str]| {
+        let o = std::process::Command::new("runuser").args(["-u", "nobody", "--"]).args(args).output().unwrap();
+        assert!(o.status.success(), "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    };
+    std::os::unix::fs::chown(d.join("README.md"), Some(65534), Some(65534)).unwrap();
+    assert_eq!((md("README.md").uid(), md("README.md").gid()), (65534, 65534));
+    std::fs::create_dir(d.join("shared")).unwrap();
+    std::fs::set_permissions(d.join("shared"), std::fs::Permissions::from_mode(0o777)).unwrap();
+    as_nobody(&["touch", d.join("shared/mine").to_str().unwrap()]);
+    assert_eq!(md("shared/mine").uid(), 65534);
+    std::fs::create_dir(d.join("grp")).unwrap();
+    std::os::unix::fs::chown(d.join("grp"), None, Some(1)).unwrap();
+    std::fs::set_permissions(d.join("grp"), std::fs::Permissions::from_mode(0o2777)).unwrap();
+    as_nobody(&["touch", d.join("grp/f").to_str().unwrap()]);
+    as_nobody(&["mkdir", d.join("grp/sub").to_str().unwrap()]);
+    assert_eq!((md("grp/f").uid(), md("grp/f").gid()), (65534, 1));
+    assert_eq!(md("grp/sub").gid(), 1);
+    assert_ne!(md("grp/sub").mode() & 0o2000, 0, "a directory made under a set-group-ID one is one too");
+    // atime apart from mtime.
+    let path = std::ffi::CString::new(d.join("src/lib.rs").as_os_str().as_bytes()).unwrap();
+    let times = [libc::timespec { tv_sec: 1_000, tv_nsec: 5 }, libc::timespec { tv_sec: 2_000, tv_nsec: 7 }];
+    // SAFETY: a valid NUL-terminated path and two timespecs.
+    assert_eq!(unsafe { libc::utimensat(libc::AT_FDCWD, path.as_ptr(), times.as_ptr(), 0) }, 0);
+    assert_eq!((md("src/lib.rs").atime(), md("src/lib.rs").atime_nsec()), (1_000, 5));
+    assert_eq!((md("src/lib.rs").mtime(), md("src/lib.rs").mtime_nsec()), (2_000, 7));
+    // The ctime moves on chmod; the mtime does not.
+    std::fs::set_permissions(d.join("src/lib.rs"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    assert!(md("src/lib.rs").ctime() > 1_000_000_000, "ctime {}", md("src/lib.rs").ctime());
+    assert_eq!(md("src/lib.rs").mtime(), 2_000);
+
+    mnt.umount();
+    m.ok(&["ws", "resume", "own", mnt.path(), "--mount", "--allow-other"]);
+    assert_eq!((md("README.md").uid(), md("shared/mine").uid(), md("grp/f").gid()), (65534, 65534, 1));
+    assert_eq!((md("src/lib.rs").atime(), md("src/lib.rs").mtime()), (1_000, 2_000));
+
+    mnt.checkpoint("owners");
+    let r = m.dir.path().join("resumed");
+    m.ok(&["ws", "resume", "own", r.to_str().unwrap(), "--read-only"]);
+    let me = rustix::process::geteuid().as_raw();
+    let rmd = std::fs::symlink_metadata(r.join("README.md")).unwrap();
+    assert_eq!(rmd.uid(), me, "a checkpoint keeps no owner");
+    assert_eq!(std::fs::symlink_metadata(r.join("src/lib.rs")).unwrap().mtime(), 2_000, "it keeps mtimes");
+    mnt.umount();
+}
+
 /// FIFOs and unix sockets (dev servers, language servers and test suites
 /// make them) work in a workspace mount: the kernel carries their data;
 /// they live in the upper layer, survive an unmount, and no checkpoint

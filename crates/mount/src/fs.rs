@@ -150,6 +150,13 @@ impl MadoFs {
     }
 
     /// Answers `reply` with the entry `fut` yields, from a tokio task.
+    /// Who a node made for `req` in `parent` belongs to, when not the
+    /// mount's owner: the caller's uid, and the caller's gid or, under a
+    /// set-group-ID directory, the directory's (as a local filesystem).
+    fn creator(&self, req: &Request) -> Creator {
+        Creator { uid: req.uid(), gid: req.gid(), mount: (self.uid, self.gid) }
+    }
+
     fn entry_later(
         &self,
         reply: ReplyEntry,
@@ -201,7 +208,35 @@ fn time_of(t: TimeOrNow) -> (i64, u32) {
     }
 }
 
-/// Who owns every node: the user running the daemon.
+/// The caller that makes a node, and the mount's owner.
+#[derive(Clone, Copy)]
+struct Creator {
+    uid: u32,
+    gid: u32,
+    mount: (u32, u32),
+}
+
+impl Creator {
+    /// Gives node `a` (just made in `parent`) its owner, when that is not
+    /// the mount's; a directory made under a set-group-ID one is one too.
+    async fn own(self, core: &SnapshotFs, parent: u64, a: Attr) -> mado_core::Result<Attr> {
+        let p = core.getattr(parent)?;
+        let setgid = p.perm & 0o2000 != 0;
+        let gid = match setgid {
+            true => p.owner.map_or(self.mount.1, |o| o.1),
+            false => self.gid,
+        };
+        let mode = (setgid && a.kind == NodeKind::Dir).then_some(u32::from(a.perm) | 0o2000);
+        if (self.uid, gid) == self.mount && mode.is_none() {
+            return Ok(a);
+        }
+        let owner = ((self.uid, gid) != self.mount).then_some((self.uid, gid));
+        let set = SetAttr { mode, uid: owner.map(|o| o.0), gid: owner.map(|o| o.1), ..Default::default() };
+        core.setattr(a.ino, set).await
+    }
+}
+
+/// Who owns a node nobody chowned: the user running the daemon.
 #[derive(Clone, Copy)]
 struct Owner {
     uid: u32,
@@ -210,14 +245,16 @@ struct Owner {
 
 impl Owner {
     fn attr(self, a: &Attr) -> FileAttr {
-        let t = UNIX_EPOCH + Duration::new(a.mtime.max(0) as u64, a.mtime_ns);
+        let at = |(s, n): (i64, u32)| UNIX_EPOCH + Duration::new(s.max(0) as u64, n);
+        let t = at((a.mtime, a.mtime_ns));
+        let (uid, gid) = a.owner.unwrap_or((self.uid, self.gid));
         FileAttr {
             ino: INodeNo(a.ino),
             size: a.size,
             blocks: a.size.div_ceil(512),
-            atime: t,
+            atime: at(a.atime),
             mtime: t,
-            ctime: t,
+            ctime: at(a.ctime),
             crtime: t,
             kind: match a.kind {
                 NodeKind::Dir => FileType::Directory,
@@ -228,8 +265,8 @@ impl Owner {
             },
             perm: a.perm,
             nlink: a.nlink,
-            uid: self.uid,
-            gid: self.gid,
+            uid,
+            gid,
             rdev: 0,
             blksize: 4096,
             flags: 0,
@@ -568,10 +605,10 @@ impl Filesystem for MadoFs {
         _req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
-        _uid: Option<u32>,
-        _gid: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
         size: Option<u64>,
-        _atime: Option<TimeOrNow>,
+        atime: Option<TimeOrNow>,
         mtime: Option<TimeOrNow>,
         _ctime: Option<std::time::SystemTime>,
         _fh: Option<FileHandle>,
@@ -582,11 +619,8 @@ impl Filesystem for MadoFs {
         reply: ReplyAttr,
     ) {
         writable_or_erofs!(self, reply);
-        let a = SetAttr { size, mode, mtime: mtime.map(time_of) };
-        if a.size.is_none() && a.mode.is_none() && a.mtime.is_none() {
-            // atime, owners: not kept; answer with what is.
-            return self.getattr(_req, ino, None, reply);
-        }
+        // The kernel has checked who may change what (default_permissions).
+        let a = SetAttr { size, mode, mtime: mtime.map(time_of), atime: atime.map(time_of), uid, gid };
         let (core, owner, ttl) = (self.core.clone(), self.owner(), self.ttl);
         self.rt.spawn(async move {
             match core.setattr(ino.0, a).await {
@@ -612,9 +646,21 @@ impl Filesystem for MadoFs {
         }
         let (core, owner, ttl, open) = (self.core.clone(), self.owner(), self.ttl, self.open_files());
         let fh = self.next_fh.fetch_add(1, Relaxed);
-        let name = name.as_bytes().to_vec();
+        let (name, who) = (name.as_bytes().to_vec(), self.creator(_req));
         self.rt.spawn(async move {
-            match core.create(parent.0, &name, mode & !umask).await {
+            let made = async {
+                let (a, f) = core.create(parent.0, &name, mode & !umask).await?;
+                match who.own(&core, parent.0, a).await {
+                    Ok(a) => Ok((a, f)),
+                    Err(e) => {
+                        // Not left behind half-made.
+                        let _ = core.unlink(parent.0, &name).await;
+                        core.release(a.ino);
+                        Err(e)
+                    }
+                }
+            };
+            match made.await {
                 Ok((a, f)) => {
                     open.keep(fh, a.ino, f);
                     core.note_lookup(a.ino, 1);
@@ -645,22 +691,31 @@ impl Filesystem for MadoFs {
             libc::S_IFSOCK => NodeKind::Socket,
             _ => return reply.error(Errno::EPERM),
         };
-        let (core, name) = (self.core.clone(), name.as_bytes().to_vec());
+        let (core, name, who) = (self.core.clone(), name.as_bytes().to_vec(), self.creator(_req));
         let perm = (mode & !umask & 0o7777) as u16;
-        self.entry_later(reply, async move { core.mknod(parent.0, &name, kind, perm).await });
+        self.entry_later(reply, async move {
+            let a = core.mknod(parent.0, &name, kind, perm).await?;
+            who.own(&core, parent.0, a).await
+        });
     }
 
-    fn mkdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
+    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
         writable_or_erofs!(self, reply);
-        let (core, name) = (self.core.clone(), name.as_bytes().to_vec());
-        self.entry_later(reply, async move { core.mkdir(parent.0, &name, mode & !umask).await });
+        let (core, name, who) = (self.core.clone(), name.as_bytes().to_vec(), self.creator(req));
+        self.entry_later(reply, async move {
+            let a = core.mkdir(parent.0, &name, mode & !umask).await?;
+            who.own(&core, parent.0, a).await
+        });
     }
 
-    fn symlink(&self, _req: &Request, parent: INodeNo, link_name: &OsStr, target: &std::path::Path, reply: ReplyEntry) {
+    fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &std::path::Path, reply: ReplyEntry) {
         writable_or_erofs!(self, reply);
-        let (core, name) = (self.core.clone(), link_name.as_bytes().to_vec());
+        let (core, name, who) = (self.core.clone(), link_name.as_bytes().to_vec(), self.creator(req));
         let target = target.as_os_str().as_bytes().to_vec();
-        self.entry_later(reply, async move { core.symlink(parent.0, &name, &target).await });
+        self.entry_later(reply, async move {
+            let a = core.symlink(parent.0, &name, &target).await?;
+            who.own(&core, parent.0, a).await
+        });
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {

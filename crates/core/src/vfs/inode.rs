@@ -47,12 +47,64 @@ pub(super) struct Node {
     /// that names this node. Never for a directory. A node with links is
     /// never folded away (its names would come back as separate files).
     pub(super) links: Vec<(u64, Vec<u8>)>,
+    /// What only a mount keeps (no checkpoint does): an owner other than
+    /// the mount's (`chown`, or a file another user made), an access time
+    /// and a change time apart from the mtime. `None` for most nodes.
+    pub(super) meta: Option<Box<Meta>>,
     pub(super) body: Body,
+}
+
+/// A node's owner and times beyond its mtime, while mounted.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(super) struct Meta {
+    /// (uid, gid); `None`: the mount's owner.
+    pub(super) owner: Option<(u32, u32)>,
+    /// `None`: the mtime.
+    pub(super) atime: Option<(i64, u32)>,
+    /// `None`: the mtime.
+    pub(super) ctime: Option<(i64, u32)>,
 }
 
 impl Node {
     pub(super) fn new(parent: u64, name: Vec<u8>, perm: u16, mtime: (i64, u32), body: Body) -> Node {
-        Node { parent, name, perm, mtime, version: 0, lookups: 0, opens: 0, touched: false, links: Vec::new(), body }
+        Node {
+            parent,
+            name,
+            perm,
+            mtime,
+            version: 0,
+            lookups: 0,
+            opens: 0,
+            touched: false,
+            links: Vec::new(),
+            meta: None,
+            body,
+        }
+    }
+
+    pub(super) fn meta_mut(&mut self) -> &mut Meta {
+        self.meta.get_or_insert_with(Default::default)
+    }
+
+    /// Content or entries changed now: the mtime, and with it the ctime.
+    pub(super) fn modified(&mut self) {
+        self.mtime = now();
+        if let Some(m) = &mut self.meta {
+            m.ctime = None;
+        }
+        self.tidy_meta();
+    }
+
+    /// Its inode changed now (mode, owner, names, times): the ctime.
+    pub(super) fn changed_now(&mut self) {
+        self.meta_mut().ctime = Some(now());
+    }
+
+    /// Drops a [`Meta`] that holds nothing apart from the mtime.
+    pub(super) fn tidy_meta(&mut self) {
+        if self.meta.as_deref().is_some_and(|m| *m == Meta::default()) {
+            self.meta = None;
+        }
     }
 
     /// Directory entries naming this node (0 once unlinked).
@@ -181,7 +233,7 @@ impl State {
     /// A directory whose entries changed: new mtime, changed tree.
     pub(super) fn touch_dir(&mut self, ino: u64) {
         if let Ok(n) = self.get_mut(ino) {
-            n.mtime = now();
+            n.modified();
         }
         self.dirty(ino);
     }
@@ -315,6 +367,7 @@ impl SnapshotFs {
                     && n.opens == 0
                     && !n.touched
                     && n.links.is_empty()
+                    && n.meta.is_none()
                     && matches!(n.body, Body::Lower(_) | Body::Dir { clean: Some(_), children: None, .. })
             })
         };

@@ -96,22 +96,23 @@ impl SnapshotFs {
     }
 
     pub fn getattr(&self, ino: u64) -> Result<Attr> {
-        let st = self.st();
-        Ok(self.attr_of(ino, st.get(ino)?))
+        self.attr_of(&self.st(), ino)
     }
 
     /// The child's attributes; with `count`, the kernel's reference to it
     /// is counted under the same lock (so no fold can drop it between the
     /// answer and the count).
     fn lookup_loaded(&self, parent: u64, name: &[u8], count: bool) -> Result<Attr> {
+        if name.len() > crate::object::MAX_NAME_BYTES {
+            return Err(Error::fs(Errno::NAMETOOLONG, "a name longer than 255 bytes"));
+        }
         let mut st = self.st_mut();
         self.loaded(&mut st, parent)?;
         let ino = st.child(parent, name)?;
-        let n = st.get_mut(ino)?;
         if count {
-            n.lookups += 1;
+            st.get_mut(ino)?.lookups += 1;
         }
-        Ok(self.attr_of(ino, n))
+        self.attr_of(&st, ino)
     }
 
     /// Lookup without waiting: `None` when the parent's tree is not in memory.
@@ -150,11 +151,10 @@ impl SnapshotFs {
         kids.into_iter()
             .enumerate()
             .map(|(i, (name, c))| {
-                let n = st.get_mut(c)?;
                 if count_from.is_some_and(|from| i >= from) {
-                    n.lookups += 1;
+                    st.get_mut(c)?.lookups += 1;
                 }
-                Ok((name, self.attr_of(c, n)))
+                Ok((name, self.attr_of(&st, c)?))
             })
             .collect()
     }

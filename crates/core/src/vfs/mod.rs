@@ -57,7 +57,7 @@ mod tests;
 pub use build::Built;
 
 pub use chunked::Readahead;
-use inode::{Body, Node, State};
+use inode::{Body, Meta, Node, State};
 use overlay::read_upper;
 
 pub const ROOT_INO: u64 = 1;
@@ -88,6 +88,11 @@ pub struct Attr {
     /// Seconds since the epoch and nanoseconds.
     pub mtime: i64,
     pub mtime_ns: u32,
+    /// Access and change times (the mtime unless set apart while mounted).
+    pub atime: (i64, u32),
+    pub ctime: (i64, u32),
+    /// The owner, when not the mount's (a mount only: no checkpoint keeps it).
+    pub owner: Option<(u32, u32)>,
 }
 
 /// An open file: its content source.
@@ -136,6 +141,9 @@ pub struct SetAttr {
     pub size: Option<u64>,
     pub mode: Option<u32>,
     pub mtime: Option<(i64, u32)>,
+    pub atime: Option<(i64, u32)>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
 }
 
 fn timeout_err(what: &str, t: Duration) -> Error {
@@ -143,6 +151,21 @@ fn timeout_err(what: &str, t: Duration) -> Error {
         context: format!("{what}: the store did not answer within {} s", t.as_secs()),
         source: std::io::Error::from(std::io::ErrorKind::TimedOut),
     }
+}
+
+/// The user running this process (a mount's daemon runs as the user who
+/// mounted): who owns every node no one chowned.
+fn mount_owner() -> (u32, u32) {
+    (rustix::process::getuid().as_raw(), rustix::process::getgid().as_raw())
+}
+
+/// A name a new entry may have: ENAMETOOLONG past 255 bytes, EINVAL for
+/// what no tree may hold.
+fn new_name_ok(name: &[u8]) -> Result<()> {
+    if name.len() > crate::object::MAX_NAME_BYTES {
+        return Err(Error::fs(Errno::NAMETOOLONG, "a name longer than 255 bytes"));
+    }
+    check_name(name).map_err(|m| Error::fs(Errno::INVAL, m))
 }
 
 fn now() -> (i64, u32) {
@@ -289,13 +312,14 @@ impl SnapshotFs {
         self.state.write().expect("state lock")
     }
 
-    fn attr_of(&self, ino: u64, n: &Node) -> Attr {
+    fn attr_of(&self, st: &State, ino: u64) -> Result<Attr> {
+        let n = st.get(ino)?;
         // A file's names (0 once unlinked, while a handle keeps it).
         let names = if ino == ROOT_INO { 1 } else { n.nlink() };
         let (kind, size, nlink) = match &n.body {
-            Body::Dir { .. } => (NodeKind::Dir, 0, 2),
+            Body::Dir { .. } => (NodeKind::Dir, 0, self.dir_links(st, &n.body)),
             Body::Lower(e) => match e.kind {
-                Kind::Directory | Kind::Gitlink => (NodeKind::Dir, 0, 2),
+                Kind::Directory | Kind::Gitlink => (NodeKind::Dir, 0, self.dir_links(st, &n.body)),
                 Kind::Symlink => (NodeKind::Symlink, e.size, names),
                 Kind::File | Kind::Executable => (NodeKind::File, e.size, names),
             },
@@ -304,7 +328,39 @@ impl SnapshotFs {
             Body::Special(k) => (*k, 0, names),
         };
         let perm = if kind == NodeKind::Symlink { 0o777 } else { n.perm };
-        Attr { ino, kind, size, perm, nlink, mtime: n.mtime.0, mtime_ns: n.mtime.1 }
+        let meta = n.meta.as_deref();
+        Ok(Attr {
+            ino,
+            kind,
+            size,
+            perm,
+            nlink,
+            mtime: n.mtime.0,
+            mtime_ns: n.mtime.1,
+            atime: meta.and_then(|m| m.atime).unwrap_or(n.mtime),
+            ctime: meta.and_then(|m| m.ctime).unwrap_or(n.mtime),
+            owner: meta.and_then(|m| m.owner),
+        })
+    }
+
+    /// A directory's `nlink`, as a local filesystem counts it: 2 (its name
+    /// and its `.`) plus one `..` per subdirectory. 1 ("not counted", as
+    /// btrfs reports) for a directory whose tree is not in memory: never a
+    /// count that would tell a walker it has no subdirectories.
+    fn dir_links(&self, st: &State, body: &Body) -> u32 {
+        let is_dir = |k: Kind| matches!(k, Kind::Directory | Kind::Gitlink);
+        let from_tree =
+            |id: &Hash| self.tree_now(id).map_or(1, |t| 2 + t.entries.iter().filter(|e| is_dir(e.kind)).count() as u32);
+        match body {
+            Body::Dir { children: Some(c), .. } => {
+                2 + c.values().filter(|k| st.get(**k).is_ok_and(|n| Self::is_dir_body(&n.body))).count() as u32
+            }
+            Body::Dir { clean: Some(id), .. } => from_tree(id),
+            Body::Lower(e) if e.kind == Kind::Directory => from_tree(&e.id),
+            // A gitlink is an empty directory here.
+            Body::Lower(_) => 2,
+            Body::Dir { .. } | Body::Upper { .. } | Body::Link(_) | Body::Special(_) => 1,
+        }
     }
 
     /// The permission bits a lower entry shows.

@@ -126,14 +126,14 @@ impl SnapshotFs {
             *size = (*size).max(offset + data.len() as u64);
             *clean = None;
         }
-        n.mtime = now();
+        n.modified();
         st.dirty(*ino);
         drop(st);
         self.changed();
         Ok(data.len() as u32)
     }
 
-    /// chmod, truncate and utimes.
+    /// chmod, chown, truncate and utimes.
     pub async fn setattr(&self, ino: u64, a: SetAttr) -> Result<Attr> {
         self.writable_only()?;
         if let Some(size) = a.size {
@@ -150,7 +150,7 @@ impl SnapshotFs {
                 *s = size;
                 *clean = None;
             }
-            n.mtime = now();
+            n.modified();
             st.dirty(ino);
         }
         {
@@ -179,6 +179,19 @@ impl SnapshotFs {
             if let Some(t) = a.mtime {
                 st.get_mut(ino)?.mtime = t;
             }
+            let n = st.get_mut(ino)?;
+            if let Some(t) = a.atime {
+                n.meta_mut().atime = Some(t);
+            }
+            if a.uid.is_some() || a.gid.is_some() {
+                let (uid, gid) = n.meta.as_ref().and_then(|m| m.owner).unwrap_or_else(mount_owner);
+                let owner = (a.uid.unwrap_or(uid), a.gid.unwrap_or(gid));
+                n.meta_mut().owner = (owner != mount_owner()).then_some(owner);
+            }
+            if a.mode.is_some() || a.mtime.is_some() || a.uid.is_some() || a.gid.is_some() {
+                n.changed_now();
+            }
+            n.tidy_meta();
         }
         self.changed();
         self.getattr(ino)
@@ -187,7 +200,7 @@ impl SnapshotFs {
     /// Adds node `n` named `name` to directory `parent`.
     async fn insert(&self, parent: u64, name: &[u8], n: impl FnOnce(u64) -> Node) -> Result<Attr> {
         self.writable_only()?;
-        check_name(name).map_err(|m| Error::fs(Errno::INVAL, m))?;
+        new_name_ok(name)?;
         self.load(parent).await?;
         let mut st = self.st_mut();
         self.loaded(&mut st, parent)?;
@@ -197,7 +210,7 @@ impl SnapshotFs {
         let ino = st.push(n(parent));
         st.children_mut(parent)?.insert(name.to_vec(), ino);
         st.touch_dir(parent);
-        let a = self.attr_of(ino, st.get(ino)?);
+        let a = self.attr_of(&st, ino)?;
         drop(st);
         self.changed();
         Ok(a)
@@ -314,6 +327,8 @@ impl SnapshotFs {
         st.children_mut(parent)?.remove(name);
         if st.get_mut(ino)?.drop_name(parent, name) {
             self.detach(&mut st, ino);
+        } else {
+            st.get_mut(ino)?.changed_now();
         }
         st.touch_dir(parent);
         drop(st);
@@ -332,7 +347,7 @@ impl SnapshotFs {
         no_replace: bool,
     ) -> Result<()> {
         self.writable_only()?;
-        check_name(new_name).map_err(|m| Error::fs(Errno::INVAL, m))?;
+        new_name_ok(new_name)?;
         self.load(parent).await?;
         self.load(new_parent).await?;
         let target = self.st().child(new_parent, new_name).ok();
@@ -365,11 +380,15 @@ impl SnapshotFs {
             st.children_mut(new_parent)?.remove(new_name);
             if st.get_mut(t)?.drop_name(new_parent, new_name) {
                 self.detach(&mut st, t);
+            } else {
+                st.get_mut(t)?.changed_now();
             }
         }
         st.children_mut(parent)?.remove(name);
         st.children_mut(new_parent)?.insert(new_name.to_vec(), src);
-        st.get_mut(src)?.move_name(parent, name, new_parent, new_name);
+        let n = st.get_mut(src)?;
+        n.move_name(parent, name, new_parent, new_name);
+        n.changed_now();
         st.touch_dir(parent);
         st.touch_dir(new_parent);
         drop(st);
@@ -382,7 +401,7 @@ impl SnapshotFs {
     /// path as a file of its own (trees have no hard links, as in git).
     pub async fn link(&self, ino: u64, new_parent: u64, new_name: &[u8]) -> Result<Attr> {
         self.writable_only()?;
-        check_name(new_name).map_err(|m| Error::fs(Errno::INVAL, m))?;
+        new_name_ok(new_name)?;
         self.load(new_parent).await?;
         let mut st = self.st_mut();
         self.loaded(&mut st, new_parent)?;
@@ -400,9 +419,11 @@ impl SnapshotFs {
             return Err(Error::fs(Errno::EXIST, String::from_utf8_lossy(new_name).into_owned()));
         }
         st.children_mut(new_parent)?.insert(new_name.to_vec(), ino);
-        st.get_mut(ino)?.links.push((new_parent, new_name.to_vec()));
+        let n = st.get_mut(ino)?;
+        n.links.push((new_parent, new_name.to_vec()));
+        n.changed_now();
         st.touch_dir(new_parent);
-        let a = self.attr_of(ino, st.get(ino)?);
+        let a = self.attr_of(&st, ino)?;
         drop(st);
         self.changed();
         Ok(a)

@@ -44,6 +44,50 @@ fn opt_hash(r: &mut crate::codec::Reader) -> std::result::Result<Option<Hash>, c
     }
 }
 
+/// A node's owner and times beyond its mtime (version 4): a flag byte
+/// (1 owner, 2 atime, 4 ctime), then those present.
+fn put_meta(out: &mut Vec<u8>, m: Option<&Meta>) {
+    use crate::codec::put_varint;
+    let m = m.cloned().unwrap_or_default();
+    let flags = m.owner.is_some() as u8 | (m.atime.is_some() as u8) << 1 | (m.ctime.is_some() as u8) << 2;
+    out.push(flags);
+    if let Some((uid, gid)) = m.owner {
+        put_varint(out, uid as u64);
+        put_varint(out, gid as u64);
+    }
+    for (s, ns) in [m.atime, m.ctime].into_iter().flatten() {
+        out.extend_from_slice(&s.to_le_bytes());
+        put_varint(out, ns as u64);
+    }
+}
+
+fn read_meta(r: &mut crate::codec::Reader) -> std::result::Result<Option<Box<Meta>>, crate::codec::DecodeError> {
+    use crate::codec::DecodeError;
+    let flags = r.u8()?;
+    if flags & !7 != 0 {
+        return Err(DecodeError::Invalid(format!("bad meta flags {flags}")));
+    }
+    let mut m = Meta::default();
+    if flags & 1 != 0 {
+        let id = |v: u64| u32::try_from(v).map_err(|_| DecodeError::Invalid(format!("owner id {v} out of range")));
+        m.owner = Some((id(r.varint()?)?, id(r.varint()?)?));
+    }
+    let mut time = |bit: u8| -> std::result::Result<Option<(i64, u32)>, DecodeError> {
+        if flags & bit == 0 {
+            return Ok(None);
+        }
+        let s = r.i64_le()?;
+        let ns = r.varint()?;
+        if ns >= 1_000_000_000 {
+            return Err(DecodeError::Invalid(format!("nanoseconds {ns} out of range")));
+        }
+        Ok(Some((s, ns as u32)))
+    };
+    m.atime = time(2)?;
+    m.ctime = time(4)?;
+    Ok((m != Meta::default()).then(|| Box::new(m)))
+}
+
 fn state_err(e: impl std::fmt::Display) -> Error {
     Error::LocalState {
         path: "the saved state of this workspace mount".into(),
@@ -56,6 +100,7 @@ fn state_err(e: impl std::fmt::Display) -> Error {
 
 /// The header of a saved state: what must be fetched before loading it.
 struct SavedHeader {
+    version: u8,
     root: Hash,
     time: i64,
     base_stat: Option<Hash>,
@@ -98,6 +143,7 @@ impl SnapshotFs {
             put_varint(&mut out, n.perm as u64);
             out.extend_from_slice(&n.mtime.0.to_le_bytes());
             put_varint(&mut out, n.mtime.1 as u64);
+            put_meta(&mut out, n.meta.as_deref());
             if !n.links.is_empty() {
                 if let Some(at) = first.get(&ino) {
                     out.push(REC_ALIAS);
@@ -172,7 +218,7 @@ impl SnapshotFs {
             let time = r.i64_le()?;
             let base_stat = opt_hash(&mut r)?;
             let next_blob = r.varint()?;
-            Ok::<_, crate::codec::DecodeError>(SavedHeader { root, time, base_stat, next_blob })
+            Ok::<_, crate::codec::DecodeError>(SavedHeader { version, root, time, base_stat, next_blob })
         })()
         .map_err(state_err)?;
         Ok((h, r))
@@ -213,8 +259,12 @@ impl SnapshotFs {
                 let name = r.bytes()?.to_vec();
                 let perm = r.varint()? as u16;
                 let mtime = (r.i64_le()?, r.varint()? as u32);
+                let meta = match h.version >= OVERLAY_VERSION {
+                    true => read_meta(&mut r)?,
+                    false => None,
+                };
                 let body = match r.u8()? {
-                    REC_ALIAS => return Ok((parent, name, perm, mtime, Err(r.varint()?))),
+                    REC_ALIAS => return Ok((parent, name, perm, mtime, meta, Err(r.varint()?))),
                     REC_DIR => {
                         let clean = opt_hash(&mut r)?;
                         let origin = match r.u8()? {
@@ -248,10 +298,10 @@ impl SnapshotFs {
                     }),
                     t => return Err(DecodeError::Invalid(format!("unknown record type {t}"))),
                 };
-                Ok((parent, name, perm, mtime, Ok(body)))
+                Ok((parent, name, perm, mtime, meta, Ok(body)))
             })()
             .map_err(state_err)?;
-            let (parent, name, perm, mtime, body) = rec;
+            let (parent, name, perm, mtime, meta, body) = rec;
             let body = match body {
                 Ok(b) => b,
                 Err(of) => {
@@ -284,14 +334,14 @@ impl SnapshotFs {
             let is_upper = matches!(body, Body::Upper { .. });
             let ino = if i == 0 {
                 st.next_ino = ROOT_INO;
-                st.push(Node::new(ROOT_INO, name, perm, mtime, body))
+                st.push(Node { meta, ..Node::new(ROOT_INO, name, perm, mtime, body) })
             } else {
                 let p = *inos
                     .get(parent as usize)
                     .filter(|_| (parent as usize) < i)
                     .ok_or_else(|| state_err(format!("record {i} names parent {parent}, not an earlier record")))?;
                 check_name(&name).map_err(state_err)?;
-                let ino = st.push(Node::new(p, name.clone(), perm, mtime, body));
+                let ino = st.push(Node { meta, ..Node::new(p, name.clone(), perm, mtime, body) });
                 match &mut st.get_mut(p)?.body {
                     Body::Dir { children: Some(c), .. } => {
                         if c.insert(name, ino).is_some() {
