@@ -261,6 +261,46 @@ fn a_full_cache_disk_is_reported_once_and_the_checkout_still_succeeds() {
     assert_same_tree(&clone, &co);
 }
 
+/// A full disk under the checkout's target: the checkout fails, exit 1
+/// or more, naming the file it could not write and saying the disk is full
+/// (no write error is lost among the writer threads).
+#[test]
+fn a_full_target_disk_fails_the_checkout_naming_the_file() {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("skipping: mounting a small tmpfs needs root");
+        return;
+    }
+    let m = Mado::local();
+    let repo = fixture_repo(m.dir.path());
+    for i in 0..64 {
+        std::fs::write(repo.join(format!("n{i}.txt")), common::pseudo_random(20_000, i)).unwrap();
+    }
+    git(&repo, &["add", "-A"]);
+    git(&repo, &["commit", "-qm", "more"]);
+    m.ok(&["import-git", repo.to_str().unwrap()]);
+    let small = m.dir.path().join("small-target");
+    std::fs::create_dir_all(&small).unwrap();
+    let st = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=256k", "tmpfs", small.to_str().unwrap()])
+        .status()
+        .unwrap();
+    assert!(st.success(), "mounting a tmpfs");
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+    let _u = Unmount(small.clone());
+    let co = small.join("co");
+    let o = m.cmd(&["checkout", "main", co.to_str().unwrap()]).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "the checkout cannot succeed on a full disk: {err}");
+    assert!(err.contains("No space left on device"), "{err}");
+    assert!(err.contains("writing \"n") || err.contains("creating file \"n"), "names the file: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
 /// `mado log | head -1`: a reader that hangs up ends the command quietly,
 /// with no panic (exit 101) and nothing on stderr.
 #[test]

@@ -10,7 +10,9 @@
 //!
 //! Speed: trees are fetched one level at a time (all of a level's trees in
 //! flight together), then file contents with [`CONCURRENCY`] in flight;
-//! writes run on blocking threads.
+//! whole files are written by a few writer threads, each directory by one
+//! of them with its fd kept open ([`Writers`]); a chunked file streams in
+//! on blocking tasks.
 
 use std::ffi::OsStr;
 use std::io::Write;
@@ -135,7 +137,7 @@ fn make_dir(root: &OwnedFd, path: &[u8], force: bool) -> Result<()> {
 /// Where one entry is being written: its parent directory, the name it is
 /// written under, and the name it must end up with.
 struct Target {
-    parent: OwnedFd,
+    parent: Arc<OwnedFd>,
     name: std::ffi::OsString,
     final_name: std::ffi::OsString,
 }
@@ -147,15 +149,20 @@ impl Target {
     /// so a failed or interrupted write never leaves a file that looks
     /// complete.
     fn open(root: &OwnedFd, path: &[u8], force: bool, temp: bool) -> Result<Target> {
-        let (parent, name) = split_parent(path);
-        let parent = open_dir_beneath(root, parent)?;
+        let parent = Arc::new(open_dir_beneath(root, split_parent(path).0)?);
+        Ok(Target::in_dir(parent, path, force, temp))
+    }
+
+    /// [`Target::open`] in `parent`, the directory of `path`, opened already.
+    fn in_dir(parent: Arc<OwnedFd>, path: &[u8], force: bool, temp: bool) -> Target {
+        let name = split_parent(path).1;
         let final_name = OsStr::from_bytes(name).to_os_string();
         let name = if force || temp {
             format!(".mado-tmp-{}-{}", std::process::id(), rand::random::<u64>()).into()
         } else {
             final_name.clone()
         };
-        Ok(Target { parent, name, final_name })
+        Target { parent, name, final_name }
     }
 
     fn create_file(&self, path: &[u8], kind: Kind) -> Result<std::fs::File> {
@@ -213,9 +220,10 @@ impl Target {
     }
 }
 
-/// Writes one file or symlink at `path` beneath `root`.
-fn write_entry(root: &OwnedFd, path: &[u8], kind: Kind, data: &[u8], force: bool) -> Result<()> {
-    let t = Target::open(root, path, force, false)?;
+/// Writes one file or symlink at `path` in `parent` (its directory, opened
+/// beneath the target's root).
+fn write_entry(parent: Arc<OwnedFd>, path: &[u8], kind: Kind, data: &[u8], force: bool) -> Result<()> {
+    let t = Target::in_dir(parent, path, force, false);
     let written = match kind {
         Kind::Symlink => {
             if data.is_empty() || data.contains(&0) {
@@ -235,6 +243,110 @@ fn write_entry(root: &OwnedFd, path: &[u8], kind: Kind, data: &[u8], force: bool
         return Err(e);
     }
     t.place(path, force)
+}
+
+/// [`write_entry`] at `path` beneath `root` (its directory opened first).
+#[cfg(test)]
+fn write_entry_beneath(root: &OwnedFd, path: &[u8], kind: Kind, data: &[u8], force: bool) -> Result<()> {
+    let parent = Arc::new(open_dir_beneath(root, split_parent(path).0)?);
+    write_entry(parent, path, kind, data, force)
+}
+
+/// Threads that write whole files (and symlinks) into the target, each
+/// keeping its recently used directories open: a file costs its create,
+/// write and close, not a thread hand-off and a directory open as well.
+/// A file goes to the thread of its directory (by hash), so one directory
+/// is written by one thread (no contention on its lock) and its fd is
+/// opened once. The first error stops the rest.
+struct Writers {
+    queues: Vec<tokio::sync::mpsc::Sender<Job>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+    error: Arc<std::sync::Mutex<Option<Error>>>,
+}
+
+struct Job {
+    path: Vec<u8>,
+    kind: Kind,
+    piece: crate::fetch::Piece,
+}
+
+impl Writers {
+    fn start(root: Arc<OwnedFd>, force: bool) -> Writers {
+        let n = std::thread::available_parallelism().map_or(2, |n| n.get()).clamp(2, 4) * 2;
+        let error: Arc<std::sync::Mutex<Option<Error>>> = Arc::default();
+        let (mut queues, mut threads) = (Vec::new(), Vec::new());
+        for i in 0..n {
+            let (tx, mut rx) = tokio::sync::mpsc::channel::<Job>(64);
+            let (root, err) = (root.clone(), error.clone());
+            let spawned = std::thread::Builder::new().name(format!("mado-write-{i}")).spawn(move || {
+                let error = err;
+                let mut dirs: std::collections::HashMap<Vec<u8>, Arc<OwnedFd>> = std::collections::HashMap::new();
+                while let Some(job) = rx.blocking_recv() {
+                    if error.lock().expect("error lock").is_some() {
+                        continue;
+                    }
+                    let dir = split_parent(&job.path).0;
+                    let parent = match dirs.get(dir) {
+                        Some(fd) => Ok(fd.clone()),
+                        None => open_dir_beneath(&root, dir).map(Arc::new).inspect(|fd| {
+                            if dirs.len() >= 64 {
+                                dirs.clear();
+                            }
+                            dirs.insert(dir.to_vec(), fd.clone());
+                        }),
+                    };
+                    let r = parent.and_then(|p| write_entry(p, &job.path, job.kind, &job.piece.bytes, force));
+                    if let Err(e) = r {
+                        error.lock().expect("error lock").get_or_insert(e);
+                    }
+                }
+            });
+            match spawned {
+                Ok(t) => {
+                    queues.push(tx);
+                    threads.push(t);
+                }
+                // Fewer threads than asked (a limit): the others share.
+                Err(e) if queues.is_empty() => {
+                    *error.lock().expect("error lock") =
+                        Some(Error::Io { context: "starting a writer thread".into(), source: e })
+                }
+                Err(_) => {}
+            }
+        }
+        Writers { queues, threads, error }
+    }
+
+    /// A copy of the first write error (the original is [`Writers::finish`]'s).
+    fn failed(&self) -> Option<Error> {
+        self.error.lock().expect("error lock").as_ref().map(|e| Error::Internal(format!("{e}")))
+    }
+
+    async fn write(&self, job: Job) -> Result<()> {
+        use std::hash::{Hash as _, Hasher};
+        if self.queues.is_empty() {
+            return Err(self.failed().unwrap_or_else(|| Error::Internal("no writer thread".into())));
+        }
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        split_parent(&job.path).0.hash(&mut h);
+        let q = &self.queues[h.finish() as usize % self.queues.len()];
+        q.send(job).await.map_err(|_| Error::Internal("a writer thread stopped".into()))
+    }
+
+    /// Waits for every queued write; the first error, if any.
+    async fn finish(self) -> Result<()> {
+        let Writers { queues, threads, error } = self;
+        drop(queues);
+        blocking(move || {
+            for t in threads {
+                let _ = t.join();
+            }
+            Ok(())
+        })
+        .await?;
+        let first = error.lock().expect("error lock").take();
+        first.map_or(Ok(()), Err)
+    }
 }
 
 /// Writes a chunked file at `path` beneath `root` as its chunks arrive,
@@ -447,24 +559,30 @@ pub async fn checkout(
     } else {
         fetcher.prefetch(&ids);
     }
-    // File contents, many in flight; each written as soon as it arrives.
+    // File contents, many in flight; each handed to the writers as soon
+    // as it arrives.
     let total = files.len() as u64;
     let done = std::sync::atomic::AtomicU64::new(0);
+    let writers = Writers::start(root_fd.clone(), opts.force);
     let results: Result<Vec<Written>> = futures::stream::iter(files.into_iter().map(|(p, e)| {
         let f = fetcher.clone();
         let root_fd = root_fd.clone();
-        let done = &done;
+        let (done, writers) = (&done, &writers);
         async move {
+            if let Some(e) = writers.failed() {
+                return Err(e);
+            }
             let kind = e.kind;
             let force = opts.force;
-            let (n, p) = if e.chunked && kind != Kind::Symlink {
-                (stream_entry(&f, &root_fd, &p, &e, force).await?, p)
+            let n = if e.chunked && kind != Kind::Symlink {
+                stream_entry(&f, &root_fd, &p, &e, force).await?
             } else {
                 // Held in the fetcher's piece budget until written: many
                 // files of a few MiB in flight stay under it too.
                 let piece = f.whole(&e, &lossy(&p)).await?;
                 let n = piece.bytes.len() as u64;
-                (n, blocking(move || write_entry(&root_fd, &p, kind, &piece.bytes, force).map(|()| p)).await?)
+                writers.write(Job { path: p.clone(), kind, piece }).await?;
+                n
             };
             (opts.progress)(done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1, total);
             Ok::<_, Error>((kind, n, p, e))
@@ -473,9 +591,13 @@ pub async fn checkout(
     .buffer_unordered(CONCURRENCY)
     .try_collect()
     .await;
+    // Every write is done (or failed) before the checkout answers.
+    let finished = writers.finish().await;
     if subset {
         fetcher.want(None);
     }
+    // A writer's own error first (what a task stopped early on is a copy).
+    finished?;
     let results: Vec<Written> = results?;
     for (kind, n, p, e) in results {
         if kind == Kind::Symlink {
@@ -517,20 +639,20 @@ mod tests {
         let root = rustix::fs::open(&dest, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty()).unwrap();
         // Through the symlink: refused, even with --force.
         for force in [false, true] {
-            let err = write_entry(&root, b"evil/pwned", Kind::File, b"x", force).unwrap_err();
+            let err = write_entry_beneath(&root, b"evil/pwned", Kind::File, b"x", force).unwrap_err();
             assert!(matches!(err, Error::UnsafePath { .. }), "{err}");
         }
         assert!(std::fs::read_dir(&outside).unwrap().next().is_none());
         // --force replaces the symlink itself with a real directory.
         make_dir(&root, b"evil", true).unwrap();
-        write_entry(&root, b"evil/ok", Kind::File, b"x", true).unwrap();
+        write_entry_beneath(&root, b"evil/ok", Kind::File, b"x", true).unwrap();
         assert!(dest.join("evil").symlink_metadata().unwrap().is_dir());
         assert!(std::fs::read_dir(&outside).unwrap().next().is_none());
         // Without --force an existing file is never overwritten.
-        assert!(write_entry(&root, b"evil/ok", Kind::File, b"y", false).is_err());
+        assert!(write_entry_beneath(&root, b"evil/ok", Kind::File, b"y", false).is_err());
         // A file symlink in the way is replaced, not written through.
         std::os::unix::fs::symlink(outside.join("target"), dest.join("f")).unwrap();
-        write_entry(&root, b"f", Kind::File, b"data", true).unwrap();
+        write_entry_beneath(&root, b"f", Kind::File, b"data", true).unwrap();
         assert!(!outside.join("target").exists());
         assert_eq!(std::fs::read(dest.join("f")).unwrap(), b"data");
     }
