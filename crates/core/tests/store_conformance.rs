@@ -109,6 +109,39 @@ async fn packs_indexes_listings_and_deletes(r: &Remote) {
     assert!(r.list(mado_core::store::layout::PACKS).await.unwrap().is_empty());
 }
 
+/// An index goes up with a conditional PUT (a checkpoint writes it beside
+/// its packs); one found at the key is sound only when every pack and
+/// lower layer it names is in the store.
+async fn conditional_indexes_and_their_soundness(r: &Remote) {
+    use mado_core::pack::{Mode, PackEntry, PackIndex};
+    use mado_core::publish::index_is_sound;
+    let (tree, below) = (Hash::of(b"a layered tree"), Hash::of(b"the layer below"));
+    let pack = Hash::of(b"its pack");
+    let layer = PackIndex {
+        tree,
+        mode: Mode::Recursive,
+        dirs: 1,
+        packs: vec![PackEntry { id: pack, size: 10, header_len: 4, members: Vec::new() }],
+        trees: Vec::new(),
+        base: vec![below],
+    };
+    let bytes = Bytes::from(layer.encode());
+    assert!(!index_is_sound(r, &tree).await.unwrap(), "absent");
+    assert!(r.create_index(&tree, bytes.clone()).await.unwrap(), "created");
+    assert!(!r.create_index(&tree, Bytes::from_static(b"other")).await.unwrap(), "not over one that is there");
+    assert_eq!(r.get_index(&tree).await.unwrap(), Some(bytes.clone()));
+    assert!(!index_is_sound(r, &tree).await.unwrap(), "its pack and the layer below are missing");
+    r.put_pack(&pack, Bytes::from_static(b"0123456789")).await.unwrap();
+    assert!(!index_is_sound(r, &tree).await.unwrap(), "the layer below is missing");
+    let whole = PackIndex { tree: below, base: Vec::new(), packs: Vec::new(), ..layer.clone() };
+    r.put_index(&below, Bytes::from(whole.encode())).await.unwrap();
+    assert!(index_is_sound(r, &tree).await.unwrap(), "everything it names is there");
+    r.put_index(&tree, Bytes::from_static(b"not an index")).await.unwrap();
+    assert!(!index_is_sound(r, &tree).await.unwrap(), "undecodable");
+    r.put_index(&tree, Bytes::from(whole.encode())).await.unwrap();
+    assert!(!index_is_sound(r, &tree).await.unwrap(), "an index of another tree at this key");
+}
+
 async fn snapshot_prefixes_resolve(r: &Remote) {
     let a = Bytes::from_static(b"snapshot a");
     let id = Hash::of(&a);
@@ -190,6 +223,7 @@ async fn run_all(label: &str, url: &str) {
     corrupt_objects_are_reported_with_their_id(&r).await;
     snapshot_prefixes_resolve(&r).await;
     packs_indexes_listings_and_deletes(&r).await;
+    conditional_indexes_and_their_soundness(&r).await;
     refs_move_by_compare_and_swap(&r).await;
     concurrent_cas_has_one_winner(url).await;
     counting_wrapper_counts(&open(url)).await;
