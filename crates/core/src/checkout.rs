@@ -337,14 +337,13 @@ impl Writers {
     async fn finish(self) -> Result<()> {
         let Writers { queues, threads, error } = self;
         drop(queues);
-        blocking(move || {
-            for t in threads {
-                let _ = t.join();
-            }
-            Ok(())
-        })
-        .await?;
+        let panicked =
+            blocking(move || Ok(threads.into_iter().map(|t| t.join()).filter(|r| r.is_err()).count())).await?;
         let first = error.lock().expect("error lock").take();
+        if first.is_none() && panicked > 0 {
+            // Its files may be missing: never a checkout that looks whole.
+            return Err(Error::Internal(format!("{panicked} checkout writer thread(s) stopped unexpectedly")));
+        }
         first.map_or(Ok(()), Err)
     }
 }
