@@ -247,3 +247,52 @@ async fn a_checkpoint_skips_a_file_unlinked_under_it_but_not_a_lost_blob() {
     let e = fs.build_with(&cache, &mut Staged::default(), remove, || {}).unwrap_err();
     assert!(e.to_string().contains(&blob.to_string()), "{e}");
 }
+
+/// Times and owners as a local filesystem keeps them: a write moves the
+/// mtime and the ctime with it; chmod and chown move only the ctime; an
+/// atime set apart stays apart; names added or removed move the
+/// directory's mtime; a node whose extra times and owner are all undone
+/// sheds them. All of it survives a save and reload.
+#[tokio::test]
+async fn writes_chmod_chown_and_utimes_move_the_times_a_local_filesystem_would() {
+    let d = tempfile::tempdir().unwrap();
+    let (fs, _cache) = empty_workspace(d.path());
+    let (a, f) = fs.create(ROOT_INO, b"f", 0o644).await.unwrap();
+    let long_ago = (1_000, 1);
+    let set = |mtime, atime| SetAttr { mtime, atime, ..Default::default() };
+    let b = fs.setattr(a.ino, set(Some(long_ago), Some((500, 2)))).await.unwrap();
+    assert_eq!(((b.mtime, b.mtime_ns), b.atime), (long_ago, (500, 2)));
+    assert!(b.ctime.0 > 1_000_000_000, "utimes moves the ctime: {b:?}");
+    // A write: a new mtime, and the ctime with it; the atime stays.
+    fs.write(&f, 0, b"new bytes").unwrap();
+    let w = fs.getattr(a.ino).unwrap();
+    assert!(w.mtime > 1_000_000_000, "{w:?}");
+    assert_eq!(w.ctime, (w.mtime, w.mtime_ns));
+    assert_eq!(w.atime, (500, 2));
+    // chmod: the ctime moves, the mtime does not.
+    fs.setattr(a.ino, set(Some(long_ago), None)).await.unwrap();
+    let c = fs.setattr(a.ino, SetAttr { mode: Some(0o600), ..Default::default() }).await.unwrap();
+    assert_eq!((c.mtime, c.mtime_ns), long_ago);
+    assert!(c.ctime.0 > 1_000_000_000, "{c:?}");
+    // chown to someone else, then back to the mount's owner.
+    let me = mount_owner();
+    let o = fs.setattr(a.ino, SetAttr { uid: Some(4242), ..Default::default() }).await.unwrap();
+    assert_eq!(o.owner, Some((4242, me.1)));
+    // A directory gains a name: its mtime moves.
+    fs.setattr(ROOT_INO, set(Some(long_ago), None)).await.unwrap();
+    fs.mkdir(ROOT_INO, b"sub", 0o755).await.unwrap();
+    let r = fs.getattr(ROOT_INO).unwrap();
+    assert!(r.mtime > 1_000_000_000 && r.ctime == (r.mtime, r.mtime_ns), "{r:?}");
+    // Saved and loaded: owner and times as they were.
+    let saved = fs.save_state().unwrap();
+    let back = SnapshotFs::load_state(fs.fetcher().clone(), &saved, d.path().join("upper"), None).unwrap();
+    let a2 = back.lookup(ROOT_INO, b"f").await.unwrap();
+    assert_eq!((a2.owner, a2.atime, a2.ctime), (o.owner, o.atime, o.ctime));
+    // Back to the mount's owner, times with the mtime: nothing extra kept.
+    let n = fs.setattr(a.ino, SetAttr { uid: Some(me.0), ..Default::default() }).await.unwrap();
+    assert_eq!(n.owner, None);
+    fs.write(&f, 0, b"again").unwrap();
+    let st = fs.st();
+    let node = st.get(a.ino).unwrap();
+    assert!(node.meta.as_ref().is_some_and(|m| m.owner.is_none() && m.ctime.is_none()), "{:?}", node.meta);
+}
