@@ -805,6 +805,46 @@ fn fifos_and_sockets_work_in_a_workspace_mount_and_are_not_checkpointed() {
     assert!(!fifo.exists() && !sock.exists());
 }
 
+/// A directory emptied while it is being listed (what `rm -rf` of a large
+/// directory does: it reads a batch of names, unlinks them, reads on):
+/// the next READDIRPLUS asks for an offset past the end, which ends the
+/// listing. It once panicked every FUSE thread of the daemon, and the
+/// mount was gone ("Transport endpoint is not connected").
+#[test]
+fn a_directory_emptied_while_listed_ends_the_listing_and_the_mount_lives() {
+    if !fuse_usable() {
+        return;
+    }
+    let m = Mado::local();
+    setup(&m);
+    let mnt = create(&m, "shrink");
+    let big = mnt.dir.join("big");
+    std::fs::create_dir(&big).unwrap();
+    let long = "x".repeat(120);
+    for i in 0..1500 {
+        std::fs::write(big.join(format!("{long}-{i:05}")), b"").unwrap();
+    }
+    for round in 0..3 {
+        let mut listing = std::fs::read_dir(&big).unwrap();
+        listing.next().expect("an entry").unwrap();
+        let all: Vec<_> = std::fs::read_dir(&big).unwrap().map(|e| e.unwrap().path()).collect();
+        assert_eq!(all.len(), 1500);
+        for p in all {
+            std::fs::remove_file(p).unwrap();
+        }
+        // The rest of the first listing: whatever is left, then its end.
+        let rest: Vec<_> = listing.map(|e| e.map(|e| e.file_name())).collect();
+        assert!(rest.iter().all(|e| e.is_ok()), "{rest:?}");
+        assert!(std::fs::read_dir(&big).unwrap().next().is_none(), "round {round}: emptied");
+        for i in 0..1500 {
+            std::fs::write(big.join(format!("{long}-{i:05}")), b"").unwrap();
+        }
+    }
+    std::fs::remove_dir_all(&big).unwrap();
+    assert!(mnt.dir.join("README.md").is_file(), "the mount is alive");
+    mnt.checkpoint("after");
+}
+
 /// Hard links in a workspace mount (pnpm, ccache, `cp -al` and build tools
 /// make them): one file under two names with `nlink` 2, a write through
 /// either shows through both, in one directory and across two, of a file

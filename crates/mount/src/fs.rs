@@ -44,6 +44,8 @@ pub struct MadoFs {
     /// file per inode, so every handle of an inode follows its first one.
     io_modes: Arc<Mutex<HashMap<u64, (IoMode, u32)>>>,
     next_fh: Arc<AtomicU64>,
+    /// Open directories' listing positions, by handle.
+    dirs: Arc<Mutex<HashMap<u64, DirCursor>>>,
     want_passthrough: bool,
     passthrough: Arc<AtomicBool>,
     uid: u32,
@@ -101,6 +103,7 @@ impl MadoFs {
             handles: Default::default(),
             io_modes: Default::default(),
             next_fh: Arc::new(AtomicU64::new(1)),
+            dirs: Arc::default(),
             want_passthrough,
             passthrough: Arc::new(AtomicBool::new(false)),
             uid: rustix::process::getuid().as_raw(),
@@ -287,26 +290,109 @@ impl Owner {
     }
 }
 
+/// Where an open directory's listing stands. The offsets given to the
+/// kernel are cookies naming the entry they follow, not indexes: a name
+/// removed or added before the position never shifts it, so a listing
+/// that unlinks as it reads (`rm -rf`, Rust's `remove_dir_all`) sees every
+/// entry that stays exactly once (POSIX), and an offset past the end ends
+/// the listing. 1 and 2 follow `.` and `..`; a child's are numbered from 3.
+#[derive(Default)]
+struct DirCursor {
+    names: HashMap<u64, Vec<u8>>,
+    next: u64,
+}
+
+/// Where a READDIR(PLUS) at `offset` starts.
+#[derive(Clone)]
+enum Resume {
+    /// At entry `0` (`.`), `1` (`..`) or `2` (the first child).
+    At(usize),
+    /// At the first child named after this.
+    After(Vec<u8>),
+    /// Past the end (an offset this handle never gave).
+    End,
+}
+
+impl Resume {
+    fn of(dirs: &Mutex<HashMap<u64, DirCursor>>, fh: u64, offset: u64) -> Resume {
+        match offset {
+            0..=2 => Resume::At(offset as usize),
+            n => {
+                let mut dirs = dirs.lock().expect("dirs lock");
+                match dirs.get_mut(&fh) {
+                    Some(c) => {
+                        // The kernel never goes back but to 0.
+                        c.names.retain(|k, _| *k >= n);
+                        c.names.get(&n).map_or(Resume::End, |name| Resume::After(name.clone()))
+                    }
+                    None => Resume::End,
+                }
+            }
+        }
+    }
+
+    /// The name whose followers READDIRPLUS counts (`None`: all children).
+    fn counted_after(&self) -> Option<&[u8]> {
+        match self {
+            Resume::After(n) => Some(n),
+            _ => None,
+        }
+    }
+
+    /// The index in `entries` (`.`, `..`, then the children by name).
+    fn start(&self, entries: &[(Vec<u8>, FileAttr)]) -> usize {
+        let first_child = entries.iter().take_while(|(n, _)| n == b"." || n == b"..").count();
+        match self {
+            Resume::At(0) => 0,
+            Resume::At(1) => first_child.min(1),
+            Resume::At(_) => first_child,
+            Resume::After(after) => {
+                first_child + entries[first_child..].partition_point(|(n, _)| n.as_slice() <= after.as_slice())
+            }
+            Resume::End => entries.len(),
+        }
+    }
+}
+
+/// The offset to give for `entries[i]`, recorded in the handle's cursor.
+fn cookie(dirs: &Mutex<HashMap<u64, DirCursor>>, fh: u64, name: &[u8]) -> u64 {
+    match name {
+        b"." => 1,
+        b".." => 2,
+        _ => {
+            let mut dirs = dirs.lock().expect("dirs lock");
+            let c = dirs.entry(fh).or_insert_with(|| DirCursor { names: HashMap::new(), next: 3 });
+            let k = c.next.max(3);
+            c.next = k + 1;
+            c.names.insert(k, name.to_vec());
+            k
+        }
+    }
+}
+
 /// Each entry the kernel takes from a READDIRPLUS reply (all but `.` and
 /// `..`) is a reference it will FORGET, like a lookup's.
 fn fill_plus(
     core: &SnapshotFs,
+    dirs: &Mutex<HashMap<u64, DirCursor>>,
+    fh: u64,
     mut reply: ReplyDirectoryPlus,
     entries: Vec<(Vec<u8>, FileAttr)>,
-    offset: u64,
+    from: &Resume,
     ttl: Duration,
 ) {
-    // The children from `offset` on were counted when listed (see
-    // `plus_from`): those past the end of the buffer are given back.
+    // The children after the position were counted when listed: those
+    // past the end of the buffer are given back.
+    let start = from.start(&entries);
     let mut sent = entries.len();
-    for (i, (name, attr)) in entries.iter().enumerate().skip(offset as usize) {
-        if reply.add(attr.ino, (i + 1) as u64, OsStr::from_bytes(name), &ttl, attr, Generation(0)) {
+    for (i, (name, attr)) in entries.iter().enumerate().skip(start) {
+        if reply.add(attr.ino, cookie(dirs, fh, name), OsStr::from_bytes(name), &ttl, attr, Generation(0)) {
             sent = i;
             break;
         }
     }
     reply.ok();
-    let back: Vec<u64> = entries[sent.max(offset as usize)..]
+    let back: Vec<u64> = entries[sent.max(start)..]
         .iter()
         .filter(|(name, _)| name != b"." && name != b"..")
         .map(|(_, a)| a.ino.0)
@@ -314,15 +400,16 @@ fn fill_plus(
     core.uncount(&back);
 }
 
-/// The index, among a directory's children, of the first entry a
-/// READDIRPLUS at `offset` may give (the list starts with `.` and `..`).
-fn plus_from(offset: u64) -> usize {
-    (offset as usize).saturating_sub(2)
-}
-
-fn fill(mut reply: ReplyDirectory, entries: Vec<(Vec<u8>, FileAttr)>, offset: u64) {
-    for (i, (name, attr)) in entries.into_iter().enumerate().skip(offset as usize) {
-        if reply.add(attr.ino, (i + 1) as u64, attr.kind, OsStr::from_bytes(&name)) {
+fn fill(
+    dirs: &Mutex<HashMap<u64, DirCursor>>,
+    fh: u64,
+    mut reply: ReplyDirectory,
+    entries: Vec<(Vec<u8>, FileAttr)>,
+    from: &Resume,
+) {
+    let start = from.start(&entries);
+    for (name, attr) in entries.iter().skip(start) {
+        if reply.add(attr.ino, cookie(dirs, fh, name), attr.kind, OsStr::from_bytes(name)) {
             break;
         }
     }
@@ -524,38 +611,54 @@ impl Filesystem for MadoFs {
     }
 
     fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_CACHE_DIR);
+        let fh = self.next_fh.fetch_add(1, Relaxed);
+        self.dirs.lock().expect("dirs lock").insert(fh, DirCursor { names: HashMap::new(), next: 3 });
+        reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_CACHE_DIR);
     }
 
-    fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, reply: ReplyDirectory) {
+    fn releasedir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
+        self.dirs.lock().expect("dirs lock").remove(&fh.0);
+        reply.ok();
+    }
+
+    fn readdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, reply: ReplyDirectory) {
+        let from = Resume::of(&self.dirs, fh.0, offset);
         if let Some(r) = self.core.readdir_now(ino.0) {
             return match r {
-                Ok(list) => fill(reply, self.owner().dir_entries(&self.core, ino.0, list), offset),
+                Ok(list) => fill(&self.dirs, fh.0, reply, self.owner().dir_entries(&self.core, ino.0, list), &from),
                 Err(e) => reply.error(errno(&e)),
             };
         }
-        let (core, owner) = (self.core.clone(), self.owner());
+        let (core, owner, dirs) = (self.core.clone(), self.owner(), self.dirs.clone());
         self.rt.spawn(async move {
             match core.readdir(ino.0).await {
-                Ok(list) => fill(reply, owner.dir_entries(&core, ino.0, list), offset),
+                Ok(list) => fill(&dirs, fh.0, reply, owner.dir_entries(&core, ino.0, list), &from),
                 Err(e) => reply.error(errno(&e)),
             }
         });
     }
 
-    fn readdirplus(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, reply: ReplyDirectoryPlus) {
-        if let Some(r) = self.core.readdir_now_counted(ino.0, plus_from(offset)) {
+    fn readdirplus(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, reply: ReplyDirectoryPlus) {
+        let from = Resume::of(&self.dirs, fh.0, offset);
+        if matches!(from, Resume::End) {
+            return reply.ok();
+        }
+        if let Some(r) = self.core.readdir_now_counted(ino.0, from.counted_after()) {
             return match r {
                 Ok(list) => {
-                    fill_plus(&self.core, reply, self.owner().dir_entries(&self.core, ino.0, list), offset, self.ttl)
+                    let entries = self.owner().dir_entries(&self.core, ino.0, list);
+                    fill_plus(&self.core, &self.dirs, fh.0, reply, entries, &from, self.ttl)
                 }
                 Err(e) => reply.error(errno(&e)),
             };
         }
-        let (core, owner, ttl) = (self.core.clone(), self.owner(), self.ttl);
+        let (core, owner, ttl, dirs) = (self.core.clone(), self.owner(), self.ttl, self.dirs.clone());
         self.rt.spawn(async move {
-            match core.readdir_counted(ino.0, plus_from(offset)).await {
-                Ok(list) => fill_plus(&core, reply, owner.dir_entries(&core, ino.0, list), offset, ttl),
+            match core.readdir_counted(ino.0, from.counted_after()).await {
+                Ok(list) => {
+                    let entries = owner.dir_entries(&core, ino.0, list);
+                    fill_plus(&core, &dirs, fh.0, reply, entries, &from, ttl)
+                }
                 Err(e) => reply.error(errno(&e)),
             }
         });

@@ -137,9 +137,10 @@ impl SnapshotFs {
         self.lookup_loaded(parent, name, true)
     }
 
-    /// The children with their attributes; those from index `count_from`
-    /// on are counted as references the kernel takes.
-    fn list(&self, ino: u64, count_from: Option<usize>) -> Result<DirList> {
+    /// The children with their attributes, in name order. With `count`,
+    /// those named after `count`'s name (all, for `Some(None)`) are counted
+    /// as references the kernel takes.
+    fn list(&self, ino: u64, count: Option<Option<&[u8]>>) -> Result<DirList> {
         let mut st = self.st_mut();
         self.loaded(&mut st, ino)?;
         let kids: Vec<(Vec<u8>, u64)> = st
@@ -148,6 +149,7 @@ impl SnapshotFs {
             .iter()
             .map(|(n, c)| (n.clone(), *c))
             .collect();
+        let count_from = count.map(|after| after.map_or(0, |a| kids.partition_point(|(n, _)| n.as_slice() <= a)));
         kids.into_iter()
             .enumerate()
             .map(|(i, (name, c))| {
@@ -169,17 +171,18 @@ impl SnapshotFs {
         self.list(ino, None)
     }
 
-    /// Entries for READDIRPLUS: those from index `from` on are references
-    /// the kernel may take, counted under the listing's lock; the caller
-    /// gives back ([`SnapshotFs::uncount`]) the ones that did not fit.
-    pub fn readdir_now_counted(&self, ino: u64, from: usize) -> Option<Result<DirList>> {
-        Some(self.load_now(ino)?.and_then(|_| self.list(ino, Some(from))))
+    /// Entries for READDIRPLUS, in name order: those named after `after`
+    /// (all, for `None`) are references the kernel may take, counted under
+    /// the listing's lock; the caller gives back ([`SnapshotFs::uncount`])
+    /// the ones that did not fit.
+    pub fn readdir_now_counted(&self, ino: u64, after: Option<&[u8]>) -> Option<Result<DirList>> {
+        Some(self.load_now(ino)?.and_then(|_| self.list(ino, Some(after))))
     }
 
     /// [`SnapshotFs::readdir_now_counted`], fetching the tree if needed.
-    pub async fn readdir_counted(&self, ino: u64, from: usize) -> Result<DirList> {
+    pub async fn readdir_counted(&self, ino: u64, after: Option<&[u8]>) -> Result<DirList> {
         self.load(ino).await?;
-        self.list(ino, Some(from))
+        self.list(ino, Some(after))
     }
 
     /// The parent inode of a directory (for `..`).
