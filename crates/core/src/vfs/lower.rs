@@ -228,8 +228,12 @@ impl SnapshotFs {
             return Ok(OpenFile::Chunked { entry: e, manifest, starts, ino, ahead: Readahead::default() });
         }
         let data = self.timed("opening a file", self.fetcher.content(&e, &path)).await?;
-        let p = self.fetcher.cache.entry_path(&e.id);
-        let cache_path = p.exists().then_some(p);
+        // The cache file a read-only mount may pass through (a workspace
+        // never does: a later open for writing could not join it).
+        let cache_path = match self.is_writable() {
+            true => None,
+            false => Some(self.fetcher.cache.entry_path(&e.id)).filter(|p| p.exists()),
+        };
         self.count_open(ino)?;
         Ok(OpenFile::Whole { data, cache_path, ino: self.is_writable().then_some(ino) })
     }
