@@ -57,7 +57,10 @@ struct Ws {
 
 /// Is `p` a mount point whose daemon is gone?
 pub fn is_disconnected(p: &Path) -> bool {
-    matches!(std::fs::metadata(p), Err(e) if e.raw_os_error() == Some(rustix::io::Errno::NOTCONN.raw_os_error()))
+    // statfs always reaches the daemon (the kernel keeps no answer to it),
+    // where a stat may be answered from attributes the kernel still holds
+    // for a while after the daemon died.
+    matches!(rustix::fs::statfs(p), Err(e) if e == rustix::io::Errno::NOTCONN)
 }
 
 /// Unmounts `p` and waits (at most `wait`) for its daemon to exit, so a

@@ -31,9 +31,13 @@ use mado_core::Error;
 /// Kernel cache timeout for entries and attributes of a snapshot: content
 /// never changes.
 const TTL: Duration = Duration::from_secs(24 * 3600);
-/// The same for a workspace: every change comes through this mount, but
-/// sizes change under writes, so attributes are asked for again soon.
-const RW_TTL: Duration = Duration::from_secs(1);
+/// The same for a workspace. Every change comes through this mount, so
+/// the kernel knows of it: it drops a file's cached attributes after each
+/// write, link, unlink and rename it sends, and a directory's after each
+/// entry it adds or removes; a setattr answers with the new ones. A
+/// minute (at one second, every `grep -r` more than a second after the
+/// last looked every name and attribute up again).
+const RW_TTL: Duration = Duration::from_secs(60);
 
 pub struct MadoFs {
     core: Arc<SnapshotFs>,
