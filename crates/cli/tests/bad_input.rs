@@ -224,6 +224,27 @@ fn tree_entries_dedup_into_shared_objects() {
     assert_eq!(Tree::decode(&t.encode()).unwrap(), t);
 }
 
+/// A tmpfs of `size` mounted at a directory (root only), unmounted when
+/// dropped: a disk that fills up.
+struct SmallTmpfs(std::path::PathBuf);
+
+impl SmallTmpfs {
+    fn mount(dir: &std::path::Path, size: &str) -> SmallTmpfs {
+        let st = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs", dir.to_str().unwrap()])
+            .status()
+            .unwrap();
+        assert!(st.success(), "mounting a tmpfs");
+        SmallTmpfs(dir.to_path_buf())
+    }
+}
+
+impl Drop for SmallTmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
 /// A full disk under the cache: the checkout still succeeds (content is
 /// served from what was fetched) and the user is told once, not once per
 /// object, that nothing more is being cached.
@@ -238,18 +259,7 @@ fn a_full_cache_disk_is_reported_once_and_the_checkout_still_succeeds() {
     m.ok(&["import-git", repo.to_str().unwrap(), "--no-packs"]);
     let small = m.dir.path().join("small-cache");
     std::fs::create_dir_all(&small).unwrap();
-    let st = std::process::Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs", small.to_str().unwrap()])
-        .status()
-        .unwrap();
-    assert!(st.success(), "mounting a tmpfs");
-    struct Unmount(std::path::PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = std::process::Command::new("umount").arg("-l").arg(&self.0).status();
-        }
-    }
-    let _u = Unmount(small.clone());
+    let _u = SmallTmpfs::mount(&small, "1m");
     let co = m.dir.path().join("co");
     let o = m.cmd(&["checkout", "main", co.to_str().unwrap()]).env("MADO_CACHE_DIR", &small).output().unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
@@ -280,18 +290,7 @@ fn a_full_target_disk_fails_the_checkout_naming_the_file() {
     m.ok(&["import-git", repo.to_str().unwrap()]);
     let small = m.dir.path().join("small-target");
     std::fs::create_dir_all(&small).unwrap();
-    let st = std::process::Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=256k", "tmpfs", small.to_str().unwrap()])
-        .status()
-        .unwrap();
-    assert!(st.success(), "mounting a tmpfs");
-    struct Unmount(std::path::PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = std::process::Command::new("umount").arg("-l").arg(&self.0).status();
-        }
-    }
-    let _u = Unmount(small.clone());
+    let _u = SmallTmpfs::mount(&small, "256k");
     let co = small.join("co");
     let o = m.cmd(&["checkout", "main", co.to_str().unwrap()]).output().unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
