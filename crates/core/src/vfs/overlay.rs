@@ -273,13 +273,20 @@ impl SnapshotFs {
         self.insert(parent, name, |parent| Node::new(parent, name.to_vec(), perm & 0o7777, now(), body)).await
     }
 
-    /// Detaches `ino` (already removed from its parent's children); its
-    /// upper blob goes now, or with the last handle still open on it.
-    fn detach(&self, st: &mut State, ino: u64) {
-        if let Ok(n) = st.get_mut(ino) {
+    /// Removes the entry `name` of `parent`, which names `ino`. The node
+    /// loses that name; with its last one it is detached, and its upper
+    /// blob goes now or with the last handle still open on it; else its
+    /// ctime moves (its link count did).
+    fn remove_entry(&self, st: &mut State, parent: u64, name: &[u8], ino: u64) -> Result<()> {
+        st.children_mut(parent)?.remove(name);
+        let n = st.get_mut(ino)?;
+        if n.drop_name(parent, name) {
             n.parent = 0;
+            self.reap(st, ino);
+        } else {
+            n.changed_now();
         }
-        self.reap(st, ino);
+        Ok(())
     }
 
     pub(super) fn is_dir_body(b: &Body) -> bool {
@@ -324,12 +331,7 @@ impl SnapshotFs {
             self.loaded(&mut st, ino)?;
         }
         Self::may_remove(&st, ino, dir)?;
-        st.children_mut(parent)?.remove(name);
-        if st.get_mut(ino)?.drop_name(parent, name) {
-            self.detach(&mut st, ino);
-        } else {
-            st.get_mut(ino)?.changed_now();
-        }
+        self.remove_entry(&mut st, parent, name, ino)?;
         st.touch_dir(parent);
         drop(st);
         self.changed();
@@ -377,12 +379,7 @@ impl SnapshotFs {
                 return Err(Error::fs(Errno::EXIST, String::from_utf8_lossy(new_name).into_owned()));
             }
             Self::may_remove(&st, t, src_dir)?;
-            st.children_mut(new_parent)?.remove(new_name);
-            if st.get_mut(t)?.drop_name(new_parent, new_name) {
-                self.detach(&mut st, t);
-            } else {
-                st.get_mut(t)?.changed_now();
-            }
+            self.remove_entry(&mut st, new_parent, new_name, t)?;
         }
         st.children_mut(parent)?.remove(name);
         st.children_mut(new_parent)?.insert(new_name.to_vec(), src);
