@@ -45,6 +45,13 @@ pub fn socket_path(mountpoint: &Path) -> std::io::Result<PathBuf> {
     Ok(runtime_dir()?.join(format!("{}.sock", key(mountpoint))))
 }
 
+/// Where a daemon serving workspace `name` of `remote` without a directory
+/// on this machine (to a VM guest) links its control socket.
+pub fn workspace_socket_path(remote: &str, name: &str) -> std::io::Result<PathBuf> {
+    let key = blake3::hash(format!("{remote}\0{name}").as_bytes()).to_hex()[..24].to_string();
+    Ok(runtime_dir()?.join(format!("ws-{key}.sock")))
+}
+
 pub fn log_path(mountpoint: &Path) -> std::io::Result<PathBuf> {
     Ok(runtime_dir()?.join(format!("{}.log", key(mountpoint))))
 }

@@ -24,16 +24,41 @@ use crate::protocol::{MountStats, Op, PackStatus, Reply, Request, WorkspaceStats
 pub struct MountOptions {
     /// A ref or snapshot id (read-only), or with `workspace` the workspace name.
     pub spec: String,
-    pub mountpoint: PathBuf,
+    /// How the filesystem reaches its users.
+    pub serve: Serve,
     pub read_timeout: Duration,
     pub passthrough: bool,
     /// Mount workspace `spec` read-write.
     pub workspace: bool,
     /// With `workspace`: take its lease even though it expired under another holder.
     pub steal: bool,
-    /// Let other users (other uids) in, as `allow_other`; the kernel checks
-    /// each access against the modes (`default_permissions`, always on).
-    pub allow_other: bool,
+}
+
+/// The transport: the filesystem behind either is the same [`MadoFs`].
+pub enum Serve {
+    /// A FUSE mount at this directory.
+    Fuse {
+        mountpoint: PathBuf,
+        /// Let other users (other uids) in, as `allow_other`; the kernel
+        /// checks each access against the modes (`default_permissions`,
+        /// always on).
+        allow_other: bool,
+    },
+    /// A vhost-user-fs backend listening on this socket, for a VM guest
+    /// (QEMU's `vhost-user-fs-pci`, Cloud Hypervisor's `--fs`); one VMM
+    /// connection at a time, until SIGTERM or SIGINT.
+    VirtioFs { socket: PathBuf },
+}
+
+impl Serve {
+    /// The path that names this daemon: its control socket is found from
+    /// it (`mado stats PATH`, `mado pack-status PATH`).
+    fn path(&self) -> &Path {
+        match self {
+            Serve::Fuse { mountpoint, .. } => mountpoint,
+            Serve::VirtioFs { socket } => socket,
+        }
+    }
 }
 
 /// What the daemon reports once the mount is up.
@@ -130,8 +155,9 @@ pub fn run(
     rt: &tokio::runtime::Handle,
     ready: impl FnOnce(std::result::Result<Ready, String>),
 ) -> Result<()> {
-    let mp = control::absolute(&opts.mountpoint).map_err(Error::io("resolving the mount point"))?;
-    if is_disconnected(&mp) {
+    let mp = control::absolute(opts.serve.path()).map_err(Error::io("resolving the mount point"))?;
+    let fuse = matches!(opts.serve, Serve::Fuse { .. });
+    if fuse && is_disconnected(&mp) {
         unmount(&mp).map_err(Error::io(format!("cleaning up the dead mount at {}", mp.display())))?;
     }
     let started = Instant::now();
@@ -173,13 +199,34 @@ pub fn run(
         tokio::net::UnixListener::bind(&sock).map_err(Error::io(format!("binding {}", sock.display())))?
     };
     let saver = ws.as_ref().map(|w| Arc::new(mado_core::workspace::StateSaver::new(w.state_dir.clone())));
-    let mut fs = MadoFs::new(core.clone(), rt.clone(), opts.passthrough);
-    if let Some(saver) = &saver {
-        let (saver, core) = (saver.clone(), core.clone());
-        fs = fs.with_durable_save(Arc::new(move || saver.save(&core)));
-    }
+    let make_fs = {
+        let (core, rt, saver) = (core.clone(), rt.clone(), saver.clone());
+        move |passthrough: bool| {
+            let fs = MadoFs::new(core.clone(), rt.clone(), passthrough);
+            match &saver {
+                Some(saver) => {
+                    let (saver, core) = (saver.clone(), core.clone());
+                    fs.with_durable_save(Arc::new(move || saver.save(&core)))
+                }
+                None => fs,
+            }
+        }
+    };
+    let fs = make_fs(opts.passthrough && fuse);
     let passthrough = fs.passthrough_flag();
     let ws = ws.map(Arc::new);
+    // A workspace served to a VM has no directory on this machine: its
+    // control socket is also found by the workspace's name.
+    let by_name = match (&ws, fuse) {
+        (Some(w), false) => {
+            let alias = control::workspace_socket_path(fetcher.remote.url(), &w.name)
+                .map_err(Error::io("placing the control socket"))?;
+            let _ = std::fs::remove_file(&alias);
+            std::os::unix::fs::symlink(&sock, &alias).map_err(Error::io(format!("linking {}", alias.display())))?;
+            Some(alias)
+        }
+        _ => None,
+    };
     let answer: control::Answer = {
         let (status, core, fetcher, spec) = (status.clone(), core.clone(), fetcher.clone(), opts.spec.clone());
         let mp = mp.clone();
@@ -267,35 +314,61 @@ pub fn run(
         })
     };
     rt.spawn(control::serve(listener, answer));
-    let config = {
-        let mut c = fuser::Config::default();
-        c.mount_options = vec![
-            fuser::MountOption::FSName("mado".into()),
-            fuser::MountOption::Subtype("mado".into()),
-            fuser::MountOption::DefaultPermissions,
-            fuser::MountOption::NoAtime,
-        ];
-        if ws.is_none() {
-            c.mount_options.push(fuser::MountOption::RO);
-        }
-        if opts.allow_other {
-            c.acl = fuser::SessionACL::All;
-        }
-        c.n_threads = Some(4);
-        c
-    };
-    let session = match fuser::spawn_mount(fs, &mp, &config) {
-        Ok(s) => s,
-        Err(e) => {
-            let _ = std::fs::remove_file(&sock);
-            let hint = if opts.allow_other {
-                "--allow-other needs root, or `user_allow_other` in /etc/fuse.conf"
-            } else {
-                "is fuse3 installed and /dev/fuse usable?"
+    let served = match &opts.serve {
+        Serve::Fuse { allow_other, .. } => {
+            let config = {
+                let mut c = fuser::Config::default();
+                c.mount_options = vec![
+                    fuser::MountOption::FSName("mado".into()),
+                    fuser::MountOption::Subtype("mado".into()),
+                    fuser::MountOption::DefaultPermissions,
+                    fuser::MountOption::NoAtime,
+                ];
+                if ws.is_none() {
+                    c.mount_options.push(fuser::MountOption::RO);
+                }
+                if *allow_other {
+                    c.acl = fuser::SessionACL::All;
+                }
+                c.n_threads = Some(4);
+                c
             };
-            let msg = format!("mounting at {}: {e} ({hint})", mp.display());
-            ready(Err(msg.clone()));
-            return Err(Error::User(msg));
+            match fuser::spawn_mount(fs, &mp, &config) {
+                Ok(s) => Served::Fuse(s),
+                Err(e) => {
+                    let _ = std::fs::remove_file(&sock);
+                    let hint = if *allow_other {
+                        "--allow-other needs root, or `user_allow_other` in /etc/fuse.conf"
+                    } else {
+                        "is fuse3 installed and /dev/fuse usable?"
+                    };
+                    let msg = format!("mounting at {}: {e} ({hint})", mp.display());
+                    ready(Err(msg.clone()));
+                    return Err(Error::User(msg));
+                }
+            }
+        }
+        Serve::VirtioFs { socket } => {
+            drop(fs);
+            let make: crate::virtiofs::MakeFs<MadoFs> = Arc::new(move |max_io| make_fs(false).with_max_io(max_io));
+            match crate::virtiofs::Server::bind(socket, make) {
+                Ok((server, listener)) => {
+                    let server = Arc::new(server);
+                    let stopper = server.stopper();
+                    let s2 = server.clone();
+                    let h = std::thread::Builder::new()
+                        .name("virtiofs-accept".into())
+                        .spawn(move || s2.run(listener))
+                        .map_err(Error::io("starting the virtio-fs server"))?;
+                    Served::VirtioFs(h, stopper)
+                }
+                Err(e) => {
+                    let _ = std::fs::remove_file(&sock);
+                    let msg = format!("serving virtio-fs on {}: {e}", socket.display());
+                    ready(Err(msg.clone()));
+                    return Err(Error::User(msg));
+                }
+            }
         }
     };
     let advisory = match &attach {
@@ -339,8 +412,13 @@ pub fn run(
             }
         });
     }
-    // Wait for the unmount, or a signal asking us to unmount.
+    // Wait for the unmount, or a signal asking us to unmount (or to stop
+    // serving the guest).
     let mp2 = mp.clone();
+    let stopper = match &served {
+        Served::VirtioFs(_, s) => Some(s.clone()),
+        Served::Fuse(_) => None,
+    };
     rt.spawn(async move {
         use tokio::signal::unix::{signal, SignalKind};
         if let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
@@ -348,11 +426,24 @@ pub fn run(
                 _ = term.recv() => {}
                 _ = int.recv() => {}
             }
-            let _ = unmount(&mp2);
+            match stopper {
+                Some(s) => s.stop(),
+                None => {
+                    let _ = unmount(&mp2);
+                }
+            }
         }
     });
-    let r = session.join();
+    let r = match served {
+        Served::Fuse(session) => session.join(),
+        Served::VirtioFs(h, _) => {
+            h.join().unwrap_or_else(|_| Err(std::io::Error::other("the virtio-fs server panicked")))
+        }
+    };
     let _ = std::fs::remove_file(&sock);
+    if let Some(alias) = &by_name {
+        let _ = std::fs::remove_file(alias);
+    }
     if let Some(ws) = &ws {
         // The final save, then the lease: another machine may resume the
         // workspace at once (its uncheckpointed changes stay here, picked
@@ -363,5 +454,11 @@ pub fn run(
             Err(e) => eprintln!("mado mount: releasing the lease of workspace {}: {e}", ws.name),
         }
     }
-    r.map_err(Error::io("FUSE session"))
+    r.map_err(Error::io(if fuse { "FUSE session" } else { "virtio-fs server" }))
+}
+
+/// A running transport.
+enum Served {
+    Fuse(fuser::BackgroundSession),
+    VirtioFs(std::thread::JoinHandle<std::io::Result<()>>, crate::virtiofs::Stopper),
 }

@@ -57,6 +57,9 @@ pub struct MadoFs {
     ttl: Duration,
     /// For a workspace: makes every change so far durable (fsync).
     durable: Option<DurableSave>,
+    /// The largest read or write the kernel may send (a transport's
+    /// limit; /dev/fuse has none below fuser's own).
+    max_io: Option<u32>,
 }
 
 /// Saves a workspace's state durably; called by fsync and fsyncdir.
@@ -114,7 +117,15 @@ impl MadoFs {
             gid: rustix::process::getgid().as_raw(),
             ttl: if core.is_writable() { RW_TTL } else { TTL },
             durable: None,
+            max_io: None,
         }
+    }
+
+    /// Reads and writes of at most `n` bytes (the virtio-fs transport
+    /// carries each request and reply whole in a socket buffer).
+    pub fn with_max_io(mut self, n: u32) -> MadoFs {
+        self.max_io = Some(n);
+        self
     }
 
     /// fsync and fsyncdir return only once `save` has made the overlay
@@ -436,6 +447,10 @@ impl Filesystem for MadoFs {
             InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_PARALLEL_DIROPS | InitFlags::FUSE_CACHE_SYMLINKS,
         );
         let _ = config.set_max_readahead(1 << 20);
+        if let Some(n) = self.max_io {
+            let _ = config.set_max_write(n);
+            let _ = config.set_max_readahead(n.min(1 << 20));
+        }
         if self.want_passthrough
             && config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
             && config.set_max_stack_depth(1).is_ok()

@@ -1,9 +1,12 @@
 //! mado's edge for mounts: the FUSE adapter ([`fs`]), the control socket
-//! each mount daemon serves ([`control`]) and what it speaks ([`protocol`]), and the daemon that ties a
-//! snapshot, the adapter and the socket together ([`daemon`]). The
-//! filesystem logic itself is `mado_core::vfs`.
+//! each mount daemon serves ([`control`]) and what it speaks ([`protocol`]), the
+//! virtio-fs transport that serves the same adapter to VM guests
+//! ([`virtiofs`]), and the daemon that ties a snapshot, the adapter, a
+//! transport and the socket together ([`daemon`]). The filesystem logic
+//! itself is `mado_core::vfs`.
 
 pub mod control;
 pub mod daemon;
 pub mod fs;
 pub mod protocol;
+pub mod virtiofs;

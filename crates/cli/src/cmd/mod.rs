@@ -16,6 +16,7 @@ mod mount;
 mod pack;
 mod pack_status;
 mod refs;
+mod serve_virtiofs;
 mod stats;
 mod umount;
 mod ws;
@@ -42,6 +43,8 @@ pub enum Command {
     Gc(gc::GcArgs),
     Mount(mount::MountArgs),
     Umount(umount::UmountArgs),
+    #[command(name = "serve-virtiofs")]
+    ServeVirtiofs(serve_virtiofs::ServeVirtiofsArgs),
     #[command(name = "pack-status")]
     PackStatus(pack_status::PackStatusArgs),
     Stats(stats::StatsArgs),
@@ -56,7 +59,7 @@ pub enum Command {
 impl Command {
     /// Whether this process is a mount daemon (`mado mount --foreground`).
     pub fn is_mount_daemon(&self) -> bool {
-        matches!(self, Command::Mount(a) if a.foreground)
+        matches!(self, Command::Mount(a) if a.foreground) || matches!(self, Command::ServeVirtiofs(_))
     }
 }
 
@@ -82,6 +85,7 @@ async fn dispatch(cmd: Command, ctx: &Ctx) -> Result<()> {
         Command::Gc(a) => gc::run(a, ctx).await,
         Command::Mount(a) => mount::run(a, ctx).await,
         Command::Umount(a) => umount::run(a, ctx).await,
+        Command::ServeVirtiofs(a) => serve_virtiofs::run(a, ctx),
         Command::PackStatus(a) => pack_status::run(a, ctx).await,
         Command::Stats(a) => stats::run(a, ctx).await,
         Command::Ws(c) => ws::run(c, ctx).await,
@@ -106,13 +110,15 @@ fn ask_daemon(dir: Option<&std::path::Path>, op: Op, wait: std::time::Duration) 
         ))
         .into());
     };
-    let reply = mado_mount::control::request(&sock, &Request::new(op), wait).map_err(|e| {
-        mado_core::Error::User(format!(
-            "the daemon of {} does not answer ({e}); if it died, run `mado umount {}`",
-            mp.display(),
-            mp.display()
-        ))
-    })?;
+    let hint = format!("if it died, run `mado umount {}`", mp.display());
+    ask_socket(&sock, &mp.display().to_string(), &hint, op, wait)
+}
+
+/// Sends `op` to the daemon listening on control socket `sock` (serving
+/// `what`); `hint` says what to do if it does not answer.
+fn ask_socket(sock: &std::path::Path, what: &str, hint: &str, op: Op, wait: std::time::Duration) -> Result<Reply> {
+    let reply = mado_mount::control::request(sock, &Request::new(op), wait)
+        .map_err(|e| mado_core::Error::User(format!("the daemon of {what} does not answer ({e}); {hint}")))?;
     match reply {
         Reply::Error { message, user_error: true } => Err(mado_core::Error::User(message).into()),
         Reply::Error { message, user_error: false } => Err(anyhow::anyhow!(message)),

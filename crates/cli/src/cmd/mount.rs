@@ -169,12 +169,11 @@ fn run_daemon(a: MountArgs, ctx: &Ctx) -> Result<()> {
     let fetcher = ctx.fetcher()?;
     let opts = daemon::MountOptions {
         spec: a.spec.clone(),
-        mountpoint: a.dir.clone(),
+        serve: daemon::Serve::Fuse { mountpoint: a.dir.clone(), allow_other: a.allow_other },
         read_timeout: Duration::from_secs(a.read_timeout),
         passthrough: !a.no_passthrough,
         workspace: a.workspace,
         steal: a.steal,
-        allow_other: a.allow_other,
     };
     let ready_fd = a.ready_fd;
     let mp = a.dir.display().to_string();

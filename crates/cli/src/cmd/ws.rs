@@ -48,11 +48,21 @@ pub struct CreateArgs {
     #[arg(long, default_value = "main", value_name = "REF")]
     from: String,
     /// The working copy as a plain directory: a new or empty directory.
-    #[arg(long, value_name = "DIR", required_unless_present = "mount", conflicts_with = "mount")]
+    #[arg(
+        long,
+        value_name = "DIR",
+        required_unless_present_any = ["mount", "no_checkout"],
+        conflicts_with_all = ["mount", "no_checkout"]
+    )]
     dir: Option<PathBuf>,
     /// The working copy as a read-write FUSE mount at DIR (an existing, empty directory).
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", conflicts_with = "no_checkout")]
     mount: Option<PathBuf>,
+    /// Only create the workspace, with no working copy here: to serve it
+    /// to a VM guest (`mado serve-virtiofs NAME --workspace`), or to
+    /// resume it later (`ws resume`).
+    #[arg(long)]
+    no_checkout: bool,
     /// With --mount: let other users in, the kernel checking the modes
     /// (see `mado mount --allow-other`).
     #[arg(long, requires = "mount")]
@@ -186,8 +196,16 @@ pub async fn run(c: WsCommand, ctx: &Ctx) -> Result<()> {
             }
             mounted
         }
+        WsCommand::Create(a) if a.no_checkout => {
+            let id = workspace::create_ref(&fetcher, &a.name, &a.from).await?.snapshot;
+            if ctx.json {
+                return ctx.print_json(&serde_json::json!({ "workspace": a.name, "snapshot": id.to_hex() }));
+            }
+            println!("created workspace {} at {} (no working copy)", a.name, &id.to_hex()[..12]);
+            Ok(())
+        }
         WsCommand::Create(a) => {
-            let dir = a.dir.expect("clap requires --dir or --mount");
+            let dir = a.dir.expect("clap requires --dir, --mount or --no-checkout");
             let (pb, p) = ctx.progress_counter("checking out");
             let r = workspace::create(&fetcher, &a.name, &a.from, &dir, &p).await;
             pb.finish_and_clear();
@@ -214,7 +232,16 @@ pub async fn run(c: WsCommand, ctx: &Ctx) -> Result<()> {
             };
             // A mount around the directory first (a working copy's `.mado`
             // is looked up through it, then above it).
-            let (r, remote) = if mado_mount::control::find_mount(&start)?.is_some() {
+            // A workspace served to a VM guest (`mado serve-virtiofs
+            // --workspace`) has no directory here: found by its name.
+            let served = match &a.name {
+                Some(n) => Some(mado_mount::control::workspace_socket_path(fetcher.remote.url(), n)?)
+                    .filter(|s| s.exists() && mado_mount::control::find_mount(&start).ok().flatten().is_none()),
+                None => None,
+            };
+            let (r, remote) = if let Some(sock) = served {
+                checkpoint_served(&sock, &a)?
+            } else if mado_mount::control::find_mount(&start)?.is_some() {
                 // The daemon did the work: its counts.
                 checkpoint_mount(&start, &a)?
             } else {
@@ -333,6 +360,17 @@ fn checkpoint_mount(start: &std::path::Path, a: &CheckpointArgs) -> Result<(work
     let op = Op::Checkpoint { message: a.message.clone(), steal: a.steal, force: a.force, name: a.name.clone() };
     // A checkpoint of a large change may take long: no short bound here.
     match super::ask_daemon(Some(start), op, std::time::Duration::from_secs(24 * 3600))? {
+        Reply::Checkpoint { report, remote } => Ok((report, remote)),
+        r => Err(super::unexpected(&r)),
+    }
+}
+
+fn checkpoint_served(sock: &std::path::Path, a: &CheckpointArgs) -> Result<(workspace::CheckpointReport, Stats)> {
+    let name = a.name.clone().unwrap_or_default();
+    let op = Op::Checkpoint { message: a.message.clone(), steal: a.steal, force: a.force, name: a.name.clone() };
+    let what = format!("workspace {name}");
+    let hint = "if its `mado serve-virtiofs` died, start it again (it takes the lease back)";
+    match super::ask_socket(sock, &what, hint, op, std::time::Duration::from_secs(24 * 3600))? {
         Reply::Checkpoint { report, remote } => Ok((report, remote)),
         r => Err(super::unexpected(&r)),
     }
