@@ -5,13 +5,16 @@
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
 "$MADO_ROOT/scripts/ensure-deps.sh" --bench
+# The guest that serve-virtiofs is tested in: QEMU, a Debian kernel and a
+# busybox initramfs, installed and built once (cached in $MADO_TOOLS_DIR/vm).
+"$MADO_ROOT/scripts/vm-run.sh" --prepare
 
 state=$(mktemp -d "${TMPDIR:-/tmp}/mado-test.XXXXXX")
 trap '"$MADO_ROOT/scripts/minio.sh" stop "$state"; rm -rf "$state"' EXIT
 "$MADO_ROOT/scripts/minio.sh" start "$state" >/dev/null
 # shellcheck disable=SC1091
 source "$state/env"
-export MADO_REQUIRE_S3=1 MADO_REQUIRE_FUSE=1
+export MADO_REQUIRE_S3=1 MADO_REQUIRE_FUSE=1 MADO_REQUIRE_VM=1
 echo "MinIO at $AWS_ENDPOINT_URL (bucket ${MADO_TEST_S3_URL#s3://})" >&2
 
 cd "$MADO_ROOT"

@@ -351,7 +351,20 @@ pub fn run(
         Serve::VirtioFs { socket } => {
             drop(fs);
             let make: crate::virtiofs::MakeFs<MadoFs> = Arc::new(move |max_io| make_fs(false).with_max_io(max_io));
-            match crate::virtiofs::Server::bind(socket, make) {
+            // A guest's `sync`: every upper file's bytes, then the state
+            // naming them.
+            let sync_all: Option<crate::virtiofs::SyncAll> = match (&ws, &saver) {
+                (Some(w), Some(saver)) => {
+                    let (upper, saver, core) = (w.state_dir.join("upper"), saver.clone(), core.clone());
+                    Some(Arc::new(move || {
+                        let dir = std::fs::File::open(&upper)?;
+                        rustix::fs::syncfs(&dir)?;
+                        saver.save(&core).map_err(std::io::Error::other)
+                    }))
+                }
+                _ => None,
+            };
+            match crate::virtiofs::Server::bind(socket, make, sync_all) {
                 Ok((server, listener)) => {
                     let server = Arc::new(server);
                     let stopper = server.stopper();

@@ -51,6 +51,7 @@ const FUSE_INIT: u32 = 26;
 const FUSE_INTERRUPT: u32 = 36;
 const FUSE_DESTROY: u32 = 38;
 const FUSE_BATCH_FORGET: u32 = 42;
+const FUSE_SYNCFS: u32 = 50;
 /// `fuse_in_header` and `fuse_out_header` sizes.
 const IN_HEADER: usize = 40;
 const OUT_HEADER: usize = 16;
@@ -65,6 +66,10 @@ type Chain = DescriptorChain<GuestMemoryLoadGuard<GuestMemoryMmap<()>>>;
 /// Makes the filesystem for a new session (one per guest mount), told the
 /// largest read or write the session can carry (`MadoFs::with_max_io`).
 pub type MakeFs<F> = Arc<dyn Fn(u32) -> F + Send + Sync>;
+
+/// Makes every change so far durable: a guest's `sync` (FUSE_SYNCFS, which
+/// the virtio-fs driver sends and fuser does not know).
+pub type SyncAll = Arc<dyn Fn() -> std::io::Result<()> + Send + Sync>;
 
 /// A chain waiting for its reply.
 struct Pending {
@@ -82,6 +87,7 @@ struct Session {
 
 struct Bridge<F> {
     make_fs: MakeFs<F>,
+    sync_all: Option<SyncAll>,
     session: Mutex<Option<Session>>,
     pending: Arc<Mutex<HashMap<u64, Pending>>>,
     next_unique: AtomicU64,
@@ -116,11 +122,12 @@ pub struct Server<F> {
 impl<F: fuser::Filesystem + Send + 'static> Server<F> {
     /// Binds the vhost-user socket at `path` (replacing a stale one).
     /// Serving starts with [`Server::run`].
-    pub fn bind(path: &Path, make_fs: MakeFs<F>) -> std::io::Result<(Server<F>, Listener)> {
+    pub fn bind(path: &Path, make_fs: MakeFs<F>, sync_all: Option<SyncAll>) -> std::io::Result<(Server<F>, Listener)> {
         let listener =
             Listener::new(path, true).map_err(|e| std::io::Error::other(format!("binding {}: {e}", path.display())))?;
         let bridge = Arc::new(Bridge {
             make_fs,
+            sync_all,
             session: Mutex::new(None),
             pending: Arc::default(),
             next_unique: AtomicU64::new(1),
@@ -168,10 +175,16 @@ impl<F: fuser::Filesystem + Send + 'static> Server<F> {
             }
             drop(daemon);
             self.bridge.end_session();
-            if let Err(e) = r {
-                if !self.stop.load(Ordering::Acquire) {
+            match r {
+                // The VMM went away (the guest powered off): the usual end.
+                Ok(())
+                | Err(vhost_user_backend::Error::HandleRequest(
+                    vhost::vhost_user::Error::Disconnected | vhost::vhost_user::Error::PartialMessage,
+                )) => {}
+                Err(e) if !self.stop.load(Ordering::Acquire) => {
                     eprintln!("mado serve-virtiofs: the connection ended with an error: {e}");
                 }
+                Err(_) => {}
             }
         }
         Ok(())
@@ -240,10 +253,8 @@ impl<F: fuser::Filesystem + Send + 'static> Bridge<F> {
             }
         })?;
         let ours = Arc::new(ours);
-        let (sock, pending, event_idx) = (ours.clone(), self.pending.clone(), self.event_idx.clone());
-        std::thread::Builder::new()
-            .name("virtiofs-replies".into())
-            .spawn(move || reply_loop(&sock, &pending, &event_idx))?;
+        let (sock, pending) = (ours.clone(), self.pending.clone());
+        std::thread::Builder::new().name("virtiofs-replies".into()).spawn(move || reply_loop(&sock, &pending))?;
         *self.session.lock().expect("session lock") = Some(Session { sock: ours.clone() });
         Ok(ours)
     }
@@ -265,6 +276,25 @@ impl<F: fuser::Filesystem + Send + 'static> Bridge<F> {
         let guest_unique = u64::from_ne_bytes(req[8..16].try_into().expect("8 bytes"));
         match opcode {
             FUSE_INTERRUPT => return complete(vring, head, 0),
+            FUSE_SYNCFS => {
+                // Answered here, off this thread: a save may take a while.
+                let Some(sync) = self.sync_all.clone() else {
+                    return answer(vring, chain, &mem, guest_unique, 0);
+                };
+                let vring = vring.clone();
+                let _ = std::thread::Builder::new().name("virtiofs-syncfs".into()).spawn(move || {
+                    let errno = match sync() {
+                        Ok(()) => 0,
+                        Err(e) => {
+                            eprintln!("mado serve-virtiofs: the guest's sync failed: {e}");
+                            e.raw_os_error().unwrap_or(libc::EIO)
+                        }
+                    };
+                    let mem = chain.memory().clone();
+                    answer(&vring, chain, &mem, guest_unique, errno);
+                });
+                return;
+            }
             FUSE_INIT => {
                 if let Err(e) = self.new_session(MAX_IO) {
                     eprintln!("mado serve-virtiofs: starting a FUSE session: {e}");
@@ -343,7 +373,8 @@ fn signal(vring: &VringRwLock) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Answers a chain with an error reply (or nothing, if it has no room).
+/// Answers a chain with a reply of only a header: `errno`, or success if
+/// 0 (or nothing, if it has no room).
 fn answer(vring: &VringRwLock, chain: Chain, mem: &GuestMemoryMmap<()>, unique: u64, errno: i32) {
     let head = chain.head_index();
     let mut out = [0u8; OUT_HEADER];
@@ -366,7 +397,7 @@ fn write_reply(chain: Chain, mem: &GuestMemoryMmap<()>, reply: &[u8]) -> u32 {
 
 /// Reads the session's replies and returns each to the chain waiting for
 /// it, with the guest's `unique` put back.
-fn reply_loop(sock: &OwnedFd, pending: &Mutex<HashMap<u64, Pending>>, _event_idx: &AtomicBool) {
+fn reply_loop(sock: &OwnedFd, pending: &Mutex<HashMap<u64, Pending>>) {
     let mut buf = vec![0u8; MAX_IO as usize + 64 * 1024];
     loop {
         let n = match rustix::io::read(sock, &mut buf) {
@@ -580,7 +611,7 @@ mod tests {
 
     /// Puts `reqs` on a queue, runs the transport over it, and returns
     /// each chain's (used length, reply bytes).
-    fn serve(reqs: &[Req]) -> Vec<(u32, Vec<u8>)> {
+    fn serve(reqs: &[Req], sync_all: Option<SyncAll>) -> Vec<(u32, Vec<u8>)> {
         let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x100_0000)]).unwrap();
         let q = MockSplitQueue::create(&mem, GuestAddress(0), QLEN);
         let mut descs = Vec::new();
@@ -623,6 +654,7 @@ mod tests {
 
         let bridge = Arc::new(Bridge {
             make_fs: Arc::new(|_| OneDir) as MakeFs<OneDir>,
+            sync_all,
             session: Mutex::new(None),
             pending: Arc::default(),
             next_unique: AtomicU64::new(1),
@@ -678,31 +710,34 @@ mod tests {
         wrong_len[0..4].copy_from_slice(&80u32.to_ne_bytes());
         let mut huge = header(IN_HEADER, 3, 6, 1);
         huge[0..4].copy_from_slice(&u32::MAX.to_ne_bytes());
-        let replies = serve(&[
-            // 0: before any FUSE_INIT: nothing to serve yet.
-            req(getattr(1, 1), 4096),
-            // 1: the guest's mount.
-            req(init(2), 4096),
-            // 2: shorter than a request header.
-            req(vec![0u8; 20], 4096),
-            // 3: a header whose length disagrees with the chain.
-            req(wrong_len, 4096),
-            // 4: a readable buffer outside guest memory.
-            Req { bytes: getattr(7, 1), in_addr: Some(0xffff_0000_0000), out_len: 4096 },
-            // 5: an opcode no FUSE version has.
-            req(header(IN_HEADER, 7777, 8, 1), 4096),
-            // 6: no room for any reply.
-            req(getattr(9, 1), 0),
-            // 7: room for a header but not the whole reply.
-            req(getattr(10, 1), 20),
-            // 8, 9: the same unique twice; each gets its own reply.
-            req(getattr(42, 1), 4096),
-            req(getattr(42, 2), 4096),
-            // 10: a length field claiming 4 GiB.
-            req(huge, 4096),
-            // 11: still serving.
-            req(getattr(11, 1), 4096),
-        ]);
+        let replies = serve(
+            &[
+                // 0: before any FUSE_INIT: nothing to serve yet.
+                req(getattr(1, 1), 4096),
+                // 1: the guest's mount.
+                req(init(2), 4096),
+                // 2: shorter than a request header.
+                req(vec![0u8; 20], 4096),
+                // 3: a header whose length disagrees with the chain.
+                req(wrong_len, 4096),
+                // 4: a readable buffer outside guest memory.
+                Req { bytes: getattr(7, 1), in_addr: Some(0xffff_0000_0000), out_len: 4096 },
+                // 5: an opcode no FUSE version has.
+                req(header(IN_HEADER, 7777, 8, 1), 4096),
+                // 6: no room for any reply.
+                req(getattr(9, 1), 0),
+                // 7: room for a header but not the whole reply.
+                req(getattr(10, 1), 20),
+                // 8, 9: the same unique twice; each gets its own reply.
+                req(getattr(42, 1), 4096),
+                req(getattr(42, 2), 4096),
+                // 10: a length field claiming 4 GiB.
+                req(huge, 4096),
+                // 11: still serving.
+                req(getattr(11, 1), 4096),
+            ],
+            None,
+        );
         assert_eq!(status(&replies[0].1), (-libc::EIO, 1));
         let (err, unique) = status(&replies[1].1);
         assert_eq!((err, unique), (0, 2), "FUSE_INIT");
@@ -720,17 +755,37 @@ mod tests {
     }
 
     #[test]
-    fn forgets_come_back_at_once_and_a_destroy_ends_the_session() {
+    fn forgets_come_back_at_once_a_sync_reaches_the_saver_and_a_destroy_ends_the_session() {
         let mut forget = header(IN_HEADER + 8, FUSE_FORGET, 3, 1);
         forget.extend_from_slice(&1u64.to_ne_bytes());
-        let replies = serve(&[
-            req(init(1), 4096),
-            req(getattr(2, 1), 4096),
-            Req { bytes: forget, in_addr: None, out_len: 0 },
-            req(header(IN_HEADER, FUSE_DESTROY, 4, 0), 4096),
-        ]);
+        let mut syncfs = header(IN_HEADER + 8, FUSE_SYNCFS, 5, 1);
+        syncfs.resize(IN_HEADER + 8, 0);
+        let mut failing = syncfs.clone();
+        failing[8..16].copy_from_slice(&6u64.to_ne_bytes());
+        let synced = Arc::new(AtomicU64::new(0));
+        let s2 = synced.clone();
+        let sync_all: SyncAll = Arc::new(move || match s2.fetch_add(1, Ordering::SeqCst) {
+            0 => Ok(()),
+            _ => Err(std::io::Error::from_raw_os_error(libc::ENOSPC)),
+        });
+        let replies = serve(
+            &[
+                req(init(1), 4096),
+                req(getattr(2, 1), 4096),
+                Req { bytes: forget, in_addr: None, out_len: 0 },
+                req(syncfs, 4096),
+                req(failing, 4096),
+                req(header(IN_HEADER, FUSE_DESTROY, 4, 0), 4096),
+            ],
+            Some(sync_all),
+        );
         assert_eq!(status(&replies[1].1).0, 0);
         assert_eq!(replies[2].0, 0);
-        assert_eq!(status(&replies[3].1), (0, 4));
+        // The two syncs ran (in either order); one failed, with its errno.
+        assert_eq!(synced.load(Ordering::SeqCst), 2);
+        let mut errs = [status(&replies[3].1).0, status(&replies[4].1).0];
+        errs.sort();
+        assert_eq!(errs, [-libc::ENOSPC, 0]);
+        assert_eq!(status(&replies[5].1), (0, 4));
     }
 }
