@@ -33,6 +33,7 @@ class Table(Enum):
     J = "j"
     K = "k"
     L = "l"
+    M = "m"
 
 
 class Subtree(Enum):
@@ -132,6 +133,16 @@ J_ROWS = {
     J_GET8: (J_RTT, True, False),
 }
 J_RSS_LIMIT_MIB = 256  # issue #19: import, checkout, checkpoint and the mount daemon
+
+# Scenario m (issue #14): the dense subtree walked and read (`find -exec
+# cat`) in a VM guest through `mado serve-virtiofs`, against the same
+# walk through `mado mount` on the host and on the guest's own disk.
+M_GUEST_COLD = "guest: serve-virtiofs, cold"
+M_GUEST_WARM = "guest: serve-virtiofs, mado cache warm (guest caches dropped)"
+M_GUEST_DISK = "guest: its local disk (ext4, virtio-blk; caches dropped)"
+M_HOST_COLD = "host: mado mount, cold"
+M_HOST_WARM = "host: mado mount, warm (page cache dropped)"
+M_WARM_LIMIT = 1.5  # issue #14: the guest's warm walk <= 1.5x its local disk
 
 
 def size_label(n: int) -> str:

@@ -10,7 +10,7 @@ PNG plots under docs/.
                  [--note TEXT]
     bench/run.py --report-only docs/bench-results.json
 
-`--only d` (or `--only c,d`) runs only those scenarios (a to l) at each
+`--only d` (or `--only c,d`) runs only those scenarios (a to m) at each
 RTT; the setup (MinIO, the stores, the repositories) is the same. Alone,
 it writes a report of those tables only. With `--merge
 docs/bench-results.json` the tables it measured replace that saved run's
@@ -106,7 +106,7 @@ def main():
     ap.add_argument("--rtts")
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "BENCHMARKS.md"))
     ap.add_argument("--profile", default="release", choices=["release", "debug"])
-    ap.add_argument("--only", default="a,b,c,d,e,f,g,h,i,j,k,l", help="scenarios to run, e.g. d or c,d (default: all)")
+    ap.add_argument("--only", default="a,b,c,d,e,f,g,h,i,j,k,l,m", help="scenarios to run, e.g. d or c,d (default: all)")
     ap.add_argument("--large-sizes", default=os.environ.get("MADO_BENCH_LARGE_SIZES"),
                     help="scenario j's file sizes, e.g. 64M,256M (default 300M,1G; --quick 16M,48M)")
     ap.add_argument("--ck-sizes", default=os.environ.get("MADO_BENCH_CK_SIZES"),

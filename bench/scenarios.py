@@ -19,7 +19,8 @@ from results import (FLOOR_ROW, GIT_CLONE_ROW, GIT_PUSH_ROW, GIT_SPARSE_ROW, IMP
                      L_NEXT, L_NEXT_COLD, L_NEXT_PUSH, L_PUSH, l_system,
                      MATERIALIZE, MOUNT, PEERS, REAL_CHECKOUT_ROW, REAL_CHECKOUT_SUB_ROW, REAL_MATERIALIZE_ROW,
                      REAL_MOUNT_ROW, REAL_SUB, RESUME_ROW, UNTAR_ROW, Counts, Layout, Result, Subtree, Table,
-                     large_system, materialize_row, mount_row, readers_row, size_label, writers_row)
+                     large_system, materialize_row, mount_row, readers_row, size_label, writers_row,
+                     M_GUEST_COLD, M_GUEST_DISK, M_GUEST_WARM, M_HOST_COLD, M_HOST_WARM)
 
 DENSE = Subtree.DENSE.value
 
@@ -980,8 +981,98 @@ class RealImport:
                  lambda _: shutil.rmtree(bare, ignore_errors=True), extra(t.changed, t.content))])
 
 
+# The guest's walk: the same tool on the share and on its disk; timed by
+# the guest's own clock (/proc/uptime, 10 ms), so the boot is not counted.
+GUEST_WALK = "find {d} -type f -exec cat {{}} + > /dev/null"
+GUEST_CLOCK = "$(cut -d' ' -f1 /proc/uptime)"
+
+
+def guest_times(out: bytes) -> List[float]:
+    """The intervals a guest script printed as `mado-bench T0 T1 [T2 T3]`."""
+    for line in out.decode(errors="replace").splitlines():
+        if line.startswith("mado-bench "):
+            t = [float(x) for x in line.split()[1:]]
+            return [t[i + 1] - t[i] for i in range(0, len(t), 2)]
+    raise RuntimeError(f"no timing line from the guest: {out[-300:]!r}")
+
+
+class VirtioFs:
+    """m. The dense subtree in a VM guest through `mado serve-virtiofs`
+    (issue #14): a cold walk and read with an empty mado cache, then a warm
+    one after the guest drops its caches, in the same guest; the guest's
+    local disk; and `mado mount` on the host, cold and warm."""
+
+    def __init__(self):
+        self.vm = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "vm-run.sh")
+
+    def guest(self, sock: str, script: str, *extra: str) -> bytes:
+        # vm-run's kernel and image are cached under the real HOME.
+        p = subprocess.run([self.vm, "--virtiofs-socket", sock, *extra, "--", script], capture_output=True,
+                           env=dict(os.environ))
+        if p.returncode != 0:
+            raise RuntimeError(f"vm-run exited {p.returncode}: {p.stderr.decode(errors='replace')[-400:]}")
+        return p.stdout
+
+    def serve(self, h: Harness, cache: str) -> subprocess.Popen:
+        sock = os.path.join(h.work, "vfs.sock")
+        p = subprocess.Popen([h.mado, "serve-virtiofs", "main", "--socket", sock], env=h.env(Layout.V2.value, cache),
+                             stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+        for line in p.stderr:  # woken by its readiness line, not a timer
+            if line.startswith("serving "):
+                threading.Thread(target=lambda: p.stderr.read(), daemon=True).start()
+                p.sock = sock
+                return p
+        raise RuntimeError(f"serve-virtiofs exited ({p.wait()}) before it was ready")
+
+    @staticmethod
+    def stop(p: subprocess.Popen):
+        p.terminate()
+        p.wait(30)
+
+    def __call__(self, h: Harness, rtt: int) -> Iterator[Result]:
+        warm: List[float] = []
+        two = (f"a={GUEST_CLOCK}; {GUEST_WALK.format(d=DENSE)}; b={GUEST_CLOCK}; "
+               f"sync; echo 3 > /proc/sys/vm/drop_caches; "
+               f"c={GUEST_CLOCK}; {GUEST_WALK.format(d=DENSE)}; d={GUEST_CLOCK}; echo mado-bench $a $b $c $d")
+
+        def cold_and_warm(p):
+            cold, w = guest_times(self.guest(p.sock, two))
+            warm.append(w)
+            return Sample(wall=cold)
+
+        yield h.cell(Table.M, M_GUEST_COLD, rtt, h.s3proxy, lambda: self.serve(h, h.fresh_cache()), cold_and_warm,
+                     self.stop)
+        if warm:
+            yield log_result(Result(Table.M, M_GUEST_WARM, rtt, n=len(warm), median=statistics.median(warm),
+                                    min=min(warm), max=max(warm)))
+        disk = (f"cp -a {DENSE} /mnt/disk/ && sync && echo 3 > /proc/sys/vm/drop_caches && "
+                f"a={GUEST_CLOCK}; {GUEST_WALK.format(d='/mnt/disk/' + DENSE)}; b={GUEST_CLOCK}; echo mado-bench $a $b")
+        yield h.cell(Table.M, M_GUEST_DISK, rtt, h.s3proxy, lambda: self.serve(h, h.fresh_cache()),
+                     lambda p: Sample(wall=guest_times(self.guest(p.sock, disk, "--scratch-disk", "256M"))[0]),
+                     self.stop)
+        mnt = os.path.join(h.work, "mnt")
+        os.makedirs(mnt, exist_ok=True)
+
+        def mount(cache, warm_it):
+            h.mado_run(h.env(Layout.V2.value, cache), "mount", "main", mnt)
+            if warm_it:
+                walk_read(os.path.join(mnt, DENSE))
+            return mnt
+
+        def walk(m):
+            t0 = time.perf_counter()
+            walk_read(os.path.join(m, DENSE))
+            return Sample(wall=time.perf_counter() - t0)
+
+        def umount(m):
+            subprocess.run([h.mado, "umount", m], env=h.env(Layout.V2.value), capture_output=True)
+
+        yield h.cell(Table.M, M_HOST_COLD, rtt, h.s3proxy, lambda: mount(h.fresh_cache(), False), walk, umount)
+        yield h.cell(Table.M, M_HOST_WARM, rtt, h.s3proxy, lambda: mount(h.fresh_cache(), True), walk, umount)
+
+
 def scenarios() -> Dict[str, Callable[[Harness, int], Iterator[Result]]]:
     """By the letter `--only` takes."""
     return {"a": materialize, "b": mount_walk, "c": Resume(), "d": import_pack_build, "e": warm_mount,
             "f": concurrency, "g": capped_cache, "h": Peers(), "i": Real(), "j": Large(), "k": Checkpoints(),
-            "l": RealImport()}
+            "l": RealImport(), "m": VirtioFs()}

@@ -170,9 +170,14 @@ fn a_guests_writes_to_a_served_workspace_survive_a_checkpoint_by_name_and_a_resu
     // By name: no directory of this machine holds the workspace.
     let cp = m.json(&["ws", "checkpoint", "vmws", "-m", "from a guest"]);
     assert_eq!(cp["workspace"], "vmws", "{cp}");
-    assert!(s.stop().success());
+    // The lease is held while serving: a resume elsewhere is refused...
     let back = m.dir.path().join("back");
-    m.ok(&["ws", "resume", "vmws", back.to_str().unwrap(), "--read-only"]);
+    let err = m.fails(&["ws", "resume", "vmws", back.to_str().unwrap()], 1);
+    assert!(err.contains("lease") || err.contains("held"), "{err}");
+    // ... and given back after the final save on SIGTERM.
+    assert!(s.stop().success());
+    let _ = std::fs::remove_dir_all(&back);
+    m.ok(&["ws", "resume", "vmws", back.to_str().unwrap()]);
     assert_eq!(std::fs::read_to_string(back.join("guest.txt")).unwrap(), "from-the-guest\n");
     assert_eq!(std::fs::read(back.join("d/e/big.txt")).unwrap(), vec![b'x'; 3000]);
     assert!(!back.join("empty").exists());

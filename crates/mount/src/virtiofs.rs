@@ -52,6 +52,11 @@ const FUSE_INTERRUPT: u32 = 36;
 const FUSE_DESTROY: u32 = 38;
 const FUSE_BATCH_FORGET: u32 = 42;
 const FUSE_SYNCFS: u32 = 50;
+const FUSE_READ: u32 = 15;
+const FUSE_READDIR: u32 = 28;
+const FUSE_READDIRPLUS: u32 = 44;
+/// Where `fuse_read_in.size` sits in a READ or READDIR request.
+const READ_SIZE_AT: usize = IN_HEADER + 16;
 /// `fuse_in_header` and `fuse_out_header` sizes.
 const IN_HEADER: usize = 40;
 const OUT_HEADER: usize = 16;
@@ -83,6 +88,8 @@ struct Pending {
 /// One fuser session and the socket to it.
 struct Session {
     sock: Arc<OwnedFd>,
+    /// The largest read it was told it may be asked.
+    max_io: u32,
 }
 
 struct Bridge<F> {
@@ -255,7 +262,7 @@ impl<F: fuser::Filesystem + Send + 'static> Bridge<F> {
         let ours = Arc::new(ours);
         let (sock, pending) = (ours.clone(), self.pending.clone());
         std::thread::Builder::new().name("virtiofs-replies".into()).spawn(move || reply_loop(&sock, &pending))?;
-        *self.session.lock().expect("session lock") = Some(Session { sock: ours.clone() });
+        *self.session.lock().expect("session lock") = Some(Session { sock: ours.clone(), max_io });
         Ok(ours)
     }
 
@@ -303,8 +310,8 @@ impl<F: fuser::Filesystem + Send + 'static> Bridge<F> {
             }
             _ => {}
         }
-        let sock = match self.session.lock().expect("session lock").as_ref() {
-            Some(s) => s.sock.clone(),
+        let (sock, max_io) = match self.session.lock().expect("session lock").as_ref() {
+            Some(s) => (s.sock.clone(), s.max_io),
             // No FUSE_INIT yet (or the guest unmounted): nothing to serve.
             None => return answer(vring, chain, &mem, guest_unique, libc::EIO),
         };
@@ -312,6 +319,16 @@ impl<F: fuser::Filesystem + Send + 'static> Bridge<F> {
         let unique = self.next_unique.fetch_add(1, Ordering::Relaxed);
         let mut req = req;
         req[8..16].copy_from_slice(&unique.to_ne_bytes());
+        if matches!(opcode, FUSE_READ | FUSE_READDIR | FUSE_READDIRPLUS) && req.len() >= READ_SIZE_AT + 4 {
+            // Never ask for more than the chain can carry back (a guest's
+            // 4 GiB read would otherwise be a 4 GiB buffer): a short read.
+            let room = chain.clone().writer(&mem).map(|w| w.available_bytes()).unwrap_or(0);
+            let cap = room.saturating_sub(OUT_HEADER).min(max_io as usize) as u32;
+            let size = u32::from_ne_bytes(req[READ_SIZE_AT..READ_SIZE_AT + 4].try_into().expect("4 bytes"));
+            if size > cap {
+                req[READ_SIZE_AT..READ_SIZE_AT + 4].copy_from_slice(&cap.to_ne_bytes());
+            }
+        }
         if no_reply {
             complete(vring, head, 0);
         } else {
@@ -529,7 +546,7 @@ mod tests {
 
     use std::time::{Duration, UNIX_EPOCH};
 
-    use fuser::{Errno, FileAttr, FileHandle, FileType, INodeNo, ReplyAttr, Request};
+    use fuser::{Errno, FileAttr, FileHandle, FileType, INodeNo, LockOwner, OpenFlags, ReplyAttr, ReplyData, Request};
     use virtio_bindings::bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
     use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
     use virtio_queue::mock::MockSplitQueue;
@@ -537,10 +554,25 @@ mod tests {
 
     use super::*;
 
-    /// Answers getattr of the root; everything else is fuser's ENOSYS.
+    /// Answers getattr of the root, and a read with as many bytes as asked;
+    /// everything else is fuser's ENOSYS.
     struct OneDir;
 
     impl fuser::Filesystem for OneDir {
+        fn read(
+            &self,
+            _req: &Request,
+            _ino: INodeNo,
+            _fh: FileHandle,
+            _offset: u64,
+            size: u32,
+            _flags: OpenFlags,
+            _lock: Option<LockOwner>,
+            reply: ReplyData,
+        ) {
+            reply.data(&vec![7u8; size as usize]);
+        }
+
         fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
             if ino.0 != 1 {
                 return reply.error(Errno::ENOENT);
@@ -594,6 +626,13 @@ mod tests {
     fn getattr(unique: u64, nodeid: u64) -> Vec<u8> {
         let mut r = header(IN_HEADER + 16, 3, unique, nodeid);
         r.resize(IN_HEADER + 16, 0);
+        r
+    }
+
+    fn read(unique: u64, size: u32) -> Vec<u8> {
+        let mut r = header(IN_HEADER + 40, FUSE_READ, unique, 1);
+        r.resize(IN_HEADER + 40, 0);
+        r[READ_SIZE_AT..READ_SIZE_AT + 4].copy_from_slice(&size.to_ne_bytes());
         r
     }
 
@@ -733,7 +772,9 @@ mod tests {
                 req(getattr(42, 2), 4096),
                 // 10: a length field claiming 4 GiB.
                 req(huge, 4096),
-                // 11: still serving.
+                // 11: a read of 4 GiB into a page: a short read.
+                req(read(12, u32::MAX), 4096),
+                // 12: still serving.
                 req(getattr(11, 1), 4096),
             ],
             None,
@@ -751,7 +792,10 @@ mod tests {
         assert_eq!(replies[8].0 as usize, OUT_HEADER + 104, "the root's attributes");
         assert_eq!(status(&replies[9].1), (-libc::ENOENT, 42));
         assert_eq!(status(&replies[10].1).0, -libc::EINVAL);
-        assert_eq!(status(&replies[11].1), (0, 11));
+        assert_eq!(status(&replies[11].1), (0, 12));
+        assert_eq!(replies[11].1.len(), 4096, "the read was cut to the chain's room");
+        assert!(replies[11].1[OUT_HEADER..].iter().all(|b| *b == 7));
+        assert_eq!(status(&replies[12].1), (0, 11));
     }
 
     #[test]
