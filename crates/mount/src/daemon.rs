@@ -215,6 +215,7 @@ pub fn run(
     let fs = make_fs(opts.passthrough && fuse);
     let passthrough = fs.passthrough_flag();
     let ws = ws.map(Arc::new);
+    let vfs_counts = (!fuse).then(|| Arc::new(crate::virtiofs::Counts::default()));
     // A workspace served to a VM has no directory on this machine: its
     // control socket is also found by the workspace's name.
     let by_name = match (&ws, fuse) {
@@ -234,6 +235,7 @@ pub fn run(
         let passthrough = passthrough.clone();
         let ws = ws.clone();
         let save_error = save_error.clone();
+        let vfs_counts = vfs_counts.clone();
         Arc::new(move |req: Request| {
             let (message, steal, force, name) = match req.op {
                 Op::Checkpoint { message, steal, force, name } => (message, steal, force, name),
@@ -270,6 +272,7 @@ pub fn run(
                             changes: core.changes(),
                             last_save_error: save_error.lock().expect("save error lock").clone(),
                         }),
+                        virtiofs: vfs_counts.as_ref().map(|c| c.snapshot()),
                     }));
                     return Box::pin(async move { reply });
                 }
@@ -364,7 +367,8 @@ pub fn run(
                 }
                 _ => None,
             };
-            match crate::virtiofs::Server::bind(socket, make, sync_all) {
+            let counts = vfs_counts.clone().unwrap_or_default();
+            match crate::virtiofs::Server::bind(socket, make, sync_all, counts) {
                 Ok((server, listener)) => {
                     let server = Arc::new(server);
                     let stopper = server.stopper();

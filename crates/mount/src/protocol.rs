@@ -83,6 +83,20 @@ pub struct MountStats {
     pub chunks_read_ahead: u64,
     pub passthrough: bool,
     pub workspace: Option<WorkspaceStats>,
+    /// For `mado serve-virtiofs`: the guest's FUSE requests by kind.
+    #[serde(default)]
+    pub virtiofs: Option<VirtioFsStats>,
+}
+
+/// What a serve-virtiofs process was asked.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct VirtioFsStats {
+    /// Requests taken off the virtqueues (malformed ones included).
+    pub requests: u64,
+    /// Malformed chains, answered by the transport itself.
+    pub refused: u64,
+    /// Well-formed requests by FUSE opcode name (`lookup`, `open`, ...).
+    pub by_op: std::collections::BTreeMap<String, u64>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

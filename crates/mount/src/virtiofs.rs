@@ -99,9 +99,7 @@ struct Bridge<F> {
     pending: Arc<Mutex<HashMap<u64, Pending>>>,
     next_unique: AtomicU64,
     event_idx: Arc<AtomicBool>,
-    /// Counts for `mado stats` and the tests.
-    pub requests: AtomicU64,
-    pub refused: AtomicU64,
+    counts: Arc<Counts>,
 }
 
 struct Backend<F> {
@@ -110,11 +108,104 @@ struct Backend<F> {
     bridge: Arc<Bridge<F>>,
 }
 
-/// What a serve loop counts (for tests and `mado stats`).
-#[derive(Default, Debug, Clone, Copy)]
+/// What the transport counts, for `mado stats`: chains taken, chains
+/// refused, and well-formed requests by opcode.
 pub struct Counts {
-    pub requests: u64,
-    pub refused: u64,
+    requests: AtomicU64,
+    refused: AtomicU64,
+    by_opcode: [AtomicU64; 64],
+}
+
+impl Default for Counts {
+    fn default() -> Counts {
+        Counts {
+            requests: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+            by_opcode: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+}
+
+impl Counts {
+    pub fn snapshot(&self) -> crate::protocol::VirtioFsStats {
+        let by_op = self
+            .by_opcode
+            .iter()
+            .enumerate()
+            .filter_map(|(op, n)| {
+                let n = n.load(Ordering::Relaxed);
+                (n > 0).then(|| (opcode_name(op as u32), n))
+            })
+            .collect();
+        crate::protocol::VirtioFsStats {
+            requests: self.requests.load(Ordering::Relaxed),
+            refused: self.refused.load(Ordering::Relaxed),
+            by_op,
+        }
+    }
+}
+
+/// A FUSE opcode's name (`fuse_opcode` in the kernel's fuse.h, lower case).
+fn opcode_name(op: u32) -> String {
+    const NAMES: [&str; 53] = [
+        "unknown",
+        "lookup",
+        "forget",
+        "getattr",
+        "setattr",
+        "readlink",
+        "symlink",
+        "",
+        "mknod",
+        "mkdir",
+        "unlink",
+        "rmdir",
+        "rename",
+        "link",
+        "open",
+        "read",
+        "write",
+        "statfs",
+        "release",
+        "",
+        "fsync",
+        "setxattr",
+        "getxattr",
+        "listxattr",
+        "removexattr",
+        "flush",
+        "init",
+        "opendir",
+        "readdir",
+        "releasedir",
+        "fsyncdir",
+        "getlk",
+        "setlk",
+        "setlkw",
+        "access",
+        "create",
+        "interrupt",
+        "bmap",
+        "destroy",
+        "ioctl",
+        "poll",
+        "notify_reply",
+        "batch_forget",
+        "fallocate",
+        "readdirplus",
+        "rename2",
+        "lseek",
+        "copy_file_range",
+        "setupmapping",
+        "removemapping",
+        "syncfs",
+        "tmpfile",
+        "statx",
+    ];
+    match NAMES.get(op as usize) {
+        Some(n) if !n.is_empty() => n.to_string(),
+        _ => format!("op{op}"),
+    }
 }
 
 /// A running virtio-fs server: accepts one VMM connection at a time, and
@@ -129,7 +220,12 @@ pub struct Server<F> {
 impl<F: fuser::Filesystem + Send + 'static> Server<F> {
     /// Binds the vhost-user socket at `path` (replacing a stale one).
     /// Serving starts with [`Server::run`].
-    pub fn bind(path: &Path, make_fs: MakeFs<F>, sync_all: Option<SyncAll>) -> std::io::Result<(Server<F>, Listener)> {
+    pub fn bind(
+        path: &Path,
+        make_fs: MakeFs<F>,
+        sync_all: Option<SyncAll>,
+        counts: Arc<Counts>,
+    ) -> std::io::Result<(Server<F>, Listener)> {
         let listener =
             Listener::new(path, true).map_err(|e| std::io::Error::other(format!("binding {}: {e}", path.display())))?;
         let bridge = Arc::new(Bridge {
@@ -139,18 +235,10 @@ impl<F: fuser::Filesystem + Send + 'static> Server<F> {
             pending: Arc::default(),
             next_unique: AtomicU64::new(1),
             event_idx: Arc::default(),
-            requests: AtomicU64::new(0),
-            refused: AtomicU64::new(0),
+            counts,
         });
         let server = Server { bridge, stop: Arc::default(), current: Arc::default(), socket: path.to_path_buf() };
         Ok((server, listener))
-    }
-
-    pub fn counts(&self) -> Counts {
-        Counts {
-            requests: self.bridge.requests.load(Ordering::Relaxed),
-            refused: self.bridge.refused.load(Ordering::Relaxed),
-        }
     }
 
     /// A handle that stops the server from another thread.
@@ -269,18 +357,21 @@ impl<F: fuser::Filesystem + Send + 'static> Bridge<F> {
     /// Takes one chain off `vring`: forwards its request, or answers it
     /// here when it is malformed or needs no reply.
     fn handle(&self, vring: &VringRwLock, chain: Chain, max_msg: usize) {
-        self.requests.fetch_add(1, Ordering::Relaxed);
+        self.counts.requests.fetch_add(1, Ordering::Relaxed);
         let head = chain.head_index();
         let mem = chain.memory().clone();
         let req = match read_request(&chain, &mem, max_msg) {
             Ok(r) => r,
             Err(errno) => {
-                self.refused.fetch_add(1, Ordering::Relaxed);
+                self.counts.refused.fetch_add(1, Ordering::Relaxed);
                 return answer(vring, chain, &mem, 0, errno);
             }
         };
         let opcode = u32::from_ne_bytes(req[4..8].try_into().expect("4 bytes"));
         let guest_unique = u64::from_ne_bytes(req[8..16].try_into().expect("8 bytes"));
+        // Opcodes past the table (no FUSE version has them) count as 0.
+        let slot = if (opcode as usize) < self.counts.by_opcode.len() { opcode as usize } else { 0 };
+        self.counts.by_opcode[slot].fetch_add(1, Ordering::Relaxed);
         match opcode {
             FUSE_INTERRUPT => return complete(vring, head, 0),
             FUSE_SYNCFS => {
@@ -650,7 +741,7 @@ mod tests {
 
     /// Puts `reqs` on a queue, runs the transport over it, and returns
     /// each chain's (used length, reply bytes).
-    fn serve(reqs: &[Req], sync_all: Option<SyncAll>) -> Vec<(u32, Vec<u8>)> {
+    fn serve(reqs: &[Req], sync_all: Option<SyncAll>) -> (Vec<(u32, Vec<u8>)>, crate::protocol::VirtioFsStats) {
         let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x100_0000)]).unwrap();
         let q = MockSplitQueue::create(&mem, GuestAddress(0), QLEN);
         let mut descs = Vec::new();
@@ -691,6 +782,7 @@ mod tests {
         let call = rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC).unwrap();
         vring.set_call(Some(std::fs::File::from(rustix::io::fcntl_dupfd_cloexec(&call, 0).unwrap())));
 
+        let counts = Arc::new(Counts::default());
         let bridge = Arc::new(Bridge {
             make_fs: Arc::new(|_| OneDir) as MakeFs<OneDir>,
             sync_all,
@@ -698,8 +790,7 @@ mod tests {
             pending: Arc::default(),
             next_unique: AtomicU64::new(1),
             event_idx: Arc::default(),
-            requests: AtomicU64::new(0),
-            refused: AtomicU64::new(0),
+            counts: counts.clone(),
         });
         let backend = Backend { mem: Mutex::new(None), event_idx: bridge.event_idx.clone(), bridge: bridge.clone() };
         backend.update_memory(atomic).unwrap();
@@ -724,7 +815,7 @@ mod tests {
             assert!(by_head.insert(id as u16, len).is_none(), "chain {id} came back twice");
         }
         bridge.end_session();
-        heads
+        let replies = heads
             .iter()
             .enumerate()
             .map(|(i, h)| {
@@ -733,7 +824,8 @@ mod tests {
                 mem.read_slice(&mut out, GuestAddress(OUT_BASE + i as u64 * SLOT)).unwrap();
                 (len, out)
             })
-            .collect()
+            .collect();
+        (replies, counts.snapshot())
     }
 
     /// (error, unique) of a reply.
@@ -749,7 +841,7 @@ mod tests {
         wrong_len[0..4].copy_from_slice(&80u32.to_ne_bytes());
         let mut huge = header(IN_HEADER, 3, 6, 1);
         huge[0..4].copy_from_slice(&u32::MAX.to_ne_bytes());
-        let replies = serve(
+        let (replies, counts) = serve(
             &[
                 // 0: before any FUSE_INIT: nothing to serve yet.
                 req(getattr(1, 1), 4096),
@@ -796,6 +888,9 @@ mod tests {
         assert_eq!(replies[11].1.len(), 4096, "the read was cut to the chain's room");
         assert!(replies[11].1[OUT_HEADER..].iter().all(|b| *b == 7));
         assert_eq!(status(&replies[12].1), (0, 11));
+        assert_eq!((counts.requests, counts.refused), (13, 4), "{counts:?}");
+        assert_eq!(counts.by_op["getattr"], 6, "{counts:?}");
+        assert_eq!(counts.by_op["unknown"], 1, "{counts:?}");
     }
 
     #[test]
@@ -812,7 +907,7 @@ mod tests {
             0 => Ok(()),
             _ => Err(std::io::Error::from_raw_os_error(libc::ENOSPC)),
         });
-        let replies = serve(
+        let (replies, _) = serve(
             &[
                 req(init(1), 4096),
                 req(getattr(2, 1), 4096),

@@ -36,6 +36,10 @@ pub async fn run(a: StatsArgs, ctx: &Ctx) -> Result<()> {
     println!("packs:  {} exploded, {} members served", p.packs_exploded, p.members_from_packs);
     println!("nodes:  {} in memory", v.nodes_in_memory);
     println!("large:  {} chunks read ahead", v.chunks_read_ahead);
+    if let Some(q) = &v.virtiofs {
+        let ops: Vec<String> = q.by_op.iter().map(|(k, n)| format!("{k} {n}")).collect();
+        println!("guest:  {} requests ({} refused): {}", q.requests, q.refused, ops.join(", "));
+    }
     if let Some(w) = &v.workspace {
         println!("workspace: {} ({} changes since mounted)", w.name, w.changes);
         if let Some(e) = &w.last_save_error {
