@@ -151,6 +151,12 @@ fn a_guest_sees_the_snapshot_as_git_clone_does_and_cannot_write_it() {
     assert_eq!(s.guest_ok("cat /mnt/mado/src/deep/er/still.txt"), b"deep\n");
     let st = m.json(&["stats", s.sock()]);
     assert!(st["reads"].as_u64().unwrap() > 0 || st["remote"]["gets"].as_u64().unwrap() > 0, "{st}");
+    // No-open mode: a guest's session answers its first OPEN with ENOSYS
+    // and then gets reads by inode, with no OPEN, RELEASE or FLUSH per file.
+    let ops = &st["virtiofs"]["by_op"];
+    assert!(ops["read"].as_u64().unwrap() > 10, "{st}");
+    assert!(ops["open"].as_u64().unwrap_or(0) <= 3, "one OPEN per guest session at most: {st}");
+    assert!(ops["release"].is_null() && ops["flush"].as_u64().unwrap_or(0) <= 3, "{st}");
     assert!(s.stop().success());
 }
 

@@ -353,7 +353,8 @@ pub fn run(
         }
         Serve::VirtioFs { socket } => {
             drop(fs);
-            let make: crate::virtiofs::MakeFs<MadoFs> = Arc::new(move |max_io| make_fs(false).with_max_io(max_io));
+            let make: crate::virtiofs::MakeFs<MadoFs> =
+                Arc::new(move |max_io| make_fs(false).with_max_io(max_io).with_no_open());
             // A guest's `sync`: every upper file's bytes, then the state
             // naming them.
             let sync_all: Option<crate::virtiofs::SyncAll> = match (&ws, &saver) {

@@ -50,6 +50,9 @@ pub struct MadoFs {
     next_fh: Arc<AtomicU64>,
     /// Open directories' listing positions, by handle.
     dirs: Arc<Mutex<HashMap<u64, DirCursor>>>,
+    /// With [`MadoFs::with_no_open`]: files opened on their first READ,
+    /// by inode, the most recent few kept.
+    lazy: Option<Arc<Mutex<LazyOpens>>>,
     want_passthrough: bool,
     passthrough: Arc<AtomicBool>,
     uid: u32,
@@ -77,6 +80,38 @@ impl OpenFiles {
     fn keep(&self, fh: u64, ino: u64, f: OpenFile) {
         self.io_modes.lock().expect("io modes lock").entry(ino).or_insert((IoMode::Cached, 0)).1 += 1;
         self.handles.lock().expect("handles lock").insert(fh, Arc::new(f));
+    }
+}
+
+/// Files opened by a READ in no-open mode, newest last; each one's open is
+/// released (`SnapshotFs::release`) when it falls out.
+#[derive(Default)]
+struct LazyOpens {
+    recent: std::collections::VecDeque<(u64, Arc<OpenFile>)>,
+}
+
+impl LazyOpens {
+    /// Enough for a few readers' current files, not the tree's contents.
+    const KEEP: usize = 64;
+
+    fn get(&self, ino: u64) -> Option<Arc<OpenFile>> {
+        self.recent.iter().rev().find(|(i, _)| *i == ino).map(|(_, f)| f.clone())
+    }
+
+    /// Keeps `f` (or, if another read opened the inode meanwhile, that one,
+    /// releasing `f`'s open); returns the file to read.
+    fn keep(&mut self, core: &SnapshotFs, ino: u64, f: Arc<OpenFile>) -> Arc<OpenFile> {
+        if let Some(g) = self.get(ino) {
+            core.release(ino);
+            return g;
+        }
+        self.recent.push_back((ino, f.clone()));
+        while self.recent.len() > Self::KEEP {
+            if let Some((old, _)) = self.recent.pop_front() {
+                core.release(old);
+            }
+        }
+        f
     }
 }
 
@@ -111,6 +146,7 @@ impl MadoFs {
             io_modes: Default::default(),
             next_fh: Arc::new(AtomicU64::new(1)),
             dirs: Arc::default(),
+            lazy: None,
             want_passthrough,
             passthrough: Arc::new(AtomicBool::new(false)),
             uid: rustix::process::getuid().as_raw(),
@@ -123,6 +159,19 @@ impl MadoFs {
 
     /// Reads and writes of at most `n` bytes (the virtio-fs transport
     /// carries each request and reply whole in a socket buffer).
+    /// A read-only snapshot with no OPEN or RELEASE from the kernel: the
+    /// first open is answered ENOSYS, after which the kernel sends neither
+    /// (FUSE's no-open mode) and reads come by inode, each file opened on
+    /// its first READ. One request per small file instead of three (open,
+    /// read, release). Only where passthrough is not wanted (it needs an
+    /// open): the virtio-fs transport.
+    pub fn with_no_open(mut self) -> MadoFs {
+        if !self.core.is_writable() {
+            self.lazy = Some(Arc::default());
+        }
+        self
+    }
+
     pub fn with_max_io(mut self, n: u32) -> MadoFs {
         self.max_io = Some(n);
         self
@@ -133,6 +182,26 @@ impl MadoFs {
     pub fn with_durable_save(mut self, save: DurableSave) -> MadoFs {
         self.durable = Some(save);
         self
+    }
+
+    /// A READ in no-open mode: the inode's file from the recent ones, or
+    /// opened now.
+    fn read_lazily(&self, lazy: Arc<Mutex<LazyOpens>>, ino: u64, offset: u64, size: u32, reply: ReplyData) {
+        let core = self.core.clone();
+        self.rt.spawn(async move {
+            let hit = lazy.lock().expect("lazy lock").get(ino);
+            let f = match hit {
+                Some(f) => f,
+                None => match core.open(ino).await {
+                    Ok(f) => lazy.lock().expect("lazy lock").keep(&core, ino, Arc::new(f)),
+                    Err(e) => return reply.error(errno(&e)),
+                },
+            };
+            match core.read(&f, offset, size).await {
+                Ok(b) => reply.data(&b),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
     }
 
     /// Answers an fsync: the upper file's bytes, then the state naming it.
@@ -504,6 +573,9 @@ impl Filesystem for MadoFs {
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let accmode = flags.0 & libc::O_ACCMODE;
+        if self.lazy.is_some() && accmode == libc::O_RDONLY {
+            return reply.error(Errno::ENOSYS);
+        }
         if accmode != libc::O_RDONLY {
             if !self.core.is_writable() {
                 return reply.error(Errno::EROFS);
@@ -573,7 +645,7 @@ impl Filesystem for MadoFs {
     fn read(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         size: u32,
@@ -582,7 +654,10 @@ impl Filesystem for MadoFs {
         reply: ReplyData,
     ) {
         let Some(f) = self.handles.lock().expect("handles lock").get(&fh.0).cloned() else {
-            return reply.error(Errno::EBADF);
+            return match (&self.lazy, fh.0) {
+                (Some(lazy), 0) => self.read_lazily(lazy.clone(), ino.0, offset, size, reply),
+                _ => reply.error(Errno::EBADF),
+            };
         };
         if let OpenFile::Whole { data, ino: None, .. } = &*f {
             let start = (offset as usize).min(data.len());
