@@ -664,6 +664,13 @@ mod tests {
             reply.data(&vec![7u8; size as usize]);
         }
 
+        /// EEXIST for exactly the name `LONG_NAME` (it reached us whole),
+        /// ENOENT for any other.
+        fn lookup(&self, _req: &Request, _parent: INodeNo, name: &std::ffi::OsStr, reply: fuser::ReplyEntry) {
+            use std::os::unix::ffi::OsStrExt;
+            reply.error(if name.as_bytes() == LONG_NAME { Errno::EEXIST } else { Errno::ENOENT });
+        }
+
         fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
             if ino.0 != 1 {
                 return reply.error(Errno::ENOENT);
@@ -690,6 +697,7 @@ mod tests {
         }
     }
 
+    const LONG_NAME: &[u8] = b"zzzzzzzzzzzzzzzzzzzzzzzzzzzzzz";
     const QLEN: u16 = 64;
     const IN_BASE: u64 = 0x10_0000;
     const OUT_BASE: u64 = 0x80_0000;
@@ -717,6 +725,13 @@ mod tests {
     fn getattr(unique: u64, nodeid: u64) -> Vec<u8> {
         let mut r = header(IN_HEADER + 16, 3, unique, nodeid);
         r.resize(IN_HEADER + 16, 0);
+        r
+    }
+
+    fn lookup(unique: u64, name: &[u8]) -> Vec<u8> {
+        let mut r = header(IN_HEADER + name.len() + 1, 1, unique, 1);
+        r.extend_from_slice(name);
+        r.push(0);
         r
     }
 
@@ -866,7 +881,15 @@ mod tests {
                 req(huge, 4096),
                 // 11: a read of 4 GiB into a page: a short read.
                 req(read(12, u32::MAX), 4096),
-                // 12: still serving.
+                // 12: an INTERRUPT: returned at once, not forwarded.
+                req(header(IN_HEADER + 8, FUSE_INTERRUPT, 13, 0).into_iter().chain([0u8; 8]).collect(), 4096),
+                // 13: the first opcode past the counts' table.
+                req(header(IN_HEADER, 64, 14, 1), 4096),
+                // 14: a READ too short for its arguments (fuser refuses it).
+                req(header(IN_HEADER + 16, FUSE_READ, 15, 1).into_iter().chain([0xffu8; 16]).collect(), 4096),
+                // 15: a request as long as a READ's size field: untouched.
+                req(lookup(16, LONG_NAME), 4096),
+                // 16: still serving.
                 req(getattr(11, 1), 4096),
             ],
             None,
@@ -887,10 +910,15 @@ mod tests {
         assert_eq!(status(&replies[11].1), (0, 12));
         assert_eq!(replies[11].1.len(), 4096, "the read was cut to the chain's room");
         assert!(replies[11].1[OUT_HEADER..].iter().all(|b| *b == 7));
-        assert_eq!(status(&replies[12].1), (0, 11));
-        assert_eq!((counts.requests, counts.refused), (13, 4), "{counts:?}");
+        assert_eq!(replies[12].0, 0, "an INTERRUPT gets no reply");
+        assert_eq!(status(&replies[13].1), (-libc::ENOSYS, 14));
+        assert_eq!(status(&replies[14].1).1, 15);
+        assert_ne!(status(&replies[14].1).0, 0);
+        assert_eq!(status(&replies[15].1), (-libc::EEXIST, 16), "a lookup's name is not a READ's size");
+        assert_eq!(status(&replies[16].1), (0, 11));
+        assert_eq!((counts.requests, counts.refused), (17, 4), "{counts:?}");
         assert_eq!(counts.by_op["getattr"], 6, "{counts:?}");
-        assert_eq!(counts.by_op["unknown"], 1, "{counts:?}");
+        assert_eq!(counts.by_op["unknown"], 2, "{counts:?}");
     }
 
     #[test]
