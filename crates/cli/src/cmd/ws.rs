@@ -231,19 +231,21 @@ pub async fn run(c: WsCommand, ctx: &Ctx) -> Result<()> {
                 None => std::env::current_dir()?,
             };
             // A mount around the directory first (a working copy's `.mado`
-            // is looked up through it, then above it).
-            // A workspace served to a VM guest (`mado serve-virtiofs
-            // --workspace`) has no directory here: found by its name.
-            let served = match &a.name {
-                Some(n) => Some(mado_mount::control::workspace_socket_path(fetcher.remote.url(), n)?)
-                    .filter(|s| s.exists() && mado_mount::control::find_mount(&start).ok().flatten().is_none()),
-                None => None,
+            // is looked up through it, then above it); else a workspace
+            // served to a VM guest (`mado serve-virtiofs --workspace`),
+            // which has no directory here: found by its name.
+            let mounted = mado_mount::control::find_mount(&start)?.is_some();
+            let served = match (&a.name, mounted) {
+                (Some(n), false) => {
+                    Some(mado_mount::control::workspace_socket_path(fetcher.remote.url(), n)?).filter(|s| s.exists())
+                }
+                _ => None,
             };
-            let (r, remote) = if let Some(sock) = served {
-                checkpoint_served(&sock, &a)?
-            } else if mado_mount::control::find_mount(&start)?.is_some() {
+            let (r, remote) = if mounted {
                 // The daemon did the work: its counts.
                 checkpoint_mount(&start, &a)?
+            } else if let Some(sock) = served {
+                checkpoint_served(&sock, &a)?
             } else {
                 let dir = workspace::find_working_copy(&start).ok_or_else(|| {
                     mado_core::Error::User(format!(
