@@ -216,18 +216,6 @@ pub fn run(
     let passthrough = fs.passthrough_flag();
     let ws = ws.map(Arc::new);
     let vfs_counts = (!fuse).then(|| Arc::new(crate::virtiofs::Counts::default()));
-    // A workspace served to a VM has no directory on this machine: its
-    // control socket is also found by the workspace's name.
-    let by_name = match (&ws, fuse) {
-        (Some(w), false) => {
-            let alias = control::workspace_socket_path(fetcher.remote.url(), &w.name)
-                .map_err(Error::io("placing the control socket"))?;
-            let _ = std::fs::remove_file(&alias);
-            std::os::unix::fs::symlink(&sock, &alias).map_err(Error::io(format!("linking {}", alias.display())))?;
-            Some(alias)
-        }
-        _ => None,
-    };
     let answer: control::Answer = {
         let (status, core, fetcher, spec) = (status.clone(), core.clone(), fetcher.clone(), opts.spec.clone());
         let mp = mp.clone();
@@ -388,6 +376,19 @@ pub fn run(
                 }
             }
         }
+    };
+    // A workspace served to a VM has no directory on this machine: once
+    // it is served, its control socket is also found by the workspace's
+    // name.
+    let by_name = match (&ws, fuse) {
+        (Some(w), false) => {
+            let alias = control::workspace_socket_path(fetcher.remote.url(), &w.name)
+                .map_err(Error::io("placing the control socket"))?;
+            let _ = std::fs::remove_file(&alias);
+            std::os::unix::fs::symlink(&sock, &alias).map_err(Error::io(format!("linking {}", alias.display())))?;
+            Some(alias)
+        }
+        _ => None,
     };
     let advisory = match &attach {
         Attach::Attached { .. } => None,
