@@ -119,18 +119,6 @@ fn mounted_snapshot_equals_git_clone() {
     assert_eq!(mnt.gets(), before);
 }
 
-/// 300 small files in one directory, next to other content.
-fn dense_repo(parent: &Path) -> PathBuf {
-    let repo = fixture_repo(parent);
-    for i in 0..300 {
-        std::fs::create_dir_all(repo.join("dense")).unwrap();
-        std::fs::write(repo.join(format!("dense/f{i:03}.txt")), format!("file {i}\n").repeat(i % 7 + 1)).unwrap();
-    }
-    git(&repo, &["add", "-A"]);
-    git(&repo, &["commit", "-qm", "dense"]);
-    repo
-}
-
 #[test]
 fn cold_walk_of_a_packed_subtree_is_one_get() {
     if !fuse_usable() {

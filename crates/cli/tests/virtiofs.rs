@@ -217,21 +217,6 @@ fn a_killed_server_loses_nothing_the_guest_synced() {
     assert_eq!(std::fs::read_to_string(back.join("kept.txt")).unwrap(), "kept\n");
 }
 
-/// A repository with one directory of 300 small files (one pack), as
-/// `mount.rs` uses for its cold-walk counts.
-fn dense_repo(parent: &Path) -> PathBuf {
-    let repo = parent.join("dense-repo");
-    std::fs::create_dir_all(repo.join("dense")).unwrap();
-    git(&repo, &["init", "-q", "-b", "main"]);
-    for i in 0..300 {
-        std::fs::write(repo.join(format!("dense/f{i:03}.txt")), pseudo_random(700 + i, i as u64)).unwrap();
-    }
-    std::fs::write(repo.join("top.txt"), "top\n").unwrap();
-    git(&repo, &["add", "-A"]);
-    git(&repo, &["commit", "-qm", "dense"]);
-    repo
-}
-
 fn gets(s: &serde_json::Value) -> u64 {
     s["remote"]["gets"].as_u64().unwrap() + s["remote"]["ranged_gets"].as_u64().unwrap()
 }

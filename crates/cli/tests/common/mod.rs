@@ -172,6 +172,19 @@ pub fn fixture_repo(parent: &Path) -> PathBuf {
     repo
 }
 
+/// The fixture with 300 small files in one directory, `dense/` (one pack):
+/// the repository of the cold-walk counts (`mount.rs`, `virtiofs.rs`).
+pub fn dense_repo(parent: &Path) -> PathBuf {
+    let repo = fixture_repo(parent);
+    std::fs::create_dir_all(repo.join("dense")).unwrap();
+    for i in 0..300 {
+        std::fs::write(repo.join(format!("dense/f{i:03}.txt")), format!("file {i}\n").repeat(i % 7 + 1)).unwrap();
+    }
+    git(&repo, &["add", "-A"]);
+    git(&repo, &["commit", "-qm", "dense"]);
+    repo
+}
+
 /// What a directory holds: path -> (kind, permission bits, content or target).
 pub fn snapshot_dir(root: &Path) -> BTreeMap<Vec<u8>, (char, u32, Vec<u8>)> {
     fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<Vec<u8>, (char, u32, Vec<u8>)>) {
