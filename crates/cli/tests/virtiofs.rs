@@ -149,6 +149,21 @@ fn a_guest_sees_the_snapshot_as_git_clone_does_and_cannot_write_it() {
     // The server is still there for a second guest (a new connection and
     // a new FUSE session), and answers the control socket by its path.
     assert_eq!(s.guest_ok("cat /mnt/mado/src/deep/er/still.txt"), b"deep\n");
+    // A second server on the same socket is refused; the first keeps it.
+    // (Under `timeout`: one that took the socket would serve on, not exit.)
+    let c = m.cmd(&["serve-virtiofs", "main", "--socket", s.sock()]);
+    let mut t = Command::new("timeout");
+    t.arg("30").arg(c.get_program()).args(c.get_args());
+    for (k, v) in c.get_envs() {
+        match v {
+            Some(v) => t.env(k, v),
+            None => t.env_remove(k),
+        };
+    }
+    let o = t.output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("already served by mado"), "{err}");
     let st = m.json(&["stats", s.sock()]);
     assert!(st["reads"].as_u64().unwrap() > 0 || st["remote"]["gets"].as_u64().unwrap() > 0, "{st}");
     // No-open mode: a guest's session answers its first OPEN with ENOSYS

@@ -157,6 +157,18 @@ pub fn run(
 ) -> Result<()> {
     let mp = control::absolute(opts.serve.path()).map_err(Error::io("resolving the mount point"))?;
     let fuse = matches!(opts.serve, Serve::Fuse { .. });
+    if !fuse {
+        // A live server on this socket keeps it: binding would take the
+        // socket (and the control socket named after it) from under it.
+        let live = control::socket_path(&mp)
+            .ok()
+            .and_then(|sock| control::request(&sock, &Request::new(Op::Stats), Duration::from_secs(5)).ok());
+        if let Some(Reply::Stats(s)) = live {
+            let msg = format!("{} is already served by mado (pid {}); stop that one first", mp.display(), s.pid);
+            ready(Err(msg.clone()));
+            return Err(Error::User(msg));
+        }
+    }
     if fuse && is_disconnected(&mp) {
         unmount(&mp).map_err(Error::io(format!("cleaning up the dead mount at {}", mp.display())))?;
     }
