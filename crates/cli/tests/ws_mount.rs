@@ -319,6 +319,63 @@ fn an_fsynced_file_survives_a_kill_9_of_the_daemon() {
     assert_eq!(std::fs::read(&p).unwrap(), b"on disk before fsync returned\n");
 }
 
+/// A workspace mount runs in FUSE's no-open mode: the kernel sends no
+/// OPEN or RELEASE after the first OPEN, and reads, writes and fsyncs name
+/// the inode. A snapshot file written in place (copied up on its first
+/// WRITE) and one truncated by O_TRUNC keep their bytes through fsync and
+/// a kill -9; a file unlinked while a process has it open reads to its
+/// end; warm opens never reach the daemon.
+#[test]
+fn files_the_daemon_never_saw_opened_write_sync_and_outlive_unlink() {
+    use std::io::Read;
+    use std::os::unix::fs::FileExt;
+    if !fuse_usable() {
+        return;
+    }
+    let m = Mado::local();
+    setup(&m);
+    let mnt = create(&m, "noopen");
+    let opens = || m.json(&["stats", mnt.path()])["opens"].as_u64().unwrap();
+    let readme = mnt.dir.join("README.md");
+    for _ in 0..3 {
+        assert_eq!(std::fs::read(&readme).unwrap(), b"# fixture\n");
+    }
+    let before = opens();
+    assert!(before <= 1, "the kernel kept sending OPEN: {before}");
+    for p in ["README.md", "src/lib.rs", "win.bat", "run.sh"] {
+        std::fs::read(mnt.dir.join(p)).unwrap();
+    }
+    assert_eq!(opens(), before, "a warm open reached the daemon");
+
+    let f = std::fs::OpenOptions::new().write(true).open(&readme).unwrap();
+    f.write_all_at(b"#-in", 0).unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(mnt.dir.join("run.sh")).unwrap();
+        f.write_all(b"#!/bin/sh\necho truncated\n").unwrap();
+        f.sync_data().unwrap();
+    }
+    // Opened, then unlinked before the daemon saw a single read of it.
+    let mut kept = std::fs::File::open(mnt.dir.join("src/deep/er/still.txt")).unwrap();
+    std::fs::remove_file(mnt.dir.join("src/deep/er/still.txt")).unwrap();
+    let mut got = String::new();
+    kept.read_to_string(&mut got).unwrap();
+    assert_eq!(got, "deep\n");
+    drop(kept);
+    assert!(!mnt.dir.join("src/deep/er/still.txt").exists());
+    std::fs::File::open(mnt.dir.join("src/deep/er")).unwrap().sync_all().unwrap();
+
+    let pid = m.json(&["stats", mnt.path()])["pid"].as_u64().unwrap();
+    std::process::Command::new("kill").arg("-9").arg(pid.to_string()).status().unwrap();
+    wait_gone(pid);
+    m.ok(&["ws", "resume", "noopen", mnt.path(), "--mount"]);
+    assert_eq!(std::fs::read(&readme).unwrap(), b"#-inxture\n");
+    assert_eq!(std::fs::read(mnt.dir.join("run.sh")).unwrap(), b"#!/bin/sh\necho truncated\n");
+    assert!(!mnt.dir.join("src/deep/er/still.txt").exists());
+}
+
 fn wait_gone(pid: u64) {
     for _ in 0..100 {
         if !std::path::Path::new(&format!("/proc/{pid}")).exists() {

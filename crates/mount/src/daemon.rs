@@ -214,7 +214,11 @@ pub fn run(
     let make_fs = {
         let (core, rt, saver) = (core.clone(), rt.clone(), saver.clone());
         move |passthrough: bool| {
-            let fs = MadoFs::new(core.clone(), rt.clone(), passthrough);
+            let mut fs = MadoFs::new(core.clone(), rt.clone(), passthrough);
+            if core.is_writable() {
+                // No passthrough for a workspace (see `with_no_open`).
+                fs = fs.with_no_open();
+            }
             match &saver {
                 Some(saver) => {
                     let (saver, core) = (saver.clone(), core.clone());
@@ -226,6 +230,7 @@ pub fn run(
     };
     let fs = make_fs(opts.passthrough && fuse);
     let passthrough = fs.passthrough_flag();
+    let opens = fs.opens_counter();
     let ws = ws.map(Arc::new);
     let vfs_counts = (!fuse).then(|| Arc::new(crate::virtiofs::Counts::default()));
     let answer: control::Answer = {
@@ -233,6 +238,7 @@ pub fn run(
         let mp = mp.clone();
         let snapshot = id.to_hex();
         let passthrough = passthrough.clone();
+        let opens = opens.clone();
         let ws = ws.clone();
         let save_error = save_error.clone();
         let vfs_counts = vfs_counts.clone();
@@ -265,6 +271,7 @@ pub fn run(
                         nodes_in_memory: core.node_count(),
                         chunks_read_ahead: core.chunks_read_ahead(),
                         passthrough: passthrough.load(Relaxed),
+                        opens: opens.load(Relaxed),
                         workspace: ws.as_ref().map(|w| WorkspaceStats {
                             name: w.name.clone(),
                             state_dir: w.state_dir.clone(),

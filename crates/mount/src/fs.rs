@@ -9,9 +9,11 @@
 //! the network is moved, with its reply, to a tokio task, so a slow fetch
 //! never blocks other requests; the task is woken when its fetch completes.
 //! Content is immutable, so entries and attributes get long timeouts and
-//! open files keep the page cache; a file whose blob is in the disk cache
-//! is opened in passthrough mode when the kernel allows it, so reads go
-//! straight to the cache file.
+//! open files keep the page cache; on a read-only mount a file whose blob
+//! is in the disk cache is opened in passthrough mode when the kernel
+//! allows it, so reads go straight to the cache file. A workspace (and any
+//! virtio-fs session) runs in no-open mode instead: no OPEN or RELEASE,
+//! reads and writes by inode ([`MadoFs::with_no_open`]).
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -55,6 +57,8 @@ pub struct MadoFs {
     lazy: Option<Arc<Mutex<LazyOpens>>>,
     want_passthrough: bool,
     passthrough: Arc<AtomicBool>,
+    /// OPEN requests received (for stats).
+    opens: Arc<AtomicU64>,
     uid: u32,
     gid: u32,
     ttl: Duration,
@@ -98,12 +102,23 @@ impl LazyOpens {
         self.recent.iter().rev().find(|(i, _)| *i == ino).map(|(_, f)| f.clone())
     }
 
-    /// Keeps `f` (or, if another read opened the inode meanwhile, that one,
-    /// releasing `f`'s open); returns the file to read.
+    /// The inode's file if it is open for writing.
+    fn writable(&self, ino: u64) -> Option<Arc<OpenFile>> {
+        self.get(ino).filter(|f| is_writable(f))
+    }
+
+    /// Keeps `f` (or, if another request opened the inode meanwhile and
+    /// that file serves as well, that one, releasing `f`'s open); returns
+    /// the file to use. A file open for writing replaces one open for
+    /// reading only.
     fn keep(&mut self, core: &SnapshotFs, ino: u64, f: Arc<OpenFile>) -> Arc<OpenFile> {
-        if let Some(g) = self.get(ino) {
+        if let Some(at) = self.recent.iter().rposition(|(i, _)| *i == ino) {
+            if is_writable(&self.recent[at].1) || !is_writable(&f) {
+                core.release(ino);
+                return self.recent[at].1.clone();
+            }
+            self.recent.remove(at);
             core.release(ino);
-            return g;
         }
         self.recent.push_back((ino, f.clone()));
         while self.recent.len() > Self::KEEP {
@@ -113,6 +128,10 @@ impl LazyOpens {
         }
         f
     }
+}
+
+fn is_writable(f: &OpenFile) -> bool {
+    matches!(f, OpenFile::Upper { writable: true, .. })
 }
 
 /// How an open inode's reads are served.
@@ -149,6 +168,7 @@ impl MadoFs {
             lazy: None,
             want_passthrough,
             passthrough: Arc::new(AtomicBool::new(false)),
+            opens: Arc::default(),
             uid: rustix::process::getuid().as_raw(),
             gid: rustix::process::getgid().as_raw(),
             ttl: if core.is_writable() { RW_TTL } else { TTL },
@@ -159,16 +179,19 @@ impl MadoFs {
 
     /// Reads and writes of at most `n` bytes (the virtio-fs transport
     /// carries each request and reply whole in a socket buffer).
-    /// A read-only snapshot with no OPEN or RELEASE from the kernel: the
-    /// first open is answered ENOSYS, after which the kernel sends neither
-    /// (FUSE's no-open mode) and reads come by inode, each file opened on
-    /// its first READ. One request per small file instead of three (open,
-    /// read, release). Only where passthrough is not wanted (it needs an
-    /// open): the virtio-fs transport.
+    /// No OPEN or RELEASE from the kernel: the first open is answered
+    /// ENOSYS, after which the kernel sends neither (FUSE's no-open mode)
+    /// and keeps every file's page cache across opens. Reads and writes
+    /// come by inode; each file is opened here on its first READ (or
+    /// copied up and opened for writing on its first WRITE) and the most
+    /// recent few are kept. A warm read costs no request at all, a cold
+    /// small file one instead of three (open, read, release). Where
+    /// passthrough is not wanted (it needs an open): workspaces, whose
+    /// later opens for writing could not join a passthrough inode, and
+    /// the virtio-fs transport.
     pub fn with_no_open(mut self) -> MadoFs {
-        if !self.core.is_writable() {
-            self.lazy = Some(Arc::default());
-        }
+        self.core.untrack_opens();
+        self.lazy = Some(Arc::default());
         self
     }
 
@@ -204,15 +227,35 @@ impl MadoFs {
         });
     }
 
+    /// A WRITE in no-open mode: to the inode's file open for writing, or
+    /// copied up and opened now.
+    fn write_lazily(&self, lazy: Arc<Mutex<LazyOpens>>, ino: u64, offset: u64, data: &[u8], reply: ReplyWrite) {
+        let hit = lazy.lock().expect("lazy lock").writable(ino);
+        if let Some(f) = hit {
+            return match self.core.write(&f, offset, data) {
+                Ok(n) => reply.written(n),
+                Err(e) => reply.error(errno(&e)),
+            };
+        }
+        let (core, data) = (self.core.clone(), data.to_vec());
+        self.rt.spawn(async move {
+            let f = match core.open_for_write(ino).await {
+                Ok(f) => lazy.lock().expect("lazy lock").keep(&core, ino, Arc::new(f)),
+                Err(e) => return reply.error(errno(&e)),
+            };
+            match core.write(&f, offset, &data) {
+                Ok(n) => reply.written(n),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
     /// Answers an fsync: the upper file's bytes, then the state naming it.
-    fn sync_later(&self, file: Option<Arc<OpenFile>>, datasync: bool, reply: ReplyEmpty) {
+    fn sync_later(&self, sync_file: impl FnOnce() -> mado_core::Result<()> + Send + 'static, reply: ReplyEmpty) {
         let durable = self.durable.clone();
         self.rt.spawn_blocking(move || {
-            if let Some(OpenFile::Upper { file, .. }) = file.as_deref() {
-                let r = if datasync { file.sync_data() } else { file.sync_all() };
-                if r.is_err() {
-                    return reply.error(Errno::EIO);
-                }
+            if let Err(e) = sync_file() {
+                return reply.error(errno(&e));
             }
             if let Some(save) = durable {
                 if let Err(e) = save() {
@@ -226,6 +269,11 @@ impl MadoFs {
     /// Whether the kernel accepted passthrough (known after init).
     pub fn passthrough_flag(&self) -> Arc<AtomicBool> {
         self.passthrough.clone()
+    }
+
+    /// How many OPEN requests the kernel sent.
+    pub fn opens_counter(&self) -> Arc<AtomicU64> {
+        self.opens.clone()
     }
 
     fn open_files(&self) -> OpenFiles {
@@ -572,14 +620,15 @@ impl Filesystem for MadoFs {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        self.opens.fetch_add(1, Relaxed);
         let accmode = flags.0 & libc::O_ACCMODE;
-        if self.lazy.is_some() && accmode == libc::O_RDONLY {
+        if accmode != libc::O_RDONLY && !self.core.is_writable() {
+            return reply.error(Errno::EROFS);
+        }
+        if self.lazy.is_some() {
             return reply.error(Errno::ENOSYS);
         }
         if accmode != libc::O_RDONLY {
-            if !self.core.is_writable() {
-                return reply.error(Errno::EROFS);
-            }
             let (core, open, fh) = (self.core.clone(), self.open_files(), self.next_fh.fetch_add(1, Relaxed));
             let trunc = flags.0 & libc::O_TRUNC != 0;
             self.rt.spawn(async move {
@@ -765,7 +814,7 @@ impl Filesystem for MadoFs {
     fn write(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         data: &[u8],
@@ -776,7 +825,10 @@ impl Filesystem for MadoFs {
     ) {
         writable_or_erofs!(self, reply);
         let Some(f) = self.handles.lock().expect("handles lock").get(&fh.0).cloned() else {
-            return reply.error(Errno::EBADF);
+            return match (&self.lazy, fh.0) {
+                (Some(lazy), 0) => self.write_lazily(lazy.clone(), ino.0, offset, data, reply),
+                _ => reply.error(Errno::EBADF),
+            };
         };
         match self.core.write(&f, offset, data) {
             Ok(n) => reply.written(n),
@@ -793,13 +845,27 @@ impl Filesystem for MadoFs {
         reply.error(Errno::ENOSYS);
     }
 
-    fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+    fn fsync(&self, _req: &Request, ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
         let f = self.handles.lock().expect("handles lock").get(&fh.0).cloned();
-        self.sync_later(f, datasync, reply);
+        if f.is_none() && fh.0 == 0 && self.lazy.is_some() && self.core.is_writable() {
+            // No handle in no-open mode: the inode's upper file.
+            let core = self.core.clone();
+            return self.sync_later(move || core.sync_upper(ino.0, datasync), reply);
+        }
+        self.sync_later(
+            move || match f.as_deref() {
+                Some(OpenFile::Upper { file, .. }) => {
+                    let r = if datasync { file.sync_data() } else { file.sync_all() };
+                    r.map_err(mado_core::Error::io("syncing an upper file"))
+                }
+                _ => Ok(()),
+            },
+            reply,
+        );
     }
 
-    fn fsyncdir(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
-        self.sync_later(None, datasync, reply);
+    fn fsyncdir(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        self.sync_later(|| Ok(()), reply);
     }
 
     fn setattr(

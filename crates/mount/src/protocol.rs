@@ -82,6 +82,10 @@ pub struct MountStats {
     #[serde(default)]
     pub chunks_read_ahead: u64,
     pub passthrough: bool,
+    /// OPEN requests the kernel sent this FUSE mount; in no-open mode (a
+    /// workspace) only the first, which turns them off.
+    #[serde(default)]
+    pub opens: u64,
     pub workspace: Option<WorkspaceStats>,
     /// For `mado serve-virtiofs`: the guest's FUSE requests by kind.
     #[serde(default)]

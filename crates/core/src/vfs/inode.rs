@@ -266,12 +266,27 @@ impl SnapshotFs {
         }
     }
 
-    /// Counts a new handle of `ino`. A node that was unlinked while no
-    /// handle held it is gone (its upper blob may be deleted already).
+    /// The kernel opens and closes files without telling this process
+    /// (FUSE's no-open mode: reads and writes name the inode, not a
+    /// handle). From now on a reference the kernel holds keeps an unlinked
+    /// file's content as an open handle does: a process may still have it
+    /// open, and the kernel forgets the inode only after its last close.
+    pub fn untrack_opens(&self) {
+        self.untracked_opens.store(true, Relaxed);
+    }
+
+    /// Whether something may still read `n`'s content: an open handle, or
+    /// in no-open mode a reference of the kernel.
+    pub(super) fn held(&self, n: &Node) -> bool {
+        n.opens > 0 || (n.lookups > 0 && self.untracked_opens.load(Relaxed))
+    }
+
+    /// Counts a new handle of `ino`. A node that was unlinked while nothing
+    /// held it is gone (its upper blob may be deleted already).
     pub(super) fn count_open(&self, ino: u64) -> Result<()> {
         let mut st = self.st_mut();
         let n = st.get_mut(ino)?;
-        if ino != ROOT_INO && n.parent == 0 && n.opens == 0 {
+        if ino != ROOT_INO && n.parent == 0 && !self.held(n) {
             return Err(Error::NotFound(format!("inode {ino} was removed")));
         }
         n.opens += 1;
@@ -319,7 +334,7 @@ impl SnapshotFs {
     /// has it open). Returns whether `ino` is gone.
     pub(super) fn reap(&self, st: &mut State, ino: u64) -> bool {
         let Ok(n) = st.get(ino) else { return true };
-        if ino == ROOT_INO || n.parent != 0 || n.opens > 0 {
+        if ino == ROOT_INO || n.parent != 0 || self.held(n) {
             return false;
         }
         if let Body::Upper { blob, .. } = n.body {

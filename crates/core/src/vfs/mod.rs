@@ -28,7 +28,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -131,6 +131,10 @@ pub struct SnapshotFs {
     read_timeout_ms: AtomicU64,
     /// Reads served (for stats).
     reads: AtomicU64,
+    /// Whether the kernel opens files without telling this process (FUSE's
+    /// no-open mode): then every reference the kernel holds may be an open
+    /// file, and an unlinked node's upper blob stays until it forgets it.
+    untracked_opens: AtomicBool,
     /// Large files: recent chunks and read-ahead.
     chunks: chunked::Chunks,
 }
@@ -239,6 +243,7 @@ impl SnapshotFs {
             upper: upper.map(RwLock::new),
             read_timeout_ms: AtomicU64::new(DEFAULT_READ_TIMEOUT.as_millis() as u64),
             reads: AtomicU64::new(0),
+            untracked_opens: AtomicBool::new(false),
             chunks: chunked::Chunks::default(),
         }
     }

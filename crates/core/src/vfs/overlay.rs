@@ -42,7 +42,7 @@ impl SnapshotFs {
     pub(super) fn open_upper(&self, ino: u64, write: bool) -> Result<std::fs::File> {
         let mut st = self.st_mut();
         let n = st.get_mut(ino)?;
-        if ino != ROOT_INO && n.parent == 0 && n.opens == 0 {
+        if ino != ROOT_INO && n.parent == 0 && !self.held(n) {
             return Err(Error::NotFound(format!("inode {ino} was removed")));
         }
         let Body::Upper { blob, .. } = n.body else {
@@ -56,6 +56,25 @@ impl SnapshotFs {
             .map_err(Error::io(format!("opening {}", p.display())))?;
         n.opens += 1;
         Ok(file)
+    }
+
+    /// Makes the bytes of `ino`'s upper file durable (fsync or, with
+    /// `datasync`, fdatasync), for an fsync that names no handle; a file
+    /// still in the lower layer has nothing of this mount's to sync.
+    pub fn sync_upper(&self, ino: u64, datasync: bool) -> Result<()> {
+        let blob = match self.st().get(ino)?.body {
+            Body::Upper { blob, .. } => blob,
+            _ => return Ok(()),
+        };
+        let p = self.blob_path(blob)?;
+        let file = match std::fs::File::open(&p) {
+            Ok(f) => f,
+            // Replaced meanwhile (its content went with its last name).
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(Error::io(format!("opening {}", p.display()))(e)),
+        };
+        let r = if datasync { file.sync_data() } else { file.sync_all() };
+        r.map_err(Error::io(format!("syncing {}", p.display())))
     }
 
     /// Opens a file for writing (copying it up first).

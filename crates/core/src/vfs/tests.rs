@@ -58,6 +58,36 @@ async fn an_unlinked_open_file_keeps_its_bytes_until_the_last_close_and_forget()
     assert!(fs.getattr(a.ino).is_err(), "forgotten and unlinked: dropped");
 }
 
+/// FUSE's no-open mode: the kernel opens and closes files without a word,
+/// so a reference it holds is all that says a process may still read an
+/// unlinked file. Its bytes stay until the kernel forgets the inode.
+#[tokio::test]
+async fn without_opens_an_unlinked_file_the_kernel_holds_stays_readable_until_forgotten() {
+    let d = tempfile::tempdir().unwrap();
+    let (fs, _cache) = empty_workspace(d.path());
+    fs.untrack_opens();
+    let (a, f) = fs.create(ROOT_INO, b"f", 0o644).await.unwrap();
+    fs.note_lookup(a.ino, 2);
+    fs.write(&f, 0, b"read after unlink").unwrap();
+    drop(f);
+    fs.release(a.ino);
+    fs.unlink(ROOT_INO, b"f").await.unwrap();
+    let blob = d.path().join("upper").join("1");
+    assert!(blob.exists(), "the blob went while the kernel held the inode");
+    // The first this process hears of the reader is its READ.
+    let reader = fs.open(a.ino).await.unwrap();
+    assert_eq!(&fs.read(&reader, 0, 64).await.unwrap()[..], b"read after unlink");
+    fs.sync_upper(a.ino, false).unwrap();
+    fs.release(a.ino);
+    fs.forget(a.ino, 1);
+    assert!(blob.exists(), "one reference is still held");
+    assert!(fs.open(a.ino).await.is_ok(), "still held: still opens");
+    fs.release(a.ino);
+    fs.forget(a.ino, 1);
+    assert!(!blob.exists(), "forgotten and unlinked: the blob goes");
+    assert!(fs.getattr(a.ino).is_err(), "and the node");
+}
+
 #[tokio::test]
 async fn opening_a_file_unlinked_before_the_open_is_enoent_not_eio() {
     let d = tempfile::tempdir().unwrap();
