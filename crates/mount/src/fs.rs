@@ -739,6 +739,11 @@ impl Filesystem for MadoFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        if self.lazy.is_some() && fh.0 == 0 {
+            // A created file's, before the first OPEN turned RELEASE off:
+            // its open is the recent table's, released as it falls out.
+            return reply.ok();
+        }
         self.handles.lock().expect("handles lock").remove(&fh.0);
         {
             let mut modes = self.io_modes.lock().expect("io modes lock");
@@ -913,7 +918,11 @@ impl Filesystem for MadoFs {
             return reply.error(Errno::EPERM);
         }
         let (core, owner, ttl, open) = (self.core.clone(), self.owner(), self.ttl, self.open_files());
-        let fh = self.next_fh.fetch_add(1, Relaxed);
+        // In no-open mode the kernel never sends RELEASE, even for a handle
+        // CREATE gave: the new file joins the recent ones, by inode, and
+        // the handle is 0 (its writes come as the others' do).
+        let lazy = self.lazy.clone();
+        let fh = if lazy.is_some() { 0 } else { self.next_fh.fetch_add(1, Relaxed) };
         let (name, who) = (name.as_bytes().to_vec(), self.creator(_req));
         self.rt.spawn(async move {
             let made = async {
@@ -930,7 +939,12 @@ impl Filesystem for MadoFs {
             };
             match made.await {
                 Ok((a, f)) => {
-                    open.keep(fh, a.ino, f);
+                    match &lazy {
+                        Some(lazy) => {
+                            lazy.lock().expect("lazy lock").keep(&core, a.ino, Arc::new(f));
+                        }
+                        None => open.keep(fh, a.ino, f),
+                    }
                     core.note_lookup(a.ino, 1);
                     reply.created(&ttl, &owner.attr(&a), Generation(0), FileHandle(fh), FopenFlags::empty());
                 }
