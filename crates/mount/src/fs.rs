@@ -50,8 +50,8 @@ pub struct MadoFs {
     /// file per inode, so every handle of an inode follows its first one.
     io_modes: Arc<Mutex<HashMap<u64, (IoMode, u32)>>>,
     next_fh: Arc<AtomicU64>,
-    /// Open directories' listing positions, by handle.
-    dirs: Arc<Mutex<HashMap<u64, DirCursor>>>,
+    /// The offsets of directory listings.
+    cookies: Cookies,
     /// With [`MadoFs::with_no_open`]: files opened on their first READ,
     /// by inode, the most recent few kept.
     lazy: Option<Arc<Mutex<LazyOpens>>>,
@@ -164,7 +164,7 @@ impl MadoFs {
             handles: Default::default(),
             io_modes: Default::default(),
             next_fh: Arc::new(AtomicU64::new(1)),
-            dirs: Arc::default(),
+            cookies: Cookies::default(),
             lazy: None,
             want_passthrough,
             passthrough: Arc::new(AtomicBool::new(false)),
@@ -422,126 +422,77 @@ impl Owner {
     }
 }
 
-/// Where an open directory's listing stands. The offsets given to the
-/// kernel are cookies naming the entry they follow, not indexes: a name
-/// removed or added before the position never shifts it, so a listing
-/// that unlinks as it reads (`rm -rf`, Rust's `remove_dir_all`) sees every
-/// entry that stays exactly once (POSIX), and an offset past the end ends
-/// the listing. 1 and 2 follow `.` and `..`; a child's are numbered from 3.
-#[derive(Default)]
-struct DirCursor {
-    names: HashMap<u64, Vec<u8>>,
-    next: u64,
-}
+/// The offsets a listing gives the kernel, with no state per listing:
+/// `.` is 1, `..` is 2, and a child's is 3 plus a keyed hash of its name
+/// (62 bits; the key is this session's own, so no one can choose names
+/// that collide). A directory is listed in that order and a READDIR at
+/// offset `o` goes on with the entries whose cookie is above `o`. A name
+/// removed or added never moves another, so a listing that unlinks as it
+/// reads (`rm -rf`, Rust's `remove_dir_all`) sees every entry that stays
+/// exactly once (POSIX), an offset past the end ends the listing, and the
+/// kernel needs no OPENDIR or RELEASEDIR (no-opendir mode). Two names of
+/// one directory with the same 62 bits could lose one of them in a listing
+/// cut between the two; ext4's hashed directories take the same odds.
+#[derive(Clone, Default)]
+struct Cookies(std::hash::RandomState);
 
-/// Where a READDIR(PLUS) at `offset` starts.
-#[derive(Clone)]
-enum Resume {
-    /// At entry `0` (`.`), `1` (`..`) or `2` (the first child).
-    At(usize),
-    /// At the first child named after this.
-    After(Vec<u8>),
-    /// Past the end (an offset this handle never gave).
-    End,
-}
+impl Cookies {
+    /// At most this many entries are sorted for one reply (a reply holds
+    /// fewer; the kernel asks again from the last one it took).
+    const BATCH: usize = 1024;
 
-impl Resume {
-    fn of(dirs: &Mutex<HashMap<u64, DirCursor>>, fh: u64, offset: u64) -> Resume {
-        match offset {
-            0..=2 => Resume::At(offset as usize),
-            n => {
-                let mut dirs = dirs.lock().expect("dirs lock");
-                match dirs.get_mut(&fh) {
-                    Some(c) => {
-                        // The kernel never goes back but to 0.
-                        c.names.retain(|k, _| *k >= n);
-                        c.names.get(&n).map_or(Resume::End, |name| Resume::After(name.clone()))
-                    }
-                    None => Resume::End,
-                }
-            }
+    fn of(&self, name: &[u8]) -> u64 {
+        use std::hash::BuildHasher;
+        match name {
+            b"." => 1,
+            b".." => 2,
+            _ => 3 + (self.0.hash_one(name) >> 2),
         }
     }
 
-    /// The name whose followers READDIRPLUS counts (`None`: all children).
-    fn counted_after(&self) -> Option<&[u8]> {
-        match self {
-            Resume::After(n) => Some(n),
-            _ => None,
-        }
+    /// Whether the entry `name` comes after offset `offset`.
+    fn after(&self, name: &[u8], offset: u64) -> bool {
+        self.of(name) > offset
     }
 
-    /// The index in `entries` (`.`, `..`, then the children by name).
-    fn start(&self, entries: &[(Vec<u8>, FileAttr)]) -> usize {
-        let first_child = entries.iter().take_while(|(n, _)| n == b"." || n == b"..").count();
-        match self {
-            Resume::At(0) => 0,
-            Resume::At(1) => first_child.min(1),
-            Resume::At(_) => first_child,
-            Resume::After(after) => {
-                first_child + entries[first_child..].partition_point(|(n, _)| n.as_slice() <= after.as_slice())
-            }
-            Resume::End => entries.len(),
+    /// The entries (`.`, `..`, then the children) after `offset`, each with
+    /// its cookie: the first [`Cookies::BATCH`] in listing order, the rest
+    /// behind them in no order.
+    fn after_offset(&self, entries: Vec<(Vec<u8>, FileAttr)>, offset: u64) -> Vec<(u64, Vec<u8>, FileAttr)> {
+        let mut v: Vec<_> =
+            entries.into_iter().map(|(n, a)| (self.of(&n), n, a)).filter(|(c, _, _)| *c > offset).collect();
+        let order =
+            |a: &(u64, Vec<u8>, FileAttr), b: &(u64, Vec<u8>, FileAttr)| a.0.cmp(&b.0).then_with(|| a.1.cmp(&b.1));
+        if v.len() > Self::BATCH {
+            v.select_nth_unstable_by(Self::BATCH, order);
+            v[..Self::BATCH].sort_unstable_by(order);
+        } else {
+            v.sort_unstable_by(order);
         }
-    }
-}
-
-/// The offset to give for `entries[i]`, recorded in the handle's cursor.
-fn cookie(dirs: &Mutex<HashMap<u64, DirCursor>>, fh: u64, name: &[u8]) -> u64 {
-    match name {
-        b"." => 1,
-        b".." => 2,
-        _ => {
-            let mut dirs = dirs.lock().expect("dirs lock");
-            let c = dirs.entry(fh).or_insert_with(|| DirCursor { names: HashMap::new(), next: 3 });
-            let k = c.next.max(3);
-            c.next = k + 1;
-            c.names.insert(k, name.to_vec());
-            k
-        }
+        v
     }
 }
 
 /// Each entry the kernel takes from a READDIRPLUS reply (all but `.` and
-/// `..`) is a reference it will FORGET, like a lookup's.
-fn fill_plus(
-    core: &SnapshotFs,
-    dirs: &Mutex<HashMap<u64, DirCursor>>,
-    fh: u64,
-    mut reply: ReplyDirectoryPlus,
-    entries: Vec<(Vec<u8>, FileAttr)>,
-    from: &Resume,
-    ttl: Duration,
-) {
-    // The children after the position were counted when listed: those
-    // past the end of the buffer are given back.
-    let start = from.start(&entries);
-    let mut sent = entries.len();
-    for (i, (name, attr)) in entries.iter().enumerate().skip(start) {
-        if reply.add(attr.ino, cookie(dirs, fh, name), OsStr::from_bytes(name), &ttl, attr, Generation(0)) {
+/// `..`) is a reference it will FORGET, like a lookup's; the entries after
+/// the offset were counted when listed, and those not sent are given back.
+fn fill_plus(core: &SnapshotFs, mut reply: ReplyDirectoryPlus, entries: Vec<(u64, Vec<u8>, FileAttr)>, ttl: Duration) {
+    let mut sent = entries.len().min(Cookies::BATCH);
+    for (i, (cookie, name, attr)) in entries.iter().enumerate().take(Cookies::BATCH) {
+        if reply.add(attr.ino, *cookie, OsStr::from_bytes(name), &ttl, attr, Generation(0)) {
             sent = i;
             break;
         }
     }
     reply.ok();
-    let back: Vec<u64> = entries[sent.max(start)..]
-        .iter()
-        .filter(|(name, _)| name != b"." && name != b"..")
-        .map(|(_, a)| a.ino.0)
-        .collect();
+    let back: Vec<u64> =
+        entries[sent..].iter().filter(|(_, name, _)| name != b"." && name != b"..").map(|(_, _, a)| a.ino.0).collect();
     core.uncount(&back);
 }
 
-fn fill(
-    dirs: &Mutex<HashMap<u64, DirCursor>>,
-    fh: u64,
-    mut reply: ReplyDirectory,
-    entries: Vec<(Vec<u8>, FileAttr)>,
-    from: &Resume,
-) {
-    let start = from.start(&entries);
-    for (name, attr) in entries.iter().skip(start) {
-        if reply.add(attr.ino, cookie(dirs, fh, name), attr.kind, OsStr::from_bytes(name)) {
+fn fill(mut reply: ReplyDirectory, entries: Vec<(u64, Vec<u8>, FileAttr)>) {
+    for (cookie, name, attr) in entries.iter().take(Cookies::BATCH) {
+        if reply.add(attr.ino, *cookie, attr.kind, OsStr::from_bytes(name)) {
             break;
         }
     }
@@ -758,54 +709,52 @@ impl Filesystem for MadoFs {
         reply.ok();
     }
 
+    /// ENOSYS: the kernel then sends no OPENDIR or RELEASEDIR again
+    /// (no-opendir mode) and caches each directory's listing across opens
+    /// (as FOPEN_KEEP_CACHE | FOPEN_CACHE_DIR would), dropping it when it
+    /// changes the directory itself. Listings need no handle ([`Cookies`]).
     fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        let fh = self.next_fh.fetch_add(1, Relaxed);
-        self.dirs.lock().expect("dirs lock").insert(fh, DirCursor { names: HashMap::new(), next: 3 });
-        reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_CACHE_DIR);
+        reply.error(Errno::ENOSYS);
     }
 
-    fn releasedir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
-        self.dirs.lock().expect("dirs lock").remove(&fh.0);
-        reply.ok();
-    }
-
-    fn readdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, reply: ReplyDirectory) {
-        let from = Resume::of(&self.dirs, fh.0, offset);
+    fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, reply: ReplyDirectory) {
+        let (owner, cookies) = (self.owner(), self.cookies.clone());
         if let Some(r) = self.core.readdir_now(ino.0) {
             return match r {
-                Ok(list) => fill(&self.dirs, fh.0, reply, self.owner().dir_entries(&self.core, ino.0, list), &from),
+                Ok(list) => fill(reply, cookies.after_offset(owner.dir_entries(&self.core, ino.0, list), offset)),
                 Err(e) => reply.error(errno(&e)),
             };
         }
-        let (core, owner, dirs) = (self.core.clone(), self.owner(), self.dirs.clone());
+        let core = self.core.clone();
         self.rt.spawn(async move {
             match core.readdir(ino.0).await {
-                Ok(list) => fill(&dirs, fh.0, reply, owner.dir_entries(&core, ino.0, list), &from),
+                Ok(list) => fill(reply, cookies.after_offset(owner.dir_entries(&core, ino.0, list), offset)),
                 Err(e) => reply.error(errno(&e)),
             }
         });
     }
 
-    fn readdirplus(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, reply: ReplyDirectoryPlus) {
-        let from = Resume::of(&self.dirs, fh.0, offset);
-        if matches!(from, Resume::End) {
-            return reply.ok();
-        }
-        if let Some(r) = self.core.readdir_now_counted(ino.0, from.counted_after()) {
+    fn readdirplus(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, reply: ReplyDirectoryPlus) {
+        let (owner, ttl, cookies) = (self.owner(), self.ttl, self.cookies.clone());
+        let counted = {
+            let cookies = cookies.clone();
+            move |name: &[u8]| cookies.after(name, offset)
+        };
+        if let Some(r) = self.core.readdir_now_counted(ino.0, &counted) {
             return match r {
                 Ok(list) => {
-                    let entries = self.owner().dir_entries(&self.core, ino.0, list);
-                    fill_plus(&self.core, &self.dirs, fh.0, reply, entries, &from, self.ttl)
+                    let entries = cookies.after_offset(owner.dir_entries(&self.core, ino.0, list), offset);
+                    fill_plus(&self.core, reply, entries, ttl)
                 }
                 Err(e) => reply.error(errno(&e)),
             };
         }
-        let (core, owner, ttl, dirs) = (self.core.clone(), self.owner(), self.ttl, self.dirs.clone());
+        let core = self.core.clone();
         self.rt.spawn(async move {
-            match core.readdir_counted(ino.0, from.counted_after()).await {
+            match core.readdir_counted(ino.0, &counted).await {
                 Ok(list) => {
-                    let entries = owner.dir_entries(&core, ino.0, list);
-                    fill_plus(&core, &dirs, fh.0, reply, entries, &from, ttl)
+                    let entries = cookies.after_offset(owner.dir_entries(&core, ino.0, list), offset);
+                    fill_plus(&core, reply, entries, ttl)
                 }
                 Err(e) => reply.error(errno(&e)),
             }
@@ -1037,5 +986,113 @@ impl Filesystem for MadoFs {
         // path as a file (trees have no hard links, as in git).
         let (core, name) = (self.core.clone(), newname.as_bytes().to_vec());
         self.entry_later(reply, async move { core.link(ino.0, newparent.0, &name).await });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::{BTreeMap, BTreeSet};
+
+    fn entry(name: &str, ino: u64) -> (Vec<u8>, FileAttr) {
+        let a = Attr {
+            ino,
+            size: 0,
+            kind: NodeKind::File,
+            perm: 0o644,
+            mtime: 0,
+            mtime_ns: 0,
+            atime: (0, 0),
+            ctime: (0, 0),
+            nlink: 1,
+            owner: None,
+        };
+        (name.as_bytes().to_vec(), Owner { uid: 0, gid: 0 }.attr(&a))
+    }
+
+    /// What a directory holds now, as `dir_entries` gives it.
+    fn listing(names: &BTreeMap<String, u64>) -> Vec<(Vec<u8>, FileAttr)> {
+        let mut v = vec![entry(".", 1), entry("..", 1)];
+        v.extend(names.iter().map(|(n, i)| entry(n, *i)));
+        v
+    }
+
+    /// A listing read a few entries per READDIR while names are removed
+    /// (some already listed, some not yet) and added between the calls:
+    /// every name there from start to end comes exactly once, and nothing
+    /// that was never there comes at all.
+    #[test]
+    fn a_listing_changed_between_its_pages_loses_and_repeats_nothing() {
+        let c = Cookies::default();
+        let mut names: BTreeMap<String, u64> = (0..3000).map(|i| (format!("f{i:05}"), 10 + i)).collect();
+        let first = names.clone();
+        let (mut offset, mut seen, mut next_new) = (0u64, Vec::<String>::new(), 0);
+        let mut removed = BTreeSet::new();
+        loop {
+            let rest = c.after_offset(listing(&names), offset);
+            // What READDIRPLUS counts as taken is what the listing holds.
+            let picked: BTreeSet<Vec<u8>> =
+                listing(&names).into_iter().map(|e| e.0).filter(|n| c.after(n, offset)).collect();
+            assert_eq!(picked, rest.iter().map(|e| e.1.clone()).collect::<BTreeSet<_>>());
+            let page: Vec<_> = rest.into_iter().take(37).collect();
+            if page.is_empty() {
+                break;
+            }
+            for (cookie, name, _) in &page {
+                assert!(*cookie > offset, "cookies grow along a listing");
+                offset = *cookie;
+                seen.push(String::from_utf8(name.clone()).unwrap());
+            }
+            // Remove one listed name (not the last: the next page starts
+            // after it) and one not yet listed; add one.
+            let listed = seen.get(seen.len().saturating_sub(5)).cloned();
+            for victim in [listed, names.keys().nth(names.len() / 2).cloned()].into_iter().flatten() {
+                if names.remove(&victim).is_some() {
+                    removed.insert(victim);
+                }
+            }
+            names.insert(format!("new{next_new}"), 100_000 + next_new);
+            next_new += 1;
+        }
+        assert_eq!(&seen[..2], [".", ".."]);
+        let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+        for n in &seen[2..] {
+            *counts.entry(n.as_str()).or_default() += 1;
+        }
+        assert!(counts.values().all(|n| *n == 1), "a name came twice");
+        for n in first.keys().filter(|n| !removed.contains(*n)) {
+            assert!(counts.contains_key(n.as_str()), "{n} stayed but was never listed");
+        }
+        for n in counts.keys() {
+            assert!(first.contains_key(*n) || n.starts_with("new"), "{n} was never there");
+        }
+        // An offset past every cookie ends the listing.
+        assert!(c.after_offset(listing(&names), u64::MAX >> 1).is_empty());
+    }
+
+    /// More entries than one batch: the batch is the first ones in listing
+    /// order, and the rest follow it.
+    #[test]
+    fn a_large_directory_sorts_only_its_first_batch() {
+        let c = Cookies::default();
+        let names: BTreeMap<String, u64> = (0..5000).map(|i| (format!("n{i}"), 10 + i)).collect();
+        let all = c.after_offset(listing(&names), 0);
+        assert_eq!(all.len(), 5002);
+        let mut sorted: Vec<u64> = all.iter().map(|e| e.0).collect();
+        sorted.sort_unstable();
+        let batch: Vec<u64> = all[..Cookies::BATCH].iter().map(|e| e.0).collect();
+        assert_eq!(batch, sorted[..Cookies::BATCH], "the batch is the smallest cookies, in order");
+        assert_eq!((all[0].1.as_slice(), all[1].1.as_slice()), (&b"."[..], &b".."[..]));
+        // Exactly one batch (with `.` and `..`): all of it, in order.
+        let names: BTreeMap<String, u64> = (0..Cookies::BATCH as u64 - 2).map(|i| (format!("m{i}"), 10 + i)).collect();
+        let one = c.after_offset(listing(&names), 0);
+        assert_eq!(one.len(), Cookies::BATCH);
+        assert!(one.windows(2).all(|w| w[0].0 < w[1].0));
+        // Two sessions' cookies differ (each has its own key) but each is
+        // the same for a name every time.
+        let d = Cookies::default();
+        assert_eq!(c.of(b"n1"), c.of(b"n1"));
+        assert_ne!((c.of(b"n1"), c.of(b"n2")), (d.of(b"n1"), d.of(b"n2")));
+        assert!(c.of(b"n1") >= 3 && c.of(b"n1") < 1 << 63);
     }
 }

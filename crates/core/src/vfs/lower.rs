@@ -4,6 +4,9 @@
 
 use super::*;
 
+/// Picks names of a directory (those a READDIRPLUS reply may hold).
+pub type NamePicker<'a> = dyn Fn(&[u8]) -> bool + 'a;
+
 impl SnapshotFs {
     /// The tree of a directory, if already in memory.
     pub(super) fn tree_now(&self, id: &Hash) -> Option<Arc<Tree>> {
@@ -140,7 +143,9 @@ impl SnapshotFs {
     /// The children with their attributes, in name order. With `count`,
     /// those named after `count`'s name (all, for `Some(None)`) are counted
     /// as references the kernel takes.
-    fn list(&self, ino: u64, count: Option<Option<&[u8]>>) -> Result<DirList> {
+    /// The entries of `ino`, in name order; with `count`, those it picks
+    /// are counted as references the kernel takes, under the listing's lock.
+    fn list(&self, ino: u64, count: Option<&NamePicker<'_>>) -> Result<DirList> {
         let mut st = self.st_mut();
         self.loaded(&mut st, ino)?;
         let kids: Vec<(Vec<u8>, u64)> = st
@@ -149,11 +154,9 @@ impl SnapshotFs {
             .iter()
             .map(|(n, c)| (n.clone(), *c))
             .collect();
-        let count_from = count.map(|after| after.map_or(0, |a| kids.partition_point(|(n, _)| n.as_slice() <= a)));
         kids.into_iter()
-            .enumerate()
-            .map(|(i, (name, c))| {
-                if count_from.is_some_and(|from| i >= from) {
+            .map(|(name, c)| {
+                if count.is_some_and(|counted| counted(&name)) {
                     st.get_mut(c)?.lookups += 1;
                 }
                 Ok((name, self.attr_of(&st, c)?))
@@ -171,18 +174,18 @@ impl SnapshotFs {
         self.list(ino, None)
     }
 
-    /// Entries for READDIRPLUS, in name order: those named after `after`
-    /// (all, for `None`) are references the kernel may take, counted under
-    /// the listing's lock; the caller gives back ([`SnapshotFs::uncount`])
-    /// the ones that did not fit.
-    pub fn readdir_now_counted(&self, ino: u64, after: Option<&[u8]>) -> Option<Result<DirList>> {
-        Some(self.load_now(ino)?.and_then(|_| self.list(ino, Some(after))))
+    /// Entries for READDIRPLUS, in name order: those `counted` picks are
+    /// references the kernel may take, counted under the listing's lock;
+    /// the caller gives back ([`SnapshotFs::uncount`]) the ones it did not
+    /// send.
+    pub fn readdir_now_counted(&self, ino: u64, counted: &dyn Fn(&[u8]) -> bool) -> Option<Result<DirList>> {
+        Some(self.load_now(ino)?.and_then(|_| self.list(ino, Some(counted))))
     }
 
     /// [`SnapshotFs::readdir_now_counted`], fetching the tree if needed.
-    pub async fn readdir_counted(&self, ino: u64, after: Option<&[u8]>) -> Result<DirList> {
+    pub async fn readdir_counted(&self, ino: u64, counted: &(dyn Fn(&[u8]) -> bool + Sync)) -> Result<DirList> {
         self.load(ino).await?;
-        self.list(ino, Some(after))
+        self.list(ino, Some(counted))
     }
 
     /// The parent inode of a directory (for `..`).
