@@ -211,7 +211,7 @@ impl MadoFs {
     /// opened now.
     fn read_lazily(&self, lazy: Arc<Mutex<LazyOpens>>, ino: u64, offset: u64, size: u32, reply: ReplyData) {
         let core = self.core.clone();
-        self.rt.spawn(async move {
+        self.drive(async move {
             let hit = lazy.lock().expect("lazy lock").get(ino);
             let f = match hit {
                 Some(f) => f,
@@ -238,7 +238,7 @@ impl MadoFs {
             };
         }
         let (core, data) = (self.core.clone(), data.to_vec());
-        self.rt.spawn(async move {
+        self.drive(async move {
             let f = match core.open_for_write(ino).await {
                 Ok(f) => lazy.lock().expect("lazy lock").keep(&core, ino, Arc::new(f)),
                 Err(e) => return reply.error(errno(&e)),
@@ -248,6 +248,23 @@ impl MadoFs {
                 Err(e) => reply.error(errno(&e)),
             }
         });
+    }
+
+    /// Runs `task`, which answers its request itself: here on the FUSE
+    /// thread when it finishes without waiting (nothing to fetch: the
+    /// common case in a warm tree or a workspace's own files), else on the
+    /// runtime from where it stopped, so a slow fetch never holds this
+    /// thread. A request answered here costs no hand-off between threads
+    /// (two context switches and a wake-up, most of a small request's time
+    /// on two cores).
+    fn drive(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        let mut task = Box::pin(task);
+        let _in_runtime = self.rt.enter();
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        if task.as_mut().poll(&mut cx).is_pending() {
+            // Polled again there, with a waker that counts.
+            self.rt.spawn(task);
+        }
     }
 
     /// Answers an fsync: the upper file's bytes, then the state naming it.
@@ -298,7 +315,7 @@ impl MadoFs {
         fut: impl std::future::Future<Output = mado_core::Result<Attr>> + Send + 'static,
     ) {
         let (owner, ttl, core) = (self.owner(), self.ttl, self.core.clone());
-        self.rt.spawn(async move {
+        self.drive(async move {
             match fut.await {
                 Ok(a) => {
                     core.note_lookup(a.ino, 1);
@@ -315,7 +332,7 @@ impl MadoFs {
         reply: ReplyEmpty,
         fut: impl std::future::Future<Output = mado_core::Result<()>> + Send + 'static,
     ) {
-        self.rt.spawn(async move {
+        self.drive(async move {
             match fut.await {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(errno(&e)),
@@ -539,7 +556,7 @@ impl Filesystem for MadoFs {
         let name = name.as_bytes().to_vec();
         // Counted by the core: entry_later must not count it again.
         let (owner, ttl) = (self.owner(), self.ttl);
-        self.rt.spawn(async move {
+        self.drive(async move {
             match core.lookup_counted(parent.0, &name).await {
                 Ok(a) => reply.entry(&ttl, &owner.attr(&a), Generation(0)),
                 Err(e) => reply.error(errno(&e)),
@@ -562,7 +579,7 @@ impl Filesystem for MadoFs {
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
         let core = self.core.clone();
-        self.rt.spawn(async move {
+        self.drive(async move {
             match core.readlink(ino.0).await {
                 Ok(t) => reply.data(&t),
                 Err(e) => reply.error(errno(&e)),
@@ -582,7 +599,7 @@ impl Filesystem for MadoFs {
         if accmode != libc::O_RDONLY {
             let (core, open, fh) = (self.core.clone(), self.open_files(), self.next_fh.fetch_add(1, Relaxed));
             let trunc = flags.0 & libc::O_TRUNC != 0;
-            self.rt.spawn(async move {
+            self.drive(async move {
                 let r = async {
                     if trunc {
                         core.setattr(ino.0, SetAttr { size: Some(0), ..Default::default() }).await?;
@@ -606,7 +623,7 @@ impl Filesystem for MadoFs {
         // Not on a workspace: a later open for writing could not join a
         // passthrough inode.
         let passthrough = self.passthrough.load(Relaxed) && !core.is_writable();
-        self.rt.spawn(async move {
+        self.drive(async move {
             let f = match core.open(ino.0).await {
                 Ok(f) => f,
                 Err(e) => return reply.error(errno(&e)),
@@ -672,7 +689,7 @@ impl Filesystem for MadoFs {
             };
         }
         let core = self.core.clone();
-        self.rt.spawn(async move {
+        self.drive(async move {
             match core.read(&f, offset, size).await {
                 Ok(b) => reply.data(&b),
                 Err(e) => reply.error(errno(&e)),
@@ -726,7 +743,7 @@ impl Filesystem for MadoFs {
             };
         }
         let core = self.core.clone();
-        self.rt.spawn(async move {
+        self.drive(async move {
             match core.readdir(ino.0).await {
                 Ok(list) => fill(reply, cookies.after_offset(owner.dir_entries(&core, ino.0, list), offset)),
                 Err(e) => reply.error(errno(&e)),
@@ -750,7 +767,7 @@ impl Filesystem for MadoFs {
             };
         }
         let core = self.core.clone();
-        self.rt.spawn(async move {
+        self.drive(async move {
             match core.readdir_counted(ino.0, &counted).await {
                 Ok(list) => {
                     let entries = cookies.after_offset(owner.dir_entries(&core, ino.0, list), offset);
@@ -844,7 +861,7 @@ impl Filesystem for MadoFs {
         // The kernel has checked who may change what (default_permissions).
         let a = SetAttr { size, mode, mtime: mtime.map(time_of), atime: atime.map(time_of), uid, gid };
         let (core, owner, ttl) = (self.core.clone(), self.owner(), self.ttl);
-        self.rt.spawn(async move {
+        self.drive(async move {
             match core.setattr(ino.0, a).await {
                 Ok(a) => reply.attr(&ttl, &owner.attr(&a)),
                 Err(e) => reply.error(errno(&e)),
@@ -873,7 +890,7 @@ impl Filesystem for MadoFs {
         let lazy = self.lazy.clone();
         let fh = if lazy.is_some() { 0 } else { self.next_fh.fetch_add(1, Relaxed) };
         let (name, who) = (name.as_bytes().to_vec(), self.creator(_req));
-        self.rt.spawn(async move {
+        self.drive(async move {
             let made = async {
                 let (a, f) = core.create(parent.0, &name, mode & !umask).await?;
                 match who.own(&core, parent.0, a).await {
