@@ -347,6 +347,20 @@ fn files_the_daemon_never_saw_opened_write_sync_and_outlive_unlink() {
     }
     assert_eq!(opens(), before, "a warm open reached the daemon");
 
+    // A name that is not there is asked for once, then known absent,
+    // until the kernel makes it.
+    let lookups = || m.json(&["stats", mnt.path()])["lookups"].as_u64().unwrap();
+    let missing = mnt.dir.join("src/.gitignore");
+    let at = lookups();
+    for _ in 0..5 {
+        assert!(!missing.exists());
+    }
+    assert_eq!(lookups(), at + 1, "each probe of a missing name reached the daemon");
+    std::fs::write(&missing, "target\n").unwrap();
+    assert_eq!(std::fs::read_to_string(&missing).unwrap(), "target\n");
+    std::fs::remove_file(&missing).unwrap();
+    assert!(!missing.exists());
+
     let f = std::fs::OpenOptions::new().write(true).open(&readme).unwrap();
     f.write_all_at(b"#-in", 0).unwrap();
     f.sync_all().unwrap();

@@ -230,7 +230,7 @@ pub fn run(
     };
     let fs = make_fs(opts.passthrough && fuse);
     let passthrough = fs.passthrough_flag();
-    let opens = fs.opens_counter();
+    let requests = fs.request_counters();
     let ws = ws.map(Arc::new);
     let vfs_counts = (!fuse).then(|| Arc::new(crate::virtiofs::Counts::default()));
     let answer: control::Answer = {
@@ -238,7 +238,7 @@ pub fn run(
         let mp = mp.clone();
         let snapshot = id.to_hex();
         let passthrough = passthrough.clone();
-        let opens = opens.clone();
+        let requests = requests.clone();
         let ws = ws.clone();
         let save_error = save_error.clone();
         let vfs_counts = vfs_counts.clone();
@@ -271,7 +271,8 @@ pub fn run(
                         nodes_in_memory: core.node_count(),
                         chunks_read_ahead: core.chunks_read_ahead(),
                         passthrough: passthrough.load(Relaxed),
-                        opens: opens.load(Relaxed),
+                        opens: requests.opens.load(Relaxed),
+                        lookups: requests.lookups.load(Relaxed),
                         workspace: ws.as_ref().map(|w| WorkspaceStats {
                             name: w.name.clone(),
                             state_dir: w.state_dir.clone(),

@@ -57,8 +57,9 @@ pub struct MadoFs {
     lazy: Option<Arc<Mutex<LazyOpens>>>,
     want_passthrough: bool,
     passthrough: Arc<AtomicBool>,
-    /// OPEN requests received (for stats).
+    /// OPEN and LOOKUP requests received (for stats).
     opens: Arc<AtomicU64>,
+    lookups: Arc<AtomicU64>,
     uid: u32,
     gid: u32,
     ttl: Duration,
@@ -67,6 +68,13 @@ pub struct MadoFs {
     /// The largest read or write the kernel may send (a transport's
     /// limit; /dev/fuse has none below fuser's own).
     max_io: Option<u32>,
+}
+
+/// Requests of a few kinds a mount was sent (for `mado stats`).
+#[derive(Clone)]
+pub struct RequestCounters {
+    pub opens: Arc<AtomicU64>,
+    pub lookups: Arc<AtomicU64>,
 }
 
 /// Saves a workspace's state durably; called by fsync and fsyncdir.
@@ -169,6 +177,7 @@ impl MadoFs {
             want_passthrough,
             passthrough: Arc::new(AtomicBool::new(false)),
             opens: Arc::default(),
+            lookups: Arc::default(),
             uid: rustix::process::getuid().as_raw(),
             gid: rustix::process::getgid().as_raw(),
             ttl: if core.is_writable() { RW_TTL } else { TTL },
@@ -288,9 +297,9 @@ impl MadoFs {
         self.passthrough.clone()
     }
 
-    /// How many OPEN requests the kernel sent.
-    pub fn opens_counter(&self) -> Arc<AtomicU64> {
-        self.opens.clone()
+    /// How many OPEN and LOOKUP requests the kernel sent.
+    pub fn request_counters(&self) -> RequestCounters {
+        RequestCounters { opens: self.opens.clone(), lookups: self.lookups.clone() }
     }
 
     fn open_files(&self) -> OpenFiles {
@@ -425,6 +434,23 @@ impl Owner {
         }
     }
 
+    /// What a negative entry carries: inode 0, nothing else that counts.
+    fn absent(self) -> FileAttr {
+        let a = Attr {
+            ino: 0,
+            kind: NodeKind::File,
+            size: 0,
+            perm: 0,
+            nlink: 0,
+            mtime: 0,
+            mtime_ns: 0,
+            atime: (0, 0),
+            ctime: (0, 0),
+            owner: None,
+        };
+        self.attr(&a)
+    }
+
     /// `.`, `..` and the entries, with attributes.
     fn dir_entries(self, core: &SnapshotFs, ino: u64, list: mado_core::vfs::DirList) -> Vec<(Vec<u8>, FileAttr)> {
         let mut out = Vec::with_capacity(list.len() + 2);
@@ -545,13 +571,13 @@ impl Filesystem for MadoFs {
         Ok(())
     }
 
+    /// A name that is not there is answered as an entry with inode 0 and
+    /// the entry timeout: the kernel keeps it as a negative entry and asks
+    /// again only once it expires or the kernel itself makes the name
+    /// (every change comes through the kernel). `git status` looks for a
+    /// `.gitignore` in every directory; build tools probe many paths.
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        if let Some(r) = self.core.lookup_now_counted(parent.0, name.as_bytes()) {
-            return match r {
-                Ok(a) => reply.entry(&self.ttl, &self.owner().attr(&a), Generation(0)),
-                Err(e) => reply.error(errno(&e)),
-            };
-        }
+        self.lookups.fetch_add(1, Relaxed);
         let core = self.core.clone();
         let name = name.as_bytes().to_vec();
         // Counted by the core: entry_later must not count it again.
@@ -559,7 +585,10 @@ impl Filesystem for MadoFs {
         self.drive(async move {
             match core.lookup_counted(parent.0, &name).await {
                 Ok(a) => reply.entry(&ttl, &owner.attr(&a), Generation(0)),
-                Err(e) => reply.error(errno(&e)),
+                Err(e) => match errno(&e) {
+                    Errno::ENOENT => reply.entry(&ttl, &owner.absent(), Generation(0)),
+                    n => reply.error(n),
+                },
             }
         });
     }

@@ -86,6 +86,10 @@ pub struct MountStats {
     /// workspace) only the first, which turns them off.
     #[serde(default)]
     pub opens: u64,
+    /// LOOKUP requests the kernel sent this FUSE mount (a name it has an
+    /// entry for, positive or negative, costs none until the entry expires).
+    #[serde(default)]
+    pub lookups: u64,
     pub workspace: Option<WorkspaceStats>,
     /// For `mado serve-virtiofs`: the guest's FUSE requests by kind.
     #[serde(default)]

@@ -128,21 +128,13 @@ impl SnapshotFs {
         self.lookup_loaded(parent, name, false)
     }
 
-    /// [`SnapshotFs::lookup_now`] for the kernel: the answer is a reference
-    /// it holds until FORGET.
-    pub fn lookup_now_counted(&self, parent: u64, name: &[u8]) -> Option<Result<Attr>> {
-        Some(self.load_now(parent)?.and_then(|_| self.lookup_loaded(parent, name, true)))
-    }
-
-    /// [`SnapshotFs::lookup`] for the kernel (see `lookup_now_counted`).
+    /// [`SnapshotFs::lookup`] for the kernel: the answer is a reference it
+    /// holds until FORGET.
     pub async fn lookup_counted(&self, parent: u64, name: &[u8]) -> Result<Attr> {
         self.load(parent).await?;
         self.lookup_loaded(parent, name, true)
     }
 
-    /// The children with their attributes, in name order. With `count`,
-    /// those named after `count`'s name (all, for `Some(None)`) are counted
-    /// as references the kernel takes.
     /// The entries of `ino`, in name order; with `count`, those it picks
     /// are counted as references the kernel takes, under the listing's lock.
     fn list(&self, ino: u64, count: Option<&NamePicker<'_>>) -> Result<DirList> {
