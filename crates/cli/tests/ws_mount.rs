@@ -347,6 +347,23 @@ fn files_the_daemon_never_saw_opened_write_sync_and_outlive_unlink() {
     }
     assert_eq!(opens(), before, "a warm open reached the daemon");
 
+    // As root with no --allow-other the kernel leaves permissions to the
+    // daemon, which refuses only to execute a file with no execute bit.
+    let access = |p: &str, mode: i32| {
+        let c = std::ffi::CString::new(mnt.dir.join(p).into_os_string().into_encoded_bytes()).unwrap();
+        unsafe { libc::access(c.as_ptr(), mode) == 0 }
+    };
+    let root = rustix::process::geteuid().is_root();
+    assert!(access("run.sh", libc::X_OK));
+    assert!(access("src", libc::X_OK));
+    assert!(!access("README.md", libc::X_OK), "X_OK on a file with no execute bit");
+    assert!(access("README.md", libc::W_OK));
+    if root {
+        std::fs::set_permissions(mnt.dir.join("win.bat"), std::os::unix::fs::PermissionsExt::from_mode(0o000)).unwrap();
+        assert!(access("win.bat", libc::R_OK | libc::W_OK), "root reads and writes a file of mode 000");
+        assert!(std::fs::read(mnt.dir.join("win.bat")).unwrap().starts_with(b"echo one"));
+    }
+
     // A name that is not there is asked for once, then known absent,
     // until the kernel makes it.
     let lookups = || m.json(&["stats", mnt.path()])["lookups"].as_u64().unwrap();

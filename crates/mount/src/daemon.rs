@@ -332,9 +332,11 @@ pub fn run(
                 c.mount_options = vec![
                     fuser::MountOption::FSName("mado".into()),
                     fuser::MountOption::Subtype("mado".into()),
-                    fuser::MountOption::DefaultPermissions,
                     fuser::MountOption::NoAtime,
                 ];
+                if kernel_checks_permissions(*allow_other) {
+                    c.mount_options.push(fuser::MountOption::DefaultPermissions);
+                }
                 if ws.is_none() {
                     c.mount_options.push(fuser::MountOption::RO);
                 }
@@ -500,4 +502,18 @@ pub fn run(
 enum Served {
     Fuse(fuser::BackgroundSession),
     VirtioFs(std::thread::JoinHandle<std::io::Result<()>>, crate::virtiofs::Stopper),
+}
+
+/// Whether the kernel checks modes and owners itself (`default_permissions`).
+/// It must whenever users other than the daemon's may come in
+/// (`--allow-other`) or the daemon's user is not root. Without
+/// `--allow-other` a root daemon's mount admits only root, whom those checks
+/// never refuse (but to execute a file with no execute bit, which the
+/// kernel checks anyway, and `access(X_OK)`, which `MadoFs::access`
+/// answers): then they only cost a GETATTR of a directory after each change
+/// in it, as the kernel forgets a changed directory's attributes and needs
+/// them for the next path walk through it (two of every three requests of
+/// an `rm -rf`).
+fn kernel_checks_permissions(allow_other: bool) -> bool {
+    allow_other || !rustix::process::geteuid().is_root()
 }

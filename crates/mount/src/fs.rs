@@ -807,8 +807,18 @@ impl Filesystem for MadoFs {
         });
     }
 
-    fn access(&self, _req: &Request, _ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
-        reply.ok();
+    /// Sent only where the kernel does not check permissions itself (a
+    /// root daemon's mount that admits no other user: see the daemon's
+    /// `kernel_checks_permissions`), so the caller is root, whom nothing
+    /// refuses but executing a file with no execute bit.
+    fn access(&self, _req: &Request, ino: INodeNo, mask: fuser::AccessFlags, reply: ReplyEmpty) {
+        match self.core.getattr(ino.0) {
+            Ok(a) if mask.contains(fuser::AccessFlags::X_OK) && a.kind != NodeKind::Dir && a.perm & 0o111 == 0 => {
+                reply.error(Errno::EACCES)
+            }
+            Ok(_) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
     }
 
     fn write(
