@@ -427,6 +427,63 @@ fn files_the_daemon_never_saw_opened_write_sync_and_outlive_unlink() {
     assert!(!mnt.dir.join("src/deep/er/still.txt").exists());
 }
 
+/// A checkpoint taken while a program still has a file open, written and
+/// neither closed nor synced, has those bytes and the mtime the mount
+/// shows. (Workspace mounts write through: each write(2) reaches the upper
+/// file before it returns. The kernel's writeback cache would keep them in
+/// the page cache until a close or sync, and lost fsynced files when the
+/// daemon was killed under load: it is not used.) The writer is a process
+/// of its own that neither forks nor closes: any close of a descriptor of
+/// the file would write its pages back, and a fork and exec closes the
+/// child's copies.
+#[test]
+fn a_checkpoint_has_what_an_open_unsynced_file_was_given() {
+    use std::io::BufRead;
+    use std::os::unix::fs::MetadataExt;
+    if !fuse_usable() {
+        return;
+    }
+    let m = Mado::local();
+    setup(&m);
+    let mnt = create(&m, "unsynced");
+    // Python's os.write: one write(2), no descriptor duplicated or closed
+    // (a shell's `>&3` dups and closes, and every close writes back).
+    let script = "import os, sys, time\n\
+        a = os.open(sys.argv[1], os.O_WRONLY | os.O_APPEND)\n\
+        b = os.open(sys.argv[2], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)\n\
+        os.write(a, b'pub fn g() {}\\n')\n\
+        os.write(b, b'new\\n')\n\
+        print('ready', flush=True)\n\
+        time.sleep(60)\n";
+    let mut writer = std::process::Command::new("python3")
+        .args(["-c", script])
+        .arg(mnt.dir.join("src/lib.rs"))
+        .arg(mnt.dir.join("new.txt"))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(writer.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    assert_eq!(line, "ready\n");
+    let cp = mnt.checkpoint("with open files");
+    let seen = |p: &str| {
+        let md = std::fs::metadata(mnt.dir.join(p)).unwrap();
+        (md.len(), md.mtime(), md.mtime_nsec())
+    };
+    let (lib, newf) = (seen("src/lib.rs"), seen("new.txt"));
+    let _ = writer.kill();
+    let _ = writer.wait();
+    assert_eq!(cp["unchanged"], false, "{cp}");
+    let back = m.dir.path().join("back");
+    m.ok(&["ws", "resume", "unsynced", back.to_str().unwrap(), "--read-only"]);
+    assert_eq!(std::fs::read(back.join("src/lib.rs")).unwrap(), b"pub fn f() {}\npub fn g() {}\n");
+    assert_eq!(std::fs::read(back.join("new.txt")).unwrap(), b"new\n");
+    for (p, at) in [("src/lib.rs", lib), ("new.txt", newf)] {
+        let md = std::fs::metadata(back.join(p)).unwrap();
+        assert_eq!((md.len(), md.mtime(), md.mtime_nsec()), at, "{p}: size and mtime as the mount showed them");
+    }
+}
+
 fn wait_gone(pid: u64) {
     for _ in 0..100 {
         if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
