@@ -635,17 +635,24 @@ class Harness:
             raise RuntimeError(f"mado {' '.join(args)}: {r.stderr}")
         return r.stdout
 
+    def quiet_start(self):
+        """Just before a timed run, with MADO_BENCH_QUIET_S: waits for a
+        quiet machine, and counts the run (and whether it started on a busy
+        one anyway) for the report's notes."""
+        if self.quiet is None:
+            return
+        self.timed_runs += 1
+        if not wait_quiet(self.quiet):
+            self.busy_runs += 1
+            if self.quiet:
+                log(f"machine still busy after {self.quiet:.0f} s: running anyway")
+
     def timed(self, proxy, setup, run, teardown, timeout, drop_caches=True):
         """One cold run: setup, settle, reset counts, run, count
         (`drop_caches=False`: the page cache is only flushed, not dropped)."""
         ctx = setup() if setup else None
         settle(drop_caches)
-        if self.quiet is not None:
-            self.timed_runs += 1
-            if not wait_quiet(self.quiet):
-                self.busy_runs += 1
-                if self.quiet:
-                    log(f"machine still busy after {self.quiet:.0f} s: running anyway")
+        self.quiet_start()
         proxy.reset()
         t0 = time.perf_counter()
         out = {}

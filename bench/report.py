@@ -20,6 +20,8 @@ from results import (J_CHECKOUT_COLD, J_CHECKOUT_WARM, J_CHECKPOINT, J_CP, J_DIS
 from results import (K_CHECKPOINT, K_EDITS, K_FLAT, K_GIT, K_GOAL_RTT, K_META_LIMIT, K_ROWS, K_RTTS_AFTER_WALK,
                      K_TOUCH, K_TOUCH_PER_FILE, K_TOUCHES, K_VS_GIT, K_WALK_RTTS, ck_system)
 from results import M_GUEST_DISK, M_GUEST_WARM, M_WARM_LIMIT
+from results import (N_BUILD, N_CP, N_GIT, N_GREP, N_LOCAL, N_MOUNT, N_QUICK_FILES, N_READ, N_RM, N_ROWS, N_RTT,
+                     N_SED, N_STAT, N_STATUS, work_system)
 from results import (L_BIG_RTT, L_CHANGED, L_IMPORT, L_NEXT, L_NEXT_COLD, L_NEXT_PUSH, L_NEXT_RTTS,
                      L_PUSH, L_PUT_BYTES, L_PUT_EXTRA, L_ROWS, L_VS_PUSH, l_system)
 
@@ -28,6 +30,9 @@ TRAFFIC = {Table.A_DENSE, Table.A_THIN, Table.B_DENSE, Table.B_THIN, Table.B_DEN
            Table.I_SUB, Table.I_WHOLE}
 V2_MATERIALIZE, V2_MOUNT = materialize_row(Layout.V2), mount_row(Layout.V2)
 BASE_WRITERS = writers_row(0)
+# Scenario n's rows, as its summary line names them.
+WORK_SHORT = {N_GIT: "git add/commit", N_STATUS: "git status", N_GREP: "grep -r", N_STAT: "find (stat)",
+              N_READ: "cat", N_CP: "cp -r", N_RM: "rm -rf", N_SED: "sed -i", N_BUILD: "make -j2"}
 
 # An extra column: its heading and its text for the cell at the highest RTT.
 Column = Tuple[str, Callable[[Optional[Result]], str]]
@@ -184,6 +189,7 @@ class Report:
         rows += self.ck_summary()
         rows += self.l_summary()
         rows += self.virtiofs_summary()
+        rows += self.work_summary()
         out = ["## Summary against the brief", "",
                "| case | seed 003 | goal | mado in this run |", "|---|---|---|---|"]
         out += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
@@ -488,6 +494,84 @@ class Report:
         r, v = x[-1]
         return [(f"VM guest, warm walk of the dense subtree through serve-virtiofs / the guest's local disk, RTT {r} ms "
                  "(issue #14)", "–", f"≤ {M_WARM_LIMIT}×", f"{v:.2f}×")]
+
+    # ---- scenario n: work in a workspace (issue #20) ----
+
+    def work(self, row: str, where: str) -> Optional[Result]:
+        return self.results.get(Table.N, work_system(row, where), N_RTT)
+
+    def work_ratio(self, row: str) -> Optional[float]:
+        """The mount's median over the local disk's, for one of N_ROWS."""
+        a, b = self.work(row, N_LOCAL), self.work(row, N_MOUNT)
+        return b.median / a.median if measured(a) and measured(b) and a.median else None
+
+    def work_mark(self, row: str, bold: bool) -> str:
+        """One row's ratio and whether its goal holds: "**1.79×** ✓"."""
+        x = self.work_ratio(row)
+        if x is None:
+            return "–"
+        return (f"**{x:.2f}×**" if bold else f"{x:.2f}×") + (" ✓" if x <= N_ROWS[row] else " ✗")
+
+    def work_files(self) -> Optional[int]:
+        return next((r.tree_files for by in self.results.rows(Table.N).values() for r in by.values()
+                     if r.tree_files), None)
+
+    @staticmethod
+    def work_goals() -> str:
+        """Issue #20's goals, by limit: "≤ 1.5×: git status, grep -r, …"."""
+        by = {}
+        for row, limit in N_ROWS.items():
+            by.setdefault(limit, []).append(WORK_SHORT[row])
+        return "; ".join(f"{', '.join(rows)} ≤ {limit:g}×" for limit, rows in by.items())
+
+    def work_tables(self) -> List[str]:
+        files = self.work_files()
+        out = self.part_header(Table.N, "n. Work in a workspace (issue #20, part 3): git, grep, find, cat, cp -r, "
+                               "rm -rf, sed -i and make on the local disk and in a read-write workspace mount of a "
+                               "real tree" + (f" ({files:,} files)" if files else "") + ", warm", cold=False)
+        if not self.results.rows(Table.N):
+            return out + ["not yet measured in this run", ""]
+        out += ["| work | local disk | workspace mount | mount / local disk | goal (issue #20) |",
+                "|---|---|---|---|---|"]
+        for row, limit in N_ROWS.items():
+            a, b = self.work(row, N_LOCAL), self.work(row, N_MOUNT)
+            if not a and not b:
+                continue
+            crate = (a and a.crates) or (b and b.crates)
+            out.append(f"| {row}" + (f" (`{crate}`)" if crate else "") + f" | {fmt_t(a)} | {fmt_t(b)} | "
+                       f"{self.work_mark(row, True)} | ≤ {limit:g}× |")
+        out += ["", " ".join([
+            "`bench/workspace-work.sh`: the same commands on a plain directory of the local disk and in a "
+            "read-write workspace mount (`mado ws create work --from main --mount`) of the same tree, on the "
+            "embedded store (`file://`, this disk: no network, no proxy), warm: every file read once through "
+            "each first, and no page cache dropped between runs (as for someone at work in the tree). The tree: "
+            "whole crates of this machine's cargo registry in name order until about 12,000 files "
+            f"(`--quick`: {N_QUICK_FILES:,}), committed as one git commit with a generated 120-file C project, "
+            "imported with `mado import-git`; the local side is a `git archive` of that commit.",
+            "The git row runs once, first (`git init -q && git add -A && git commit -qm x` in each: the "
+            "repository the `git status` row reads); each other row runs the runs on the local disk, then the "
+            "runs on the mount: median (min–max). `grep -r -q` of a string in no file; `find -printf %s` "
+            "stats every file; `cat` of every file (`find | xargs cat`); `cp -r` of the largest top-level "
+            "folder to a new one beside it; `rm -rf` of that copy (made again, untimed, before each run); "
+            "`sed -i` prefixing every line of the first 500 `.rs` files that `git ls-files` lists; `make -j2` "
+            "of the C project after a `make clean`. The ratio is the mount's median over the local disk's. The "
+            "script times its own runs: with MADO_BENCH_QUIET_S the harness waits for a quiet machine once, "
+            "before it starts (the notes count that as one timed run), not before each run.",
+            "`bench/run.py --only n --rtts 0 --runs 3 --merge docs/bench-results.json` runs this scenario "
+            "alone; `bench/workspace-work.sh [MADO]` (env RUNS, FILES) prints the same table by hand."]), ""]
+        held = [row for row, limit in N_ROWS.items() if self.work_ratio(row) is not None
+                and self.work_ratio(row) <= limit]
+        out += [f"Issue #20's goals ({self.work_goals()}) hold for {len(held)} of {len(N_ROWS)} rows"
+                + (": " + ", ".join(WORK_SHORT[r] for r in held) if held else "") + ".", ""]
+        return out
+
+    def work_summary(self) -> List[Tuple[str, str, str, str]]:
+        if all(self.work_ratio(row) is None for row in N_ROWS):
+            return []
+        files = self.work_files()
+        return [("work in a workspace: the workspace mount / the local disk, warm, "
+                 + (f"{files:,}-file real tree " if files else "a real tree ") + "(issue #20)", "–",
+                 self.work_goals(), ", ".join(f"{WORK_SHORT[row]} {self.work_mark(row, False)}" for row in N_ROWS))]
 
     def large_summary(self) -> List[Tuple[str, str, str, str]]:
         """Summary rows for scenario j, at its largest size."""
@@ -935,6 +1019,8 @@ class Report:
                 if self.ck_plot(plt, outdir):
                     made.append("bench-k.png")
                 continue
+            if key == Table.N:  # one RTT (none: local work), its ratios are in its table
+                continue
             fig, ax = plt.subplots(figsize=(6, 4))
             any_line = False
             for system, by in self.results.rows(key).items():
@@ -987,7 +1073,8 @@ def write(run: Run, path: str, quick: bool):
          f"{ws} × 1 KiB files. Scenario i uses a real tree (this machine's cargo registry sources; see its "
          "tables), scenario j one large file of random bytes, scenario k synthetic source trees of a few "
          "thousand to tens of thousands of files, scenario l the real tree of i again (imported, against git "
-         "push). Whole-tree walks of other real trees (Linux 6.1, an "
+         "push), scenario n a real tree of the same kind in a workspace mount (against the local disk). "
+         "Whole-tree walks of other real trees (Linux 6.1, an "
          "npm node_modules) are in the last section.", ""]
     L += rep.summary()
     L += ["## mado against the best peer", "",
@@ -1025,6 +1112,7 @@ def write(run: Run, path: str, quick: bool):
     L += rep.table(Table.M, "m. The dense subtree in a VM guest through `mado serve-virtiofs` (issue #14): cold and "
                    "warm walk-and-read, against the guest's local disk and `mado mount` on the host")
     L += rep.virtiofs_lines()
+    L += rep.work_tables()
     if pngs:
         L += ["## Plots (wall time against RTT, one line per system)", ""]
         L += [f"![{p}]({p})" for p in pngs] + [""]

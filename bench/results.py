@@ -34,6 +34,7 @@ class Table(Enum):
     K = "k"
     L = "l"
     M = "m"
+    N = "n"
 
 
 class Subtree(Enum):
@@ -143,6 +144,35 @@ M_GUEST_DISK = "guest: its local disk (ext4, virtio-blk; caches dropped)"
 M_HOST_COLD = "host: mado mount, cold"
 M_HOST_WARM = "host: mado mount, warm (page cache dropped)"
 M_WARM_LIMIT = 1.5  # issue #14: the guest's warm walk <= 1.5x its local disk
+
+
+# Scenario n (issue #20, part 3): work in a workspace. bench/workspace-work.sh
+# times the same commands on a plain directory of the local disk and in a
+# read-write workspace mount of one real tree (the embedded store: no
+# network, so its cells are recorded at N_RTT whatever the run's RTTs), one
+# row each; a cell's system is `work_system(row, where)`, where is N_LOCAL or
+# N_MOUNT. The rows are the script's labels (the cp row's ends with the
+# folder it copies, in parentheses), in its order, with issue #20's limit on
+# each one's ratio, the mount's median over the local disk's.
+N_RTT = 0
+N_LOCAL = "local disk"
+N_MOUNT = "workspace mount"
+N_GIT = "git init && git add -A && git commit"
+N_STATUS = "git status (clean)"
+N_GREP = "grep -r (no match)"
+N_STAT = "find -printf %s (stat every file)"
+N_READ = "read every file (cat)"
+N_CP = "cp -r of the largest top-level directory"
+N_RM = "rm -rf of that copy"
+N_SED = "sed -i on 500 files"
+N_BUILD = "make -j2 of 120 C files"
+N_ROWS = {N_GIT: 2.0, N_STATUS: 1.5, N_GREP: 1.5, N_STAT: 1.5, N_READ: 1.5, N_CP: 3.0, N_RM: 2.0, N_SED: 2.0,
+          N_BUILD: 1.1}
+N_QUICK_FILES = 1500  # --quick: the script's FILES (its default, ~12,000, otherwise)
+
+
+def work_system(row: str, where: str) -> str:
+    return f"{row} [{where}]"
 
 
 def size_label(n: int) -> str:
@@ -276,11 +306,12 @@ class Result:
     working_set: Optional[int] = None  # g: files in the working set W
     p50_ms: Optional[float] = None  # f-fg: the foreground reader's per-file latency
     p99_ms: Optional[float] = None
-    # i: the tree an untar row writes (files, bytes); what a computed floor
-    # row assumed (the bytes it downloads, the plain GET throughput in MB/s).
+    # i: the tree an untar row writes (files, bytes; n: every cell's tree's
+    # files); what a computed floor row assumed (the bytes it downloads, the
+    # plain GET throughput in MB/s).
     tree_files: Optional[int] = None
     tree_bytes: Optional[int] = None
-    crates: Optional[str] = None  # which crates the tree holds
+    crates: Optional[str] = None  # which crates the tree holds (n: the crate its cp -r row copies)
     dl_bytes: Optional[int] = None
     get_mb_s: Optional[float] = None
     # j: the large file's size; the process's max RSS (MiB; for a mount row,

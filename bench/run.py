@@ -10,7 +10,7 @@ PNG plots under docs/.
                  [--note TEXT]
     bench/run.py --report-only docs/bench-results.json
 
-`--only d` (or `--only c,d`) runs only those scenarios (a to m) at each
+`--only d` (or `--only c,d`) runs only those scenarios (a to n) at each
 RTT; the setup (MinIO, the stores, the repositories) is the same. Alone,
 it writes a report of those tables only. With `--merge
 docs/bench-results.json` the tables it measured replace that saved run's
@@ -75,6 +75,19 @@ the first import and push of a synthetic source tree of each size
     bench/run.py --only l --rtts 0,20,50 --runs 3 --import-sizes 78k \
         --merge docs/bench-results.json
 
+Scenario n (issue #20, part 3), work in a workspace: bench/workspace-work.sh
+times git init/add/commit, git status, grep -r, find (stat every file),
+cat of every file, cp -r, rm -rf, sed -i and make -j2 on a plain directory
+of the local disk and in a read-write workspace mount of the same real tree
+(whole crates of the cargo registry until about 12,000 files, --quick
+1,500, as one commit, plus a 120-file C project), warm, on the embedded
+store (no network); the report gives each row's ratio, mount over local
+disk, against issue #20's goals (grep, git status, reads <= 1.5x; git
+add/commit, sed -i, rm -rf <= 2x; cp -r <= 3x; a build <= 1.1x). It runs
+once per run, whatever --rtts; each row --runs times (--quick: once):
+
+    bench/run.py --only n --rtts 0 --runs 3 --merge docs/bench-results.json
+
 `--quick` uses a small synthetic tree (and a real tree of a few hundred
 files), one run and RTT 0 and 20 ms, and finishes in a few minutes: the
 test suite runs it as a smoke test.
@@ -106,7 +119,8 @@ def main():
     ap.add_argument("--rtts")
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "BENCHMARKS.md"))
     ap.add_argument("--profile", default="release", choices=["release", "debug"])
-    ap.add_argument("--only", default="a,b,c,d,e,f,g,h,i,j,k,l,m", help="scenarios to run, e.g. d or c,d (default: all)")
+    ap.add_argument("--only", default="a,b,c,d,e,f,g,h,i,j,k,l,m,n",
+                    help="scenarios to run, e.g. d or c,d (default: all)")
     ap.add_argument("--large-sizes", default=os.environ.get("MADO_BENCH_LARGE_SIZES"),
                     help="scenario j's file sizes, e.g. 64M,256M (default 300M,1G; --quick 16M,48M)")
     ap.add_argument("--ck-sizes", default=os.environ.get("MADO_BENCH_CK_SIZES"),

@@ -1,4 +1,4 @@
-"""The benchmark's scenarios, a to l, one function or class each.
+"""The benchmark's scenarios, a to n, one function or class each.
 
 Each is called once per RTT with the harness and yields its cells as
 `Result`s, one at a time, so the cells measured before a scenario fails
@@ -6,12 +6,12 @@ still reach the report. What a scenario keeps from one RTT to the next
 (the workspace c resumes, the peers h stopped running) lives in its
 instance: `scenarios()` makes fresh ones for each run.
 """
-import json, os, random, shutil, statistics, subprocess, threading, time
+import glob, json, os, random, re, shutil, signal, statistics, subprocess, threading, time
 from dataclasses import replace
 from typing import Callable, Dict, Iterator, List
 
-from harness import (BUCKET, GIT_ENV, REAL, WS, Cell, Harness, Sample, log, log_result, median_counts, run_rss, sh,
-                     unmount, vm_hwm_mib, walk_read)
+from harness import (BUCKET, GIT_ENV, REAL, ROOT, WS, Cell, Harness, Sample, log, log_result, median_counts, run_rss,
+                     sh, unmount, vm_hwm_mib, walk_read)
 from results import (FLOOR_ROW, GIT_CLONE_ROW, GIT_PUSH_ROW, GIT_SPARSE_ROW, IMPORT_ROW, J_CHECKOUT_COLD,
                      J_CHECKOUT_COLD_LOCAL, J_CHECKOUT_WARM, J_CHECKPOINT, J_CP, J_DISK_READ, J_GET1, J_GET8,
                      J_IMPORT_LOCAL, J_IMPORT_S3, J_MOUNT_COLD, J_MOUNT_RANDOM, J_MOUNT_WARM, J_ROWS, J_RTT, J_WRITE,
@@ -21,6 +21,7 @@ from results import (FLOOR_ROW, GIT_CLONE_ROW, GIT_PUSH_ROW, GIT_SPARSE_ROW, IMP
                      REAL_MOUNT_ROW, REAL_SUB, RESUME_ROW, UNTAR_ROW, Counts, Layout, Result, Subtree, Table,
                      large_system, materialize_row, mount_row, readers_row, size_label, writers_row,
                      M_GUEST_COLD, M_GUEST_DISK, M_GUEST_WARM, M_HOST_COLD, M_HOST_WARM)
+from results import N_LOCAL, N_MOUNT, N_QUICK_FILES, N_ROWS, N_RTT, work_system
 
 DENSE = Subtree.DENSE.value
 
@@ -1071,8 +1072,89 @@ class VirtioFs:
         yield h.cell(Table.M, M_HOST_WARM, rtt, h.s3proxy, lambda: mount(h.fresh_cache(), True), walk, umount)
 
 
+class Work:
+    """n. Work in a workspace (issue #20, part 3): bench/workspace-work.sh,
+    which times git, grep, find, cat, cp -r, rm -rf, sed -i and make on a
+    plain directory of the local disk and in a read-write workspace mount
+    of the same real tree (the cargo registry's crates in name order until
+    ~12,000 files, N_QUICK_FILES with --quick, as one commit, plus a small C
+    project) on the embedded store, warm; each row's median (min–max) over
+    h.runs runs (--quick: one), the git row's one run. The script times its
+    own runs (warm by design: no page cache dropped, no proxy), so this only
+    parses its table, one Result per row and side. Measured once per run,
+    at the first RTT it is called at (there is no network), and recorded
+    at N_RTT; with MADO_BENCH_QUIET_S, the wait for a quiet machine is once,
+    before the script starts."""
+
+    SCRIPT = os.path.join(ROOT, "bench", "workspace-work.sh")
+    CELL = re.compile(r"([0-9.]+) s(?: \(([0-9.]+)–([0-9.]+)\))?")
+
+    def __init__(self):
+        self.done = False
+
+    def __call__(self, h: Harness, rtt: int) -> Iterator[Result]:
+        if self.done:
+            return
+        self.done = True
+        runs = 1 if h.quick else h.runs
+        # TMPDIR: the script's work folder goes under the harness's, which
+        # h.close() removes whatever happens here.
+        env = dict(os.environ, RUNS=str(runs), TMPDIR=h.work)
+        env.pop("FILES", None)
+        if h.quick:
+            env["FILES"] = str(N_QUICK_FILES)
+        log(f"n: {os.path.relpath(self.SCRIPT, ROOT)} {h.mado}, {runs} runs"
+            + (f", {N_QUICK_FILES} files" if h.quick else ""))
+        h.quiet_start()
+        # Its own session, so that a timeout stops the command it is timing
+        # too; on SIGTERM its EXIT trap unmounts the workspace.
+        p = subprocess.Popen([self.SCRIPT, h.mado], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, start_new_session=True)
+        limit = h.timeout * len(N_ROWS)  # far more than a healthy run takes
+        try:
+            out, err = p.communicate(timeout=limit)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGTERM)
+            out, err = p.communicate()
+            err += f"\nstopped after {limit:.0f} s"
+        finally:
+            for m in glob.glob(os.path.join(h.work, "mado-work.*", "mnt")):
+                unmount(m)  # only if the script could not
+        yield from self.parse(out, runs)
+        if p.returncode != 0:
+            last = [x for x in err.splitlines() if x.strip()]
+            raise RuntimeError(f"{os.path.basename(self.SCRIPT)} exited {p.returncode}: "
+                               + (last[-1] if last else "no message"))
+
+    def parse(self, out: str, runs: int) -> Iterator[Result]:
+        """The script's table as Results: for each row, the local disk's
+        cell then the mount's, with the tree's file count (and, on the cp
+        row, the crate it copies). A cell with a range is over `runs` runs,
+        one without over one."""
+        files = re.search(r"^Files: (\d+) in the tree", out, re.M)
+        files = int(files.group(1)) if files else None
+        for line in out.splitlines():
+            cols = [c.strip() for c in line.strip().strip("|").split("|")]
+            if len(cols) != 4 or not self.CELL.fullmatch(cols[1]):
+                continue  # the header, its rule, the text above
+            label = cols[0]
+            row = next((r for r in N_ROWS if label.startswith(r)), None)
+            if row is None:
+                raise RuntimeError(f"the script has a row results.N_ROWS does not know: {label!r}")
+            crate = label[len(row):].strip(" ()") or None
+            for where, text in ((N_LOCAL, cols[1]), (N_MOUNT, cols[2])):
+                m = self.CELL.fullmatch(text)
+                if not m:
+                    raise RuntimeError(f"{label}: not a time: {text!r}")
+                med = float(m.group(1))
+                lo, hi = (float(m.group(2)), float(m.group(3))) if m.group(2) else (med, med)
+                yield log_result(Result(Table.N, work_system(row, where), N_RTT,
+                                        n=runs if m.group(2) else 1, median=med, min=lo, max=hi,
+                                        tree_files=files, crates=crate))
+
+
 def scenarios() -> Dict[str, Callable[[Harness, int], Iterator[Result]]]:
     """By the letter `--only` takes."""
     return {"a": materialize, "b": mount_walk, "c": Resume(), "d": import_pack_build, "e": warm_mount,
             "f": concurrency, "g": capped_cache, "h": Peers(), "i": Real(), "j": Large(), "k": Checkpoints(),
-            "l": RealImport(), "m": VirtioFs()}
+            "l": RealImport(), "m": VirtioFs(), "n": Work()}

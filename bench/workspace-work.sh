@@ -6,7 +6,11 @@
 # cargo registry (whole crates in name order until ~12,000 files) as one
 # git commit, plus a generated C project for the build row.
 # Usage: bench/workspace-work.sh [MADO_BINARY]   (default: a release build)
-# Prints a markdown table on stdout.
+# Prints a markdown table on stdout: each cell the median (min–max) over
+# RUNS runs. A command that fails stops the script (exit 1, the command and
+# its stderr on stderr) rather than being timed as if it had worked.
+# `make bench` runs it as scenario n (bench/scenarios.py, class Work), which
+# parses that table.
 set -euo pipefail
 source "$(dirname "$0")/../scripts/env.sh"
 runs=${RUNS:-3}
@@ -70,24 +74,40 @@ git -C "$src" archive HEAD | tar -x -C "$local_dir"
 # Warm both: every file read once.
 for d in "$local_dir" "$mnt"; do find "$d" -type f -exec cat {} + >/dev/null; done
 
-t() { # seconds that "$@" takes
-  local s e
+t() { # seconds that "$@" takes; a failure is marked in $work/failed (`line` stops there)
+  local s e rc=0
   s=$(date +%s.%N)
-  "$@" >/dev/null 2>&1 || true
+  "$@" >/dev/null 2>"$work/stderr" || rc=$?
   e=$(date +%s.%N)
+  if [ "$rc" -ne 0 ]; then
+    echo "failed (exit $rc): $*: $(tail -c 300 "$work/stderr")" >&2
+    touch "$work/failed"
+  fi
   echo "$e - $s" | bc
 }
-median() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+cell() { # the times: "MEDIAN s", and "(MIN–MAX)" over more than one
+  printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {printf "%.3f s", a[int((NR+1)/2)]
+    if (NR > 1) printf " (%.3f–%.3f)", a[1], a[NR]}'
+}
+line() { # label, the local disk's times, the mount's (space-separated seconds)
+  [ ! -e "$work/failed" ] || exit 1
+  # shellcheck disable=SC2086 # the times are words
+  printf '| %s | %s | %s | %.2f× |\n' "$1" "$(cell $2)" "$(cell $3)" "$(echo "$(median $3) / $(median $2)" | bc -l)"
+}
 sub=$(cd "$local_dir" && du -s -- */ | sort -n | tail -1 | cut -f2 | tr -d /)
 sedfiles() { (cd "$1" && git ls-files 2>/dev/null || find . -name '*.rs') | grep '\.rs$' | head -500; }
 
-row() { # label, then a function called with the directory
-  local label=$1 fn=$2 a b
-  a=$(for _ in $(seq "$runs"); do "$fn" "$local_dir"; done | median)
-  b=$(for _ in $(seq "$runs"); do "$fn" "$mnt"; done | median)
-  printf '| %s | %.3f s | %.3f s | %.2f× |\n' "$label" "$a" "$b" "$(echo "$b / $a" | bc -l)"
+row() { # label, then a function called with the directory; the two sides alternate, so both see the same machine
+  local label=$1 fn=$2 a="" b=""
+  for _ in $(seq "$runs"); do
+    a="$a $("$fn" "$local_dir")"
+    b="$b $("$fn" "$mnt")"
+  done
+  line "$label" "$a" "$b"
 }
-op_grep() { t grep -r --exclude-dir=.git -q "no such string in the tree xyzzy" "$1"; }
+# grep exits 1 when nothing matches, as here: only 0 (a match) or 2 (an error) fail.
+op_grep() { t sh -c "grep -r --exclude-dir=.git -q 'no such string in the tree xyzzy' '$1'; [ \$? -eq 1 ]"; }
 op_status() { t git -C "$1" status --porcelain; }
 op_read() { t sh -c "find '$1' -path '$1/.git' -prune -o -type f -print0 | xargs -0 cat"; }
 op_stat() { t find "$1" -path "$1/.git" -prune -o -printf '%s\n'; }
@@ -97,14 +117,13 @@ op_sed() { t bash -c "cd '$1' && sedfiles . | xargs sed -i 's/^/ /'"; }
 op_build() { make -s -C "$1/cproj" clean >/dev/null; t make -s -j2 -C "$1/cproj"; }
 export -f sedfiles
 
-echo "Files: $files in the tree (+120 C files); subtree copied: $sub; $runs runs each, median; warm."
+echo "Files: $files in the tree (+120 C files); subtree copied: $sub; $runs runs each (the git row: one), median (min–max); warm."
 echo
 echo "| work | local disk | workspace mount | ratio |"
 echo "|---|---|---|---|"
-# git first: the repository the other rows' `git status` reads.
-a=$(t sh -c "cd '$local_dir' && git init -q && git add -A && git commit -qm x")
-b=$(t sh -c "cd '$mnt' && git init -q && git add -A && git commit -qm x")
-printf '| %s | %.3f s | %.3f s | %.2f× |\n' "git init && git add -A && git commit" "$a" "$b" "$(echo "$b / $a" | bc -l)"
+# git first, once: the repository the other rows' `git status` reads.
+line "git init && git add -A && git commit" "$(t sh -c "cd '$local_dir' && git init -q && git add -A && git commit -qm x")" \
+  "$(t sh -c "cd '$mnt' && git init -q && git add -A && git commit -qm x")"
 row "git status (clean)" op_status
 row "grep -r (no match)" op_grep
 row "find -printf %s (stat every file)" op_stat
