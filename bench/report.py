@@ -549,8 +549,8 @@ class Report:
             f"(`--quick`: {N_QUICK_FILES:,}), committed as one git commit with a generated 120-file C project, "
             "imported with `mado import-git`; the local side is a `git archive` of that commit.",
             "The git row runs once, first (`git init -q && git add -A && git commit -qm x` in each: the "
-            "repository the `git status` row reads); each other row runs the runs on the local disk, then the "
-            "runs on the mount: median (min–max). `grep -r -q` of a string in no file; `find -printf %s` "
+            "repository the `git status` row reads); each other row alternates a run on the local disk and "
+            "one on the mount: median (min–max). `grep -r -q` of a string in no file; `find -printf %s` "
             "stats every file; `cat` of every file (`find | xargs cat`); `cp -r` of the largest top-level "
             "folder to a new one beside it; `rm -rf` of that copy (made again, untimed, before each run); "
             "`sed -i` prefixing every line of the first 500 `.rs` files that `git ls-files` lists; `make -j2` "
