@@ -75,6 +75,14 @@ the first import and push of a synthetic source tree of each size
     bench/run.py --only l --rtts 0,20,50 --runs 3 --import-sizes 78k \
         --merge docs/bench-results.json
 
+Scenario m (issue #14), serve-virtiofs: the dense subtree walked and read
+in a QEMU guest (scripts/vm-run.sh) through `mado serve-virtiofs`, cold
+(empty mado cache) and warm (guest caches dropped), against the guest's
+own disk and `mado mount` on the host; it needs QEMU and the guest image
+that `scripts/vm-run.sh --prepare` caches:
+
+    bench/run.py --only m --rtts 0,20,50 --runs 3 --merge docs/bench-results.json
+
 Scenario n (issue #20, part 3), work in a workspace: bench/workspace-work.sh
 times git init/add/commit, git status, grep -r, find (stat every file),
 cat of every file, cp -r, rm -rf, sed -i and make -j2 on a plain directory
