@@ -490,6 +490,8 @@ pub fn run(
         // workspace at once (its uncheckpointed changes stay here, picked
         // up by the next mount of the same checkpoint on this machine).
         mado_core::workspace::save_mount_state(&core, &ws.state_dir)?;
+        // The state just saved names no spare upper file.
+        core.drop_spares();
         match rt.block_on(mado_core::workspace::release_lease(&fetcher.remote, &ws.name, &ws.holder)) {
             Ok(_) => {}
             Err(e) => eprintln!("mado mount: releasing the lease of workspace {}: {e}", ws.name),

@@ -94,15 +94,18 @@ impl SnapshotFs {
             let (id, chunked, _) = staged.content_from(cache, file, &p.display().to_string())?;
             hashed.push((*ino, *version, (id, chunked)));
         }
-        let hashed_count = hashed.len() as u64;
         between();
         let mut st = self.st_mut();
         // Files hashed here are counted as read, not as unchanged, when the
         // tree walk below meets them (if it still does: they may have been
-        // unlinked or renamed away meanwhile).
+        // unlinked or renamed away meanwhile). A node gone since it was
+        // listed is not counted: its upper file, kept for reuse, was read
+        // for nothing (and may hold another file's bytes by now).
         let mut fresh = std::collections::HashSet::new();
+        let mut hashed_count = 0;
         for (ino, version, id) in hashed {
-            let n = st.get_mut(ino)?;
+            let Ok(n) = st.get_mut(ino) else { continue };
+            hashed_count += 1;
             if n.version == version {
                 if let Body::Upper { clean, .. } = &mut n.body {
                     *clean = Some(id);

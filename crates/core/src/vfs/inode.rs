@@ -150,11 +150,20 @@ pub(super) struct State {
     pub(super) nodes: HashMap<u64, Node>,
     pub(super) next_ino: u64,
     pub(super) next_blob: u64,
+    /// Upper files no node names any more, emptied and kept for new files
+    /// ([`SnapshotFs::recycle`]): each blob number with the change count
+    /// when it was freed. Oldest first.
+    pub(super) spare: std::collections::VecDeque<(u64, u64)>,
 }
 
 impl State {
     pub(super) fn with_root(root: Node) -> State {
-        State { nodes: HashMap::from([(ROOT_INO, root)]), next_ino: ROOT_INO + 1, next_blob: 1 }
+        State {
+            nodes: HashMap::from([(ROOT_INO, root)]),
+            next_ino: ROOT_INO + 1,
+            next_blob: 1,
+            spare: Default::default(),
+        }
     }
 
     pub(super) fn get(&self, ino: u64) -> Result<&Node> {
@@ -337,11 +346,15 @@ impl SnapshotFs {
         if ino == ROOT_INO || n.parent != 0 || self.held(n) {
             return false;
         }
-        if let Body::Upper { blob, .. } = n.body {
-            if let Ok(p) = self.blob_path(blob) {
+        if let Body::Upper { blob, size, .. } = n.body {
+            if n.lookups == 0 {
+                // The node goes too: nothing names the blob any more.
+                self.recycle(st, blob, size);
+            } else if let Ok(p) = self.blob_path(blob) {
                 let _ = std::fs::remove_file(p);
             }
         }
+        let Ok(n) = st.get(ino) else { return true };
         if n.lookups == 0 {
             st.nodes.remove(&ino);
             return true;

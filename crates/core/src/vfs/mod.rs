@@ -135,6 +135,11 @@ pub struct SnapshotFs {
     /// no-open mode): then every reference the kernel holds may be an open
     /// file, and an unlinked node's upper blob stays until it forgets it.
     untracked_opens: AtomicBool,
+    /// `changes()` as of the newest state saved durably (`note_saved`):
+    /// a spare upper file freed before it is named by no saved state.
+    saved_changes: AtomicU64,
+    /// Held while the state is serialized and written (`save_guard`).
+    save_lock: std::sync::Mutex<()>,
     /// Large files: recent chunks and read-ahead.
     chunks: chunked::Chunks,
 }
@@ -244,6 +249,8 @@ impl SnapshotFs {
             read_timeout_ms: AtomicU64::new(DEFAULT_READ_TIMEOUT.as_millis() as u64),
             reads: AtomicU64::new(0),
             untracked_opens: AtomicBool::new(false),
+            saved_changes: AtomicU64::new(0),
+            save_lock: std::sync::Mutex::new(()),
             chunks: chunked::Chunks::default(),
         }
     }
@@ -279,6 +286,14 @@ impl SnapshotFs {
     }
 
     /// Changes since the mount started (0 when read-only).
+    /// One save of the state at a time, from its serialization to its
+    /// file being in place: a save serialized earlier can never land after
+    /// a later one (a checkpoint's save once overwrote the save an fsync
+    /// had just made, and a kill -9 then lost the fsynced bytes).
+    pub fn save_guard(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.save_lock.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     pub fn changes(&self) -> u64 {
         self.upper.as_ref().map(|u| u.read().expect("upper lock").changes.load(Relaxed)).unwrap_or(0)
     }

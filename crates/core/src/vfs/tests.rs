@@ -84,8 +84,67 @@ async fn without_opens_an_unlinked_file_the_kernel_holds_stays_readable_until_fo
     assert!(fs.open(a.ino).await.is_ok(), "still held: still opens");
     fs.release(a.ino);
     fs.forget(a.ino, 1);
+    assert!(fs.getattr(a.ino).is_err(), "forgotten and unlinked: the node goes");
+    // And its upper file is free: kept for reuse until the unmount.
+    assert!(blob.exists());
+    fs.drop_spares();
     assert!(!blob.exists(), "forgotten and unlinked: the blob goes");
-    assert!(fs.getattr(a.ino).is_err(), "and the node");
+}
+
+/// A removed file's upper file is kept for a later file instead of being
+/// unlinked, whole until then, and reused only once a durable save no
+/// longer names it (a crash before that brings back a state that may).
+#[tokio::test]
+async fn a_freed_upper_file_is_reused_only_after_a_save_that_no_longer_names_it() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = tempfile::tempdir().unwrap();
+    let (fs, _cache) = empty_workspace(d.path());
+    let upper = |n: u32| d.path().join("upper").join(n.to_string());
+    let (a, f) = fs.create(ROOT_INO, b"old", 0o644).await.unwrap();
+    fs.write(&f, 0, b"old bytes").unwrap();
+    drop(f);
+    fs.release(a.ino);
+    fs.unlink(ROOT_INO, b"old").await.unwrap();
+    assert_eq!(std::fs::read(upper(1)).unwrap(), b"old bytes", "a freed file keeps its bytes until reused");
+    // No save since: a new file gets a new one.
+    let (b, g) = fs.create(ROOT_INO, b"new", 0o600).await.unwrap();
+    assert!(upper(2).exists());
+    fs.write(&g, 0, b"second").unwrap();
+    drop(g);
+    fs.release(b.ino);
+    // Saved since the free: the next file reuses it, emptied, with its own mode.
+    fs.note_saved(fs.changes());
+    let (c, h) = fs.create(ROOT_INO, b"third", 0o640).await.unwrap();
+    assert!(!upper(3).exists(), "a new upper file was made while a spare one was free");
+    assert_eq!(std::fs::read(upper(1)).unwrap(), b"", "the reused file starts empty");
+    assert_eq!(std::fs::metadata(upper(1)).unwrap().permissions().mode() & 0o777, 0o640);
+    fs.write(&h, 0, b"3").unwrap();
+    let r = fs.open(c.ino).await.unwrap();
+    assert_eq!(&fs.read(&r, 0, 64).await.unwrap()[..], b"3");
+    assert_eq!(std::fs::read(upper(2)).unwrap(), b"second", "another file's bytes are untouched");
+    // At unmount the spare files go.
+    fs.unlink(ROOT_INO, b"new").await.unwrap();
+    assert!(upper(2).exists());
+    fs.drop_spares();
+    assert!(!upper(2).exists());
+    assert!(upper(1).exists());
+}
+
+/// A daemon killed after making upper files but before saving leaves them
+/// behind under numbers its saved state hands out again: the next files
+/// (created or copied up) take them over.
+#[tokio::test]
+async fn upper_files_a_killed_daemon_left_behind_are_taken_over() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = tempfile::tempdir().unwrap();
+    let (fs, _cache) = empty_workspace(d.path());
+    std::fs::write(d.path().join("upper/1"), b"left behind by a killed daemon").unwrap();
+    std::fs::set_permissions(d.path().join("upper/1"), std::fs::Permissions::from_mode(0o666)).unwrap();
+    let (a, f) = fs.create(ROOT_INO, b"new", 0o600).await.unwrap();
+    fs.write(&f, 0, b"mine").unwrap();
+    let r = fs.open(a.ino).await.unwrap();
+    assert_eq!(&fs.read(&r, 0, 64).await.unwrap()[..], b"mine");
+    assert_eq!(std::fs::metadata(d.path().join("upper/1")).unwrap().permissions().mode() & 0o777, 0o600);
 }
 
 #[tokio::test]

@@ -131,12 +131,14 @@ impl StateSaver {
         }
         save_mount_state(fs, &self.state_dir)?;
         *saved = now;
+        fs.note_saved(now);
         Ok(())
     }
 }
 
 /// Writes a read-write mount's state (atomically) into its folder.
 pub fn save_mount_state(fs: &SnapshotFs, state_dir: &Path) -> Result<()> {
+    let _one_at_a_time = fs.save_guard();
     let bytes = fs.save_state()?;
     crate::fsutil::save_atomic(&state_dir.join(OVERLAY_FILE), &bytes)
 }
