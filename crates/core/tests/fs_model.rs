@@ -433,6 +433,8 @@ impl World {
                 }
                 self.k.forget_all(&self.fs);
                 let saved = self.fs.save_state().unwrap();
+                // As the daemon does after its final save.
+                self.fs.drop_spares();
                 self.fs = SnapshotFs::load_state(self.fetcher.clone(), &saved, self.upper.clone(), self.base.clone())
                     .unwrap();
             }
@@ -504,6 +506,8 @@ async fn run(seed: u64, steps: usize) {
         w.fs.release(h.ino);
     }
     w.k.forget_all(&w.fs);
+    // As at unmount, the spare upper files kept for reuse go.
+    w.fs.drop_spares();
     // Every blob left belongs to a file in the tree (no leak).
     let blobs = std::fs::read_dir(&w.upper).unwrap().count();
     let files = model_tree(&w.model).values().filter(|(k, _, _)| *k == 'f').count();
