@@ -51,6 +51,22 @@ fn bound_malloc() {
     }
 }
 
+/// No transparent huge pages for this process (and the daemons it
+/// starts). mimalloc asks for them on its arenas, and as it gives freed
+/// memory back at once (above), every fresh allocation after a free then
+/// faulted in, and zeroed, a whole 2 MiB page: a cold checkout of a
+/// 15,000-file tree spent a quarter of its time in the kernel's
+/// `clear_page` and peaked at 470 MiB; without them, 90 MiB and ~35 %
+/// faster (measured). mimalloc reads its own THP option before `main`, too
+/// early to set, so the kernel's per-process switch is used.
+fn no_huge_pages() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: prctl(PR_SET_THP_DISABLE) only sets a flag of this process.
+    unsafe {
+        libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0);
+    }
+}
+
 /// mimalloc's option "purge delay" (index 15 of `mi_option_e` in both of
 /// the versions libmimalloc-sys bundles).
 const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
@@ -61,6 +77,7 @@ fn main() {
     // of their 256 MiB bound (issue #19).
     // SAFETY: sets a plain integer option; mimalloc reads it on each purge.
     unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 0) };
+    no_huge_pages();
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {

@@ -369,6 +369,12 @@ fn subtree_checkout_writes_only_the_named_paths_and_downloads_their_span() {
     wipe_cache(&m);
     let full = m.dir.path().join("full");
     let whole = m.json(&["checkout", "main", full.to_str().unwrap()]);
+    // Cold: every member goes from its pack's stream to its file, none
+    // through a shared flight (which would keep them all in memory).
+    let streamed = whole["packs"]["members_streamed"].as_u64().unwrap();
+    assert!(streamed >= count_files(&repo.join("vendor")) / 2, "{whole}");
+    assert_eq!(whole["packs"]["members_from_packs"].as_u64().unwrap(), 0, "{whole}");
+    assert_same_tree(&repo.join("vendor"), &full.join("vendor"));
 
     // Cold, one subtree (named twice over): its span of the pack only.
     wipe_cache(&m);

@@ -19,8 +19,10 @@ use std::io::Write;
 use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
+use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
 
@@ -445,6 +447,40 @@ fn roots_of(paths: &[String]) -> Result<Vec<Vec<u8>>> {
 /// One entry written: its kind, bytes, path and tree entry.
 type Written = (Kind, u64, Vec<u8>, Entry);
 
+/// Reads each of `files` (many in flight) and writes it: a whole file
+/// through the writers, a chunked one streamed into place.
+async fn read_and_write(
+    fetcher: &Arc<Fetcher>,
+    root_fd: &Arc<OwnedFd>,
+    writers: &Writers,
+    files: Vec<(Vec<u8>, Entry)>,
+    opts: &CheckoutOptions<'_>,
+    done: &AtomicU64,
+    total: u64,
+) -> Result<Vec<Written>> {
+    futures::stream::iter(files.into_iter().map(|(p, e)| async move {
+        if let Some(e) = writers.failed() {
+            return Err(e);
+        }
+        let kind = e.kind;
+        let n = if e.chunked && kind != Kind::Symlink {
+            stream_entry(fetcher, root_fd, &p, &e, opts.force).await?
+        } else {
+            // Held in the fetcher's piece budget until written: many
+            // files of a few MiB in flight stay under it too.
+            let piece = fetcher.whole(&e, &lossy(&p)).await?;
+            let n = piece.bytes.len() as u64;
+            writers.write(Job { path: p.clone(), kind, piece }).await?;
+            n
+        };
+        (opts.progress)(done.fetch_add(1, Relaxed) + 1, total);
+        Ok::<_, Error>((kind, n, p, e))
+    }))
+    .buffer_unordered(CONCURRENCY)
+    .try_collect()
+    .await
+}
+
 /// Writes the tree `root` (or only `opts.paths` of it) into `dest`.
 pub async fn checkout(
     fetcher: &Arc<Fetcher>,
@@ -549,47 +585,123 @@ pub async fn checkout(
         }
         level = next;
     }
-    // Only the named subtrees' span of a larger pack needs to come.
-    // Every pack the files need starts at once (one round trip for all).
+    // Whole files of packs the cache has no copy of: each pack's span is
+    // streamed once and each member goes from the stream to the writers
+    // (nothing held for later readers, nothing read back from the cache).
     let subset = !opts.paths.is_empty();
-    let ids: std::collections::HashSet<_> = files.iter().map(|(_, e)| e.id).collect();
+    let is_whole = |e: &Entry| !e.chunked || e.kind == Kind::Symlink;
+    let whole_ids: std::collections::HashSet<Hash> =
+        files.iter().filter(|(_, e)| is_whole(e)).map(|(_, e)| e.id).collect();
+    // A pack that also holds a chunked file's members is read the usual
+    // way (its flight serves the chunks too).
+    let with_chunks: std::collections::HashSet<Hash> =
+        files.iter().filter(|(_, e)| !is_whole(e)).filter_map(|(_, e)| fetcher.pack_of(&e.id)).collect();
+    let mut spans = fetcher.pack_spans(&whole_ids);
+    spans.retain(|(p, _, _)| !with_chunks.contains(&p.id));
+    let in_spans: std::collections::HashSet<Hash> = spans
+        .iter()
+        .flat_map(|(p, lo, hi)| p.members[*lo..=*hi].iter().map(|m| m.id))
+        .filter(|id| whole_ids.contains(id))
+        .collect();
+    let mut by_id: std::collections::HashMap<Hash, Vec<(Vec<u8>, Entry)>> = std::collections::HashMap::new();
+    let mut rest = Vec::new();
+    for (p, e) in files {
+        if is_whole(&e) && in_spans.contains(&e.id) {
+            by_id.entry(e.id).or_default().push((p, e));
+        } else {
+            rest.push((p, e));
+        }
+    }
+    // Only the named subtrees' span of a larger pack needs to come.
+    // Every pack the other files need starts at once (one round trip for
+    // all), but not one being streamed: its readers wait for the stream.
+    let streaming: std::collections::HashSet<Hash> = spans.iter().map(|(p, _, _)| p.id).collect();
+    let ids: std::collections::HashSet<_> = rest
+        .iter()
+        .map(|(_, e)| e.id)
+        .filter(|id| !fetcher.pack_of(id).is_some_and(|p| streaming.contains(&p)))
+        .collect();
     if subset {
         fetcher.want(Some(ids));
     } else {
         fetcher.prefetch(&ids);
     }
-    // File contents, many in flight; each handed to the writers as soon
-    // as it arrives.
-    let total = files.len() as u64;
-    let done = std::sync::atomic::AtomicU64::new(0);
+    let total = (rest.len() + by_id.values().map(Vec::len).sum::<usize>()) as u64;
+    let done = AtomicU64::new(0);
     let writers = Writers::start(root_fd.clone(), opts.force);
-    let results: Result<Vec<Written>> = futures::stream::iter(files.into_iter().map(|(p, e)| {
-        let f = fetcher.clone();
-        let root_fd = root_fd.clone();
-        let (done, writers) = (&done, &writers);
-        async move {
-            if let Some(e) = writers.failed() {
-                return Err(e);
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<(Hash, Bytes)>(256);
+    let streams = async {
+        let tx = tx;
+        futures::future::join_all(spans.iter().map(|(pack, lo, hi)| {
+            let (tx, in_spans) = (tx.clone(), &in_spans);
+            async move {
+                let mut sink = move |i: usize, b: Option<Bytes>| -> Option<futures::future::BoxFuture<'static, ()>> {
+                    let (b, id) = (b?, pack.members[i].id);
+                    if !in_spans.contains(&id) {
+                        return None;
+                    }
+                    match tx.try_send((id, b)) {
+                        Err(tokio::sync::mpsc::error::TrySendError::Full(v)) => {
+                            let tx = tx.clone();
+                            Some(Box::pin(async move {
+                                let _ = tx.send(v).await;
+                            }))
+                        }
+                        Ok(()) | Err(tokio::sync::mpsc::error::TrySendError::Closed(_)) => None,
+                    }
+                };
+                fetcher.stream_members(pack, *lo, *hi, &mut sink).await;
             }
-            let kind = e.kind;
-            let force = opts.force;
-            let n = if e.chunked && kind != Kind::Symlink {
-                stream_entry(&f, &root_fd, &p, &e, force).await?
-            } else {
-                // Held in the fetcher's piece budget until written: many
-                // files of a few MiB in flight stay under it too.
-                let piece = f.whole(&e, &lossy(&p)).await?;
-                let n = piece.bytes.len() as u64;
-                writers.write(Job { path: p.clone(), kind, piece }).await?;
-                n
-            };
-            (opts.progress)(done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1, total);
-            Ok::<_, Error>((kind, n, p, e))
+        }))
+        .await;
+    };
+    // The streamed members, written as they come. The channel is drained
+    // to its end even after an error, so no stream waits on it for ever.
+    let streamed = async {
+        let (mut out, mut failed): (Vec<Written>, Option<Error>) = (Vec::new(), None);
+        while let Some((id, bytes)) = rx.recv().await {
+            if failed.is_some() {
+                continue;
+            }
+            let Some(targets) = by_id.remove(&id) else { continue };
+            for (p, e) in targets {
+                if bytes.len() as u64 != e.size {
+                    failed = Some(Error::Corrupt {
+                        id,
+                        what: "blob",
+                        path: lossy(&p),
+                        detail: format!("{} bytes, tree says {}", bytes.len(), e.size),
+                    });
+                    break;
+                }
+                let piece = fetcher.piece(bytes.clone()).await;
+                if let Err(er) = writers.write(Job { path: p.clone(), kind: e.kind, piece }).await {
+                    failed = Some(er);
+                    break;
+                }
+                (opts.progress)(done.fetch_add(1, Relaxed) + 1, total);
+                out.push((e.kind, bytes.len() as u64, p, e));
+            }
         }
-    }))
-    .buffer_unordered(CONCURRENCY)
-    .try_collect()
-    .await;
+        failed.map_or(Ok(out), Err)
+    };
+    let (from_packs, others) = futures::join!(
+        async { futures::join!(streams, streamed).1 },
+        read_and_write(fetcher, &root_fd, &writers, rest, &opts, &done, total)
+    );
+    // What the streams did not deliver (a pack that failed, or that
+    // another reader was fetching) is read the usual way.
+    let results = match (from_packs, others) {
+        (Ok(mut a), Ok(b)) => {
+            a.extend(b);
+            let left: Vec<(Vec<u8>, Entry)> = by_id.into_values().flatten().collect();
+            read_and_write(fetcher, &root_fd, &writers, left, &opts, &done, total).await.map(|c| {
+                a.extend(c);
+                a
+            })
+        }
+        (Err(e), _) | (_, Err(e)) => Err(e),
+    };
     // Every write is done (or failed) before the checkout answers.
     let finished = writers.finish().await;
     if subset {

@@ -157,3 +157,128 @@ async fn a_first_read_far_into_a_pack_is_fetched_from_its_own_offset() {
     }
     assert_eq!(remote.stats().since(&before).gets + remote.stats().since(&before).ranged_gets, 0);
 }
+
+/// A pack of `n` members of pseudo-random bytes (incompressible), stored
+/// with the index of tree `tree`; a byte of member `spoil` flipped if given.
+async fn stored_pack(
+    remote: &Remote,
+    n: usize,
+    tree: Hash,
+    spoil: Option<usize>,
+) -> (Vec<Vec<u8>>, mado_core::pack::PackEntry) {
+    use mado_core::pack::{build_pack, MemberKind, Mode, PackIndex};
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let raws: Vec<Vec<u8>> = (0..n)
+        .map(|_| {
+            (0..32 << 10)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x as u8
+                })
+                .collect()
+        })
+        .collect();
+    let members: Vec<(Hash, MemberKind, &[u8])> =
+        raws.iter().map(|r| (Hash::of(r), MemberKind::Blob, &r[..])).collect();
+    let (mut bytes, entry) = build_pack(&members);
+    if let Some(i) = spoil {
+        bytes[entry.members[i].offset as usize + 100] ^= 1;
+    }
+    remote.put_pack(&entry.id, Bytes::from(bytes)).await.unwrap();
+    let idx =
+        PackIndex { tree, mode: Mode::Recursive, dirs: 1, packs: vec![entry.clone()], trees: vec![], base: vec![] };
+    remote.put_index(&tree, Bytes::from(idx.encode())).await.unwrap();
+    (raws, entry)
+}
+
+type Got = Arc<std::sync::Mutex<Vec<(usize, Option<Bytes>)>>>;
+
+fn collecting(got: &Got) -> impl FnMut(usize, Option<Bytes>) -> Option<futures::future::BoxFuture<'static, ()>> + Send {
+    let got = got.clone();
+    move |i, b| {
+        got.lock().unwrap().push((i, b));
+        None
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_streamed_span_hands_each_member_once_in_order_and_fills_the_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}/store", dir.path().display());
+    let remote = Arc::new(Remote::open(&url, &OpenOptions { inject_rtt: Some(Duration::from_millis(20)) }).unwrap());
+    let tree = Hash([9; 32]);
+    let (raws, _) = stored_pack(&remote, 200, tree, None).await;
+    let cache = Arc::new(DiskCache::open(dir.path().join("cache"), None).unwrap());
+    let f = Fetcher::new(remote.clone(), cache.clone());
+    f.attach(tree).await.unwrap();
+    let wanted: std::collections::HashSet<Hash> = raws[20..150].iter().map(|r| Hash::of(r)).collect();
+    let spans = f.pack_spans(&wanted);
+    assert_eq!(spans.len(), 1);
+    let (pack, lo, hi) = spans[0].clone();
+    assert_eq!((lo, hi), (20, 149), "from the first wanted member to the last");
+    let before = remote.stats();
+    let got: Got = Default::default();
+    let mut sink = collecting(&got);
+    // A reader of a member in the span meanwhile waits for the stream and
+    // is served from the cache: no request of its own.
+    let (ran, other) = tokio::join!(f.stream_members(&pack, lo, hi, &mut sink), async {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        f.get(Space::Objects, Hash::of(&raws[100]), "blob").await.unwrap()
+    });
+    assert!(ran);
+    assert_eq!(other, raws[100]);
+    let got = std::mem::take(&mut *got.lock().unwrap());
+    assert_eq!(got.iter().map(|(i, _)| *i).collect::<Vec<_>>(), (20..150).collect::<Vec<_>>());
+    for (i, b) in &got {
+        assert_eq!(b.as_deref(), Some(&raws[*i][..]), "member {i}");
+    }
+    let d = remote.stats().since(&before);
+    assert_eq!(d.ranged_gets + d.gets, 1, "one ranged GET for the span: {d:?}");
+    assert!(d.bytes_down < 131 * (32 << 10), "the span only: {d:?}");
+    // Recorded in the cache: a pack with a record is not streamed again,
+    // and another fetcher reads the span with no request.
+    assert!(f.pack_spans(&wanted).is_empty());
+    let g = Fetcher::new(remote.clone(), cache);
+    g.attach(tree).await.unwrap();
+    let before = remote.stats();
+    for r in &raws[20..150] {
+        assert_eq!(&g.get(Space::Objects, Hash::of(r), "blob").await.unwrap()[..], &r[..]);
+    }
+    let d = remote.stats().since(&before);
+    assert_eq!(d.gets + d.ranged_gets, 0, "{d:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_bad_member_in_a_streamed_span_is_named_and_its_pack_is_not_trusted_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}/store", dir.path().display());
+    let remote = Arc::new(Remote::open(&url, &OpenOptions { inject_rtt: None }).unwrap());
+    let tree = Hash([8; 32]);
+    let (raws, entry) = stored_pack(&remote, 40, tree, Some(17)).await;
+    let cache = Arc::new(DiskCache::open(dir.path().join("cache"), None).unwrap());
+    let f = Fetcher::new(remote.clone(), cache.clone());
+    f.attach(tree).await.unwrap();
+    let all: std::collections::HashSet<Hash> = raws.iter().map(|r| Hash::of(r)).collect();
+    let (pack, lo, hi) = f.pack_spans(&all)[0].clone();
+    let got: Got = Default::default();
+    let mut sink = collecting(&got);
+    assert!(f.stream_members(&pack, lo, hi, &mut sink).await);
+    let got = std::mem::take(&mut *got.lock().unwrap());
+    assert_eq!(got.len(), 40, "every member handed over once");
+    for (i, b) in &got {
+        match i {
+            17 => assert!(b.is_none(), "the bad member is never handed over"),
+            _ => assert_eq!(b.as_deref(), Some(&raws[*i][..])),
+        }
+    }
+    let warnings = f.take_warnings().join("\n");
+    assert!(warnings.contains(&entry.members[17].id.to_string()), "{warnings}");
+    assert_eq!(f.stats().pack_failures, 1);
+    // Not streamed again, and nothing of it was recorded in the cache: the
+    // bad member's bytes can only come from elsewhere (here, nowhere).
+    assert!(f.pack_spans(&all).is_empty());
+    assert!(!cache.pack_recorded(&entry.id));
+    assert!(f.get(Space::Objects, Hash::of(&raws[17]), "blob").await.is_err());
+}

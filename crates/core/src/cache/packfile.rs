@@ -221,6 +221,11 @@ impl DiskCache {
         None
     }
 
+    /// True when the cache holds a record of pack `id` (some of its members).
+    pub fn pack_recorded(&self, id: &Hash) -> bool {
+        self.open_packs.lock().expect("open packs lock").contains_key(id) || self.pack_have_path(id).exists()
+    }
+
     /// True when the cache's copy of `pack` lists `member` (not verified).
     pub fn pack_has(&self, pack: &Hash, member: &Hash) -> bool {
         self.pack_row(pack, member).is_some()

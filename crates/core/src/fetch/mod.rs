@@ -44,6 +44,7 @@ mod typed;
 use attach::PackSet;
 pub use attach::{load_index, load_index_layers, Attach, Discovery};
 use packs::PackFlight;
+pub use packs::Sink;
 pub use typed::{merge_stat_chain, Piece, CHUNK_WINDOW, PIECE_BYTES_IN_MEMORY};
 
 type Flight = Shared<BoxFuture<'static, Result<Bytes, Arc<Error>>>>;
@@ -57,6 +58,9 @@ pub struct FetchCounters {
     pub pack_failures: AtomicU64,
     /// Pack spans fetched as two ranged GETs (a first reader far into one).
     pub split_fetches: AtomicU64,
+    /// Members handed straight from a pack's stream to one consumer
+    /// ([`Fetcher::stream_members`], a cold checkout).
+    pub members_streamed: AtomicU64,
 }
 
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
@@ -66,6 +70,7 @@ pub struct FetchStats {
     pub members_early: u64,
     pub pack_failures: u64,
     pub split_fetches: u64,
+    pub members_streamed: u64,
 }
 
 pub struct Fetcher {
@@ -145,6 +150,7 @@ impl Fetcher {
             members_early: c.members_early.load(Relaxed),
             pack_failures: c.pack_failures.load(Relaxed),
             split_fetches: c.split_fetches.load(Relaxed),
+            members_streamed: c.members_streamed.load(Relaxed),
         }
     }
 

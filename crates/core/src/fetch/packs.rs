@@ -4,9 +4,14 @@
 
 use super::*;
 
-/// Fetched pack bytes go to the disk cache in writes of at least this
-/// many bytes (or when the pack ends).
-pub(super) const WRITE_BATCH_BYTES: usize = 1 << 20;
+/// Fetched pack bytes are decoded, and go to the disk cache, in segments
+/// of at least this many bytes while the decoders are busy.
+pub(super) const DECODE_BATCH_BYTES: usize = 256 << 10;
+/// Segments being decoded at once, beyond which the download waits.
+const DECODES_IN_FLIGHT: usize = 4;
+
+/// A segment's members, decoded: (index, row, raw bytes or why not).
+type Decoded = Vec<(usize, crate::pack::Member, std::result::Result<Vec<u8>, String>)>;
 
 /// What one try at reading a member through its pack's flight gave.
 enum Attempt {
@@ -55,6 +60,11 @@ impl PackFlight {
         }
     }
 }
+
+/// Where [`Fetcher::stream_members`] hands each member (its index in the
+/// pack, its bytes or `None` if it failed): `Some(wait)` makes the download
+/// wait for `wait` before it goes on.
+pub type Sink<'a> = &'a mut (dyn FnMut(usize, Option<Bytes>) -> Option<BoxFuture<'static, ()>> + Send);
 
 /// A flight whose first reader's member starts this far into the span
 /// starts there (see `run_pack`).
@@ -202,6 +212,45 @@ impl Fetcher {
         }
     }
 
+    /// The pack an attached index places object `id` in.
+    pub fn pack_of(&self, id: &Hash) -> Option<Hash> {
+        self.packs.read().expect("packs lock").members.get(id).map(|(p, _)| p.id)
+    }
+
+    /// The packs a reader of every object in `ids` can stream with
+    /// [`Fetcher::stream_members`]: each pack holding some of them that the
+    /// cache has no copy of (not even part), that has not failed, and most
+    /// of whose members in `ids` are not cached loose either; with the
+    /// span from the first to the last of those missing.
+    pub fn pack_spans(&self, ids: &HashSet<Hash>) -> Vec<(Arc<PackEntry>, usize, usize)> {
+        let found: Vec<(Arc<PackEntry>, usize)> = {
+            let set = self.packs.read().expect("packs lock");
+            ids.iter().filter_map(|id| set.members.get(id)).map(|(p, i)| (p.clone(), *i)).collect()
+        };
+        let bad = self.bad_packs.lock().expect("bad packs lock").clone();
+        let mut skip: HashMap<Hash, bool> = HashMap::new();
+        // pack -> (pack, first and last missing member, missing, cached loose)
+        let mut spans: HashMap<Hash, (Arc<PackEntry>, usize, usize, usize, usize)> = HashMap::new();
+        for (pack, i) in found {
+            if *skip.entry(pack.id).or_insert_with(|| bad.contains(&pack.id) || self.cache.pack_recorded(&pack.id)) {
+                continue;
+            }
+            let s = spans.entry(pack.id).or_insert_with(|| (pack.clone(), usize::MAX, 0, 0, 0));
+            if self.cache.contains(&pack.members[i].id) {
+                s.4 += 1;
+            } else {
+                (s.1, s.2, s.3) = (s.1.min(i), s.2.max(i), s.3 + 1);
+            }
+        }
+        let mut out: Vec<_> = spans
+            .into_values()
+            .filter(|(_, _, _, missing, cached)| *missing > 0 && missing >= cached)
+            .map(|(p, lo, hi, _, _)| (p, lo, hi))
+            .collect();
+        out.sort_by_key(|(p, lo, _)| (p.id, *lo));
+        out
+    }
+
     /// True when at least half the pack's members are in the cache.
     fn mostly_cached(&self, pack: &PackEntry) -> bool {
         let have = pack.members.iter().filter(|m| self.in_cache(pack, m)).count();
@@ -277,9 +326,70 @@ impl Fetcher {
             self.pack_flights.lock().expect("pack flights lock").remove(&pack.id);
             return;
         }
+        let fl = flight.clone();
+        let mut sink = move |i: usize, b: Option<Bytes>| {
+            fl.arrived(i, b);
+            None
+        };
+        self.fetch_span(&pack, lo, hi, &mut sink).await;
+        finish(&flight);
+        self.pack_flights.lock().expect("pack flights lock").remove(&pack.id);
+    }
+
+    /// Members `lo..=hi` of `pack` (one ranged GET), each handed to `sink`
+    /// once, in pack order, as it arrives and verifies (`None` for a bad
+    /// one), and dropped then: for a reader that consumes every member once
+    /// (a checkout writing files), so nothing is held for later readers and
+    /// nothing is read back from the cache. The pack's bytes still go to
+    /// the cache. A flight is registered meanwhile, so any other reader of
+    /// the pack in this process waits for it and then reads the cache.
+    ///
+    /// `false` when it did not run: a flight of the pack was already
+    /// running, the pack failed before, or another process had meanwhile
+    /// fetched part of the span into the cache (the caller reads those
+    /// members the usual way). A pack that fails partway is marked bad and
+    /// warned about, as [`Fetcher::get`] does; members the sink never got
+    /// must then be read the usual way (alone).
+    pub async fn stream_members(self: &Arc<Self>, pack: &Arc<PackEntry>, lo: usize, hi: usize, sink: Sink<'_>) -> bool {
+        if lo > hi || hi >= pack.members.len() || self.bad_packs.lock().expect("bad packs lock").contains(&pack.id) {
+            return false;
+        }
+        let flight = {
+            let mut map = self.pack_flights.lock().expect("pack flights lock");
+            if map.contains_key(&pack.id) {
+                return false;
+            }
+            let f = Arc::new(PackFlight::default());
+            f.state.lock().expect("flight lock").covered = Some((lo, hi));
+            map.insert(pack.id, f.clone());
+            f
+        };
+        let lock_path = self.cache.pack_lock_path(&pack.id);
+        let lock = crate::fsutil::lock_file(lock_path).await.ok();
+        let ran = !self.cache.pack_recorded(&pack.id);
+        if ran {
+            let n = self.fetch_span(pack, lo, hi, sink).await;
+            self.counters.members_streamed.fetch_add(n as u64, Relaxed);
+        }
+        drop(lock);
+        flight.finish();
+        self.pack_flights.lock().expect("pack flights lock").remove(&pack.id);
+        ran
+    }
+
+    /// Fetches members `lo..=hi` of `pack` into the cache's copy of it,
+    /// handing each to `sink`; a failure marks the pack bad (warned). The
+    /// caller holds the pack's flock.
+    /// Returns how many members verified and were handed over.
+    async fn fetch_span(&self, pack: &PackEntry, lo: usize, hi: usize, sink: Sink<'_>) -> usize {
         // Without a cache file (an unwritable cache) readers are still served.
         let writer = self.cache.pack_writer(&pack.id).ok().map(Arc::new);
-        let streamed = self.stream_pack(&pack, &flight, lo, hi, writer.clone()).await;
+        let mut handed = 0;
+        let mut counting = |i: usize, b: Option<Bytes>| {
+            handed += usize::from(b.is_some());
+            sink(i, b)
+        };
+        let streamed = self.stream_pack(pack, &mut counting, lo, hi, writer.clone()).await;
         if let (Some(w), Ok(good)) = (&writer, &streamed) {
             if !good.is_empty() {
                 let _ = w.commit(&self.cache, good);
@@ -293,8 +403,7 @@ impl Fetcher {
         } else {
             self.counters.packs_exploded.fetch_add(1, Relaxed);
         }
-        finish(&flight);
-        self.pack_flights.lock().expect("pack flights lock").remove(&pack.id);
+        handed
     }
 
     /// Streams members `lo..=hi` of `pack` (one ranged GET) into the
@@ -307,7 +416,7 @@ impl Fetcher {
     async fn stream_pack(
         &self,
         pack: &PackEntry,
-        flight: &PackFlight,
+        sink: Sink<'_>,
         lo: usize,
         hi: usize,
         writer: Option<Arc<crate::cache::PackWriter>>,
@@ -318,8 +427,11 @@ impl Fetcher {
             Error::NotFound(_) => "missing from the store (swept?)".to_string(),
             e => format!("GET failed: {e}"),
         })?;
-        // `buf` holds the pack's bytes from offset `at`; members before
-        // `next` are decoded, and their bytes leave `buf` in batches.
+        // `buf` holds the pack's bytes from offset `at`. Complete members
+        // leave it as one segment, decoded and verified on a blocking
+        // thread (a few segments at once, so decoding keeps up with the
+        // download on every core) and handed to `sink` in pack order; the
+        // same segment goes to the cache file.
         let mut buf = bytes::BytesMut::new();
         let mut at = base;
         let mut next = lo;
@@ -327,60 +439,91 @@ impl Fetcher {
         let mut bad = 0usize;
         let mut good: Vec<crate::pack::Member> = Vec::with_capacity(stop - lo);
         let mut writes = Vec::new();
-        let mut done_to = base; // pack offset up to which members are decoded
+        let mut decoding: std::collections::VecDeque<tokio::task::JoinHandle<Decoded>> = Default::default();
+        let mut deliver = |d: Decoded, good: &mut Vec<crate::pack::Member>, bad: &mut usize| {
+            let mut waits = Vec::new();
+            for (i, m, r) in d {
+                let handed = match r {
+                    Ok(raw) => {
+                        good.push(m);
+                        sink(i, Some(Bytes::from(raw)))
+                    }
+                    Err(e) => {
+                        *bad += 1;
+                        self.warn(format!("pack {}: member {} is bad ({e}); skipped", pack.id, m.id));
+                        sink(i, None)
+                    }
+                };
+                waits.extend(handed);
+            }
+            waits
+        };
         while next < stop {
             let chunk = match stream.next().await {
                 Some(Ok(c)) => c,
-                Some(Err(e)) => return Err(format!("read failed after {} bytes: {e}", done_to - base)),
+                Some(Err(e)) => return Err(format!("read failed after {} bytes: {e}", at + buf.len() as u64 - base)),
                 None => {
                     return Err(format!("truncated: {} of {} body bytes", at + buf.len() as u64 - base, end - base))
                 }
             };
             buf.extend_from_slice(&chunk);
+            let first = next;
+            let mut done_to = at;
             while next < stop {
                 let m = &pack.members[next];
-                let (start, stop_at) = ((m.offset - at) as usize, (m.offset - at + m.stored_len) as usize);
-                if stop_at > buf.len() {
+                if m.offset + m.stored_len > at + buf.len() as u64 {
                     break;
-                }
-                match decode_member(m, &buf[start..stop_at]) {
-                    Ok(raw) => {
-                        flight.arrived(next, Some(Bytes::from(raw)));
-                        good.push(*m);
-                    }
-                    Err(e) => {
-                        bad += 1;
-                        self.warn(format!("pack {}: member {} is bad ({e}); skipped", pack.id, m.id));
-                        flight.arrived(next, None);
-                    }
                 }
                 done_to = m.offset + m.stored_len;
                 next += 1;
             }
-            // Decoded bytes go to the file in batches (the store streams in
-            // small chunks; a blocking task per chunk costs more than the
-            // writes). Readers were already handed their members: waiting
-            // for a write permit only slows the download, never a reader.
             let ready = (done_to - at) as usize;
-            if let Some(w) = &writer {
-                if ready > 0 && (next == stop || ready >= WRITE_BATCH_BYTES) {
-                    let bytes = buf.split_to(ready).freeze();
+            // Small segments while the decoders are idle (a reader waits
+            // for its member), larger ones while they are busy.
+            if ready > 0 && (next == stop || ready >= DECODE_BATCH_BYTES || decoding.is_empty()) {
+                let seg = buf.split_to(ready).freeze();
+                let members: Vec<(usize, crate::pack::Member)> = (first..next).map(|i| (i, pack.members[i])).collect();
+                let (seg2, seg_at) = (seg.clone(), at);
+                decoding.push_back(tokio::task::spawn_blocking(move || {
+                    members
+                        .into_iter()
+                        .map(|(i, m)| {
+                            let from = (m.offset - seg_at) as usize;
+                            (i, m, decode_member(&m, &seg2[from..from + m.stored_len as usize]))
+                        })
+                        .collect()
+                }));
+                if let Some(w) = &writer {
                     let (w, cache, off) = (w.clone(), self.cache.clone(), at);
-                    at += ready as u64;
                     let permit = self.write_permits.clone().acquire_owned().await.ok();
                     writes.push(tokio::task::spawn_blocking(move || {
-                        let r = w.write_at(&cache, off, &bytes);
+                        let r = w.write_at(&cache, off, &seg);
                         drop(permit);
                         r
                     }));
                 }
-            } else if ready > 0 {
-                let _ = buf.split_to(ready);
                 at += ready as u64;
+            } else if ready > 0 {
+                // Not cut yet: the members stay in `buf` for the next round.
+                next = first;
+            }
+            // Hand over what is decoded; wait for the oldest when too many
+            // are queued (which bounds the memory ahead of the readers).
+            while decoding.front().is_some_and(|t| t.is_finished()) || decoding.len() > DECODES_IN_FLIGHT {
+                let d = decoding.pop_front().expect("checked").await.map_err(|e| format!("decoding: {e}"))?;
+                for w in deliver(d, &mut good, &mut bad) {
+                    w.await;
+                }
             }
             // Let the readers just woken run now: a task woken from this
             // worker waits in its LIFO slot until this task yields.
             tokio::task::yield_now().await;
+        }
+        while let Some(t) = decoding.pop_front() {
+            let d = t.await.map_err(|e| format!("decoding: {e}"))?;
+            for w in deliver(d, &mut good, &mut bad) {
+                w.await;
+            }
         }
         // The pack's flock is held until the copy is recorded.
         let mut written = writer.is_some();

@@ -203,6 +203,13 @@ impl Fetcher {
 
     /// The content of a file stored whole (at most 4 MiB), holding its
     /// size in the piece semaphore (see [`Fetcher::pieces`]) until dropped.
+    /// `bytes` as a piece at offset 0, once the fetcher's piece budget
+    /// has room for it (see [`PIECE_BYTES_IN_MEMORY`]).
+    pub async fn piece(&self, bytes: Bytes) -> Piece {
+        let permit = self.piece_permits.clone().acquire_many_owned(permits_for(bytes.len() as u64)).await;
+        Piece { offset: 0, bytes, _permit: permit.expect("the semaphore is never closed") }
+    }
+
     pub async fn whole(self: &Arc<Self>, e: &Entry, path: &str) -> Result<Piece> {
         let permit = self.piece_permits.clone().acquire_many_owned(permits_for(e.size)).await;
         let permit = permit.expect("the semaphore is never closed");

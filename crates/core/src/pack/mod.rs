@@ -239,10 +239,25 @@ pub fn build_pack(members: &[(Hash, MemberKind, &[u8])]) -> (Vec<u8>, PackEntry)
 }
 
 /// Decodes a member's stored bytes and checks them against its id.
+/// Decompresses with this thread's zstd context (a context costs more to
+/// set up than a small member costs to decompress).
+fn unzstd(stored: &[u8], capacity: usize) -> std::io::Result<Vec<u8>> {
+    thread_local! {
+        static DCTX: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> = const { std::cell::RefCell::new(None) };
+    }
+    DCTX.with(|d| {
+        let mut d = d.borrow_mut();
+        if d.is_none() {
+            *d = Some(zstd::bulk::Decompressor::new()?);
+        }
+        d.as_mut().expect("just set").decompress(stored, capacity)
+    })
+}
+
 pub fn decode_member(m: &Member, stored: &[u8]) -> Result<Vec<u8>, String> {
     let raw = match m.codec {
         Codec::Raw => stored.to_vec(),
-        Codec::Zstd => zstd::bulk::decompress(stored, m.raw_len as usize).map_err(|e| format!("zstd: {e}"))?,
+        Codec::Zstd => unzstd(stored, m.raw_len as usize).map_err(|e| format!("zstd: {e}"))?,
     };
     if raw.len() as u64 != m.raw_len {
         return Err(format!("{} bytes, table says {}", raw.len(), m.raw_len));
