@@ -7,6 +7,9 @@ use super::*;
 /// Fetched pack bytes are decoded, and go to the disk cache, in segments
 /// of at least this many bytes while the decoders are busy.
 pub(super) const DECODE_BATCH_BYTES: usize = 256 << 10;
+/// Fetched bytes go to the cache file in writes of at least this many
+/// bytes (or when the span ends).
+const WRITE_BATCH_BYTES: usize = 1 << 20;
 /// Segments being decoded at once, beyond which the download waits.
 const DECODES_IN_FLIGHT: usize = 4;
 
@@ -440,6 +443,7 @@ impl Fetcher {
         let mut good: Vec<crate::pack::Member> = Vec::with_capacity(stop - lo);
         let mut writes = Vec::new();
         let mut decoding: std::collections::VecDeque<tokio::task::JoinHandle<Decoded>> = Default::default();
+        let (mut unwritten, mut unwritten_len, mut unwritten_at): (Vec<Bytes>, usize, u64) = (Vec::new(), 0, base);
         let mut deliver = |d: Decoded, good: &mut Vec<crate::pack::Member>, bad: &mut usize| {
             let mut waits = Vec::new();
             for (i, m, r) in d {
@@ -494,13 +498,29 @@ impl Fetcher {
                         .collect()
                 }));
                 if let Some(w) = &writer {
-                    let (w, cache, off) = (w.clone(), self.cache.clone(), at);
-                    let permit = self.write_permits.clone().acquire_owned().await.ok();
-                    writes.push(tokio::task::spawn_blocking(move || {
-                        let r = w.write_at(&cache, off, &seg);
-                        drop(permit);
-                        r
-                    }));
+                    // To the cache file in batches of at least
+                    // WRITE_BATCH_BYTES (a blocking task per small segment
+                    // costs more than its write).
+                    if unwritten.is_empty() {
+                        unwritten_at = at;
+                    }
+                    unwritten_len += seg.len();
+                    unwritten.push(seg);
+                    if unwritten_len >= WRITE_BATCH_BYTES || next == stop {
+                        let (w, cache, off) = (w.clone(), self.cache.clone(), unwritten_at);
+                        let segs = std::mem::take(&mut unwritten);
+                        unwritten_len = 0;
+                        let permit = self.write_permits.clone().acquire_owned().await.ok();
+                        writes.push(tokio::task::spawn_blocking(move || {
+                            let mut off = off;
+                            for seg in segs {
+                                w.write_at(&cache, off, &seg)?;
+                                off += seg.len() as u64;
+                            }
+                            drop(permit);
+                            Ok::<(), Error>(())
+                        }));
+                    }
                 }
                 at += ready as u64;
             } else if ready > 0 {
