@@ -135,6 +135,10 @@ fn cold_walk_of_a_packed_subtree_is_one_get() {
     let s = mnt.stats();
     assert_eq!(mnt.gets() - before, 1, "one ranged GET for the whole subtree: {s}");
     assert_eq!(s["remote"]["ranged_gets"], 1);
+    // Read through packs, no file could be passthrough: no OPEN reaches
+    // the daemon after the first (answered ENOSYS), so 300 files cost no
+    // OPEN and RELEASE each.
+    assert!(s["opens"].as_u64().unwrap() <= 1, "{s}");
 }
 
 /// Readers racing over the same files of a cold pack: some opens find the
@@ -207,6 +211,8 @@ fn cold_walk_of_an_unpacked_subtree_is_one_get_per_file() {
     assert_eq!(walk_and_read(&mnt.dir.join("dense")), 300);
     // One per file, plus the directory's own tree.
     assert_eq!(mnt.gets() - before, 300 + 1);
+    // Loose objects can back a passthrough open: every open reaches the daemon.
+    assert!(mnt.stats()["opens"].as_u64().unwrap() >= 300);
 }
 
 fn index_files(m: &Mado) -> Vec<PathBuf> {

@@ -211,11 +211,16 @@ pub fn run(
         tokio::net::UnixListener::bind(&sock).map_err(Error::io(format!("binding {}", sock.display())))?
     };
     let saver = ws.as_ref().map(|w| Arc::new(mado_core::workspace::StateSaver::new(w.state_dir.clone())));
+    // Read through packs, no file has a whole-file backing in the cache
+    // (a member is compressed, at an offset), so passthrough could serve
+    // none: the mount then runs without OPEN and RELEASE, which saves a
+    // cold walk two requests a file and a warm one all of them.
+    let packed = matches!(attach, Attach::Attached { .. });
     let make_fs = {
         let (core, rt, saver) = (core.clone(), rt.clone(), saver.clone());
         move |passthrough: bool| {
-            let mut fs = MadoFs::new(core.clone(), rt.clone(), passthrough);
-            if core.is_writable() {
+            let mut fs = MadoFs::new(core.clone(), rt.clone(), passthrough && !packed);
+            if core.is_writable() || packed {
                 // No passthrough for a workspace (see `with_no_open`).
                 fs = fs.with_no_open();
             }
