@@ -593,7 +593,11 @@ pub async fn checkout(
     let whole_ids: std::collections::HashSet<Hash> =
         files.iter().filter(|(_, e)| is_whole(e)).map(|(_, e)| e.id).collect();
     // A pack that also holds a chunked file's members is read the usual
-    // way (its flight serves the chunks too).
+    // way (its flight serves the chunks too). Streaming it as well would
+    // leave the chunked file's writer waiting for the stream and then
+    // reading its chunks from the cache, which fails where the cache could
+    // not be written (tried: a Linux-tree checkout on a full disk stopped
+    // on a missing chunk).
     let with_chunks: std::collections::HashSet<Hash> =
         files.iter().filter(|(_, e)| !is_whole(e)).filter_map(|(_, e)| fetcher.pack_of(&e.id)).collect();
     let mut spans = fetcher.pack_spans(&whole_ids);
@@ -630,6 +634,9 @@ pub async fn checkout(
     let done = AtomicU64::new(0);
     let writers = Writers::start(root_fd.clone(), opts.force);
     let (tx, mut rx) = tokio::sync::mpsc::channel::<(Hash, Bytes)>(256);
+    // The streamed files' own budget: chunked files' readers may hold all
+    // of the fetcher's while they wait for a stream to end.
+    let budget = crate::fetch::piece_budget(crate::fetch::PIECE_BYTES_IN_MEMORY / 2);
     let streams = async {
         let tx = tx;
         futures::future::join_all(spans.iter().map(|(pack, lo, hi)| {
@@ -674,7 +681,7 @@ pub async fn checkout(
                     });
                     break;
                 }
-                let piece = fetcher.piece(bytes.clone()).await;
+                let piece = Fetcher::piece_in(&budget, bytes.clone()).await;
                 if let Err(er) = writers.write(Job { path: p.clone(), kind: e.kind, piece }).await {
                     failed = Some(er);
                     break;

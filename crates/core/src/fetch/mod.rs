@@ -45,7 +45,7 @@ use attach::PackSet;
 pub use attach::{load_index, load_index_layers, Attach, Discovery};
 use packs::PackFlight;
 pub use packs::Sink;
-pub use typed::{merge_stat_chain, Piece, CHUNK_WINDOW, PIECE_BYTES_IN_MEMORY};
+pub use typed::{merge_stat_chain, piece_budget, Piece, CHUNK_WINDOW, PIECE_BYTES_IN_MEMORY};
 
 type Flight = Shared<BoxFuture<'static, Result<Bytes, Arc<Error>>>>;
 

@@ -20,6 +20,12 @@ fn permits_for(len: u64) -> u32 {
     len.div_ceil(PERMIT_BYTES).max(1) as u32
 }
 
+/// A budget of `bytes` for [`Fetcher::piece_in`] (at least one 4 MiB
+/// piece's worth).
+pub fn piece_budget(bytes: usize) -> Arc<tokio::sync::Semaphore> {
+    Arc::new(tokio::sync::Semaphore::new(bytes.max(4 << 20) / PERMIT_BYTES as usize))
+}
+
 /// Permits in the fetcher's piece semaphore.
 pub(super) const PIECE_PERMITS: usize = PIECE_BYTES_IN_MEMORY / PERMIT_BYTES as usize;
 
@@ -203,10 +209,12 @@ impl Fetcher {
 
     /// The content of a file stored whole (at most 4 MiB), holding its
     /// size in the piece semaphore (see [`Fetcher::pieces`]) until dropped.
-    /// `bytes` as a piece at offset 0, once the fetcher's piece budget
-    /// has room for it (see [`PIECE_BYTES_IN_MEMORY`]).
-    pub async fn piece(&self, bytes: Bytes) -> Piece {
-        let permit = self.piece_permits.clone().acquire_many_owned(permits_for(bytes.len() as u64)).await;
+    /// `bytes` as a piece at offset 0, once `budget` (a semaphore made by
+    /// [`piece_budget`]) has room for it. Not the fetcher's own budget: a
+    /// consumer of [`Fetcher::stream_members`] must not wait on permits that
+    /// readers parked on the same stream hold.
+    pub async fn piece_in(budget: &Arc<tokio::sync::Semaphore>, bytes: Bytes) -> Piece {
+        let permit = budget.clone().acquire_many_owned(permits_for(bytes.len() as u64)).await;
         Piece { offset: 0, bytes, _permit: permit.expect("the semaphore is never closed") }
     }
 
