@@ -282,3 +282,28 @@ async fn a_bad_member_in_a_streamed_span_is_named_and_its_pack_is_not_trusted_ag
     assert!(!cache.pack_recorded(&entry.id));
     assert!(f.get(Space::Objects, Hash::of(&raws[17]), "blob").await.is_err());
 }
+
+#[tokio::test]
+async fn a_pack_mostly_cached_loose_is_not_streamed_and_a_span_skips_what_is_cached() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}/store", dir.path().display());
+    let remote = Arc::new(Remote::open(&url, &OpenOptions { inject_rtt: None }).unwrap());
+    let tree = Hash([6; 32]);
+    let (raws, _) = stored_pack(&remote, 40, tree, None).await;
+    let cache = Arc::new(DiskCache::open(dir.path().join("cache"), None).unwrap());
+    // Members 0..30 are in the cache loose (as an import staging there, or
+    // per-member fetches, leave them).
+    for r in &raws[..30] {
+        cache.put(&Hash::of(r), r).unwrap();
+    }
+    let f = Fetcher::new(remote.clone(), cache);
+    f.attach(tree).await.unwrap();
+    let ids = |rs: &[Vec<u8>]| rs.iter().map(|r| Hash::of(r)).collect::<std::collections::HashSet<Hash>>();
+    // 10 missing against 30 cached: read member by member, not streamed.
+    assert!(f.pack_spans(&ids(&raws)).is_empty());
+    // 10 missing against 5 cached: streamed, over the missing ones only.
+    let spans = f.pack_spans(&ids(&raws[25..]));
+    assert_eq!(spans.iter().map(|(_, lo, hi)| (*lo, *hi)).collect::<Vec<_>>(), vec![(30, 39)]);
+    // Nothing missing: nothing to stream.
+    assert!(f.pack_spans(&ids(&raws[..5])).is_empty());
+}
