@@ -307,3 +307,32 @@ async fn a_pack_mostly_cached_loose_is_not_streamed_and_a_span_skips_what_is_cac
     // Nothing missing: nothing to stream.
     assert!(f.pack_spans(&ids(&raws[..5])).is_empty());
 }
+
+#[tokio::test]
+async fn stream_members_refuses_a_span_outside_its_pack_or_of_a_failed_pack_and_takes_one_member() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}/store", dir.path().display());
+    let remote = Arc::new(Remote::open(&url, &OpenOptions { inject_rtt: None }).unwrap());
+    let (good_tree, bad_tree) = (Hash([5; 32]), Hash([4; 32]));
+    let (raws, _) = stored_pack(&remote, 8, good_tree, None).await;
+    let f = Fetcher::new(remote.clone(), Arc::new(DiskCache::open(dir.path().join("cache"), None).unwrap()));
+    f.attach(good_tree).await.unwrap();
+    let all: std::collections::HashSet<Hash> = raws.iter().map(|r| Hash::of(r)).collect();
+    let (pack, _, _) = f.pack_spans(&all)[0].clone();
+    let got: Got = Default::default();
+    let mut sink = collecting(&got);
+    assert!(!f.stream_members(&pack, 5, 4, &mut sink).await, "lo after hi");
+    assert!(!f.stream_members(&pack, 0, 8, &mut sink).await, "hi past the last member");
+    assert!(got.lock().unwrap().is_empty());
+    // One member alone is a span.
+    assert!(f.stream_members(&pack, 3, 3, &mut sink).await);
+    assert_eq!(got.lock().unwrap().iter().map(|(i, b)| (*i, b.is_some())).collect::<Vec<_>>(), vec![(3, true)]);
+    // A pack that failed is not streamed again.
+    let (bad_raws, _) = stored_pack(&remote, 8, bad_tree, Some(2)).await;
+    let g = Fetcher::new(remote.clone(), Arc::new(DiskCache::open(dir.path().join("cache2"), None).unwrap()));
+    g.attach(bad_tree).await.unwrap();
+    let bad_ids: std::collections::HashSet<Hash> = bad_raws.iter().map(|r| Hash::of(r)).collect();
+    let (bad, lo, hi) = g.pack_spans(&bad_ids)[0].clone();
+    assert!(g.stream_members(&bad, lo, hi, &mut sink).await);
+    assert!(!g.stream_members(&bad, 0, 0, &mut sink).await, "a failed pack");
+}
