@@ -108,19 +108,7 @@ async fn a_first_read_far_into_a_pack_is_fetched_from_its_own_offset() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("file://{}/store", dir.path().display());
     let remote = Arc::new(Remote::open(&url, &OpenOptions { inject_rtt: Some(Duration::from_millis(40)) }).unwrap());
-    let mut x = 0x2545_f491_4f6c_dd1du64;
-    let raws: Vec<Vec<u8>> = (0..64)
-        .map(|_| {
-            (0..128 << 10)
-                .map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    x as u8
-                })
-                .collect()
-        })
-        .collect();
+    let raws = noise(0x2545_f491_4f6c_dd1d, 64, 128 << 10);
     let members: Vec<(Hash, MemberKind, &[u8])> =
         raws.iter().map(|r| (Hash::of(r), MemberKind::Blob, &r[..])).collect();
     let (bytes, entry) = build_pack(&members);
@@ -158,6 +146,24 @@ async fn a_first_read_far_into_a_pack_is_fetched_from_its_own_offset() {
     assert_eq!(remote.stats().since(&before).gets + remote.stats().since(&before).ranged_gets, 0);
 }
 
+/// `n` buffers of `len` pseudo-random (incompressible) bytes, from an
+/// xorshift seeded with `seed`.
+fn noise(seed: u64, n: usize, len: usize) -> Vec<Vec<u8>> {
+    let mut x = seed;
+    (0..n)
+        .map(|_| {
+            (0..len)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x as u8
+                })
+                .collect()
+        })
+        .collect()
+}
+
 /// A pack of `n` members of pseudo-random bytes (incompressible), stored
 /// with the index of tree `tree`; a byte of member `spoil` flipped if given.
 async fn stored_pack(
@@ -167,19 +173,7 @@ async fn stored_pack(
     spoil: Option<usize>,
 ) -> (Vec<Vec<u8>>, mado_core::pack::PackEntry) {
     use mado_core::pack::{build_pack, MemberKind, Mode, PackIndex};
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    let raws: Vec<Vec<u8>> = (0..n)
-        .map(|_| {
-            (0..32 << 10)
-                .map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    x as u8
-                })
-                .collect()
-        })
-        .collect();
+    let raws = noise(0x9e37_79b9_7f4a_7c15, n, 32 << 10);
     let members: Vec<(Hash, MemberKind, &[u8])> =
         raws.iter().map(|r| (Hash::of(r), MemberKind::Blob, &r[..])).collect();
     let (mut bytes, entry) = build_pack(&members);
