@@ -419,18 +419,20 @@ fn subtree_checkout_writes_only_the_named_paths_and_downloads_their_span() {
     }
 }
 
-/// Packs-first: objects too large for any pack (here a 5 MB chunked file
-/// with a 1 MB cap) go up alone, chunks before their manifest, and read
-/// back; the next import finds them there and sends them no more.
+/// Packs-first: a file too large for a pack of the plan (here a 5 MB
+/// chunked file with a 1 MB cap) goes up in packs of its own, its manifest
+/// and chunks in file order, nothing alone, and reads back; the next import
+/// finds them there and sends them no more.
 #[test]
-fn objects_too_large_for_a_pack_go_up_alone_once() {
+fn a_file_over_the_pack_cap_goes_up_in_packs_of_its_own_once() {
     let m = Mado::local();
     let repo = fixture_repo(m.dir.path());
     let imp = m.json(&["import-git", repo.to_str().unwrap(), "--max-pack-bytes", "1000000"]);
     let p = &imp["packs"][0];
-    let alone = p["loose_uploaded"].as_u64().unwrap();
-    assert!(alone >= 3, "a manifest and its chunks: {imp}");
-    assert_eq!(p["unpacked_objects"].as_u64(), Some(alone), "{imp}");
+    assert_eq!(p["loose_uploaded"], 0, "{imp}");
+    assert_eq!(p["unpacked_objects"], 0, "{imp}");
+    let packs = p["packs_uploaded"].as_u64().unwrap();
+    assert!(packs >= 6, "5 MB in packs of at most 1 MB, and the rest: {imp}");
     assert_store_closed(&m.store_dir());
     assert_refs_whole(&m.store_dir());
     assert_cold_checkout_equals_clone(&m, &repo);

@@ -502,15 +502,18 @@ async fn upload_loose(
 
 /// Keeps pack `id` (built here, `bytes` whole) in the disk cache as a fetch
 /// of it would: under the pack's lock, its bytes, then the record of every
-/// member. Best effort: a cache that cannot take it (a full disk warns
-/// once) costs a later read its fetch, never the import.
+/// member. Not when the cache holds every member already, in this pack or
+/// loose (a large file's chunks, which staging wrote there as they were
+/// cut: a second copy would double the cache's share of the file). Best
+/// effort: a cache that cannot take it (a full disk warns once) costs a
+/// later read its fetch, never the import.
 async fn keep_pack(cache: &Arc<DiskCache>, id: Hash, bytes: Bytes) {
     let Ok((_, members)) = crate::pack::decode_pack_header(&bytes) else { return };
     // Without the lock (an unwritable cache) the write below fails too.
     let Ok(_lock) = crate::fsutil::lock_file(cache.pack_lock_path(&id)).await else { return };
     let c = cache.clone();
     let _ = tokio::task::spawn_blocking(move || {
-        if members.iter().all(|m| c.pack_has(&id, &m.id)) {
+        if members.iter().all(|m| c.pack_has(&id, &m.id) || c.contains(&m.id)) {
             return;
         }
         let kept = c.pack_writer(&id).and_then(|w| {

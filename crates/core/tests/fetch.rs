@@ -330,3 +330,94 @@ async fn stream_members_refuses_a_span_outside_its_pack_or_of_a_failed_pack_and_
     assert!(g.stream_members(&bad, lo, hi, &mut sink).await);
     assert!(!g.stream_members(&bad, 0, 0, &mut sink).await, "a failed pack");
 }
+
+/// A large file's pack (chunks only): a random reader of a chunk fetches
+/// that member's bytes alone; a reader in order (`get_in_order`) fetches
+/// from its chunk to the end of the pack in one ranged GET, and the chunks
+/// after it come with no request of their own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_chunk_read_at_random_fetches_itself_and_one_in_order_the_rest_of_its_pack() {
+    use mado_core::pack::{build_pack, MemberKind, Mode, PackIndex};
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}/store", dir.path().display());
+    let remote = Arc::new(Remote::open(&url, &OpenOptions { inject_rtt: Some(Duration::from_millis(10)) }).unwrap());
+    let len = 64 << 10;
+    let raws = noise(0x1234_5678_9abc_def1, 16, len);
+    let members: Vec<(Hash, MemberKind, &[u8])> =
+        raws.iter().map(|r| (Hash::of(r), MemberKind::Chunk, &r[..])).collect();
+    let (bytes, entry) = build_pack(&members);
+    remote.put_pack(&entry.id, Bytes::from(bytes)).await.unwrap();
+    let tree = Hash([5; 32]);
+    let idx = PackIndex { tree, mode: Mode::Recursive, dirs: 1, packs: vec![entry], trees: vec![], base: vec![] };
+    remote.put_index(&tree, Bytes::from(idx.encode())).await.unwrap();
+    let cache = Arc::new(DiskCache::open(dir.path().join("cache"), None).unwrap());
+    let f = Fetcher::new(remote.clone(), cache.clone());
+    f.attach(tree).await.unwrap();
+
+    // At random: chunk 3, then chunk 9, each its own bytes only.
+    for (k, i) in [3usize, 9].into_iter().enumerate() {
+        let before = remote.stats();
+        assert_eq!(f.get(Space::Objects, Hash::of(&raws[i]), "chunk").await.unwrap(), raws[i]);
+        f.drain().await;
+        let d = remote.stats().since(&before);
+        assert_eq!(d.ranged_gets + d.gets, 1, "random read {k}: {d:?}");
+        assert_eq!(d.bytes_down, len as u64, "random read {k}: one member's bytes: {d:?}");
+    }
+    // In order from chunk 5: one GET from 5 to the end (less what the
+    // cache holds at that end: nothing here), and 6.. come with it.
+    let before = remote.stats();
+    for (i, r) in raws.iter().enumerate().skip(5) {
+        assert_eq!(f.get_in_order(Hash::of(r), "chunk").await.unwrap(), r[..], "chunk {i}");
+    }
+    f.drain().await;
+    let d = remote.stats().since(&before);
+    assert_eq!(d.ranged_gets + d.gets, 1, "{d:?}");
+    assert_eq!(d.bytes_down, 11 * len as u64, "chunks 5 to 15: {d:?}");
+    // What came is in the cache: another fetcher reads it with no request.
+    let g = Fetcher::new(remote.clone(), cache);
+    g.attach(tree).await.unwrap();
+    let before = remote.stats();
+    for i in [3usize, 5, 9, 12, 15] {
+        assert_eq!(g.get(Space::Objects, Hash::of(&raws[i]), "chunk").await.unwrap(), raws[i]);
+    }
+    let d = remote.stats().since(&before);
+    assert_eq!(d.gets + d.ranged_gets, 0, "{d:?}");
+}
+
+/// Many random readers of different chunks of one pack at once (a pack's
+/// flights run one at a time, each bringing one chunk): every reader gets
+/// its chunk through the pack, however many flights ran before its own.
+/// The chunks are not stored alone (packs-first), so a reader that gave
+/// up on the pack would fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_random_readers_of_one_pack_all_get_their_chunks() {
+    use mado_core::pack::{build_pack, MemberKind, Mode, PackIndex};
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}/store", dir.path().display());
+    let remote = Arc::new(Remote::open(&url, &OpenOptions { inject_rtt: Some(Duration::from_millis(5)) }).unwrap());
+    let raws = noise(0x0bad_cafe_f00d_1234, 24, 16 << 10);
+    let members: Vec<(Hash, MemberKind, &[u8])> =
+        raws.iter().map(|r| (Hash::of(r), MemberKind::Chunk, &r[..])).collect();
+    let (bytes, entry) = build_pack(&members);
+    remote.put_pack(&entry.id, Bytes::from(bytes)).await.unwrap();
+    let tree = Hash([6; 32]);
+    let idx = PackIndex { tree, mode: Mode::Recursive, dirs: 1, packs: vec![entry], trees: vec![], base: vec![] };
+    remote.put_index(&tree, Bytes::from(idx.encode())).await.unwrap();
+    // Rounds with a fresh cache each: the races are between flights.
+    for round in 0..12 {
+        let cache = Arc::new(DiskCache::open(dir.path().join(format!("cache{round}")), None).unwrap());
+        let f = Fetcher::new(remote.clone(), cache);
+        f.attach(tree).await.unwrap();
+        let reads = raws.iter().map(|r| {
+            let f = f.clone();
+            async move { f.get(Space::Objects, Hash::of(r), "chunk").await }
+        });
+        let got = futures::future::join_all(reads).await;
+        let warnings = f.take_warnings();
+        for (i, (g, r)) in got.iter().zip(&raws).enumerate() {
+            let g = g.as_ref().map(|b| &b[..]).map_err(|e| e.to_string());
+            assert!(g == Ok(&r[..]), "round {round}, chunk {i}: {:?}; {warnings:?}", g.err());
+        }
+        assert!(warnings.is_empty(), "{warnings:?}");
+    }
+}

@@ -57,6 +57,13 @@ pub enum Command {
 }
 
 impl Command {
+    /// Whether this command brings content down and writes it out (a
+    /// checkout, materialize, `cat`): bulk bytes through short-lived
+    /// buffers, with nothing else in memory.
+    pub fn writes_content_out(&self) -> bool {
+        matches!(self, Command::Checkout(_) | Command::Materialize(_) | Command::Cat(_))
+    }
+
     /// Whether this process is a mount daemon (`mado mount --foreground`).
     pub fn is_mount_daemon(&self) -> bool {
         matches!(self, Command::Mount(a) if a.foreground) || matches!(self, Command::ServeVirtiofs(_))

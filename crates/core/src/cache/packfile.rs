@@ -26,7 +26,7 @@ use std::sync::Arc;
 use crate::codec::{put_varint, DecodeError, Reader};
 use crate::error::{Error, Result};
 use crate::hash::Hash;
-use crate::pack::{decode_member, put_member_row, read_member_row, Member};
+use crate::pack::{decode_member, decode_member_vec, put_member_row, read_member_row, Member};
 
 use super::DiskCache;
 
@@ -238,8 +238,11 @@ impl DiskCache {
         // loose entry, which counts.
         let (p, m) = self.pack_row(pack, member)?;
         let mut buf = vec![0u8; m.stored_len as usize];
-        let got =
-            p.file.read_exact_at(&mut buf, m.offset).map_err(|e| e.to_string()).and_then(|_| decode_member(&m, &buf));
+        let got = p
+            .file
+            .read_exact_at(&mut buf, m.offset)
+            .map_err(|e| e.to_string())
+            .and_then(|_| decode_member_vec(&m, buf));
         match got {
             Ok(raw) => {
                 self.counters.hits.fetch_add(1, Relaxed);

@@ -34,7 +34,7 @@ use crate::cache::DiskCache;
 use crate::error::{Error, Result};
 use crate::hash::Hash;
 use crate::object::{ChunkManifest, Entry, Kind, Snapshot, StatObject, Tree};
-use crate::pack::{decode_member, PackEntry, PackIndex};
+use crate::pack::{decode_member_owned, PackEntry, PackIndex};
 use crate::store::{Remote, Space, CONCURRENCY};
 
 mod attach;
@@ -179,6 +179,18 @@ impl Fetcher {
 
     /// The bytes of object `id`, from the cache, a pack, or the remote.
     pub async fn get(self: &Arc<Self>, space: Space, id: Hash, what: &'static str) -> Result<Bytes> {
+        self.get_as(space, id, what, false).await
+    }
+
+    /// [`Fetcher::get`] for a reader that goes on to the objects after this
+    /// one in their pack (a large file's chunks, read from start to end):
+    /// a pack download it starts runs from this member to the pack's end,
+    /// where a random reader's would bring this chunk alone.
+    pub async fn get_in_order(self: &Arc<Self>, id: Hash, what: &'static str) -> Result<Bytes> {
+        self.get_as(Space::Objects, id, what, true).await
+    }
+
+    async fn get_as(self: &Arc<Self>, space: Space, id: Hash, what: &'static str, in_order: bool) -> Result<Bytes> {
         let hit = match space {
             Space::Objects => self.packs.read().expect("packs lock").members.get(&id).cloned(),
             _ => None,
@@ -192,7 +204,7 @@ impl Fetcher {
             return Ok(Bytes::from(b));
         }
         if let Some((pack, i)) = hit {
-            if let Some(b) = self.from_pack(pack, i).await {
+            if let Some(b) = self.from_pack(pack, i, in_order).await {
                 return Ok(b);
             }
         }

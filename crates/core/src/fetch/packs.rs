@@ -14,15 +14,16 @@ const WRITE_BATCH_BYTES: usize = 1 << 20;
 const DECODES_IN_FLIGHT: usize = 4;
 
 /// A segment's members, decoded: (index, row, raw bytes or why not).
-type Decoded = Vec<(usize, crate::pack::Member, std::result::Result<Vec<u8>, String>)>;
+type Decoded = Vec<(usize, crate::pack::Member, std::result::Result<Bytes, String>)>;
 
 /// What one try at reading a member through its pack's flight gave.
 enum Attempt {
     Got(Bytes),
     /// The pack failed: read the object alone.
     Failed,
-    /// The flight did not cover this member: start the next one.
-    Outside,
+    /// The flight did not cover this member: start the next one, over
+    /// the members every reader it left out waits for (if known).
+    Outside(Option<(usize, usize)>),
 }
 
 /// One pack being downloaded. Each waiter parks on its own member: the
@@ -38,6 +39,9 @@ pub(super) struct FlightState {
     pub(super) finished: bool,
     /// The members this flight fetches (set before it starts).
     pub(super) covered: Option<(usize, usize)>,
+    /// Set at the end: the first and last member readers waited for that
+    /// the flight did not cover (the next flight's span).
+    pub(super) left_out: Option<(usize, usize)>,
     pub(super) data: HashMap<usize, Bytes>,
     pub(super) waiters: HashMap<usize, Vec<tokio::sync::oneshot::Sender<()>>>,
 }
@@ -56,6 +60,12 @@ impl PackFlight {
     fn finish(&self) {
         let mut s = self.state.lock().expect("flight lock");
         s.finished = true;
+        let covered = s.covered;
+        let outside = s.waiters.keys().copied().filter(|i| covered.is_none_or(|(lo, hi)| *i < lo || *i > hi));
+        s.left_out = outside.fold(None, |acc, i| match acc {
+            None => Some((i, i)),
+            Some((lo, hi)) => Some((lo.min(i), hi.max(i))),
+        });
         for (_, ws) in s.waiters.drain() {
             for w in ws {
                 let _ = w.send(());
@@ -68,6 +78,24 @@ impl PackFlight {
 /// pack, its bytes or `None` if it failed): `Some(wait)` makes the download
 /// wait for `wait` before it goes on.
 pub type Sink<'a> = &'a mut (dyn FnMut(usize, Option<Bytes>) -> Option<BoxFuture<'static, ()>> + Send);
+
+/// Where a pack's flight starts, and what it covers.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Start {
+    /// The span of the pack this fetcher wants (a prefetch).
+    Whole,
+    /// A reader of member `i`: the span, from `i` on when `i` is far into
+    /// it (see [`SPLIT_AHEAD_BYTES`]).
+    Reader(usize),
+    /// A random reader of a large file's chunk `i`: that member alone.
+    One(usize),
+    /// A sequential reader of a large file from chunk `i`: from `i` to the
+    /// end of the span.
+    From(usize),
+    /// Readers a flight left out: these members (all of them, in one
+    /// ranged GET).
+    Span(usize, usize),
+}
 
 /// A flight whose first reader's member starts this far into the span
 /// starts there (see `run_pack`).
@@ -101,13 +129,30 @@ impl Fetcher {
     /// Member `i` of `pack`, through the pack's shared flight; `None` if the
     /// pack failed for it (the caller falls back to a plain GET). A reader
     /// that waited on a flight whose span left its member out starts the
-    /// next flight (at most twice more).
-    pub(super) async fn from_pack(self: &Arc<Self>, pack: Arc<PackEntry>, i: usize) -> Option<Bytes> {
-        for attempt in 0..3 {
-            match self.from_pack_once(&pack, i, attempt > 0).await {
+    /// next flight, over every member that flight left readers waiting
+    /// for: many random readers of one pack cost two flights, not one
+    /// each. Each flight brings at least one member, so the tries are
+    /// bounded by the pack's size; a reader never gives up on a pack that
+    /// works (its members may be stored nowhere else).
+    ///
+    /// `in_order`: the reader goes on to the members after this one (a
+    /// large file read from start to end), so a flight it starts runs to
+    /// the end of the pack; otherwise a flight it starts for a chunk brings
+    /// that chunk alone (a random read fetches only what it touches).
+    pub(super) async fn from_pack(self: &Arc<Self>, pack: Arc<PackEntry>, i: usize, in_order: bool) -> Option<Bytes> {
+        let chunk = pack.members[i].kind == crate::pack::MemberKind::Chunk;
+        let mut hint: Option<(usize, usize)> = None;
+        for attempt in 0..pack.members.len() + 2 {
+            let start = match (hint, in_order, chunk) {
+                (Some((lo, hi)), _, _) => Start::Span(lo.min(i), hi.max(i)),
+                (None, true, _) => Start::From(i),
+                (None, false, true) => Start::One(i),
+                (None, false, false) => Start::Reader(i),
+            };
+            match self.from_pack_once(&pack, i, attempt > 0, start).await {
                 Attempt::Got(b) => return Some(b),
                 Attempt::Failed => return None,
-                Attempt::Outside => continue,
+                Attempt::Outside(left_out) => hint = left_out,
             }
         }
         None
@@ -118,12 +163,12 @@ impl Fetcher {
     /// does not hold it or fetching failed.
     pub async fn member_of(self: &Arc<Self>, pack: Arc<PackEntry>, id: &Hash) -> Option<Bytes> {
         let i = pack.members.iter().position(|m| m.id == *id)?;
-        self.from_pack(pack, i).await
+        self.from_pack(pack, i, false).await
     }
 
     /// `retry`: a flight before this one left member `i` out, so the next
     /// flight covers the rest (not a GET per member).
-    async fn from_pack_once(self: &Arc<Self>, pack: &Arc<PackEntry>, i: usize, retry: bool) -> Attempt {
+    async fn from_pack_once(self: &Arc<Self>, pack: &Arc<PackEntry>, i: usize, retry: bool, start: Start) -> Attempt {
         if self.bad_packs.lock().expect("bad packs lock").contains(&pack.id) {
             return Attempt::Failed;
         }
@@ -141,7 +186,7 @@ impl Fetcher {
             // this member's byte range rather than the whole pack.
             return self.fetch_member(pack, i).await.map_or(Attempt::Failed, Attempt::Got);
         }
-        let flight = self.flight(pack, Some(i));
+        let flight = self.flight(pack, start);
         let parked = {
             let mut s = flight.state.lock().expect("flight lock");
             if s.data.contains_key(&i) || s.finished {
@@ -155,9 +200,9 @@ impl Fetcher {
         if let Some(rx) = parked {
             let _ = rx.await;
         }
-        let (got, finished, covered) = {
+        let (got, finished, covered, left_out) = {
             let s = flight.state.lock().expect("flight lock");
-            (s.data.get(&i).cloned(), s.finished, s.covered)
+            (s.data.get(&i).cloned(), s.finished, s.covered, s.left_out)
         };
         if let Some(b) = got {
             self.counters.members_from_packs.fetch_add(1, Relaxed);
@@ -172,20 +217,32 @@ impl Fetcher {
             return Attempt::Got(Bytes::from(b));
         }
         match covered {
-            Some((lo, hi)) if i < lo || i > hi => Attempt::Outside,
+            Some((lo, hi)) if i < lo || i > hi => Attempt::Outside(left_out),
             _ => Attempt::Failed,
         }
     }
 
+    /// Ends `flight` of pack `id`: out of the map, then its waiters woken,
+    /// under the map's lock. So a reader never finds a finished flight
+    /// there (it would try it again and again, never parking, until its
+    /// tries ran out), and a flight never removes a newer one.
+    fn end_flight(&self, id: &Hash, flight: &Arc<PackFlight>) {
+        let mut map = self.pack_flights.lock().expect("pack flights lock");
+        if map.get(id).is_some_and(|f| Arc::ptr_eq(f, flight)) {
+            map.remove(id);
+        }
+        flight.finish();
+    }
+
     /// The running flight of `pack`, started if there is none.
-    fn flight(self: &Arc<Self>, pack: &Arc<PackEntry>, first: Option<usize>) -> Arc<PackFlight> {
+    fn flight(self: &Arc<Self>, pack: &Arc<PackEntry>, start: Start) -> Arc<PackFlight> {
         let mut map = self.pack_flights.lock().expect("pack flights lock");
         map.entry(pack.id)
             .or_insert_with(|| {
                 let f = Arc::new(PackFlight::default());
                 let me = self.clone();
                 let (pack, f2) = (pack.clone(), f.clone());
-                let task = tokio::spawn(async move { me.run_pack(pack, f2, first).await });
+                let task = tokio::spawn(async move { me.run_pack(pack, f2, start).await });
                 self.pack_tasks.lock().expect("pack tasks lock").push(task);
                 f
             })
@@ -210,7 +267,7 @@ impl Fetcher {
             let bad = self.bad_packs.lock().expect("bad packs lock").contains(&pack.id);
             let wanted_missing = pack.members.iter().any(|m| ids.contains(&m.id) && !self.in_cache(&pack, m));
             if !bad && wanted_missing && !self.mostly_cached(&pack) {
-                self.flight(&pack, None);
+                self.flight(&pack, Start::Whole);
             }
         }
     }
@@ -269,11 +326,11 @@ impl Fetcher {
     async fn fetch_member(&self, pack: &PackEntry, i: usize) -> Option<Bytes> {
         let m = &pack.members[i];
         let got = self.remote.pack_range(&pack.id, m.offset..m.offset + m.stored_len).await.map_err(|e| e.to_string());
-        match got.and_then(|b| decode_member(m, &b)) {
+        match got.and_then(|b| decode_member_owned(m, b)) {
             Ok(raw) => {
                 let _ = self.cache.put(&m.id, &raw);
                 self.counters.members_from_packs.fetch_add(1, Relaxed);
-                Some(Bytes::from(raw))
+                Some(raw)
             }
             Err(e) => {
                 self.warn(format!("pack {}: member {}: {e}; reading it alone", pack.id, m.id));
@@ -282,34 +339,44 @@ impl Fetcher {
         }
     }
 
-    /// Downloads and explodes one pack (one ranged GET of its body).
-    /// `first`: the member whose reader started the flight. When it sits
-    /// far into the span, the span is fetched as two ranged GETs at once,
-    /// from `first` on and up to it, so that reader waits for its own
-    /// member's bytes only, wherever it is in the pack.
-    async fn run_pack(self: Arc<Self>, pack: Arc<PackEntry>, flight: Arc<PackFlight>, first: Option<usize>) {
-        let finish = |flight: &PackFlight| flight.finish();
+    /// Downloads and explodes one pack (one ranged GET of its body), or
+    /// the part of it `start` says. For [`Start::Reader`], when the member
+    /// of the reader that started the flight sits far into the span, the
+    /// flight starts there (the members before it come when asked for, in
+    /// a flight of their own), so that reader waits for its own member's
+    /// bytes only, wherever it is in the pack.
+    async fn run_pack(self: Arc<Self>, pack: Arc<PackEntry>, flight: Arc<PackFlight>, start: Start) {
         // One process at a time per pack; the loser then finds the cache full.
         let lock_path = self.cache.pack_lock_path(&pack.id);
         // Without the lock (an unwritable cache) we may fetch twice: still correct.
         let _lock = crate::fsutil::lock_file(lock_path).await.ok();
         if pack.members.is_empty() {
-            finish(&flight);
-            self.pack_flights.lock().expect("pack flights lock").remove(&pack.id);
+            self.end_flight(&pack.id, &flight);
             return;
         }
         let (lo, hi) = self.span(&pack);
+        let (mut lo, mut hi) = match start {
+            Start::One(i) => (i, i),
+            Start::From(i) => (i, hi.max(i)),
+            Start::Span(a, b) => (a, b),
+            // A reader's own member is always in its flight (the wanted
+            // span may leave it out).
+            Start::Reader(i) => (lo.min(i), hi.max(i)),
+            Start::Whole => (lo, hi),
+        };
         // The ends the cache holds already are not fetched again.
-        let (mut lo, mut hi) = (lo, hi);
         while lo < hi && self.in_cache(&pack, &pack.members[lo]) {
             lo += 1;
         }
         while hi > lo && self.in_cache(&pack, &pack.members[hi]) {
             hi -= 1;
         }
-        // A first reader far into the span: the fetch starts at its member
-        // (the members before it come when asked for, in a flight of their
-        // own), so it waits for its own bytes only.
+        // A first reader far into the span: the fetch starts at its member,
+        // so it waits for its own bytes only.
+        let first = match start {
+            Start::Reader(i) => Some(i),
+            _ => None,
+        };
         if let Some(f) = first
             .filter(|&f| f > lo && f <= hi && pack.members[f].offset - pack.members[lo].offset >= SPLIT_AHEAD_BYTES)
         {
@@ -325,8 +392,7 @@ impl Fetcher {
         }
         flight.state.lock().expect("flight lock").covered = Some((lo, hi));
         if pack.members[lo..=hi].iter().all(|m| self.in_cache(&pack, m)) {
-            finish(&flight);
-            self.pack_flights.lock().expect("pack flights lock").remove(&pack.id);
+            self.end_flight(&pack.id, &flight);
             return;
         }
         let fl = flight.clone();
@@ -335,8 +401,7 @@ impl Fetcher {
             None
         };
         self.fetch_span(&pack, lo, hi, &mut sink, false).await;
-        finish(&flight);
-        self.pack_flights.lock().expect("pack flights lock").remove(&pack.id);
+        self.end_flight(&pack.id, &flight);
     }
 
     /// Members `lo..=hi` of `pack` (one ranged GET), each handed to `sink`
@@ -375,8 +440,7 @@ impl Fetcher {
             self.counters.members_streamed.fetch_add(n as u64, Relaxed);
         }
         drop(lock);
-        flight.finish();
-        self.pack_flights.lock().expect("pack flights lock").remove(&pack.id);
+        self.end_flight(&pack.id, &flight);
         ran
     }
 
@@ -451,7 +515,7 @@ impl Fetcher {
                 let handed = match r {
                     Ok(raw) => {
                         good.push(m);
-                        sink(i, Some(Bytes::from(raw)))
+                        sink(i, Some(raw))
                     }
                     Err(e) => {
                         *bad += 1;
@@ -471,6 +535,14 @@ impl Fetcher {
                     return Err(format!("truncated: {} of {} body bytes", at + buf.len() as u64 - base, end - base))
                 }
             };
+            if buf.capacity() - buf.len() < chunk.len() {
+                // Room for the member being assembled, whole: one
+                // allocation and one copy of a large member, not a regrowth
+                // (and a copy of what is there) every few network reads.
+                let m = &pack.members[next];
+                let member_left = (m.offset + m.stored_len - at) as usize;
+                buf.reserve(chunk.len().max(member_left.saturating_sub(buf.len())));
+            }
             buf.extend_from_slice(&chunk);
             let first = next;
             let mut done_to = at;
@@ -497,7 +569,7 @@ impl Fetcher {
                         .into_iter()
                         .map(|(i, m)| {
                             let from = (m.offset - seg_at) as usize;
-                            (i, m, decode_member(&m, &seg2[from..from + m.stored_len as usize]))
+                            (i, m, decode_member_owned(&m, seg2.slice(from..from + m.stored_len as usize)))
                         })
                         .collect()
                 };

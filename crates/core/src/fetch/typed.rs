@@ -130,7 +130,7 @@ impl Fetcher {
         let parts: Vec<Bytes> = futures::stream::iter(ids.into_iter().map(|id| {
             let me = self.clone();
             let path = path.to_string();
-            async move { me.get(Space::Objects, id, "chunk").await.map_err(|er| er.at_path(&path)) }
+            async move { me.get_in_order(id, "chunk").await.map_err(|er| er.at_path(&path)) }
         }))
         .buffered(CONCURRENCY)
         .try_collect()
@@ -191,7 +191,7 @@ impl Fetcher {
                 async move {
                     let permit = me.piece_permits.clone().acquire_many_owned(permits_for(len)).await;
                     let permit = permit.expect("the semaphore is never closed");
-                    let bytes = me.get(Space::Objects, id, "chunk").await.map_err(|er| er.at_path(&path))?;
+                    let bytes = me.get_in_order(id, "chunk").await.map_err(|er| er.at_path(&path))?;
                     if bytes.len() as u64 != len {
                         return Err(Error::Corrupt {
                             id,

@@ -77,9 +77,25 @@ struct Walk<'a> {
     cap: u64,
     unpacked: u64,
     loose: Vec<(Hash, MemberKind)>,
+    /// Files too large for a pack of the plan: their members (manifest,
+    /// then chunks in file order), packed apart in runs (see [`pack_runs`]).
+    runs: Vec<Vec<(Hash, MemberKind)>>,
 }
 
-impl Walk<'_> {
+impl<'a> Walk<'a> {
+    fn new(src: &'a Source<'a>, cap: u64) -> Walk<'a> {
+        Walk {
+            src,
+            trees: Vec::new(),
+            seen_trees: HashSet::new(),
+            dirs: 0,
+            cap,
+            unpacked: 0,
+            loose: Vec::new(),
+            runs: Vec::new(),
+        }
+    }
+
     fn load(&mut self, id: Hash) -> Result<Tree> {
         let bytes = (self.src)(&id)?;
         let t = Tree::decode(&bytes).map_err(|e| Error::corrupt(id, "tree", "", e))?;
@@ -107,14 +123,12 @@ impl Walk<'_> {
         if self.seen_trees.insert(e.id) {
             self.trees.push((e.id, mb));
         }
-        if bytes > self.cap {
-            self.unpacked += 1 + m.chunks.len() as u64;
-            self.loose.extend(m.chunks.iter().map(|(_, c)| (*c, MemberKind::Chunk)));
-            self.loose.push((e.id, MemberKind::Manifest));
-            return Ok(None);
-        }
         let mut members = vec![(e.id, MemberKind::Manifest)];
         members.extend(m.chunks.iter().map(|(_, c)| (*c, MemberKind::Chunk)));
+        if bytes > self.cap {
+            self.runs.push(members);
+            return Ok(None);
+        }
         Ok(Some(FileMembers { members, bytes }))
     }
 
@@ -320,8 +334,7 @@ pub fn build_delta(
     src: &Source<'_>,
     emit: &mut dyn FnMut(Hash, Vec<u8>) -> Result<()>,
 ) -> Result<Built> {
-    let new_walk =
-        || Walk { src, trees: Vec::new(), seen_trees: HashSet::new(), dirs: 0, cap, unpacked: 0, loose: Vec::new() };
+    let new_walk = || Walk::new(src, cap);
     let mut w = new_walk();
     let known: HashSet<Hash> = base.trees.iter().map(|t| t.0).collect();
     // Where the new layer goes: its size is about the trees the base
@@ -359,8 +372,12 @@ pub fn build_delta(
             (all, at)
         }
     };
-    let absorbed: HashSet<Hash> =
-        absorb.map(|a| a.packs[..placed_at].iter().flatten().copied().collect()).unwrap_or_default();
+    // A large file's packs are never absorbed: folding them would upload
+    // the whole file again for a small layer's sake.
+    let runs_in_base: HashSet<Hash> = base.packs.iter().filter(|p| is_run_pack(p)).map(|p| p.id).collect();
+    let absorbed: HashSet<Hash> = absorb
+        .map(|a| a.packs[..placed_at].iter().flatten().filter(|p| !runs_in_base.contains(p)).copied().collect())
+        .unwrap_or_default();
     // A member of an absorbed pack goes in the new pack, unless a pack
     // that stays holds it too.
     let in_base: std::collections::HashMap<Hash, usize> = base
@@ -382,6 +399,19 @@ pub fn build_delta(
             None => fresh.push((id, kind)),
         }
     }
+    // Large files' members: those in a base pack stay there (an append
+    // to a big file sends its last chunks and its manifest only).
+    let mut fresh_runs: Vec<Vec<(Hash, MemberKind)>> = Vec::new();
+    for run in std::mem::take(&mut w.runs) {
+        let mut new = Vec::new();
+        for (id, kind) in run.into_iter().filter(|(id, _)| seen.insert(*id)) {
+            match in_base.get(&id) {
+                Some(pi) => used[*pi] = true,
+                None => new.push((id, kind)),
+            }
+        }
+        fresh_runs.push(new);
+    }
     // A partial walk cannot tell which base packs nothing uses any more:
     // those that stay are all kept (as their layers list them anyway).
     let mut packs: Vec<PackEntry> = base
@@ -391,29 +421,10 @@ pub fn build_delta(
         .filter(|(p, u)| **u || (partial && !absorbed.contains(&p.id)))
         .map(|(p, _)| p.clone())
         .collect();
-    let mut group: Vec<(Hash, MemberKind, Vec<u8>)> = Vec::new();
-    let mut bytes = 0u64;
-    let mut flush = |group: &mut Vec<(Hash, MemberKind, Vec<u8>)>, packs: &mut Vec<PackEntry>| -> Result<()> {
-        if group.is_empty() {
-            return Ok(());
-        }
-        let members: Vec<(Hash, MemberKind, &[u8])> = group.iter().map(|(h, k, d)| (*h, *k, d.as_slice())).collect();
-        let (b, entry) = build_pack(&members);
-        emit(entry.id, b)?;
-        packs.push(entry);
-        group.clear();
-        Ok(())
-    };
-    for (id, kind) in fresh {
-        let data = src(&id)?;
-        if bytes + data.len() as u64 > cap && !group.is_empty() {
-            flush(&mut group, &mut packs)?;
-            bytes = 0;
-        }
-        bytes += data.len() as u64;
-        group.push((id, kind, data));
+    pack_in_order(fresh, cap, src, emit, &mut packs)?;
+    for run in fresh_runs {
+        pack_in_order(run, cap.min(RUN_PACK_BYTES), src, emit, &mut packs)?;
     }
-    flush(&mut group, &mut packs)?;
     Ok(Built {
         index: PackIndex { tree, mode: Mode::Recursive, dirs: w.dirs, packs, trees: w.trees, base: Vec::new() },
         unpacked: w.unpacked,
@@ -432,8 +443,7 @@ pub fn build(
     src: &Source<'_>,
     emit: &mut dyn FnMut(Hash, Vec<u8>) -> Result<()>,
 ) -> Result<Built> {
-    let mut w =
-        Walk { src, trees: Vec::new(), seen_trees: HashSet::new(), dirs: 0, cap, unpacked: 0, loose: Vec::new() };
+    let mut w = Walk::new(src, cap);
     let root = w.dir(tree)?;
     let mut groups = Vec::new();
     match mode {
@@ -484,9 +494,14 @@ pub fn build(
         let packed: HashSet<Hash> = packs.iter().flat_map(|p| p.members.iter().map(|m| m.id)).collect();
         let mut all = Vec::new();
         flatten(&root, &mut all);
+        all.extend(std::mem::take(&mut w.runs).into_iter().flatten());
         let alone: Vec<(Hash, MemberKind)> = all.into_iter().filter(|(id, _)| !packed.contains(id)).collect();
         w.unpacked += alone.len() as u64;
         w.loose.extend(alone);
+    }
+    for run in std::mem::take(&mut w.runs) {
+        let run: Vec<_> = run.into_iter().filter(|(id, _)| seen.insert(*id)).collect();
+        pack_in_order(run, cap.min(RUN_PACK_BYTES), src, emit, &mut packs)?;
     }
     Ok(Built {
         index: PackIndex { tree, mode, dirs: w.dirs, packs, trees: w.trees, base: Vec::new() },
@@ -495,4 +510,45 @@ pub fn build(
         placed_at: 0,
         partial: false,
     })
+}
+
+/// Members in the order given, in packs of at most `cap` raw bytes each
+/// (a member larger than that alone), each handed to `emit` as it is made:
+/// at most one pack's members in memory.
+fn pack_in_order(
+    members: Vec<(Hash, MemberKind)>,
+    cap: u64,
+    src: &Source<'_>,
+    emit: &mut dyn FnMut(Hash, Vec<u8>) -> Result<()>,
+    packs: &mut Vec<PackEntry>,
+) -> Result<()> {
+    let mut group: Vec<(Hash, MemberKind, Vec<u8>)> = Vec::new();
+    let mut bytes = 0u64;
+    let mut flush = |group: &mut Vec<(Hash, MemberKind, Vec<u8>)>, packs: &mut Vec<PackEntry>| -> Result<()> {
+        if group.is_empty() {
+            return Ok(());
+        }
+        let members: Vec<(Hash, MemberKind, &[u8])> = group.iter().map(|(h, k, d)| (*h, *k, d.as_slice())).collect();
+        let (b, entry) = build_pack(&members);
+        emit(entry.id, b)?;
+        packs.push(entry);
+        group.clear();
+        Ok(())
+    };
+    for (id, kind) in members {
+        let data = src(&id)?;
+        if bytes + data.len() as u64 > cap && !group.is_empty() {
+            flush(&mut group, packs)?;
+            bytes = 0;
+        }
+        bytes += data.len() as u64;
+        group.push((id, kind, data));
+    }
+    flush(&mut group, packs)
+}
+
+/// A pack of one large file's members (a manifest and chunks, no whole
+/// blob): see [`RUN_PACK_BYTES`].
+pub fn is_run_pack(p: &PackEntry) -> bool {
+    !p.members.is_empty() && p.members.iter().all(|m| m.kind != MemberKind::Blob)
 }

@@ -31,9 +31,16 @@ use crate::object::{ChunkManifest, Kind, Tree};
 
 mod build;
 
-pub use build::{build, build_delta, Absorb, Built, Source};
+pub use build::{build, build_delta, is_run_pack, Absorb, Built, Source};
 
 pub const DEFAULT_MAX_PACK_BYTES: u64 = 64 << 20;
+/// A file too large for a pack of the plan (more than the cap) is packed
+/// apart, its manifest and chunks in file order in packs of at most this
+/// many raw bytes (or the cap, if smaller): a sequential reader of it
+/// reads whole packs, one ranged GET each, a few at once, instead of one
+/// GET per chunk; a random reader one member's range. Small enough that
+/// the packs in flight for one reader stay well under its memory bound.
+pub const RUN_PACK_BYTES: u64 = 16 << 20;
 /// v1 packs a directory only if it has at least this many small files.
 pub const PER_DIR_MIN_FILES: usize = 8;
 const PACK_MAGIC: &[u8; 4] = b"MADP";
@@ -41,6 +48,10 @@ const INDEX_MAGIC: &[u8; 4] = b"MADI";
 pub const PACK_VERSION: u8 = 1;
 /// zstd level: fast enough to build packs at import time.
 const ZSTD_LEVEL: i32 = 3;
+/// Members larger than this are stored raw when their first
+/// [`PROBE_BYTES`] do not compress.
+const PROBE_ABOVE: usize = 256 << 10;
+const PROBE_BYTES: usize = 64 << 10;
 /// An index larger than this (decompressed) is refused as hostile.
 const MAX_INDEX_BYTES: u64 = 1 << 30;
 /// A member larger than this is refused as hostile (the largest object
@@ -152,8 +163,18 @@ fn stored_form<'a>(
     if z.is_none() {
         *z = zstd::bulk::Compressor::new(ZSTD_LEVEL).ok();
     }
+    // A large member whose first part does not compress (a large file's
+    // chunk of media, an archive or random bytes) is stored raw without
+    // compressing all of it: zstd would spend ~2 ms a MiB to give it back.
+    let gains = |c: &[u8], of: usize| c.len() < of - of / 8;
+    if raw.len() > PROBE_ABOVE {
+        let probe = &raw[..PROBE_BYTES];
+        if !matches!(z.as_mut().map(|z| z.compress(probe)), Some(Ok(c)) if gains(&c, probe.len())) {
+            return (Codec::Raw, raw.into());
+        }
+    }
     match z.as_mut().map(|z| z.compress(raw)) {
-        Some(Ok(c)) if c.len() < raw.len() - raw.len() / 8 => (Codec::Zstd, c.into()),
+        Some(Ok(c)) if gains(&c, raw.len()) => (Codec::Zstd, c.into()),
         _ => (Codec::Raw, raw.into()),
     }
 }
@@ -177,7 +198,6 @@ fn stored_forms<'a>(members: &[(Hash, MemberKind, &'a [u8])]) -> Vec<(Codec, std
     })
 }
 
-/// Encodes a pack from raw members; returns its bytes and its entry.
 /// A member in the form a pack stores it (compressed or not).
 pub struct Stored {
     pub id: Hash,
@@ -205,37 +225,55 @@ pub fn stored_members(members: &[(Hash, MemberKind, &[u8])]) -> Vec<Stored> {
 
 /// Lays members out as a pack; returns its bytes and its entry.
 pub fn assemble(members: &[Stored]) -> (Vec<u8>, PackEntry) {
-    let mut header = Vec::with_capacity(8 + members.len() * 40);
-    header.extend_from_slice(PACK_MAGIC);
-    header.push(PACK_VERSION);
-    put_varint(&mut header, members.len() as u64);
-    for m in members {
-        header.extend_from_slice(m.id.as_bytes());
-        header.push(m.kind as u8);
-        header.push(m.codec as u8);
-        put_varint(&mut header, m.body.len() as u64);
-        put_varint(&mut header, m.raw_len);
+    let rows: Vec<Row<'_>> = members.iter().map(|m| (m.id, m.kind, m.codec, &m.body[..], m.raw_len)).collect();
+    lay_out(&rows)
+}
+
+/// A member as [`lay_out`] writes it: id, kind, codec, stored bytes, raw length.
+type Row<'a> = (Hash, MemberKind, Codec, &'a [u8], u64);
+
+/// The pack's bytes (the member table, then the bodies) in one buffer
+/// sized up front, and its entry.
+fn lay_out(rows: &[Row<'_>]) -> (Vec<u8>, PackEntry) {
+    let bodies: usize = rows.iter().map(|r| r.3.len()).sum();
+    let mut out = Vec::with_capacity(16 + rows.len() * 48 + bodies);
+    out.extend_from_slice(PACK_MAGIC);
+    out.push(PACK_VERSION);
+    put_varint(&mut out, rows.len() as u64);
+    for (id, kind, codec, body, raw_len) in rows {
+        out.extend_from_slice(id.as_bytes());
+        out.push(*kind as u8);
+        out.push(*codec as u8);
+        put_varint(&mut out, body.len() as u64);
+        put_varint(&mut out, *raw_len);
     }
-    let header_len = header.len() as u64;
-    let mut out = header;
-    let mut entries = Vec::with_capacity(members.len());
-    for m in members {
+    let header_len = out.len() as u64;
+    let mut entries = Vec::with_capacity(rows.len());
+    for (id, kind, codec, body, raw_len) in rows {
         entries.push(Member {
-            id: m.id,
-            kind: m.kind,
-            codec: m.codec,
+            id: *id,
+            kind: *kind,
+            codec: *codec,
             offset: out.len() as u64,
-            stored_len: m.body.len() as u64,
-            raw_len: m.raw_len,
+            stored_len: body.len() as u64,
+            raw_len: *raw_len,
         });
-        out.extend_from_slice(&m.body);
+        out.extend_from_slice(body);
     }
     let entry = PackEntry { id: Hash::of(&out), size: out.len() as u64, header_len, members: entries };
     (out, entry)
 }
 
+/// Encodes a pack from raw members (compressed where it pays): a raw
+/// member's bytes are copied once, into the pack.
 pub fn build_pack(members: &[(Hash, MemberKind, &[u8])]) -> (Vec<u8>, PackEntry) {
-    assemble(&stored_members(members))
+    let forms = stored_forms(members);
+    let rows: Vec<Row<'_>> = members
+        .iter()
+        .zip(&forms)
+        .map(|((id, kind, raw), (codec, body))| (*id, *kind, *codec, &body[..], raw.len() as u64))
+        .collect();
+    lay_out(&rows)
 }
 
 /// Decodes a member's stored bytes and checks them against its id.
@@ -259,13 +297,42 @@ pub fn decode_member(m: &Member, stored: &[u8]) -> Result<Vec<u8>, String> {
         Codec::Raw => stored.to_vec(),
         Codec::Zstd => unzstd(stored, m.raw_len as usize).map_err(|e| format!("zstd: {e}"))?,
     };
+    check_member(m, &raw)?;
+    Ok(raw)
+}
+
+/// [`decode_member`] of stored bytes the caller hands over: a raw member
+/// (a large file's chunk, usually) is checked and given back as it is,
+/// with no copy.
+pub fn decode_member_owned(m: &Member, stored: bytes::Bytes) -> Result<bytes::Bytes, String> {
+    match m.codec {
+        Codec::Raw => {
+            check_member(m, &stored)?;
+            Ok(stored)
+        }
+        Codec::Zstd => decode_member(m, &stored).map(bytes::Bytes::from),
+    }
+}
+
+/// [`decode_member_owned`] for bytes read into a buffer of the caller's.
+pub fn decode_member_vec(m: &Member, stored: Vec<u8>) -> Result<Vec<u8>, String> {
+    match m.codec {
+        Codec::Raw => {
+            check_member(m, &stored)?;
+            Ok(stored)
+        }
+        Codec::Zstd => decode_member(m, &stored),
+    }
+}
+
+fn check_member(m: &Member, raw: &[u8]) -> Result<(), String> {
     if raw.len() as u64 != m.raw_len {
         return Err(format!("{} bytes, table says {}", raw.len(), m.raw_len));
     }
-    if !m.id.verifies(&raw) {
+    if !m.id.verifies(raw) {
         return Err("content does not match its id".into());
     }
-    Ok(raw)
+    Ok(())
 }
 
 /// Parses a pack's header (for a standalone pack; readers normally use the
@@ -786,6 +853,87 @@ mod tests {
         let sizes: Vec<usize> = fresh.iter().map(|p| p.members.len()).collect();
         // README (7 bytes), then five of 120 bytes, while they fit in 250.
         assert_eq!(sizes, vec![3, 2, 1], "{sizes:?}");
+    }
+
+    /// A chunked file of `n` distinct chunks of `len` bytes (`tag` makes
+    /// its bytes its own).
+    fn chunked(m: &mut Mem, name: &str, tag: u8, n: usize, len: usize) -> Entry {
+        let chunks: Vec<(u64, Hash)> = (0..n)
+            .map(|i| (len as u64, m.put(format!("{tag}:{i}:").repeat(len / 4).as_bytes()[..len].to_vec())))
+            .collect();
+        let size = chunks.iter().map(|c| c.0).sum();
+        let manifest = ChunkManifest { size, content: Hash([tag; 32]), chunks };
+        Entry { name: name.into(), kind: Kind::File, chunked: true, size, id: m.put(manifest.encode()) }
+    }
+
+    /// A file larger than the cap goes in packs of its own (nothing loose),
+    /// its manifest then its chunks in file order, each pack at most
+    /// min(cap, RUN_PACK_BYTES) of raw bytes; the plan's packs stay as
+    /// they were. v1 leaves it loose. A delta build over it after an
+    /// append keeps its packs and packs only the new members, apart.
+    #[test]
+    fn a_file_over_the_cap_is_packed_apart_in_runs_and_an_append_adds_a_small_run() {
+        let mut m = Mem::default();
+        let small = m.file("a.txt", b"small text file ".repeat(8));
+        let big = chunked(&mut m, "big.bin", 1, 40, 1000);
+        let other = chunked(&mut m, "mid.bin", 2, 3, 1000);
+        let root = m.dir("", vec![small.clone(), big.clone(), other.clone()]).id;
+        let cap = 8_000;
+        let (b, out) = build_all(&m, root, Mode::Recursive, cap);
+        assert!(b.loose.is_empty() && b.unpacked == 0, "nothing goes alone: {:?}", b.loose);
+        let manifest = ChunkManifest::decode(&m.0[&big.id]).unwrap();
+        let runs: Vec<&PackEntry> = b
+            .index
+            .packs
+            .iter()
+            .filter(|p| p.members.iter().any(|x| x.id == big.id || manifest.chunks.iter().any(|c| c.1 == x.id)))
+            .collect();
+        assert!(runs.iter().all(|p| is_run_pack(p)), "a run pack holds no blob");
+        let order: Vec<Hash> = runs.iter().flat_map(|p| p.members.iter().map(|x| x.id)).collect();
+        let want: Vec<Hash> = std::iter::once(big.id).chain(manifest.chunks.iter().map(|c| c.1)).collect();
+        assert_eq!(order, want, "the manifest, then the chunks in file order, each once");
+        for (k, p) in runs.iter().enumerate() {
+            let raw: u64 = p.members.iter().map(|x| x.raw_len).sum();
+            assert!(raw <= cap, "a run pack of {raw} raw bytes over the cap {cap}");
+            assert!(k + 1 == runs.len() || raw + 1000 > cap, "runs are filled: {raw} bytes");
+            let bytes = &out[&p.id];
+            for x in &p.members {
+                let got = decode_member(x, &bytes[x.offset as usize..(x.offset + x.stored_len) as usize]).unwrap();
+                assert_eq!(got, m.0[&x.id]);
+            }
+        }
+        // The small file and the file under the cap share the plan's pack.
+        let planned: Vec<&PackEntry> = b.index.packs.iter().filter(|p| !runs.contains(p)).collect();
+        assert_eq!(planned.len(), 1);
+        assert!(
+            planned[0].members.iter().any(|x| x.id == small.id) && planned[0].members.iter().any(|x| x.id == other.id)
+        );
+        // v1: the large file's members go alone, as before.
+        let (v1, _) = build_all(&m, root, Mode::PerDir, cap);
+        assert!(v1.loose.iter().any(|(id, k)| *id == big.id && *k == MemberKind::Manifest));
+        assert_eq!(v1.loose.iter().filter(|(_, k)| *k == MemberKind::Chunk).count(), 43);
+        // An append: a new last chunk and a new manifest.
+        let mut grown = manifest.clone();
+        let extra = m.put(b"appended bytes".to_vec());
+        grown.chunks.push((14, extra));
+        grown.size += 14;
+        let big2 = Entry { size: grown.size, id: m.put(grown.encode()), ..big.clone() };
+        let root2 = m.dir("", vec![small, big2.clone(), other]).id;
+        let src = |id: &Hash| m.0.get(id).cloned().ok_or_else(|| Error::NotFound(id.to_hex()));
+        let mut emitted = Vec::new();
+        let d = build_delta(root2, cap, &b.index, None, &src, &mut |id, bytes| {
+            emitted.push((id, bytes.len()));
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(emitted.len(), 1, "one new pack: {emitted:?}");
+        let new = d.index.packs.iter().find(|p| p.id == emitted[0].0).unwrap();
+        let ids: Vec<Hash> = new.members.iter().map(|x| x.id).collect();
+        assert_eq!(ids, vec![big2.id, extra]);
+        for p in &runs {
+            assert!(d.index.packs.contains(p), "the file's packs stay in the index");
+        }
+        assert!(d.loose.is_empty());
     }
 
     /// What a delta build may absorb: each layer's size (trees and packs),

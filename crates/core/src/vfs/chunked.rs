@@ -70,15 +70,16 @@ impl Chunks {
     }
 
     /// Chunk `id`: from the recent set, or one shared load of it (from
-    /// the disk cache or the store), remembered once loaded.
-    fn load(&self, fetcher: &Arc<Fetcher>, id: Hash) -> Loading {
+    /// the disk cache or the store), remembered once loaded. `in_order`:
+    /// the reader goes on to the next chunks (see [`Fetcher::get_in_order`]).
+    fn load(&self, fetcher: &Arc<Fetcher>, id: Hash, in_order: bool) -> Loading {
         let mut loading = self.loading.lock().expect("loading chunks");
         if let Some(l) = loading.get(&id) {
             return l.clone();
         }
         let (recent, all, fetcher) = (self.recent.clone(), self.loading.clone(), fetcher.clone());
         let l = async move {
-            let r = load(&fetcher, id).await;
+            let r = load(&fetcher, id, in_order).await;
             if let Ok(b) = &r {
                 remember(&recent, id, b.clone());
             }
@@ -102,10 +103,11 @@ fn unshare(e: Arc<Error>) -> Error {
 
 /// A chunk from the disk cache, read and verified off the async workers
 /// (they serve the other reads), or else fetched.
-async fn load(fetcher: &Arc<Fetcher>, id: Hash) -> Result<Bytes> {
+async fn load(fetcher: &Arc<Fetcher>, id: Hash, in_order: bool) -> Result<Bytes> {
     let f = fetcher.clone();
     match tokio::task::spawn_blocking(move || f.cached(&id)).await {
         Ok(Some(b)) => Ok(Bytes::from(b)),
+        _ if in_order => fetcher.get_in_order(id, "chunk").await,
         _ => fetcher.get(Space::Objects, id, "chunk").await,
     }
 }
@@ -145,7 +147,7 @@ impl SnapshotFs {
         }
         let first = starts.partition_point(|s| *s <= offset) - 1;
         let last = starts.partition_point(|s| *s < end) - 1;
-        self.read_ahead(manifest, ahead, offset, end, last);
+        let in_order = self.read_ahead(manifest, ahead, offset, end, last);
         let name = String::from_utf8_lossy(&entry.name).into_owned();
         let parts: Vec<Bytes> = self
             .timed(
@@ -157,7 +159,7 @@ impl SnapshotFs {
                         if let Some(b) = self.chunks.recent(&id) {
                             return Ok(b);
                         }
-                        self.chunks.load(&self.fetcher, id).await.map_err(|e| unshare(e).at_path(&name))
+                        self.chunks.load(&self.fetcher, id, in_order).await.map_err(|e| unshare(e).at_path(&name))
                     }
                 }))
                 .buffered(CHUNK_WINDOW)
@@ -183,12 +185,12 @@ impl SnapshotFs {
     /// Starts fetching the chunks after `last` when the reader is
     /// sequential: a window of 1 MiB after the first read, growing by
     /// 1 MiB every two sequential reads up to [`READ_AHEAD_BYTES`] (at
-    /// least one chunk).
-    fn read_ahead(&self, manifest: &ChunkManifest, ahead: &Readahead, offset: u64, end: u64, last: usize) {
+    /// least one chunk). Returns whether the reader is sequential.
+    fn read_ahead(&self, manifest: &ChunkManifest, ahead: &Readahead, offset: u64, end: u64, last: usize) -> bool {
         let sequential = ahead.next.swap(end, Relaxed) == offset;
         if !sequential {
             ahead.streak.store(0, Relaxed);
-            return;
+            return false;
         }
         let streak = ahead.streak.fetch_add(1, Relaxed) as u64;
         let window = ((1 + streak / 2) << 20).min(READ_AHEAD_BYTES);
@@ -199,7 +201,7 @@ impl SnapshotFs {
             bytes += manifest.chunks[upto].0;
         }
         if upto == last {
-            return;
+            return true;
         }
         let from = ahead.ahead_to.fetch_max(upto + 1, Relaxed).max(last + 1);
         for j in from..=upto {
@@ -212,7 +214,7 @@ impl SnapshotFs {
             // Registered now, so a read that reaches this chunk first
             // drives the same load; the permit only bounds how many the
             // read-ahead itself drives.
-            let load = self.chunks.load(&self.fetcher, id);
+            let load = self.chunks.load(&self.fetcher, id, true);
             tokio::spawn(async move {
                 let Ok(_permit) = permits.acquire_owned().await else { return };
                 // A failure is met again (and reported) by the read that
@@ -220,5 +222,6 @@ impl SnapshotFs {
                 let _ = load.await;
             });
         }
+        true
     }
 }
