@@ -421,3 +421,41 @@ async fn concurrent_random_readers_of_one_pack_all_get_their_chunks() {
         assert!(warnings.is_empty(), "{warnings:?}");
     }
 }
+
+/// A pack the cache holds mostly loose (no record of the pack itself): a
+/// read of a member it lacks fetches that member's bytes alone, not the
+/// pack. A pack the cache holds nothing of: the read starts the pack's
+/// flight.
+#[tokio::test]
+async fn a_member_missing_from_a_pack_cached_loose_is_read_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}/store", dir.path().display());
+    let remote = Arc::new(Remote::open(&url, &OpenOptions::default()).unwrap());
+    let tree = Hash([8; 32]);
+    let (raws, _) = stored_pack(&remote, 64, tree, None).await;
+    let len = raws[0].len() as u64;
+    let cache = Arc::new(DiskCache::open(dir.path().join("cache"), None).unwrap());
+    for (i, r) in raws.iter().enumerate() {
+        if i % 10 != 3 {
+            cache.put(&Hash::of(r), r).unwrap();
+        }
+    }
+    let f = Fetcher::new(remote.clone(), cache);
+    f.attach(tree).await.unwrap();
+    let before = remote.stats();
+    assert_eq!(f.get(Space::Objects, Hash::of(&raws[33]), "blob").await.unwrap(), raws[33]);
+    f.drain().await;
+    let d = remote.stats().since(&before);
+    assert_eq!(d.ranged_gets + d.gets, 1, "{d:?}");
+    assert_eq!(d.bytes_down, len, "one member's bytes: {d:?}");
+
+    let cold = Arc::new(DiskCache::open(dir.path().join("cold"), None).unwrap());
+    let g = Fetcher::new(remote.clone(), cold);
+    g.attach(tree).await.unwrap();
+    let before = remote.stats();
+    assert_eq!(g.get(Space::Objects, Hash::of(&raws[33]), "blob").await.unwrap(), raws[33]);
+    g.drain().await;
+    let d = remote.stats().since(&before);
+    assert_eq!(d.ranged_gets + d.gets, 1, "{d:?}");
+    assert!(d.bytes_down >= 60 * len, "the pack's flight: {d:?}");
+}

@@ -210,15 +210,15 @@ impl DiskCache {
     }
 
     /// The row of member `member` if the cache's copy of pack `pack` has it.
+    /// A record that lacks it is read again (another process may have
+    /// added the member since); no record at all is looked for once.
     fn pack_row(&self, pack: &Hash, member: &Hash) -> Option<(Arc<OpenPack>, Member)> {
-        for refresh in [false, true] {
-            if let Some(p) = self.open_pack(pack, refresh) {
-                if let Some(m) = p.members.get(member).copied() {
-                    return Some((p, m));
-                }
-            }
+        let p = self.open_pack(pack, false)?;
+        if let Some(m) = p.members.get(member).copied() {
+            return Some((p, m));
         }
-        None
+        let p = self.open_pack(pack, true)?;
+        p.members.get(member).copied().map(|m| (p, m))
     }
 
     /// True when the cache holds a record of pack `id` (some of its members).
