@@ -164,10 +164,13 @@ impl Fetcher {
 
     /// Member `id` of `pack` (a pack of an index this fetcher need not have
     /// attached), from the cache or the pack's flight; `None` if the pack
-    /// does not hold it or fetching failed.
+    /// does not hold it or fetching failed. The caller (a delta build
+    /// folding a pack in) goes on to the members after it: a chunk's
+    /// flight runs to the pack's end, not one GET per chunk.
     pub async fn member_of(self: &Arc<Self>, pack: Arc<PackEntry>, id: &Hash) -> Option<Bytes> {
         let i = pack.members.iter().position(|m| m.id == *id)?;
-        self.from_pack(pack, i, false).await
+        let in_order = pack.members[i].kind == crate::pack::MemberKind::Chunk;
+        self.from_pack(pack, i, in_order).await
     }
 
     /// `retry`: a flight before this one left member `i` out, so the next
