@@ -459,3 +459,46 @@ async fn a_member_missing_from_a_pack_cached_loose_is_read_alone() {
     assert_eq!(d.ranged_gets + d.gets, 1, "{d:?}");
     assert!(d.bytes_down >= 60 * len, "the pack's flight: {d:?}");
 }
+
+/// Run packs (a large file's) download a few at a time: ten large files
+/// read at once start ten flights, but their GETs go out four by four
+/// (three round trips, not one), so the members a flight keeps until its
+/// pack has arrived stay bounded however many large files are read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn run_packs_download_a_few_at_a_time() {
+    use mado_core::pack::{build_pack, is_run_pack, MemberKind, Mode, PackIndex};
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}/store", dir.path().display());
+    let remote = Arc::new(Remote::open(&url, &OpenOptions { inject_rtt: Some(Duration::from_millis(10)) }).unwrap());
+    let mut packs = Vec::new();
+    let mut firsts = Vec::new();
+    for p in 0..10u64 {
+        let raws = noise(0x5151_0000 + p, 4, 32 << 10);
+        let members: Vec<(Hash, MemberKind, &[u8])> =
+            raws.iter().map(|r| (Hash::of(r), MemberKind::Chunk, &r[..])).collect();
+        let (bytes, entry) = build_pack(&members);
+        assert!(is_run_pack(&entry));
+        remote.put_pack(&entry.id, Bytes::from(bytes)).await.unwrap();
+        packs.push(entry);
+        firsts.push(raws[0].clone());
+    }
+    let tree = Hash([4; 32]);
+    let idx = PackIndex { tree, mode: Mode::Recursive, dirs: 1, packs, trees: vec![], base: vec![] };
+    remote.put_index(&tree, Bytes::from(idx.encode())).await.unwrap();
+    let cache = Arc::new(DiskCache::open(dir.path().join("cache"), None).unwrap());
+    let f = Fetcher::new(remote.clone(), cache);
+    f.attach(tree).await.unwrap();
+    let before = remote.stats();
+    let reads = firsts.iter().map(|r| {
+        let f = f.clone();
+        async move { f.get_in_order(Hash::of(r), "chunk").await }
+    });
+    let got = futures::future::join_all(reads).await;
+    for (g, r) in got.iter().zip(&firsts) {
+        assert_eq!(g.as_ref().unwrap()[..], r[..]);
+    }
+    f.drain().await;
+    let d = remote.stats().since(&before);
+    assert_eq!(d.ranged_gets + d.gets, 10, "{d:?}");
+    assert_eq!(d.round_trips, 3, "four at a time: {d:?}");
+}

@@ -88,6 +88,8 @@ pub struct Fetcher {
     write_permits: Arc<tokio::sync::Semaphore>,
     /// Large-file pieces held in memory (see [`typed::PIECE_BYTES_IN_MEMORY`]).
     piece_permits: Arc<tokio::sync::Semaphore>,
+    /// Run packs being downloaded at once (see [`packs::RUN_FLIGHTS`]).
+    run_flights: Arc<tokio::sync::Semaphore>,
     warnings: Mutex<Vec<String>>,
     /// What the current walk will read (see [`Fetcher::want`]).
     wanted: RwLock<Option<Arc<HashSet<Hash>>>>,
@@ -122,6 +124,7 @@ impl Fetcher {
                 std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2),
             )),
             piece_permits: Arc::new(tokio::sync::Semaphore::new(typed::PIECE_PERMITS)),
+            run_flights: Arc::new(tokio::sync::Semaphore::new(packs::RUN_FLIGHTS)),
             warnings: Mutex::new(Vec::new()),
             wanted: RwLock::new(None),
             counters: FetchCounters::default(),

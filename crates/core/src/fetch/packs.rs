@@ -105,6 +105,16 @@ pub(super) const SPLIT_AHEAD_BYTES: u64 = 4 << 20;
 /// How far before the first reader's member such a flight starts.
 pub(super) const SPLIT_BACK_BYTES: u64 = 1 << 20;
 
+/// Run packs (a large file's, [`crate::pack::is_run_pack`]) one fetcher
+/// downloads at once. A flight keeps every member it brought until its
+/// pack has arrived, and each large file being read starts one: without
+/// a bound, a checkout of 12 files of 80 MiB held 12 packs of 16 MiB in
+/// memory at once (a 477 MiB peak, over issue #19's 256 MiB). Four keep a
+/// reader's 32-chunk window busy; the others wait for a permit before
+/// their GET, and a flight never waits on its readers, so permits always
+/// come back.
+pub(super) const RUN_FLIGHTS: usize = 4;
+
 /// Members of a pack the cache has no record of that
 /// [`Fetcher::mostly_cached`] looks up, at most.
 const MOSTLY_CACHED_SAMPLE: usize = 16;
@@ -364,6 +374,10 @@ impl Fetcher {
     /// a flight of their own), so that reader waits for its own member's
     /// bytes only, wherever it is in the pack.
     async fn run_pack(self: Arc<Self>, pack: Arc<PackEntry>, flight: Arc<PackFlight>, start: Start) {
+        let _permit = match crate::pack::is_run_pack(&pack) {
+            true => self.run_flights.clone().acquire_owned().await.ok(),
+            false => None,
+        };
         // One process at a time per pack; the loser then finds the cache full.
         let lock_path = self.cache.pack_lock_path(&pack.id);
         // Without the lock (an unwritable cache) we may fetch twice: still correct.
