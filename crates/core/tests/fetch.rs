@@ -509,3 +509,32 @@ async fn run_packs_download_a_few_at_a_time() {
     assert_eq!(d.ranged_gets + d.gets, 10, "{d:?}");
     assert_eq!(d.round_trips, 3, "four at a time: {d:?}");
 }
+
+/// `member_of` (a delta build folding in a pack this fetcher never
+/// attached): a member by id, `None` for an id the pack lacks, and a
+/// large file's chunks read one after the other cost one GET: the first
+/// chunk's flight runs to the end of the pack.
+#[tokio::test]
+async fn member_of_reads_a_packs_chunks_in_one_get() {
+    use mado_core::pack::{build_pack, MemberKind};
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}/store", dir.path().display());
+    let remote = Arc::new(Remote::open(&url, &OpenOptions::default()).unwrap());
+    let raws = noise(0x7777_1234_abcd_0001, 12, 32 << 10);
+    let members: Vec<(Hash, MemberKind, &[u8])> =
+        raws.iter().map(|r| (Hash::of(r), MemberKind::Chunk, &r[..])).collect();
+    let (bytes, entry) = build_pack(&members);
+    remote.put_pack(&entry.id, Bytes::from(bytes)).await.unwrap();
+    let pack = Arc::new(entry);
+    let cache = Arc::new(DiskCache::open(dir.path().join("cache"), None).unwrap());
+    let f = Fetcher::new(remote.clone(), cache);
+    assert!(f.member_of(pack.clone(), &Hash([3; 32])).await.is_none(), "not in the pack");
+    let before = remote.stats();
+    for r in &raws[2..] {
+        assert_eq!(f.member_of(pack.clone(), &Hash::of(r)).await.as_deref(), Some(&r[..]));
+    }
+    f.drain().await;
+    let d = remote.stats().since(&before);
+    assert_eq!(d.ranged_gets + d.gets, 1, "{d:?}");
+    assert_eq!(d.bytes_down, 10 * (32 << 10), "chunks 2 to 11: {d:?}");
+}
