@@ -187,6 +187,27 @@ async fn stored_pack(
     (raws, entry)
 }
 
+/// A large file's pack: `n` chunks of `len` pseudo-random bytes (from
+/// `seed`), stored with the index of tree `tree`.
+async fn stored_chunks(
+    remote: &Remote,
+    seed: u64,
+    n: usize,
+    len: usize,
+    tree: Hash,
+) -> (Vec<Vec<u8>>, mado_core::pack::PackEntry) {
+    use mado_core::pack::{build_pack, MemberKind, Mode, PackIndex};
+    let raws = noise(seed, n, len);
+    let members: Vec<(Hash, MemberKind, &[u8])> =
+        raws.iter().map(|r| (Hash::of(r), MemberKind::Chunk, &r[..])).collect();
+    let (bytes, entry) = build_pack(&members);
+    remote.put_pack(&entry.id, Bytes::from(bytes)).await.unwrap();
+    let idx =
+        PackIndex { tree, mode: Mode::Recursive, dirs: 1, packs: vec![entry.clone()], trees: vec![], base: vec![] };
+    remote.put_index(&tree, Bytes::from(idx.encode())).await.unwrap();
+    (raws, entry)
+}
+
 type Got = Arc<std::sync::Mutex<Vec<(usize, Option<Bytes>)>>>;
 
 fn collecting(got: &Got) -> impl FnMut(usize, Option<Bytes>) -> Option<futures::future::BoxFuture<'static, ()>> + Send {
@@ -337,19 +358,12 @@ async fn stream_members_refuses_a_span_outside_its_pack_or_of_a_failed_pack_and_
 /// after it come with no request of their own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_chunk_read_at_random_fetches_itself_and_one_in_order_the_rest_of_its_pack() {
-    use mado_core::pack::{build_pack, MemberKind, Mode, PackIndex};
     let dir = tempfile::tempdir().unwrap();
     let url = format!("file://{}/store", dir.path().display());
     let remote = Arc::new(Remote::open(&url, &OpenOptions { inject_rtt: Some(Duration::from_millis(10)) }).unwrap());
     let len = 64 << 10;
-    let raws = noise(0x1234_5678_9abc_def1, 16, len);
-    let members: Vec<(Hash, MemberKind, &[u8])> =
-        raws.iter().map(|r| (Hash::of(r), MemberKind::Chunk, &r[..])).collect();
-    let (bytes, entry) = build_pack(&members);
-    remote.put_pack(&entry.id, Bytes::from(bytes)).await.unwrap();
     let tree = Hash([5; 32]);
-    let idx = PackIndex { tree, mode: Mode::Recursive, dirs: 1, packs: vec![entry], trees: vec![], base: vec![] };
-    remote.put_index(&tree, Bytes::from(idx.encode())).await.unwrap();
+    let (raws, _) = stored_chunks(&remote, 0x1234_5678_9abc_def1, 16, len, tree).await;
     let cache = Arc::new(DiskCache::open(dir.path().join("cache"), None).unwrap());
     let f = Fetcher::new(remote.clone(), cache.clone());
     f.attach(tree).await.unwrap();
@@ -391,18 +405,11 @@ async fn a_chunk_read_at_random_fetches_itself_and_one_in_order_the_rest_of_its_
 /// up on the pack would fail.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_random_readers_of_one_pack_all_get_their_chunks() {
-    use mado_core::pack::{build_pack, MemberKind, Mode, PackIndex};
     let dir = tempfile::tempdir().unwrap();
     let url = format!("file://{}/store", dir.path().display());
     let remote = Arc::new(Remote::open(&url, &OpenOptions { inject_rtt: Some(Duration::from_millis(5)) }).unwrap());
-    let raws = noise(0x0bad_cafe_f00d_1234, 24, 16 << 10);
-    let members: Vec<(Hash, MemberKind, &[u8])> =
-        raws.iter().map(|r| (Hash::of(r), MemberKind::Chunk, &r[..])).collect();
-    let (bytes, entry) = build_pack(&members);
-    remote.put_pack(&entry.id, Bytes::from(bytes)).await.unwrap();
     let tree = Hash([6; 32]);
-    let idx = PackIndex { tree, mode: Mode::Recursive, dirs: 1, packs: vec![entry], trees: vec![], base: vec![] };
-    remote.put_index(&tree, Bytes::from(idx.encode())).await.unwrap();
+    let (raws, _) = stored_chunks(&remote, 0x0bad_cafe_f00d_1234, 24, 16 << 10, tree).await;
     // Rounds with a fresh cache each: the races are between flights.
     for round in 0..12 {
         let cache = Arc::new(DiskCache::open(dir.path().join(format!("cache{round}")), None).unwrap());
@@ -516,15 +523,11 @@ async fn run_packs_download_a_few_at_a_time() {
 /// chunk's flight runs to the end of the pack.
 #[tokio::test]
 async fn member_of_reads_a_packs_chunks_in_one_get() {
-    use mado_core::pack::{build_pack, MemberKind};
     let dir = tempfile::tempdir().unwrap();
     let url = format!("file://{}/store", dir.path().display());
     let remote = Arc::new(Remote::open(&url, &OpenOptions::default()).unwrap());
-    let raws = noise(0x7777_1234_abcd_0001, 12, 32 << 10);
-    let members: Vec<(Hash, MemberKind, &[u8])> =
-        raws.iter().map(|r| (Hash::of(r), MemberKind::Chunk, &r[..])).collect();
-    let (bytes, entry) = build_pack(&members);
-    remote.put_pack(&entry.id, Bytes::from(bytes)).await.unwrap();
+    // Its index is stored too, but this fetcher never attaches it.
+    let (raws, entry) = stored_chunks(&remote, 0x7777_1234_abcd_0001, 12, 32 << 10, Hash([2; 32])).await;
     let pack = Arc::new(entry);
     let cache = Arc::new(DiskCache::open(dir.path().join("cache"), None).unwrap());
     let f = Fetcher::new(remote.clone(), cache);
