@@ -374,10 +374,6 @@ impl Fetcher {
     /// a flight of their own), so that reader waits for its own member's
     /// bytes only, wherever it is in the pack.
     async fn run_pack(self: Arc<Self>, pack: Arc<PackEntry>, flight: Arc<PackFlight>, start: Start) {
-        let _permit = match crate::pack::is_run_pack(&pack) {
-            true => self.run_flights.clone().acquire_owned().await.ok(),
-            false => None,
-        };
         // One process at a time per pack; the loser then finds the cache full.
         let lock_path = self.cache.pack_lock_path(&pack.id);
         // Without the lock (an unwritable cache) we may fetch twice: still correct.
@@ -431,6 +427,13 @@ impl Fetcher {
         let mut sink = move |i: usize, b: Option<Bytes>| {
             fl.arrived(i, b);
             None
+        };
+        // A permit bounds downloads only: a flight that finds its span
+        // cached ended above without one. Taken under the pack's flock, so
+        // a permit's holder waits on nothing but its download.
+        let _permit = match crate::pack::is_run_pack(&pack) {
+            true => self.run_flights.clone().acquire_owned().await.ok(),
+            false => None,
         };
         self.fetch_span(&pack, lo, hi, &mut sink, false).await;
         self.end_flight(&pack.id, &flight);

@@ -78,7 +78,8 @@ struct Walk<'a> {
     unpacked: u64,
     loose: Vec<(Hash, MemberKind)>,
     /// Files too large for a pack of the plan: their members (manifest,
-    /// then chunks in file order), packed apart in runs (see [`pack_runs`]).
+    /// then chunks in file order), packed apart in runs of at most
+    /// [`RUN_PACK_BYTES`] (see [`pack_in_order`]).
     runs: Vec<Vec<(Hash, MemberKind)>>,
 }
 
