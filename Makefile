@@ -1,5 +1,7 @@
 # mado's entry points. Both install what they need if it is missing.
-.PHONY: demo test check fmt bench bench-quick pjdfstest
+.PHONY: demo test check fmt bench bench-quick pjdfstest install uninstall
+
+PREFIX ?= $(HOME)/.local
 
 demo:   ## import this repository into the embedded local store and check it out
 	./scripts/demo.sh
@@ -21,3 +23,13 @@ check:  ## formatting and lints
 
 fmt:
 	cargo fmt --all
+
+install:  ## build the release binary and install it with its manual pages and bash completion under PREFIX (default ~/.local)
+	./scripts/ensure-deps.sh && . scripts/env.sh && cargo install --locked --path crates/cli --root "$(PREFIX)"
+	mkdir -p "$(PREFIX)/share/man/man1" "$(PREFIX)/share/bash-completion/completions"
+	"$(PREFIX)/bin/mado" man --dir "$(PREFIX)/share/man/man1"
+	"$(PREFIX)/bin/mado" completion bash > "$(PREFIX)/share/bash-completion/completions/mado"
+	@echo "installed $(PREFIX)/bin/mado; make sure $(PREFIX)/bin is on your PATH"
+
+uninstall:
+	rm -f "$(PREFIX)/bin/mado" "$(PREFIX)/share/man/man1/mado.1" "$(PREFIX)/share/man/man1"/mado-*.1 "$(PREFIX)/share/bash-completion/completions/mado"

@@ -6,8 +6,8 @@ set -euo pipefail
 source "$(dirname "$0")/env.sh"
 "$MADO_ROOT/scripts/ensure-deps.sh"
 repo="$(cd "${1:-$MADO_ROOT}" && pwd)"
-(cd "$MADO_ROOT" && cargo build -q -p mado)
-mado="$CARGO_TARGET_DIR/debug/mado"
+(cd "$MADO_ROOT" && cargo build -q --release --locked -p mado)
+mado="$CARGO_TARGET_DIR/release/mado"
 
 demo=$(mktemp -d "${TMPDIR:-/tmp}/mado-demo.XXXXXX")
 export HOME="$demo/home" XDG_CACHE_HOME="" XDG_CONFIG_HOME="" XDG_DATA_HOME="" MADO_CACHE_DIR="" MADO_CONFIG=""
@@ -30,3 +30,6 @@ if diff -r "$demo/cold" "$demo/warm" >/dev/null; then
 else
   echo "checkouts differ!" >&2; exit 1
 fi
+echo
+echo "the mado binary this demo ran: $mado ($("$mado" --version))"
+echo "put it on your PATH with: make install   (or: cargo install --locked --path crates/cli)"

@@ -15,6 +15,10 @@ for a in "$@"; do
   esac
 done
 
+# MinIO has no tagged Go module versions: pinned to the pseudo-version of
+# its commit 7aac2a2c5b7c (2026-02-12), the newest the Go module proxy serves here.
+MINIO_VERSION=v0.0.0-20260212201848-7aac2a2c5b7c
+
 pkgs=(fuse3 libfuse3-dev pkg-config git curl)
 [ -n "$want_bench" ] && pkgs+=(rclone s3fs python3-matplotlib)
 need_pkgs=()
@@ -33,14 +37,19 @@ if ! command -v cargo >/dev/null; then
   exit 1
 fi
 
-if [ -n "$want_minio" ] && [ ! -x "$MADO_TOOLS_DIR/bin/minio" ]; then
+# The pinned version is read from the binary's own build information.
+minio_ok() {
+  [ -x "$MADO_TOOLS_DIR/bin/minio" ] &&
+    go version -m "$MADO_TOOLS_DIR/bin/minio" 2>/dev/null | grep -q "github.com/minio/minio[[:space:]]*$MINIO_VERSION"
+}
+if [ -n "$want_minio" ] && ! minio_ok; then
   if ! command -v go >/dev/null; then
     echo "error: go is needed to build MinIO (apt-get install golang, or put go on PATH)" >&2
     exit 1
   fi
   echo "building MinIO into $MADO_TOOLS_DIR/bin (once; takes a few minutes)" >&2
   mkdir -p "$MADO_TOOLS_DIR/bin"
-  (cd /tmp && GOBIN="$MADO_TOOLS_DIR/bin.tmp" GOFLAGS=-mod=mod go install github.com/minio/minio@latest)
+  (cd /tmp && GOBIN="$MADO_TOOLS_DIR/bin.tmp" GOFLAGS=-mod=mod go install "github.com/minio/minio@$MINIO_VERSION")
   mv "$MADO_TOOLS_DIR/bin.tmp/minio" "$MADO_TOOLS_DIR/bin/minio"
   rmdir "$MADO_TOOLS_DIR/bin.tmp" 2>/dev/null || true
 fi
