@@ -14,6 +14,7 @@
 //! So the presence of a tree proves the presence of everything below it,
 //! which is what lets an upload skip whole unchanged subtrees with one HEAD.
 
+pub mod aws_profile;
 pub mod counting;
 pub mod delay;
 pub mod fault;
@@ -112,6 +113,8 @@ pub struct Remote {
     prefix: String,
     /// Set for `file://` stores: refs are compared under an flock here.
     local_root: Option<PathBuf>,
+    /// For S3: the endpoint requests go to, as resolved (for messages).
+    endpoint: Option<String>,
     counters: Arc<Counters>,
 }
 
@@ -139,70 +142,101 @@ fn memory_store(url: &str) -> Arc<dyn ObjectStore> {
 impl Remote {
     /// Opens `file:///abs/path` or `s3://bucket[/prefix]`. S3 settings come
     /// from the standard AWS environment variables (`AWS_ENDPOINT_URL`,
-    /// `AWS_REGION`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`); an
-    /// `http://` endpoint (MinIO on loopback) is allowed as is.
+    /// `AWS_REGION`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`), then from
+    /// the profile `AWS_PROFILE` names in the shared config files
+    /// ([`aws_profile`]); an `http://` endpoint (MinIO on loopback) is
+    /// allowed as is.
     pub fn open(url: &str, opts: &OpenOptions) -> Result<Remote> {
         let parsed = url::Url::parse(url).map_err(|e| {
             Error::User(format!(
                 "remote URL {url:?} is not a URL ({e}); use file:///absolute/path or s3://bucket/prefix"
             ))
         })?;
-        let (inner, prefix, local_root): (Arc<dyn ObjectStore>, String, Option<PathBuf>) = match parsed.scheme() {
-            "file" => {
-                let root = parsed
-                    .to_file_path()
-                    .map_err(|_| Error::User(format!("remote URL {url:?}: a file:// URL needs an absolute path")))?;
-                crate::fsutil::create_private_dir(&root)?;
-                let fs = object_store::local::LocalFileSystem::new_with_prefix(&root)
-                    .map_err(|e| Error::User(format!("remote URL {url:?}: cannot open {}: {e}", root.display())))?;
-                (Arc::new(fs), String::new(), Some(root))
-            }
-            // A store in this process's memory, shared by every remote of
-            // the same URL and gone when the process ends: for unit tests
-            // of the layers above the store, never in place of a real
-            // backend.
-            "memory" => (memory_store(url), String::new(), None),
-            "s3" => {
-                let bucket = parsed.host_str().unwrap_or_default().to_string();
-                if bucket.is_empty() {
-                    return Err(Error::User(format!("remote URL {url:?}: no bucket; use s3://bucket/prefix")));
+        let (inner, prefix, local_root, endpoint): (Arc<dyn ObjectStore>, String, Option<PathBuf>, Option<String>) =
+            match parsed.scheme() {
+                "file" => {
+                    let root = parsed.to_file_path().map_err(|_| {
+                        Error::User(format!("remote URL {url:?}: a file:// URL needs an absolute path"))
+                    })?;
+                    crate::fsutil::create_private_dir(&root)?;
+                    let fs = object_store::local::LocalFileSystem::new_with_prefix(&root)
+                        .map_err(|e| Error::User(format!("remote URL {url:?}: cannot open {}: {e}", root.display())))?;
+                    (Arc::new(fs), String::new(), Some(root), None)
                 }
-                let mut b = object_store::aws::AmazonS3Builder::from_env().with_bucket_name(&bucket);
-                let endpoint = std::env::var("AWS_ENDPOINT_URL").or_else(|_| std::env::var("AWS_ENDPOINT")).ok();
-                if let Some(ep) = &endpoint {
-                    b = b.with_endpoint(ep).with_allow_http(ep.starts_with("http://"));
-                }
-                if std::env::var("AWS_REGION").is_err() && std::env::var("AWS_DEFAULT_REGION").is_err() {
-                    b = b.with_region("us-east-1");
-                }
-                let client = ClientOptions::new()
-                    .with_connect_timeout(CONNECT_TIMEOUT)
-                    .with_timeout(REQUEST_TIMEOUT)
-                    .with_pool_idle_timeout(Duration::from_secs(90))
-                    .with_allow_http(endpoint.as_deref().is_some_and(|e| e.starts_with("http://")));
-                let retry =
-                    RetryConfig { max_retries: MAX_RETRIES, retry_timeout: RETRY_TIMEOUT, ..Default::default() };
-                let s3 = b.with_client_options(client).with_retry(retry).build().map_err(|e| {
+                // A store in this process's memory, shared by every remote of
+                // the same URL and gone when the process ends: for unit tests
+                // of the layers above the store, never in place of a real
+                // backend.
+                "memory" => (memory_store(url), String::new(), None, None),
+                "s3" => {
+                    let bucket = parsed.host_str().unwrap_or_default().to_string();
+                    if bucket.is_empty() {
+                        return Err(Error::User(format!("remote URL {url:?}: no bucket; use s3://bucket/prefix")));
+                    }
+                    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+                    let profile = aws_profile::load(&env)?;
+                    let mut b = object_store::aws::AmazonS3Builder::from_env().with_bucket_name(&bucket);
+                    let endpoint = env("AWS_ENDPOINT_URL_S3")
+                        .or_else(|| env("AWS_ENDPOINT_URL"))
+                        .or_else(|| env("AWS_ENDPOINT"))
+                        .or_else(|| profile.as_ref().and_then(|p| p.endpoint_url.clone()));
+                    if let Some(ep) = &endpoint {
+                        b = b.with_endpoint(ep).with_allow_http(ep.starts_with("http://"));
+                    }
+                    if env("AWS_REGION").is_none() && env("AWS_DEFAULT_REGION").is_none() {
+                        b = b
+                            .with_region(profile.as_ref().and_then(|p| p.region.clone()).unwrap_or("us-east-1".into()));
+                    }
+                    // Keys in the environment win over the profile's.
+                    if let (Some(p), None) = (&profile, env("AWS_ACCESS_KEY_ID")) {
+                        use object_store::aws::AmazonS3ConfigKey as K;
+                        match p.credentials()? {
+                            aws_profile::Credentials::Static(c) => {
+                                b = b.with_access_key_id(c.key_id).with_secret_access_key(c.secret_key);
+                                if let Some(t) = c.token {
+                                    b = b.with_token(t);
+                                }
+                            }
+                            aws_profile::Credentials::Process(provider) => b = b.with_credentials(provider),
+                            aws_profile::Credentials::WebIdentity { role_arn, token_file, session_name } => {
+                                b = b
+                                    .with_config(K::RoleArn, role_arn)
+                                    .with_config(K::WebIdentityTokenFile, token_file);
+                                if let Some(n) = session_name {
+                                    b = b.with_config(K::RoleSessionName, n);
+                                }
+                            }
+                            aws_profile::Credentials::None => {}
+                        }
+                    }
+                    let client = ClientOptions::new()
+                        .with_connect_timeout(CONNECT_TIMEOUT)
+                        .with_timeout(REQUEST_TIMEOUT)
+                        .with_pool_idle_timeout(Duration::from_secs(90))
+                        .with_allow_http(endpoint.as_deref().is_some_and(|e| e.starts_with("http://")));
+                    let retry =
+                        RetryConfig { max_retries: MAX_RETRIES, retry_timeout: RETRY_TIMEOUT, ..Default::default() };
+                    let s3 = b.with_client_options(client).with_retry(retry).build().map_err(|e| {
                     Error::User(format!(
-                        "remote URL {url:?}: {e}\n  hint: set AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
+                        "remote URL {url:?}: {e}\n  hint: set AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE"
                     ))
                 })?;
-                let prefix = parsed.path().trim_matches('/').to_string();
-                (Arc::new(s3), prefix, None)
-            }
-            other => {
-                return Err(Error::User(format!(
+                    let prefix = parsed.path().trim_matches('/').to_string();
+                    (Arc::new(s3), prefix, None, endpoint)
+                }
+                other => {
+                    return Err(Error::User(format!(
                     "remote URL {url:?}: unsupported scheme {other:?}; use file:///absolute/path or s3://bucket/prefix"
                 )))
-            }
-        };
+                }
+            };
         let inner: Arc<dyn ObjectStore> = match opts.inject_rtt {
             Some(rtt) => Arc::new(delay::DelayStore::new(inner, rtt)),
             None => inner,
         };
         let counters = Arc::new(Counters::default());
         let store = Arc::new(CountingStore::new(inner, counters.clone()));
-        Ok(Remote { url: url.to_string(), store, prefix, local_root, counters })
+        Ok(Remote { url: url.to_string(), store, prefix, local_root, endpoint, counters })
     }
 
     /// A remote over `store` as given, with no URL to parse: for tests of
@@ -211,7 +245,7 @@ impl Remote {
     pub fn from_store(label: &str, store: Arc<dyn ObjectStore>) -> Remote {
         let counters = Arc::new(Counters::default());
         let store = Arc::new(CountingStore::new(store, counters.clone()));
-        Remote { url: label.to_string(), store, prefix: String::new(), local_root: None, counters }
+        Remote { url: label.to_string(), store, prefix: String::new(), local_root: None, endpoint: None, counters }
     }
 
     pub fn url(&self) -> &str {
@@ -241,7 +275,16 @@ impl Remote {
         // these are the user's to fix, not internal errors.
         let text = e.to_string();
         let code = text.split("<Code>").nth(1).and_then(|r| r.split("</Code>").next()).unwrap_or_default();
-        let endpoint = std::env::var("AWS_ENDPOINT_URL").unwrap_or_else(|_| "AWS S3".into());
+        let endpoint = self.endpoint.clone().unwrap_or_else(|| "AWS S3".into());
+        if text.contains("169.254.169.254") {
+            // No credentials anywhere: object_store fell back to the EC2
+            // instance metadata service, which is not there.
+            return Error::User(format!(
+                "remote {}: no AWS credentials found; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, \
+                 or AWS_PROFILE naming a profile in ~/.aws/credentials (mado asked the EC2 instance metadata service, which did not answer)",
+                self.url
+            ));
+        }
         match code {
             "NoSuchBucket" => {
                 let bucket = self.url.trim_start_matches("s3://").split('/').next().unwrap_or_default();
@@ -252,7 +295,7 @@ impl Remote {
             }
             "SignatureDoesNotMatch" | "InvalidAccessKeyId" => {
                 return Error::User(format!(
-                    "remote {}: {endpoint} refused the credentials ({code}); check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
+                    "remote {}: {endpoint} refused the credentials ({code}); check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or the profile AWS_PROFILE names)",
                     self.url
                 ));
             }
@@ -266,10 +309,10 @@ impl Remote {
         }
         let hint = match &e {
             object_store::Error::Generic { .. } if self.local_root.is_none() => {
-                "check that the endpoint (AWS_ENDPOINT_URL) is up and reachable, the bucket exists and the credentials are right"
+                "check that the endpoint (AWS_ENDPOINT_URL or the profile's endpoint_url) is up and reachable, the bucket exists and the credentials are right"
             }
             object_store::Error::PermissionDenied { .. } | object_store::Error::Unauthenticated { .. } => {
-                "check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY and the bucket policy"
+                "check the credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, or AWS_PROFILE's) and the bucket policy"
             }
             _ if self.local_root.is_some() => "check that the store directory exists and is writable (mado init)",
             _ => "check the remote URL and that the server is up (retry later if it is overloaded)",
