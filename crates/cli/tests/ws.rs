@@ -77,7 +77,19 @@ fn same_edits_in_two_workspaces_share_every_file_and_tree_minio() {
 #[test]
 fn two_writers_one_wins_the_other_gets_the_lease_error_minio() {
     let Some(base) = s3_base() else { return };
-    let m = Mado::s3(&base);
+    two_writers_race(&base);
+}
+
+/// The same race on Azure Blob (Azurite): its conditional PUTs
+/// (If-None-Match / If-Match) must give the same single winner.
+#[test]
+fn two_writers_one_wins_the_other_gets_the_lease_error_azurite() {
+    let Some(base) = azure_base() else { return };
+    two_writers_race(&base);
+}
+
+fn two_writers_race(base: &str) {
+    let m = Mado::s3(base);
     setup(&m);
     let (a, b) = (m.dir.path().join("a"), m.dir.path().join("b"));
     m.ok(&["ws", "create", "shared", "--dir", a.to_str().unwrap()]);

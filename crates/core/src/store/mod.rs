@@ -15,6 +15,7 @@
 //! which is what lets an upload skip whole unchanged subtrees with one HEAD.
 
 pub mod aws_profile;
+mod cloud;
 pub mod counting;
 pub mod delay;
 pub mod fault;
@@ -27,10 +28,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path;
-use object_store::{
-    ClientOptions, GetOptions, GetRange, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, RetryConfig,
-    UpdateVersion,
-};
+use object_store::{GetOptions, GetRange, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, UpdateVersion};
 
 use crate::error::{Error, Result};
 use crate::hash::Hash;
@@ -124,13 +122,6 @@ impl std::fmt::Debug for Remote {
     }
 }
 
-/// Connect and request bounds: an unreachable remote fails within about
-/// `CONNECT_TIMEOUT × (MAX_RETRIES + 1)` plus backoff, never hangs.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
-const MAX_RETRIES: usize = 2;
-const RETRY_TIMEOUT: Duration = Duration::from_secs(15);
-
 /// The in-memory store named by `url` (one per URL per process).
 fn memory_store(url: &str) -> Arc<dyn ObjectStore> {
     static STORES: std::sync::OnceLock<std::sync::Mutex<std::collections::HashMap<String, Arc<dyn ObjectStore>>>> =
@@ -168,66 +159,14 @@ impl Remote {
                 // of the layers above the store, never in place of a real
                 // backend.
                 "memory" => (memory_store(url), String::new(), None, None),
-                "s3" => {
-                    let bucket = parsed.host_str().unwrap_or_default().to_string();
-                    if bucket.is_empty() {
-                        return Err(Error::User(format!("remote URL {url:?}: no bucket; use s3://bucket/prefix")));
-                    }
-                    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-                    let profile = aws_profile::load(&env)?;
-                    let mut b = object_store::aws::AmazonS3Builder::from_env().with_bucket_name(&bucket);
-                    let endpoint = env("AWS_ENDPOINT_URL_S3")
-                        .or_else(|| env("AWS_ENDPOINT_URL"))
-                        .or_else(|| env("AWS_ENDPOINT"))
-                        .or_else(|| profile.as_ref().and_then(|p| p.endpoint_url.clone()));
-                    if let Some(ep) = &endpoint {
-                        b = b.with_endpoint(ep).with_allow_http(ep.starts_with("http://"));
-                    }
-                    if env("AWS_REGION").is_none() && env("AWS_DEFAULT_REGION").is_none() {
-                        b = b
-                            .with_region(profile.as_ref().and_then(|p| p.region.clone()).unwrap_or("us-east-1".into()));
-                    }
-                    // Keys in the environment win over the profile's.
-                    if let (Some(p), None) = (&profile, env("AWS_ACCESS_KEY_ID")) {
-                        use object_store::aws::AmazonS3ConfigKey as K;
-                        match p.credentials()? {
-                            aws_profile::Credentials::Static(c) => {
-                                b = b.with_access_key_id(c.key_id).with_secret_access_key(c.secret_key);
-                                if let Some(t) = c.token {
-                                    b = b.with_token(t);
-                                }
-                            }
-                            aws_profile::Credentials::Process(provider) => b = b.with_credentials(provider),
-                            aws_profile::Credentials::WebIdentity { role_arn, token_file, session_name } => {
-                                b = b
-                                    .with_config(K::RoleArn, role_arn)
-                                    .with_config(K::WebIdentityTokenFile, token_file);
-                                if let Some(n) = session_name {
-                                    b = b.with_config(K::RoleSessionName, n);
-                                }
-                            }
-                            aws_profile::Credentials::None => {}
-                        }
-                    }
-                    let client = ClientOptions::new()
-                        .with_connect_timeout(CONNECT_TIMEOUT)
-                        .with_timeout(REQUEST_TIMEOUT)
-                        .with_pool_idle_timeout(Duration::from_secs(90))
-                        .with_allow_http(endpoint.as_deref().is_some_and(|e| e.starts_with("http://")));
-                    let retry =
-                        RetryConfig { max_retries: MAX_RETRIES, retry_timeout: RETRY_TIMEOUT, ..Default::default() };
-                    let s3 = b.with_client_options(client).with_retry(retry).build().map_err(|e| {
-                    Error::User(format!(
-                        "remote URL {url:?}: {e}\n  hint: set AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE"
-                    ))
-                })?;
-                    let prefix = parsed.path().trim_matches('/').to_string();
-                    (Arc::new(s3), prefix, None, endpoint)
-                }
+                "s3" => cloud::s3(&parsed, url)?,
+                "gs" => cloud::gcs(&parsed, url)?,
+                "az" | "azure" => cloud::azure(&parsed, url)?,
                 other => {
                     return Err(Error::User(format!(
-                    "remote URL {url:?}: unsupported scheme {other:?}; use file:///absolute/path or s3://bucket/prefix"
-                )))
+                        "remote URL {url:?}: unsupported scheme {other:?}; use file:///absolute/path, \
+                         s3://bucket/prefix, gs://bucket/prefix or az://container/prefix"
+                    )))
                 }
             };
         let inner: Arc<dyn ObjectStore> = match opts.inject_rtt {
@@ -271,11 +210,20 @@ impl Remote {
 
     /// The error for a failed request, with the URL, the key and a hint.
     pub fn remote_err(&self, op: &'static str, key: &Path, e: object_store::Error) -> Error {
-        // What S3 says in its XML, as one line and what to do (exit 1):
-        // these are the user's to fix, not internal errors.
+        // What the service says in its XML, as one line and what to do
+        // (exit 1): these are the user's to fix, not internal errors.
         let text = e.to_string();
         let code = text.split("<Code>").nth(1).and_then(|r| r.split("</Code>").next()).unwrap_or_default();
-        let endpoint = self.endpoint.clone().unwrap_or_else(|| "AWS S3".into());
+        let scheme = self.url.split("://").next().unwrap_or_default();
+        let (service, creds_hint) = match scheme {
+            "gs" => ("GCS", "check GOOGLE_SERVICE_ACCOUNT (or GOOGLE_APPLICATION_CREDENTIALS)"),
+            "az" | "azure" => {
+                ("Azure", "check AZURE_STORAGE_ACCOUNT_NAME and AZURE_STORAGE_ACCOUNT_KEY (or AZURE_STORAGE_SAS_KEY)")
+            }
+            _ => ("AWS S3", "check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or the profile AWS_PROFILE names)"),
+        };
+        let endpoint = self.endpoint.clone().unwrap_or_else(|| service.into());
+        let bucket = self.url.split("://").nth(1).and_then(|r| r.split('/').next()).unwrap_or_default();
         if text.contains("169.254.169.254") {
             // No credentials anywhere: object_store fell back to the EC2
             // instance metadata service, which is not there.
@@ -286,20 +234,29 @@ impl Remote {
             ));
         }
         match code {
-            "NoSuchBucket" => {
-                let bucket = self.url.trim_start_matches("s3://").split('/').next().unwrap_or_default();
+            "NoSuchBucket" | "ContainerNotFound" => {
+                let what = if code == "ContainerNotFound" { "container" } else { "bucket" };
+                let make = match scheme {
+                    "gs" => format!("`gcloud storage buckets create gs://{bucket}`"),
+                    "az" | "azure" => format!("`az storage container create -n {bucket}`"),
+                    _ => format!("`aws s3 mb s3://{bucket}`, `mc mb`"),
+                };
                 return Error::User(format!(
-                    "remote {}: bucket {bucket:?} does not exist at {endpoint}; create it (`aws s3 mb s3://{bucket}`, `mc mb`) or fix the URL",
+                    "remote {}: {what} {bucket:?} does not exist at {endpoint}; create it ({make}) or fix the URL",
                     self.url
                 ));
             }
-            "SignatureDoesNotMatch" | "InvalidAccessKeyId" => {
+            "SignatureDoesNotMatch"
+            | "InvalidAccessKeyId"
+            | "AuthenticationFailed"
+            | "AuthorizationFailure"
+            | "InvalidAuthenticationInfo" => {
                 return Error::User(format!(
-                    "remote {}: {endpoint} refused the credentials ({code}); check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or the profile AWS_PROFILE names)",
+                    "remote {}: {endpoint} refused the credentials ({code}); {creds_hint}",
                     self.url
                 ));
             }
-            "AccessDenied" => {
+            "AccessDenied" | "AuthorizationPermissionMismatch" => {
                 return Error::User(format!(
                     "remote {}: access to {key} denied by {endpoint}; check the credentials' permissions and the bucket policy",
                     self.url
@@ -308,16 +265,16 @@ impl Remote {
             _ => {}
         }
         let hint = match &e {
-            object_store::Error::Generic { .. } if self.local_root.is_none() => {
-                "check that the endpoint (AWS_ENDPOINT_URL or the profile's endpoint_url) is up and reachable, the bucket exists and the credentials are right"
-            }
+            object_store::Error::Generic { .. } if self.local_root.is_none() => format!(
+                "check that {endpoint} is up and reachable, the bucket exists and the credentials are right ({creds_hint})"
+            ),
             object_store::Error::PermissionDenied { .. } | object_store::Error::Unauthenticated { .. } => {
-                "check the credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, or AWS_PROFILE's) and the bucket policy"
+                format!("{creds_hint}, and the bucket's policy")
             }
-            _ if self.local_root.is_some() => "check that the store directory exists and is writable (mado init)",
-            _ => "check the remote URL and that the server is up (retry later if it is overloaded)",
+            _ if self.local_root.is_some() => "check that the store directory exists and is writable (mado init)".into(),
+            _ => "check the remote URL and that the server is up (retry later if it is overloaded)".into(),
         };
-        Error::Remote { url: self.url.clone(), op, key: key.to_string(), hint: hint.to_string(), source: Box::new(e) }
+        Error::Remote { url: self.url.clone(), op, key: key.to_string(), hint, source: Box::new(e) }
     }
 
     /// Reads an object and checks that its bytes hash to `id`.
