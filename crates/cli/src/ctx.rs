@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, Result};
+use anyhow::Result;
 use indicatif::{ProgressBar, ProgressStyle};
 use mado_core::cache::DiskCache;
 use mado_core::fetch::Fetcher;
@@ -51,26 +51,9 @@ pub fn default_store_dir() -> Result<PathBuf> {
     Ok(base.join("mado").join("store"))
 }
 
-/// Reads `remote = "..."` from the config file (a TOML subset: `key =
-/// "value"` lines and `#` comments).
+/// The `remote` the config file names.
 pub fn read_config_remote() -> Result<Option<String>> {
-    let p = config_path()?;
-    let text = match std::fs::read_to_string(&p) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e).with_context(|| format!("reading {}", p.display())),
-    };
-    for line in text.lines() {
-        let line = line.trim();
-        if let Some((k, v)) = line.split_once('=') {
-            if k.trim() == "remote" {
-                let v = v.trim();
-                let v = v.strip_prefix('"').and_then(|v| v.strip_suffix('"')).unwrap_or(v);
-                return Ok(Some(v.to_string()));
-            }
-        }
-    }
-    Ok(None)
+    Ok(crate::config::load()?.remote)
 }
 
 impl Ctx {
@@ -128,7 +111,7 @@ impl Ctx {
         if let Some(c) = self.cache.get() {
             return Ok(c.clone());
         }
-        let c = Arc::new(DiskCache::open_default()?);
+        let c = Arc::new(DiskCache::open_default(crate::config::cache_cap()?)?);
         self.step(format!("opened disk cache {}", c.root().display()));
         Ok(self.cache.get_or_init(|| c).clone())
     }

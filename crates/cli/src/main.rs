@@ -3,6 +3,7 @@
 //! Each command is a file in `cmd/`.
 
 mod cmd;
+mod config;
 mod ctx;
 mod exit;
 

@@ -234,3 +234,46 @@ fn diff_lists_what_changed_between_two_snapshots() {
     assert_eq!(o.status.code(), Some(1), "{o:?}");
     assert!(String::from_utf8_lossy(&o.stderr).contains("no parent"), "{o:?}");
 }
+
+/// The config file is TOML read strictly: `mado config` sets and reads its
+/// keys, a size takes a unit, and a file or variable mado cannot read is
+/// an error naming it (exit 1), never silently ignored.
+#[test]
+fn config_is_strict_toml_with_sizes_and_a_command() {
+    let m = Mado::local();
+    let cfg = m.home().join(".config/mado/config.toml");
+    m.ok(&["init"]);
+    m.ok(&["config", "set", "cache.max_size", "10G"]);
+    assert_eq!(m.ok(&["config", "get", "cache.max_size"]).trim(), "10G");
+    let stats = m.json(&["cache", "stats"]);
+    assert_eq!(stats["cap"], 10u64 << 30, "{stats}");
+    // The variable wins over the file, and takes units too.
+    let o = m.cmd(&["cache", "stats", "--json"]).env("MADO_DISK_CACHE_MAX_BYTES", "1.5G").output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["cap"], 3u64 << 29, "{v}");
+    let o = m.cmd(&["cache", "stats"]).env("MADO_DISK_CACHE_MAX_BYTES", "10X").output().unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("MADO_DISK_CACHE_MAX_BYTES"));
+    // init changes the remote and keeps the rest.
+    m.ok(&["init"]);
+    assert_eq!(m.ok(&["config", "get", "cache.max_size"]).trim(), "10G");
+    let list = m.json(&["config", "list"]);
+    assert_eq!(list["keys"].as_array().unwrap().len(), 2, "{list}");
+    assert!(m.fails(&["config", "set", "cache.max_size", "lots"], 1).contains("not a size"));
+    assert!(m.fails(&["config", "set", "colour", "red"], 1).contains("no config key"));
+    assert!(m.fails(&["config", "set", "remote", "ftp://x"], 1).contains("unsupported scheme"));
+    m.ok(&["config", "unset", "cache.max_size"]);
+    assert!(m.fails(&["config", "get", "cache.max_size"], 1).contains("not set"));
+    let good = std::fs::read_to_string(&cfg).unwrap();
+    // Garbage, an unknown key, a duplicate: refused, naming the file, and
+    // nothing is written over it.
+    for bad in
+        ["%%% garbage [[[\n".to_string(), format!("{good}colour = 1\n"), format!("{good}remote = \"file:///y\"\n")]
+    {
+        std::fs::write(&cfg, &bad).unwrap();
+        let err = m.fails(&["refs"], 1);
+        assert!(err.contains(cfg.to_str().unwrap()) && err.contains("not valid"), "{err}");
+        assert!(m.fails(&["init"], 1).contains("not valid"));
+        assert_eq!(std::fs::read_to_string(&cfg).unwrap(), bad);
+    }
+}

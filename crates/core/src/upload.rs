@@ -256,7 +256,7 @@ pub async fn upload_closure(
         missing_leaves.into_iter().partition(|id| staged.manifests.contains_key(id));
     let evicted = |id: &Hash| {
         format!(
-            "object {id} was evicted from the disk cache before upload; raise MADO_DISK_CACHE_MAX_BYTES and import again"
+            "object {id} was evicted from the disk cache before upload; raise the cache cap (`mado config set cache.max_size`, or MADO_DISK_CACHE_MAX_BYTES) and import again"
         )
     };
     let memory = staged.memory.as_ref().map(|m| &*m.objects);

@@ -7,7 +7,8 @@ use crate::ctx::Ctx;
 #[derive(Subcommand)]
 pub enum CacheCommand {
     /// Where the cache is, how many entries and bytes it holds, and its cap
-    /// (MADO_DISK_CACHE_MAX_BYTES; unset, 0 or unparseable = unbounded).
+    /// (`mado config set cache.max_size 10G`, or MADO_DISK_CACHE_MAX_BYTES
+    /// which wins; unset or 0 = unbounded).
     Stats,
     /// Re-hash every entry; delete (and list) any that does not match its
     /// key. Deleted entries are fetched again when next needed.
@@ -26,7 +27,7 @@ pub async fn run(c: CacheCommand, ctx: &Ctx) -> Result<()> {
             println!("loose:   {} (objects one file each)", u.entries);
             println!("packs:   {} (fetched packs, one file each)", u.packs);
             println!("bytes:   {}", u.bytes);
-            println!("cap:     {}", u.cap.map_or("unbounded".to_string(), |c| format!("{c} bytes")));
+            println!("cap:     {}", u.cap.map_or("unbounded".to_string(), |c| format!("{} ({c} bytes)", human(c))));
         }
         CacheCommand::Verify => {
             let pb = ctx.progress(Some(0), "verifying");
@@ -45,4 +46,20 @@ pub async fn run(c: CacheCommand, ctx: &Ctx) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Bytes in binary units, one decimal: `10.0 GiB`.
+fn human(n: u64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i + 1 < units.len() {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", units[i])
+    }
 }

@@ -1,7 +1,7 @@
 use anyhow::{Context as _, Result};
 use clap::Args;
 
-use crate::ctx::{config_path, default_store_dir, read_config_remote, Ctx};
+use crate::ctx::{config_path, default_store_dir, Ctx};
 
 /// Set up mado: choose the store snapshots live in and write the config.
 ///
@@ -10,9 +10,10 @@ use crate::ctx::{config_path, default_store_dir, read_config_remote, Ctx};
 /// server needed. Checks that the store answers before saving.
 #[derive(Args)]
 pub struct InitArgs {
-    /// Store URL: file:///absolute/path or s3://bucket/prefix (S3 settings
-    /// come from AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID and
-    /// AWS_SECRET_ACCESS_KEY).
+    /// Store URL: file:///absolute/path, s3://bucket/prefix (S3 settings
+    /// come from the AWS_* variables or the profile AWS_PROFILE names),
+    /// gs://bucket/prefix (GOOGLE_SERVICE_ACCOUNT) or az://container/prefix
+    /// (AZURE_STORAGE_ACCOUNT_NAME, AZURE_STORAGE_ACCOUNT_KEY).
     #[arg(long)]
     remote: Option<String>,
 }
@@ -36,13 +37,11 @@ pub async fn run(a: InitArgs, ctx: &Ctx) -> Result<()> {
     let remote = mado_core::store::Remote::open(&url, &Default::default())?;
     remote.list_refs().await.with_context(|| format!("checking that {url} answers"))?;
     ctx.step("remote answered");
-    let previous = read_config_remote()?;
+    // The rest of the file (the cache cap) stays as it is.
+    let mut cfg = crate::config::load()?;
+    let previous = cfg.remote.replace(url.clone());
+    crate::config::save(&cfg)?;
     let path = config_path()?;
-    if let Some(dir) = path.parent() {
-        mado_core::fsutil::create_private_dir(dir)?;
-    }
-    std::fs::write(&path, format!("# mado configuration (written by `mado init`)\nremote = \"{url}\"\n"))
-        .with_context(|| format!("writing {}", path.display()))?;
     let out = InitOut { config: path.display().to_string(), remote: url, previous_remote: previous };
     if ctx.json {
         return ctx.print_json(&out);

@@ -5,6 +5,7 @@ mod cache;
 mod cat;
 mod checkout;
 mod completion;
+mod config;
 mod diff;
 mod gc;
 mod import_git;
@@ -52,6 +53,8 @@ pub enum Command {
     Ws(ws::WsCommand),
     #[command(subcommand)]
     Cache(cache::CacheCommand),
+    #[command(subcommand)]
+    Config(config::ConfigCommand),
     Completion(completion::CompletionArgs),
     Man(completion::ManArgs),
 }
@@ -97,6 +100,7 @@ async fn dispatch(cmd: Command, ctx: &Ctx) -> Result<()> {
         Command::Stats(a) => stats::run(a, ctx).await,
         Command::Ws(c) => ws::run(c, ctx).await,
         Command::Cache(c) => cache::run(c, ctx).await,
+        Command::Config(c) => config::run(c, ctx),
         Command::Completion(a) => completion::completion(a),
         Command::Man(a) => completion::man(a, ctx),
     }

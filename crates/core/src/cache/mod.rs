@@ -12,7 +12,7 @@
 //! - Two kinds of entry: a loose object is one file; a pack fetched
 //!   through its index is one file for the whole pack, with a record of
 //!   the members it holds (`packfile`). Both are verified on every hit.
-//! - `MADO_DISK_CACHE_MAX_BYTES` caps the size, with an eviction that
+//! - A cap (the CLI's `cache.max_size` or `MADO_DISK_CACHE_MAX_BYTES`) bounds the size, with an eviction that
 //!   resists scans (see [`DiskCache::evict`]): sizes are tracked as entries
 //!   are written, and a write that takes the total over the cap evicts
 //!   whole entries down to 90 % of it, so the scan that finds victims runs
@@ -110,15 +110,6 @@ pub struct VerifyReport {
     pub bad: Vec<String>,
 }
 
-/// Parses `MADO_DISK_CACHE_MAX_BYTES`: 0, empty or unparseable means unbounded.
-pub fn cap_from_env() -> Option<u64> {
-    std::env::var("MADO_DISK_CACHE_MAX_BYTES").ok().and_then(|v| parse_cap(&v))
-}
-
-fn parse_cap(v: &str) -> Option<u64> {
-    v.trim().parse::<u64>().ok().filter(|&n| n > 0)
-}
-
 /// Control sockets and logs of the running mounts.
 pub fn mounts_dir() -> Result<PathBuf> {
     Ok(default_dir()?.join("mounts"))
@@ -139,9 +130,9 @@ pub fn default_dir() -> Result<PathBuf> {
 }
 
 impl DiskCache {
-    /// Opens the per-user cache with the cap from the environment.
-    pub fn open_default() -> Result<DiskCache> {
-        DiskCache::open(default_dir()?, cap_from_env())
+    /// The per-user cache at its stable path, capped at `cap` bytes.
+    pub fn open_default(cap: Option<u64>) -> Result<DiskCache> {
+        DiskCache::open(default_dir()?, cap)
     }
 
     pub fn open(root: PathBuf, cap: Option<u64>) -> Result<DiskCache> {
@@ -283,7 +274,7 @@ impl DiskCache {
         if e.raw_os_error().is_some_and(|n| full.contains(&n)) && !self.full_warned.swap(true, Relaxed) {
             eprintln!(
                 "warning: the disk cache at {} is full ({e}); reads go on, but nothing more is cached \
-                 until space is freed (or set MADO_DISK_CACHE_MAX_BYTES to cap it)",
+                 until space is freed (or cap it: `mado config set cache.max_size 10G`)",
                 self.root.display()
             );
         }
@@ -714,12 +705,5 @@ mod tests {
         let none = |e: &crate::pack::PackEntry| e.members.iter().all(|m| !c.pack_has(&e.id, &m.id));
         assert!(packs.iter().all(|e| whole(e) || none(e)), "a pack goes whole or stays whole");
         assert!(whole(packs.last().unwrap()), "the pack just written stays");
-    }
-
-    #[test]
-    fn cap_env_parsing() {
-        for (v, want) in [("", None), ("0", None), ("abc", None), ("-5", None), (" 1024 ", Some(1024))] {
-            assert_eq!(parse_cap(v), want, "{v:?}");
-        }
     }
 }
