@@ -187,7 +187,7 @@ fn usage_errors_exit_1_with_a_hint() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("mado init"));
     m.ok(&["init"]);
     assert!(m.fails(&["ls", "nosuchref"], 1).contains("no ref"));
-    assert!(m.fails(&["import-git", "/nonexistent/repo"], 1).contains("not a git repository"));
+    assert!(m.fails(&["import-git", "/nonexistent/repo"], 1).contains("does not exist"));
     let err = m.fails(&["init", "--remote", "ftp://x"], 1);
     assert!(err.contains("unsupported scheme"), "{err}");
     // Usage errors (and a bare `mado`) are the user's: exit 1, not 2.

@@ -277,3 +277,34 @@ fn config_is_strict_toml_with_sizes_and_a_command() {
         assert_eq!(std::fs::read_to_string(&cfg).unwrap(), bad);
     }
 }
+
+/// import-git as a user calls it: from inside the repository (it finds the
+/// root, as git does), with a URL (refused: clone it first), with
+/// uncommitted changes (imported anyway, with a warning that they are not).
+#[test]
+fn import_git_finds_the_repository_refuses_urls_and_warns_of_uncommitted_work() {
+    let m = Mado::local();
+    m.ok(&["init"]);
+    let repo = fixture_repo(m.dir.path());
+    // The fixture writes win.bat with LF where its attributes say CRLF:
+    // git counts that as a change until it writes the file itself.
+    git(&repo, &["reset", "-q", "--hard"]);
+    let o = m.cmd(&["import-git", "."]).current_dir(repo.join("src/deep")).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("importing the whole repository at") && err.contains(repo.to_str().unwrap()), "{err}");
+    assert!(!err.contains("uncommitted"), "{err}");
+    assert!(m.ok(&["ls", "main"]).contains("README.md"), "the root was imported");
+    for url in ["https://example.com/x/y.git", "git@example.com:x/y.git", "ssh://git@example.com/x"] {
+        let err = m.fails(&["import-git", url], 1);
+        assert!(err.contains("is a URL") && err.contains("clone it first"), "{err}");
+    }
+    let err = m.fails(&["import-git", m.dir.path().to_str().unwrap()], 1);
+    assert!(err.contains("not in a git repository"), "{err}");
+    std::fs::write(repo.join("README.md"), "changed, not committed\n").unwrap();
+    let o = m.cmd(&["import-git", repo.to_str().unwrap()]).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("1 uncommitted change(s)") && err.contains("not imported"), "{err}");
+    assert_eq!(m.ok(&["cat", "main", "README.md"]), "# fixture\n", "HEAD is what was imported");
+}

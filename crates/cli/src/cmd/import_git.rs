@@ -1,4 +1,4 @@
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Result;
@@ -16,7 +16,8 @@ use crate::ctx::Ctx;
 /// previous snapshot. Prints the snapshot id of each commit.
 #[derive(Args)]
 pub struct ImportGitArgs {
-    /// Path to the git repository (a worktree or a bare repository).
+    /// Path to a local git repository (a worktree, any directory inside it,
+    /// or a bare repository). A URL is refused: clone it first.
     repo: PathBuf,
     /// Revision to import (repeatable; default HEAD), e.g. main, v1.0, a commit id.
     #[arg(long = "rev", short = 'r', value_name = "REV")]
@@ -32,10 +33,20 @@ pub struct ImportGitArgs {
     max_pack_bytes: u64,
 }
 
-pub async fn run(a: ImportGitArgs, ctx: &Ctx) -> Result<()> {
+pub async fn run(mut a: ImportGitArgs, ctx: &Ctx) -> Result<()> {
+    let root = locate_repo(&a.repo)?;
+    if root != a.repo {
+        eprintln!("note: importing the whole repository at {} ({} is inside it)", root.display(), a.repo.display());
+        a.repo = root;
+    }
     let remote = ctx.remote()?;
     let cache = ctx.cache()?;
     let revs = if a.revs.is_empty() { vec!["HEAD".to_string()] } else { a.revs };
+    // Uncommitted changes are not imported: ask git beside the import.
+    let dirty = revs.iter().any(|r| r == "HEAD").then(|| {
+        let repo = a.repo.clone();
+        std::thread::spawn(move || uncommitted_changes(&repo))
+    });
     let started = std::time::Instant::now();
     let pb = ctx.progress(None, "reading files");
     let pb2 = pb.clone();
@@ -67,6 +78,13 @@ pub async fn run(a: ImportGitArgs, ctx: &Ctx) -> Result<()> {
     let report = report?;
     for w in &report.warnings {
         eprintln!("warning: {w}");
+    }
+    if let Some(n) = dirty.and_then(|t| t.join().ok().flatten()).filter(|&n| n > 0) {
+        eprintln!(
+            "warning: {} has {n} uncommitted change(s), which are not imported: mado imports commits (HEAD), \
+             not the working tree; commit them and import again to include them",
+            a.repo.display()
+        );
     }
     let secs = started.elapsed().as_secs_f64().max(1e-3);
     for p in &report.packs {
@@ -121,4 +139,52 @@ pub async fn run(a: ImportGitArgs, ctx: &Ctx) -> Result<()> {
         report.bytes as f64 / secs / 1e6,
     );
     Ok(())
+}
+
+/// The repository `arg` names: `arg` itself, or the nearest directory
+/// above it with a `.git` (as git finds it from a subdirectory). A URL is
+/// refused with what to do instead.
+fn locate_repo(arg: &Path) -> Result<PathBuf> {
+    let text = arg.to_string_lossy();
+    let user = |m: String| anyhow::Error::new(mado_core::Error::User(m));
+    if !arg.exists() {
+        let scp_like = text.split_once(':').is_some_and(|(host, _)| !host.contains('/') && host.contains('@'));
+        if text.contains("://") || scp_like {
+            return Err(user(format!(
+                "{text} is a URL; mado imports from a local repository: clone it first \
+                 (`git clone --filter=blob:none {text} DIR`), then `mado import-git DIR`"
+            )));
+        }
+        return Err(user(format!("{text} does not exist; give the path of a local git repository")));
+    }
+    let abs = std::path::absolute(arg).unwrap_or_else(|_| arg.to_path_buf());
+    let is_bare = |d: &Path| d.join("HEAD").is_file() && d.join("objects").is_dir() && d.join("refs").is_dir();
+    if abs.join(".git").exists() || is_bare(&abs) {
+        return Ok(arg.to_path_buf());
+    }
+    for dir in abs.ancestors().skip(1) {
+        if dir.join(".git").exists() {
+            return Ok(dir.to_path_buf());
+        }
+    }
+    Err(user(format!(
+        "{text} is not in a git repository (no .git in it or above it); \
+         give the path of a local repository, or `git clone URL DIR` first"
+    )))
+}
+
+/// How many tracked paths differ from HEAD in the working tree (`git
+/// status`); `None` when git cannot say (no git, a bare repository).
+fn uncommitted_changes(repo: &Path) -> Option<usize> {
+    let o = std::process::Command::new("git")
+        .arg("-C")
+        .arg(repo)
+        .args(["status", "--porcelain", "-z", "--untracked-files=no"])
+        .stderr(std::process::Stdio::null())
+        .output()
+        .ok()?;
+    if !o.status.success() {
+        return None;
+    }
+    Some(o.stdout.split(|&b| b == 0).filter(|l| !l.is_empty()).count())
 }
