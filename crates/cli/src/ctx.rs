@@ -15,6 +15,9 @@ use mado_core::store::{OpenOptions, Remote};
 pub struct Ctx {
     pub verbose: bool,
     pub json: bool,
+    /// `--quiet`: no progress, no summaries, no notes (errors and
+    /// warnings still print; so does what a command is asked to show).
+    pub quiet: bool,
     start: Instant,
     last: Mutex<Instant>,
     remote: OnceLock<Arc<Remote>>,
@@ -56,12 +59,31 @@ pub fn read_config_remote() -> Result<Option<String>> {
     Ok(crate::config::load()?.remote)
 }
 
+/// Prints a command's closing summary on stdout, unless `--quiet`.
+macro_rules! say {
+    ($ctx:expr, $($arg:tt)*) => {
+        if !$ctx.quiet {
+            println!($($arg)*);
+        }
+    };
+}
+
+/// Prints an informational line on stderr (not a warning), unless `--quiet`.
+macro_rules! note {
+    ($ctx:expr, $($arg:tt)*) => {
+        if !$ctx.quiet {
+            eprintln!($($arg)*);
+        }
+    };
+}
+
 impl Ctx {
-    pub fn new(verbose: bool, json: bool) -> Ctx {
+    pub fn new(verbose: bool, json: bool, quiet: bool) -> Ctx {
         let now = Instant::now();
         Ctx {
             verbose,
             json,
+            quiet,
             start: now,
             last: Mutex::new(now),
             remote: OnceLock::new(),
@@ -143,7 +165,7 @@ impl Ctx {
     /// A progress bar on stderr, hidden when stderr is not a terminal or
     /// output is JSON.
     pub fn progress(&self, len: Option<u64>, what: &str) -> ProgressBar {
-        if self.json || !std::io::stderr().is_terminal() {
+        if self.json || self.quiet || !std::io::stderr().is_terminal() {
             return ProgressBar::hidden();
         }
         let pb = match len {

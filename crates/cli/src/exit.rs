@@ -34,20 +34,37 @@ pub fn code_of_usage(e: &clap::Error) -> i32 {
 }
 
 /// Prints `e` once with each of its causes once, and returns its code.
-pub fn report(e: &anyhow::Error) -> i32 {
-    eprintln!("error: {e}");
+/// Under `--json`, one JSON object on stderr instead: `error`, `causes`,
+/// `exit_code` and `kind` (`user` or `internal`).
+pub fn report(e: &anyhow::Error, json: bool) -> i32 {
+    let code = code_of(e);
     // Error types that print their source in their own message would
     // otherwise repeat it at every level.
     let mut shown = e.to_string();
+    let mut causes = Vec::new();
     for cause in e.chain().skip(1) {
         let c = cause.to_string();
         if shown.contains(&c) {
             continue;
         }
-        eprintln!("  caused by: {c}");
         shown.push_str(&c);
+        causes.push(c);
     }
-    code_of(e)
+    if json {
+        let v = serde_json::json!({
+            "error": e.to_string(),
+            "causes": causes,
+            "exit_code": code,
+            "kind": if code == USER { "user" } else { "internal" },
+        });
+        eprintln!("{v}");
+        return code;
+    }
+    eprintln!("error: {e}");
+    for c in causes {
+        eprintln!("  caused by: {c}");
+    }
+    code
 }
 
 /// A closed stdout kills the process quietly (SIGPIPE's default) instead

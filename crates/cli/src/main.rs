@@ -2,9 +2,10 @@
 //! error chain once and exits with a code that means something (exit.rs).
 //! Each command is a file in `cmd/`.
 
+#[macro_use]
+mod ctx;
 mod cmd;
 mod config;
-mod ctx;
 mod exit;
 
 use clap::Parser;
@@ -32,9 +33,14 @@ struct Cli {
     /// the remote request counts (GETs, PUTs, bytes, round trips).
     #[arg(long, short, global = true)]
     verbose: bool,
-    /// Print the result as JSON on stdout (for scripts).
+    /// Print the result as JSON on stdout (for scripts); an error is one
+    /// JSON object on stderr: {"error", "causes", "exit_code", "kind"}.
     #[arg(long, global = true)]
     json: bool,
+    /// Print no progress, summaries or notes: only errors, warnings and
+    /// what the command was asked to show (a listing, a file, JSON).
+    #[arg(long, short, global = true, conflicts_with = "verbose")]
+    quiet: bool,
 }
 
 /// Chunks of large files are ~1 MiB buffers allocated and freed on many
@@ -112,12 +118,13 @@ fn main() {
             std::process::exit(exit::INTERNAL);
         }
     };
-    let ctx = ctx::Ctx::new(cli.verbose, cli.json);
+    let cli_json = cli.json;
+    let ctx = ctx::Ctx::new(cli.verbose, cli.json, cli.quiet);
     let result = rt.block_on(cmd::run(cli.cmd, &ctx));
     ctx.finish();
     let code = match result {
         Ok(()) => exit::OK,
-        Err(e) => exit::report(&e),
+        Err(e) => exit::report(&e, cli_json),
     };
     // Exit now: dropping the runtime would wait for blocking threads, and
     // one may be stuck on a store that stalls (its reader already got EIO).

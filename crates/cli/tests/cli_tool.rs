@@ -308,3 +308,34 @@ fn import_git_finds_the_repository_refuses_urls_and_warns_of_uncommitted_work() 
     assert!(err.contains("1 uncommitted change(s)") && err.contains("not imported"), "{err}");
     assert_eq!(m.ok(&["cat", "main", "README.md"]), "# fixture\n", "HEAD is what was imported");
 }
+
+/// `-q` leaves stdout and stderr empty on success; under `--json` an error
+/// is one JSON object on stderr, and `ws rm` answers in JSON too.
+#[test]
+fn quiet_prints_nothing_and_json_errors_are_json() {
+    let m = Mado::local();
+    let repo = fixture_repo(m.dir.path());
+    git(&repo, &["reset", "-q", "--hard"]);
+    let out = m.dir.path().join("out");
+    for args in [
+        vec!["init", "-q"],
+        vec!["import-git", repo.to_str().unwrap(), "-q"],
+        vec!["checkout", "main", out.to_str().unwrap(), "--quiet"],
+        vec!["ws", "create", "w", "--from", "main", "--dir", m.dir.path().join("w").to_str().unwrap(), "-q"],
+    ] {
+        let o = m.run(&args);
+        assert!(o.status.success(), "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
+        assert!(o.stdout.is_empty() && o.stderr.is_empty(), "{args:?} printed {o:?}");
+    }
+    assert!(out.join("README.md").is_file());
+    // What a command is asked to show still prints.
+    assert!(m.ok(&["ls", "main", "-q"]).contains("README.md"));
+    let rm = m.json(&["ws", "rm", "w"]);
+    assert_eq!(rm["removed"], "w", "{rm}");
+    let o = m.run(&["ws", "resume", "nope", m.dir.path().join("x").to_str().unwrap(), "--json"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(o.stdout.is_empty());
+    let e: serde_json::Value = serde_json::from_slice(&o.stderr).expect("one JSON object on stderr");
+    assert_eq!((e["kind"].as_str(), e["exit_code"].as_i64()), (Some("user"), Some(1)), "{e}");
+    assert!(e["error"].as_str().unwrap().contains("no workspace named nope"), "{e}");
+}

@@ -65,7 +65,8 @@ pub async fn run(a: CheckoutArgs, ctx: &Ctx) -> Result<()> {
             packs: fetcher.stats(),
         });
     }
-    println!(
+    say!(
+        ctx,
         "checked out {} into {}: {} files ({} bytes), {} symlinks, {} directories",
         id.short(),
         a.dir.display(),

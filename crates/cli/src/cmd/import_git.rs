@@ -36,7 +36,7 @@ pub struct ImportGitArgs {
 pub async fn run(mut a: ImportGitArgs, ctx: &Ctx) -> Result<()> {
     let root = locate_repo(&a.repo)?;
     if root != a.repo {
-        eprintln!("note: importing the whole repository at {} ({} is inside it)", root.display(), a.repo.display());
+        note!(ctx, "note: importing the whole repository at {} ({} is inside it)", root.display(), a.repo.display());
         a.repo = root;
     }
     let remote = ctx.remote()?;
@@ -115,7 +115,7 @@ pub async fn run(mut a: ImportGitArgs, ctx: &Ctx) -> Result<()> {
     }
     for i in &report.imported {
         let note = if i.new_snapshot { "" } else { " (unchanged)" };
-        println!("{} {} -> {}{note}", i.rev, &i.commit[..12.min(i.commit.len())], i.snapshot);
+        say!(ctx, "{} {} -> {}{note}", i.rev, &i.commit[..12.min(i.commit.len())], i.snapshot);
     }
     let packs: usize = report.packs.iter().map(|p| p.packs).sum();
     let new_packs: u64 = report.packs.iter().map(|p| p.packs_uploaded).sum();
@@ -130,7 +130,8 @@ pub async fn run(mut a: ImportGitArgs, ctx: &Ctx) -> Result<()> {
             up.bytes_uploaded >> 20
         )
     };
-    println!(
+    say!(
+        ctx,
         "{}: {} files, {} MB read; {sent}; {:.1} s ({:.0} MB/s read)",
         report.ref_name,
         report.files,

@@ -46,10 +46,10 @@ pub async fn run(a: InitArgs, ctx: &Ctx) -> Result<()> {
     if ctx.json {
         return ctx.print_json(&out);
     }
-    println!("remote: {}", out.remote);
-    println!("config: {}", out.config);
+    say!(ctx, "remote: {}", out.remote);
+    say!(ctx, "config: {}", out.config);
     if let Some(p) = out.previous_remote.filter(|p| *p != out.remote) {
-        println!("(was: {p})");
+        say!(ctx, "(was: {p})");
     }
     Ok(())
 }

@@ -51,7 +51,8 @@ pub async fn run(a: MaterializeArgs, ctx: &Ctx) -> Result<()> {
     }
     let s = remote.stats();
     let p = fetcher.stats();
-    println!(
+    say!(
+        ctx,
         "materialized {} files ({} bytes) in {} directories: {} GETs ({} ranged), {} packs exploded",
         r.files,
         r.bytes,

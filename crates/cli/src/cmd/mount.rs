@@ -142,7 +142,8 @@ pub async fn run(a: MountArgs, ctx: &Ctx) -> Result<()> {
             }
             let what = if a.workspace { "workspace " } else { "" };
             let rw = if a.workspace { "read-write" } else { "read-only" };
-            println!(
+            say!(
+                ctx,
                 "mounted {what}{} ({}) {rw} at {} [daemon pid {}]",
                 a.spec,
                 &m.snapshot[..12],
@@ -211,7 +212,7 @@ fn run_daemon(a: MountArgs, ctx: &Ctx) -> Result<()> {
                 for w in &msg.warnings {
                     eprintln!("warning: {w}");
                 }
-                eprintln!("mounted {} at {}", msg.snapshot, msg.mountpoint);
+                note!(ctx, "mounted {} at {}", msg.snapshot, msg.mountpoint);
                 if let Some(a) = &msg.advisory {
                     eprintln!("advisory: {a}");
                 }

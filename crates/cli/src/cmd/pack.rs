@@ -61,19 +61,27 @@ pub async fn run(a: PackArgs, ctx: &Ctx) -> Result<()> {
         }
         return ctx.print_json(&Out { report: &report, remote: remote.stats() });
     }
-    println!(
+    say!(
+        ctx,
         "{} packs ({}) over {} directories: {} objects packed, {} too large to pack",
-        report.packs, report.mode, report.dirs, report.members, report.unpacked_objects
+        report.packs,
+        report.mode,
+        report.dirs,
+        report.members,
+        report.unpacked_objects
     );
-    println!(
+    say!(
+        ctx,
         "uploaded {} packs, {} bytes{}",
         report.packs_uploaded,
         report.bytes_uploaded,
         if report.index_uploaded { " (and the index)" } else { "; the index was already current" }
     );
-    println!(
+    say!(
+        ctx,
         "a cold walk of the whole tree: {} GETs unpacked, {} with these packs",
-        report.model_gets_unpacked, report.model_gets_packed
+        report.model_gets_unpacked,
+        report.model_gets_packed
     );
     Ok(())
 }

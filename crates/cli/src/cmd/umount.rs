@@ -14,13 +14,16 @@ pub struct UmountArgs {
     dir: PathBuf,
 }
 
-pub async fn run(a: UmountArgs, _ctx: &Ctx) -> Result<()> {
+pub async fn run(a: UmountArgs, ctx: &Ctx) -> Result<()> {
     mado_mount::daemon::unmount_and_wait(&a.dir, std::time::Duration::from_secs(30)).map_err(|e| {
         mado_core::Error::User(format!(
             "cannot unmount {}: {e} (is it a mado mount? is a file in it still open?)",
             a.dir.display()
         ))
     })?;
-    println!("unmounted {}", a.dir.display());
+    if ctx.json {
+        return ctx.print_json(&serde_json::json!({ "unmounted": a.dir.display().to_string() }));
+    }
+    say!(ctx, "unmounted {}", a.dir.display());
     Ok(())
 }

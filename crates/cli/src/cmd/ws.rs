@@ -148,7 +148,7 @@ pub struct NameArg {
 
 fn print_resume(ctx: &Ctx, verb: &str, r: &workspace::ResumeReport) -> Result<()> {
     if r.read_only {
-        eprintln!("note: resumed --read-only: this copy holds no lease and cannot checkpoint");
+        note!(ctx, "note: resumed --read-only: this copy holds no lease and cannot checkpoint");
     }
     if ctx.json {
         #[derive(serde::Serialize)]
@@ -161,7 +161,8 @@ fn print_resume(ctx: &Ctx, verb: &str, r: &workspace::ResumeReport) -> Result<()
         let f = ctx.fetcher()?;
         return ctx.print_json(&Out { r, remote: f.remote.stats(), packs: f.stats() });
     }
-    println!(
+    say!(
+        ctx,
         "{verb} workspace {} at {} in {}: {} files, {} mtimes restored",
         r.workspace,
         &r.snapshot[..12],
@@ -201,7 +202,7 @@ pub async fn run(c: WsCommand, ctx: &Ctx) -> Result<()> {
             if ctx.json {
                 return ctx.print_json(&serde_json::json!({ "workspace": a.name, "snapshot": id.to_hex() }));
             }
-            println!("created workspace {} at {} (no working copy)", a.name, &id.to_hex()[..12]);
+            say!(ctx, "created workspace {} at {} (no working copy)", a.name, &id.to_hex()[..12]);
             Ok(())
         }
         WsCommand::Create(a) => {
@@ -321,15 +322,18 @@ pub async fn run(c: WsCommand, ctx: &Ctx) -> Result<()> {
                 return ctx.print_json(&serde_json::json!({ "workspace": name, "released": released }));
             }
             if released {
-                println!("released the lease of workspace {name}: it can be resumed elsewhere now");
+                say!(ctx, "released the lease of workspace {name}: it can be resumed elsewhere now");
             } else {
-                println!("this working copy did not hold the lease of workspace {name}; nothing to release");
+                say!(ctx, "this working copy did not hold the lease of workspace {name}; nothing to release");
             }
             Ok(())
         }
         WsCommand::Rm(a) => {
             workspace::remove(&fetcher.remote, &a.name).await?;
-            println!("removed workspace {} (working copies are untouched)", a.name);
+            if ctx.json {
+                return ctx.print_json(&serde_json::json!({ "removed": a.name }));
+            }
+            say!(ctx, "removed workspace {} (working copies are untouched)", a.name);
             Ok(())
         }
     }
@@ -390,9 +394,10 @@ fn print_checkpoint(ctx: &Ctx, r: &workspace::CheckpointReport, remote: Stats) -
         return ctx.print_json(&Out { r, remote });
     }
     if r.unchanged {
-        println!("workspace {}: nothing changed since {}", r.workspace, &r.snapshot[..12]);
+        say!(ctx, "workspace {}: nothing changed since {}", r.workspace, &r.snapshot[..12]);
     } else {
-        println!(
+        say!(
+            ctx,
             "workspace {} -> {}: uploaded {} objects ({} trees, {} bytes), {} packs",
             r.workspace,
             &r.snapshot[..12],
