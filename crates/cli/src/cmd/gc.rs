@@ -31,7 +31,8 @@ pub async fn run(a: GcArgs, ctx: &Ctx) -> Result<()> {
         return ctx.print_json(&r);
     }
     let verb = if r.dry_run { "would delete" } else { "deleted" };
-    say!(ctx, 
+    say!(
+        ctx,
         "{} refs reach {} snapshots and {} objects; {verb} {} snapshots, {} objects, {} pack indexes, {} packs ({} bytes); spared {} younger than {} s",
         r.refs,
         r.snapshots_kept,
