@@ -95,9 +95,68 @@ fn purge_delay_ms(cmd: &cmd::Command) -> i64 {
     }
 }
 
+/// Called as `mount.fuse.mado SPEC DIR [-o OPTIONS]` (a link to mado in
+/// /sbin, which mount(8) runs for `-t fuse.mado` and fstab lines of that
+/// type), the arguments become `mado mount SPEC DIR ...`. Options:
+/// `workspace`, `allow_other`, `remote=URL`, `config=PATH`,
+/// `read_timeout=SECONDS`; mount(8)'s generic ones (`rw`, `defaults`,
+/// `noauto`, `nofail`, `_netdev`, `x-*`, ...) are left to it.
+fn mount_helper_args(argv: Vec<std::ffi::OsString>) -> Result<Vec<std::ffi::OsString>, String> {
+    let mut out: Vec<std::ffi::OsString> = vec!["mado".into(), "mount".into()];
+    let mut positional = Vec::new();
+    let mut opts = Vec::new();
+    let mut it = argv.into_iter().skip(1);
+    while let Some(a) = it.next() {
+        match a.to_str() {
+            Some("-o") => opts.extend(it.next().map(|o| o.to_string_lossy().into_owned())),
+            Some(o) if o.starts_with("-o") => opts.push(o[2..].to_string()),
+            // mount(8)'s own flags: no mtab, sloppy, fake, verbose.
+            Some("-n" | "-s" | "-f" | "-v") => {}
+            _ => positional.push(a),
+        }
+    }
+    let [spec, dir]: [std::ffi::OsString; 2] =
+        positional.try_into().map_err(|_| "usage: mount.fuse.mado SPEC DIR [-o OPTIONS]".to_string())?;
+    out.push(spec);
+    out.push(dir);
+    for o in opts.iter().flat_map(|o| o.split(',')).filter(|o| !o.is_empty()) {
+        let (k, v) = o.split_once('=').map_or((o, None), |(k, v)| (k, Some(v)));
+        match (k, v) {
+            ("workspace", None) => out.push("--workspace".into()),
+            ("allow_other", None) => out.push("--allow-other".into()),
+            ("remote", Some(v)) => std::env::set_var("MADO_REMOTE_ADDR", v),
+            ("config", Some(v)) => std::env::set_var("MADO_CONFIG", v),
+            ("read_timeout", Some(v)) => {
+                out.push("--read-timeout".into());
+                out.push(v.into());
+            }
+            ("rw" | "ro" | "defaults" | "auto" | "noauto" | "user" | "nouser" | "users" | "nofail" | "_netdev"
+            | "exec" | "noexec" | "suid" | "nosuid" | "dev" | "nodev" | "atime" | "noatime" | "relatime"
+            | "async" | "sync", None) => {}
+            _ if k.starts_with("x-") || k == "comment" => {}
+            _ => return Err(format!("mount.fuse.mado: unknown option {o:?} (known: workspace, allow_other, remote=URL, config=PATH, read_timeout=SECONDS)")),
+        }
+    }
+    Ok(out)
+}
+
 fn main() {
     no_huge_pages();
-    let cli = match Cli::try_parse() {
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let as_helper =
+        argv.first().and_then(|a| std::path::Path::new(a).file_name()).is_some_and(|n| n == "mount.fuse.mado");
+    let argv = if as_helper {
+        match mount_helper_args(argv) {
+            Ok(a) => a,
+            Err(e) => {
+                eprintln!("{e}");
+                std::process::exit(exit::USER);
+            }
+        }
+    } else {
+        argv
+    };
+    let cli = match Cli::try_parse_from(argv) {
         Ok(c) => c,
         Err(e) => {
             let _ = e.print();

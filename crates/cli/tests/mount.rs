@@ -36,7 +36,52 @@ fn mount<'a>(m: &'a Mado, spec: &str, name: &str, extra: &[&str], env: &[(&str, 
     let o = c.output().unwrap();
     let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
     assert!(o.status.success(), "mount failed: {stderr}");
+    assert_eq!(mount_type(&dir).as_deref(), Some("fuse.mado"), "the type /proc/mounts shows");
     Mounted { m, dir, stderr }
+}
+
+/// The type /proc/mounts gives the mount at `dir`.
+fn mount_type(dir: &Path) -> Option<String> {
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
+    let want = dir.to_str().unwrap().replace(' ', "\\040");
+    mounts.lines().rev().find_map(|l| {
+        let f: Vec<&str> = l.split(' ').collect();
+        (f.get(1) == Some(&want.as_str())).then(|| f[2].to_string())
+    })
+}
+
+/// mado called as `mount.fuse.mado` (what mount(8) runs for an fstab
+/// line of type fuse.mado) takes mount(8)'s arguments and options.
+#[test]
+fn mado_as_mount_fuse_mado_takes_mount_8_arguments() {
+    if !fuse_usable() {
+        return;
+    }
+    let m = Mado::local();
+    let repo = fixture_repo(m.dir.path());
+    m.ok(&["import-git", repo.to_str().unwrap()]);
+    let helper = m.dir.path().join("mount.fuse.mado");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_mado"), &helper).unwrap();
+    let dir = m.dir.path().join("fstab-mnt");
+    std::fs::create_dir_all(&dir).unwrap();
+    let opts = format!("rw,noauto,nofail,_netdev,x-systemd.automount,remote={},read_timeout=20", m.remote);
+    let mut c = std::process::Command::new(&helper);
+    c.args(["main", dir.to_str().unwrap(), "-n", "-o", &opts]).env("HOME", m.home()).env_remove("MADO_REMOTE_ADDR");
+    let o = c.output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(mount_type(&dir).as_deref(), Some("fuse.mado"));
+    assert_eq!(std::fs::read(dir.join("src/lib.rs")).unwrap(), std::fs::read(repo.join("src/lib.rs")).unwrap());
+    m.ok(&["umount", dir.to_str().unwrap()]);
+    assert_eq!(mount_type(&dir), None);
+    // An option it does not know is refused before anything is mounted.
+    let o = std::process::Command::new(&helper)
+        .args(["main", dir.to_str().unwrap(), "-o", "colour=red"])
+        .env("HOME", m.home())
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("unknown option \"colour=red\""));
+    assert_eq!(mount_type(&dir), None);
 }
 
 impl Mounted<'_> {

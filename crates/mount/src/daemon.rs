@@ -351,7 +351,19 @@ pub fn run(
                 c.n_threads = Some(4);
                 c
             };
-            match fuser::spawn_mount(fs, &mp, &config) {
+            // As root, mount(2) here with the type `fuse.mado`; fuser's own
+            // direct mount says only `fuse`. Others go through fusermount3,
+            // which passes the subtype on.
+            let spawned = match mount_as_fuse_mado(&mp, ws.is_none(), *allow_other) {
+                Ok(Some(fd)) => {
+                    fuser::Session::from_fd(fs, fd, config.acl, config).and_then(|s| s.spawn()).inspect_err(|_| {
+                        let _ = rustix::mount::unmount(&mp, rustix::mount::UnmountFlags::DETACH);
+                    })
+                }
+                Ok(None) => fuser::spawn_mount(fs, &mp, &config),
+                Err(e) => Err(e),
+            };
+            match spawned {
                 Ok(s) => Served::Fuse(s),
                 Err(e) => {
                     let _ = std::fs::remove_file(&sock);
@@ -523,4 +535,40 @@ enum Served {
 /// an `rm -rf`).
 fn kernel_checks_permissions(allow_other: bool) -> bool {
     allow_other || !rustix::process::geteuid().is_root()
+}
+
+/// Mounts `/dev/fuse` at `mp` with the type `fuse.mado` (what
+/// `/proc/mounts`, `findmnt -t fuse.mado` and `umount -t` see) and returns
+/// the device for the session, when this process is root. `None`
+/// otherwise: only root may call mount(2), and fusermount3 sets the
+/// subtype itself.
+fn mount_as_fuse_mado(mp: &Path, read_only: bool, allow_other: bool) -> std::io::Result<Option<std::os::fd::OwnedFd>> {
+    use rustix::mount::MountFlags;
+    if !rustix::process::geteuid().is_root() {
+        return Ok(None);
+    }
+    let dev = rustix::fs::open(
+        "/dev/fuse",
+        rustix::fs::OFlags::RDWR | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )?;
+    let mut data = format!(
+        "fd={},rootmode=40000,user_id={},group_id={}",
+        std::os::fd::AsRawFd::as_raw_fd(&dev),
+        rustix::process::getuid().as_raw(),
+        rustix::process::getgid().as_raw()
+    );
+    if kernel_checks_permissions(allow_other) {
+        data.push_str(",default_permissions");
+    }
+    if allow_other {
+        data.push_str(",allow_other");
+    }
+    let mut flags = MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOATIME;
+    if read_only {
+        flags |= MountFlags::RDONLY;
+    }
+    let data = std::ffi::CString::new(data).map_err(std::io::Error::other)?;
+    rustix::mount::mount("mado", mp, "fuse.mado", flags, data.as_c_str())?;
+    Ok(Some(dev))
 }
