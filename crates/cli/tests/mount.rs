@@ -50,6 +50,26 @@ fn mount_type(dir: &Path) -> Option<String> {
     })
 }
 
+/// Control sockets live in the runtime directory, logs in the state
+/// directory: a cache at a long path (a socket's path must fit in 108
+/// bytes) mounts, answers and unmounts.
+#[test]
+fn a_cache_at_a_long_path_still_mounts() {
+    if !fuse_usable() {
+        return;
+    }
+    let m = Mado::local();
+    let repo = fixture_repo(m.dir.path());
+    m.ok(&["import-git", repo.to_str().unwrap()]);
+    let long = m.dir.path().join("c".repeat(60)).join("d".repeat(60));
+    let long = long.to_str().unwrap();
+    let mnt = mount(&m, "main", "mnt", &[], &[("MADO_CACHE_DIR", long)]);
+    assert_eq!(std::fs::read(mnt.dir.join("README.md")).unwrap(), b"# fixture\n");
+    assert!(mnt.stats()["pid"].as_u64().is_some());
+    let logs: Vec<_> = std::fs::read_dir(m.home().join(".local/state/mado/logs")).unwrap().collect();
+    assert_eq!(logs.len(), 1, "the daemon's log is in the state directory");
+}
+
 /// mado called as `mount.fuse.mado` (what mount(8) runs for an fstab
 /// line of type fuse.mado) takes mount(8)'s arguments and options.
 #[test]

@@ -2,22 +2,93 @@
 //! pack-status`, `mado stats` and `mado ws checkpoint` ask the running
 //! daemon. What they say is [`crate::protocol`].
 //!
-//! Sockets live in `<disk cache>/mounts/`, named by a hash of the mount
-//! point's absolute path, so a client finds the socket of the mount that
-//! holds any directory by walking up from it. Paths are made absolute
-//! without resolving them: a mount whose daemon died cannot be stat'ed.
+//! Sockets live in the user's runtime directory (`$XDG_RUNTIME_DIR/mado`,
+//! else `/run/user/UID/mado`, else `/tmp/mado-UID`, each private to the
+//! user), named by a hash of the mount point's absolute path, so a client
+//! finds the socket of the mount that holds any directory by walking up
+//! from it, and the path stays short whatever the cache's path (a Unix
+//! socket's path must fit in 108 bytes). Paths are made absolute without
+//! resolving them: a mount whose daemon died cannot be stat'ed. Daemon logs
+//! go to `$XDG_STATE_HOME/mado/logs` (`~/.local/state/mado/logs`).
 
 use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::protocol::{decode_request, Reply, Request};
 
-/// The folder for sockets, logs and state of running mounts.
+/// The longest socket path this module makes (sun_path is 108 bytes,
+/// with its NUL).
+const MAX_SOCKET_PATH: usize = 100;
+
+/// A socket name: 24 hex digits, `ws-` and `.sock` at most.
+const NAME_LEN: usize = 3 + 24 + 5;
+
+/// A private directory of this user's at `dir` (made 0700 if missing);
+/// refused if another user owns it or others may write to it.
+fn private_dir(dir: &Path) -> std::io::Result<PathBuf> {
+    match std::fs::create_dir(dir) {
+        Ok(()) => std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    let m = std::fs::symlink_metadata(dir)?;
+    let me = rustix::process::geteuid().as_raw();
+    if !m.is_dir() || m.uid() != me || m.mode() & 0o022 != 0 {
+        return Err(std::io::Error::other(format!(
+            "{} is not a private directory of this user's (owner {}, mode {:o}); remove it or set XDG_RUNTIME_DIR",
+            dir.display(),
+            m.uid(),
+            m.mode() & 0o7777
+        )));
+    }
+    Ok(dir.to_path_buf())
+}
+
+/// The folder for the control sockets of running mounts.
 pub fn runtime_dir() -> std::io::Result<PathBuf> {
-    let dir = mado_core::cache::mounts_dir().map_err(std::io::Error::other)?;
-    std::fs::create_dir_all(&dir)?;
+    let uid = rustix::process::geteuid().as_raw();
+    let mut candidates = Vec::new();
+    if let Some(x) = std::env::var_os("XDG_RUNTIME_DIR").filter(|x| !x.is_empty()) {
+        candidates.push(PathBuf::from(x).join("mado"));
+    }
+    let run_user = PathBuf::from(format!("/run/user/{uid}"));
+    if run_user.is_dir() {
+        candidates.push(run_user.join("mado"));
+    }
+    candidates.push(std::env::temp_dir().join(format!("mado-{uid}")));
+    candidates.push(PathBuf::from(format!("/tmp/mado-{uid}")));
+    let mut last = None;
+    for c in candidates {
+        if c.as_os_str().len() + 1 + NAME_LEN > MAX_SOCKET_PATH {
+            last = Some(std::io::Error::other(format!("{} is too long for a socket path", c.display())));
+            continue;
+        }
+        match c.parent().filter(|p| p.is_dir()).map(|_| private_dir(&c)) {
+            Some(Ok(d)) => return Ok(d),
+            Some(Err(e)) => last = Some(e),
+            None => {}
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other("no directory for control sockets; set XDG_RUNTIME_DIR")))
+}
+
+/// The folder of the daemons' logs: `$XDG_STATE_HOME/mado/logs`, else
+/// `~/.local/state/mado/logs`.
+pub fn log_dir() -> std::io::Result<PathBuf> {
+    let base = match std::env::var_os("XDG_STATE_HOME").filter(|x| !x.is_empty()) {
+        Some(x) => PathBuf::from(x),
+        None => {
+            let home = std::env::var_os("HOME")
+                .filter(|h| !h.is_empty())
+                .ok_or_else(|| std::io::Error::other("HOME is not set; set HOME or XDG_STATE_HOME"))?;
+            PathBuf::from(home).join(".local").join("state")
+        }
+    };
+    let dir = base.join("mado").join("logs");
+    mado_core::fsutil::create_private_dir(&dir).map_err(std::io::Error::other)?;
     Ok(dir)
 }
 
@@ -53,7 +124,7 @@ pub fn workspace_socket_path(remote: &str, name: &str) -> std::io::Result<PathBu
 }
 
 pub fn log_path(mountpoint: &Path) -> std::io::Result<PathBuf> {
-    Ok(runtime_dir()?.join(format!("{}.log", key(mountpoint))))
+    Ok(log_dir()?.join(format!("{}.log", key(mountpoint))))
 }
 
 /// The mount holding `dir` (or an ancestor) and its socket.

@@ -110,11 +110,6 @@ pub struct VerifyReport {
     pub bad: Vec<String>,
 }
 
-/// Control sockets and logs of the running mounts.
-pub fn mounts_dir() -> Result<PathBuf> {
-    Ok(default_dir()?.join("mounts"))
-}
-
 /// The per-user cache directory.
 pub fn default_dir() -> Result<PathBuf> {
     if let Some(d) = std::env::var_os("MADO_CACHE_DIR").filter(|d| !d.is_empty()) {
