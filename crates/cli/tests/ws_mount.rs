@@ -1117,9 +1117,22 @@ fn a_failed_ws_create_mount_leaves_no_workspace_behind() {
     let dir = m.dir.path().join("busy");
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("x"), "in the way\n").unwrap();
+    // A state folder with no work in it, as a daemon that failed after
+    // opening the workspace leaves: taken back too.
+    let states = m.home().join(".local/share/mado/workspaces");
+    let state = states.join(mado_core::cache::DiskCache::workspace_key(&m.remote, "again"));
+    std::fs::create_dir_all(state.join("upper")).unwrap();
+    std::fs::write(state.join("workspace.json"), "{}").unwrap();
     let err = m.fails(&["ws", "create", "again", "--from", "main", "--mount", dir.to_str().unwrap()], 1);
     assert!(err.contains("not empty"), "{err}");
     assert!(!m.ok(&["refs"]).contains("ws/again"), "the ref was taken back");
+    assert!(!state.exists(), "the unused state folder was taken back");
+    // One that holds work (an overlay) is never removed.
+    let kept = states.join(mado_core::cache::DiskCache::workspace_key(&m.remote, "worked"));
+    std::fs::create_dir_all(&kept).unwrap();
+    std::fs::write(kept.join(mado_core::workspace::OVERLAY_FILE), "work").unwrap();
+    m.fails(&["ws", "create", "worked", "--from", "main", "--mount", dir.to_str().unwrap()], 1);
+    assert!(kept.join(mado_core::workspace::OVERLAY_FILE).exists(), "work is kept");
     std::fs::remove_file(dir.join("x")).unwrap();
     let out = m.ok(&["ws", "create", "again", "--from", "main", "--mount", dir.to_str().unwrap()]);
     let _mounted = WsMount { m: &m, dir: dir.clone() };

@@ -194,6 +194,8 @@ pub async fn run(c: WsCommand, ctx: &Ctx) -> Result<()> {
                 // so that fixing the cause and running the same command
                 // again works (rather than "already exists").
                 let _ = workspace::remove(&fetcher.remote, &name).await;
+                // Nor its state folder, if the daemon made one.
+                let _ = workspace::forget_unused_mount_state(&fetcher, &name);
             }
             mounted
         }

@@ -49,7 +49,9 @@ mod working_copy;
 
 use commit::*;
 pub use lease::{release, release_lease, take_lease};
-pub use mounted::{checkpoint_mount, open_mount, save_mount_state, MountedWorkspace, StateSaver};
+pub use mounted::{
+    checkpoint_mount, forget_unused_mount_state, open_mount, save_mount_state, MountedWorkspace, StateSaver,
+};
 pub use status::{status, Status};
 use working_copy::*;
 pub use working_copy::{checkpoint, find_working_copy, load_state, load_state_at, LocalState};

@@ -107,6 +107,20 @@ fn mount_state_dir(fetcher: &Fetcher, name: &str, warnings: &mut Vec<String>) ->
     Ok(sd)
 }
 
+/// Removes the state folder of workspace `name` when it holds no work (no
+/// saved overlay): after a mount that failed before serving, so nothing is
+/// left behind. A folder with an overlay is kept.
+pub fn forget_unused_mount_state(fetcher: &Fetcher, name: &str) -> Result<()> {
+    let sd = workspaces_root()?.join(DiskCache::workspace_key(fetcher.remote.url(), name));
+    if sd.is_dir()
+        && !sd.join(super::OVERLAY_FILE).exists()
+        && !sd.join("upper").read_dir().is_ok_and(|mut d| d.next().is_some())
+    {
+        std::fs::remove_dir_all(&sd).map_err(Error::io(format!("removing {}", sd.display())))?;
+    }
+    Ok(())
+}
+
 /// Saves a mounted workspace's state when it changed since the last save:
 /// shared by the saver that runs after each burst of changes and by
 /// fsync, so concurrent and repeated requests cost one save.
