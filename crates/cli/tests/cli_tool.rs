@@ -233,6 +233,30 @@ fn diff_lists_what_changed_between_two_snapshots() {
     let o = m.run(&["diff", &one]);
     assert_eq!(o.status.code(), Some(1), "{o:?}");
     assert!(String::from_utf8_lossy(&o.stderr).contains("no parent"), "{o:?}");
+    // --stat and -p agree with git's own.
+    let git_stat = git(&repo, &["diff", "--stat", "HEAD~1", "HEAD"]);
+    let stat = m.ok(&["diff", &one, "main", "--stat"]);
+    assert_eq!(stat.lines().last(), git_stat.lines().last(), "{stat}\n{git_stat}");
+    assert!(stat.contains(" M edit.txt") && stat.contains("| ") && stat.contains("+-"), "{stat}");
+    let patch = m.ok(&["diff", &one, "main", "-p"]);
+    assert!(patch.contains("--- a/edit.txt\n+++ b/edit.txt\n@@ -1 +1 @@\n-edit.txt\n+edited\n"), "{patch}");
+    assert!(patch.contains("--- /dev/null\n+++ b/keep/deep/new.txt\n"), "{patch}");
+    assert!(patch.contains("--- a/gone.txt\n+++ /dev/null\n"), "{patch}");
+    let j = m.json(&["diff", &one, "main", "--stat", "-p"]);
+    let edit = j["stat"].as_array().unwrap().iter().find(|s| s["path"] == "edit.txt").unwrap().clone();
+    assert_eq!(
+        (edit["lines_added"].as_u64(), edit["lines_removed"].as_u64(), edit["binary"].as_bool()),
+        (Some(1), Some(1), Some(false)),
+        "{j}"
+    );
+    assert_eq!(j["patches"].as_array().unwrap().len(), 7, "{j}");
+    // A binary file is named, not printed.
+    std::fs::write(repo.join("blob.bin"), b"\0\x01\x02binary").unwrap();
+    git(&repo, &["add", "-A"]);
+    git(&repo, &["commit", "-qm", "three"]);
+    m.ok(&["import-git", repo.to_str().unwrap()]);
+    let patch = m.ok(&["diff", "main", "-p"]);
+    assert_eq!(patch, "Binary files blob.bin differ (0 -> 9 bytes)\n", "{patch}");
 }
 
 /// The config file is TOML read strictly: `mado config` sets and reads its

@@ -1,5 +1,8 @@
+use std::io::Write;
+
 use anyhow::Result;
 use clap::Args;
+use futures::StreamExt;
 
 use crate::ctx::Ctx;
 
@@ -9,14 +12,23 @@ use crate::ctx::Ctx;
 /// Each side is a ref name (`main`, `ws/NAME`) or a snapshot id; with one,
 /// it is compared with its parent snapshot. Only trees that differ are
 /// read, so the cost follows the change. File times are not compared
-/// (trees hold none). Exit status 0 either way; `--json` for scripts:
-/// `{"from", "to", "added", "modified", "deleted"}`.
+/// (trees hold none). `--stat` and `-p` read the changed files' content
+/// too. Exit status 0 either way; `--json` for scripts: `{"from", "to",
+/// "added", "modified", "deleted"}`, with `stat` and `patches` when asked.
 #[derive(Args)]
 pub struct DiffArgs {
     /// The older side: a ref name or a snapshot id.
     from: String,
     /// The newer side (default: FROM, compared with its parent).
     to: Option<String>,
+    /// Per changed path: lines added and removed (a text file) or its size
+    /// before and after (binary), then the totals, as `git diff --stat`.
+    #[arg(long)]
+    stat: bool,
+    /// The changes of each text file as a unified diff (binary files, and
+    /// files over 8 MiB, are named only), as `git diff -p`.
+    #[arg(short = 'p', long = "patch")]
+    patch: bool,
 }
 
 #[derive(serde::Serialize)]
@@ -25,6 +37,63 @@ struct Out {
     to: String,
     #[serde(flatten)]
     changes: mado_core::diff::Changes,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stat: Option<Vec<FileStat>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    patches: Option<Vec<Patch>>,
+}
+
+#[derive(serde::Serialize)]
+struct FileStat {
+    path: String,
+    status: char,
+    binary: bool,
+    lines_added: u64,
+    lines_removed: u64,
+    old_size: u64,
+    new_size: u64,
+}
+
+#[derive(serde::Serialize)]
+struct Patch {
+    path: String,
+    /// The unified diff, or a line saying why there is none.
+    text: String,
+}
+
+/// Files above this are compared by size only.
+const MAX_DIFF_BYTES: u64 = 8 << 20;
+
+/// One side of a changed path: its bytes (empty when absent or not a file)
+/// and whether it is text.
+struct Side {
+    data: bytes::Bytes,
+    size: u64,
+    present: bool,
+}
+
+async fn side(fetcher: &std::sync::Arc<mado_core::fetch::Fetcher>, root: mado_core::Hash, path: &str) -> Result<Side> {
+    let e = match fetcher.lookup(root, path).await {
+        Ok(Some(e)) => e,
+        Ok(None) | Err(mado_core::Error::NotFound(_)) => {
+            return Ok(Side { data: Default::default(), size: 0, present: false })
+        }
+        Err(e) => return Err(e.into()),
+    };
+    if !e.kind.has_content() {
+        return Ok(Side { data: Default::default(), size: 0, present: true });
+    }
+    let size = e.size;
+    if size > MAX_DIFF_BYTES {
+        return Ok(Side { data: Default::default(), size, present: true });
+    }
+    let data = fetcher.content(&e, path).await?;
+    Ok(Side { size: data.len() as u64, data, present: true })
+}
+
+/// Text as git judges it: no NUL in the first 8,000 bytes, and UTF-8.
+fn is_text(b: &[u8]) -> bool {
+    !b[..b.len().min(8000)].contains(&0) && std::str::from_utf8(b).is_ok()
 }
 
 pub async fn run(a: DiffArgs, ctx: &Ctx) -> Result<()> {
@@ -54,16 +123,107 @@ pub async fn run(a: DiffArgs, ctx: &Ctx) -> Result<()> {
     };
     ctx.step(format!("comparing {} with {}", from_id.short(), to_id.short()));
     let changes = mado_core::diff::diff_trees(&fetcher, from.root, to.root).await?;
-    if ctx.json {
-        return ctx.print_json(&Out { from: from_id.to_hex(), to: to_id.to_hex(), changes });
-    }
-    let mut lines: Vec<(&str, char)> = Vec::new();
-    lines.extend(changes.added.iter().map(|p| (p.as_str(), 'A')));
-    lines.extend(changes.modified.iter().map(|p| (p.as_str(), 'M')));
-    lines.extend(changes.deleted.iter().map(|p| (p.as_str(), 'D')));
+    let mut lines: Vec<(String, char)> = Vec::new();
+    lines.extend(changes.added.iter().map(|p| (p.clone(), 'A')));
+    lines.extend(changes.modified.iter().map(|p| (p.clone(), 'M')));
+    lines.extend(changes.deleted.iter().map(|p| (p.clone(), 'D')));
     lines.sort();
-    for (p, c) in lines {
-        println!("{c} {p}");
+    let (mut stats, mut patches) = (Vec::new(), Vec::new());
+    if a.stat || a.patch {
+        // Both sides of every changed path, 16 at a time, in order.
+        let (f, from_root, to_root) = (&fetcher, from.root, to.root);
+        let sides: Vec<Result<(Side, Side)>> = futures::stream::iter(lines.iter())
+            .map(|(p, _)| async move { Ok(futures::try_join!(side(f, from_root, p), side(f, to_root, p))?) })
+            .buffered(16)
+            .collect()
+            .await;
+        for ((path, status), s) in lines.iter().zip(sides) {
+            let (old, new) = s?;
+            let too_big = old.size > MAX_DIFF_BYTES || new.size > MAX_DIFF_BYTES;
+            let binary = too_big || !is_text(&old.data) || !is_text(&new.data);
+            let (mut added, mut removed, mut text) = (0, 0, String::new());
+            if binary {
+                text = if too_big {
+                    format!(
+                        "{path}: over {} MiB, not compared ({} -> {} bytes)\n",
+                        MAX_DIFF_BYTES >> 20,
+                        old.size,
+                        new.size
+                    )
+                } else {
+                    format!("Binary files {path} differ ({} -> {} bytes)\n", old.size, new.size)
+                };
+            } else {
+                let (o, n) = (std::str::from_utf8(&old.data)?, std::str::from_utf8(&new.data)?);
+                let d = similar::TextDiff::from_lines(o, n);
+                for c in d.iter_all_changes() {
+                    match c.tag() {
+                        similar::ChangeTag::Insert => added += 1,
+                        similar::ChangeTag::Delete => removed += 1,
+                        similar::ChangeTag::Equal => {}
+                    }
+                }
+                if a.patch {
+                    let (ha, hb) = (
+                        if old.present { format!("a/{path}") } else { "/dev/null".into() },
+                        if new.present { format!("b/{path}") } else { "/dev/null".into() },
+                    );
+                    text = d.unified_diff().context_radius(3).header(&ha, &hb).to_string();
+                }
+            }
+            stats.push(FileStat {
+                path: path.clone(),
+                status: *status,
+                binary,
+                lines_added: added,
+                lines_removed: removed,
+                old_size: old.size,
+                new_size: new.size,
+            });
+            if a.patch {
+                patches.push(Patch { path: path.clone(), text });
+            }
+        }
+    }
+    if ctx.json {
+        return ctx.print_json(&Out {
+            from: from_id.to_hex(),
+            to: to_id.to_hex(),
+            changes,
+            stat: a.stat.then_some(stats),
+            patches: a.patch.then_some(patches),
+        });
+    }
+    let mut out = std::io::stdout().lock();
+    if a.stat {
+        let width = stats.iter().map(|s| s.path.chars().count()).max().unwrap_or(0).min(60);
+        let (mut ta, mut tr) = (0, 0);
+        for s in &stats {
+            let what = if s.binary {
+                format!("Bin {} -> {} bytes", s.old_size, s.new_size)
+            } else {
+                ta += s.lines_added;
+                tr += s.lines_removed;
+                format!(
+                    "{:>5} {}{}",
+                    s.lines_added + s.lines_removed,
+                    "+".repeat(s.lines_added.min(40) as usize),
+                    "-".repeat(s.lines_removed.min(40) as usize)
+                )
+            };
+            writeln!(out, " {} {:<width$} | {what}", s.status, s.path)?;
+        }
+        writeln!(out, " {} files changed, {ta} insertions(+), {tr} deletions(-)", stats.len())?;
+    }
+    if a.patch {
+        for p in &patches {
+            write!(out, "{}", p.text)?;
+        }
+    }
+    if !a.stat && !a.patch {
+        for (p, c) in lines {
+            writeln!(out, "{c} {p}")?;
+        }
     }
     Ok(())
 }

@@ -30,18 +30,27 @@ use crate::ctx::Ctx;
 
 #[derive(Subcommand)]
 pub enum Command {
+    #[command(after_help = EX_INIT)]
     Init(init::InitArgs),
     #[command(name = "import-git")]
+    #[command(after_help = EX_IMPORT_GIT)]
     ImportGit(import_git::ImportGitArgs),
+    #[command(after_help = EX_LOG)]
     Log(log::LogArgs),
     Refs(refs::RefsArgs),
     Ls(ls::LsArgs),
+    #[command(after_help = EX_DIFF)]
     Diff(diff::DiffArgs),
+    #[command(after_help = EX_CAT)]
     Cat(cat::CatArgs),
+    #[command(after_help = EX_CHECKOUT)]
     Checkout(checkout::CheckoutArgs),
     Pack(pack::PackArgs),
+    #[command(after_help = EX_MATERIALIZE)]
     Materialize(materialize::MaterializeArgs),
+    #[command(after_help = EX_GC)]
     Gc(gc::GcArgs),
+    #[command(after_help = EX_MOUNT)]
     Mount(mount::MountArgs),
     Umount(umount::UmountArgs),
     #[command(name = "serve-virtiofs")]
@@ -141,3 +150,48 @@ fn ask_socket(sock: &std::path::Path, what: &str, hint: &str, op: Op, wait: std:
 fn unexpected(r: &Reply) -> anyhow::Error {
     anyhow::anyhow!("the mount's daemon answered with an unexpected reply ({r:?}); remount it")
 }
+
+const EX_INIT: &str = "Examples:
+  mado init                                   # the embedded store in ~/.local/share/mado/store
+  mado init --remote s3://bucket/projects     # S3 or MinIO (AWS_* variables or AWS_PROFILE)
+  AWS_PROFILE=minio mado init --remote s3://bucket/p
+  mado init --remote gs://bucket/p            # GCS (GOOGLE_SERVICE_ACCOUNT)
+  mado init --remote az://container/p         # Azure (AZURE_STORAGE_ACCOUNT_NAME, _KEY)";
+
+const EX_IMPORT_GIT: &str = "Examples:
+  mado import-git ~/src/project               # HEAD; the ref main moves to it
+  mado import-git . --rev v1.0 --ref release  # a tag, into its own ref
+  mado import-git . -r v1.0 -r v1.1 -r main   # several commits, each on the last
+  mado import-git . --verbose                 # each step, and the request counts";
+
+const EX_CHECKOUT: &str = "Examples:
+  mado checkout main ~/work/project           # the whole tree
+  mado checkout main ~/work/part src/lib docs # only those paths
+  mado checkout release /tmp/r --force        # over what is in a non-empty directory";
+
+const EX_MOUNT: &str = "Examples:
+  mado mount main ~/mnt/project               # read-only, lazy
+  mado stats ~/mnt/project; mado umount ~/mnt/project
+  mado mount agent-1 ~/work/agent-1 --workspace   # a workspace, read-write";
+
+const EX_DIFF: &str = "Examples:
+  mado diff main                              # main against its parent
+  mado diff release main --stat               # two refs: paths and sizes
+  mado diff ws/agent-1 -p                     # a checkpoint against its parent, with the text";
+
+const EX_LOG: &str = "Examples:
+  mado log                                    # main, newest first
+  mado log ws/agent-1 -n 3                    # a workspace's last three checkpoints
+  mado log main --json | jq '.[0].snapshot'";
+
+const EX_CAT: &str = "Examples:
+  mado cat main src/lib.rs
+  mado cat ws/agent-1 notes.md > notes.md";
+
+const EX_MATERIALIZE: &str = "Examples:
+  mado materialize src/lib                    # a subtree of main into the cache
+  mado materialize --rev release              # a whole tree, before going offline";
+
+const EX_GC: &str = "Examples:
+  mado gc --dry-run                           # what would be deleted
+  mado gc";
