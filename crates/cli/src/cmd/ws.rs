@@ -15,18 +15,22 @@ pub enum WsCommand {
     /// Create workspace NAME from a snapshot, as a read-write mount
     /// (--mount: lazy, changes kept locally until checkpointed) or a plain
     /// directory (--dir: materialized through packs, for machines without FUSE).
+    #[command(after_help = EX_CREATE)]
     Create(CreateArgs),
     /// Upload what changed in the working copy, as a new snapshot whose
     /// parent is the previous checkpoint, and move `ws/NAME` with
     /// compare-and-swap under the workspace's single-writer lease.
+    #[command(after_help = EX_CHECKPOINT)]
     Checkpoint(CheckpointArgs),
     /// What a checkpoint of this plain working copy would record: paths
     /// added, modified (content, kind or exec bit) and deleted since the
     /// snapshot it is based on, like `git status --short`. Nothing is
     /// uploaded and no lease is taken.
+    #[command(after_help = EX_STATUS)]
     Status(StatusArgs),
     /// Restore a workspace's latest checkpoint into DIR (content, exec
     /// bits, symlinks and mtimes), taking its lease when free.
+    #[command(after_help = EX_RESUME)]
     Resume(ResumeArgs),
     /// List the workspaces in the store.
     List,
@@ -411,3 +415,22 @@ fn print_checkpoint(ctx: &Ctx, r: &workspace::CheckpointReport, remote: Stats) -
     }
     Ok(())
 }
+
+const EX_CREATE: &str = "Examples:
+  mado ws create agent-1 --from main --mount ~/work/agent-1   # a read-write mount
+  mado ws create agent-2 --from release --dir ~/work/agent-2  # a plain directory
+  mado ws create vm-1 --no-checkout                           # to serve to a VM guest";
+
+const EX_CHECKPOINT: &str = "Examples:
+  cd ~/work/agent-1 && mado ws checkpoint -m \"tests pass\"
+  mado ws checkpoint --dir ~/work/agent-2 --json
+  mado ws checkpoint vm-1 -m \"from the guest\"     # a workspace served to a VM";
+
+const EX_STATUS: &str = "Examples:
+  cd ~/work/agent-2 && mado ws status
+  mado ws status --dir ~/work/agent-2 --json";
+
+const EX_RESUME: &str = "Examples:
+  mado ws resume agent-1 ~/elsewhere              # takes the lease
+  mado ws resume agent-1 ~/peek --read-only       # no lease, never checkpoints
+  mado ws resume agent-1 ~/mnt/agent-1 --mount    # as a read-write mount";
