@@ -165,17 +165,22 @@ impl Ctx {
     /// A progress bar on stderr, hidden when stderr is not a terminal or
     /// output is JSON.
     pub fn progress(&self, len: Option<u64>, what: &str) -> ProgressBar {
+        if self.json && !self.quiet {
+            return json_progress(len, what);
+        }
         if self.json || self.quiet || !std::io::stderr().is_terminal() {
             return ProgressBar::hidden();
         }
         let pb = match len {
             Some(n) => ProgressBar::new(n).with_style(
-                ProgressStyle::with_template("{spinner} {msg} [{bar:30}] {pos}/{len} ({elapsed})")
-                    .unwrap_or_else(|_| ProgressStyle::default_bar())
-                    .progress_chars("=> "),
+                ProgressStyle::with_template(
+                    "{spinner} {msg} [{bar:30}] {pos}/{len} ({per_sec}, {elapsed} elapsed, {eta} left)",
+                )
+                .unwrap_or_else(|_| ProgressStyle::default_bar())
+                .progress_chars("=> "),
             ),
             None => ProgressBar::new_spinner().with_style(
-                ProgressStyle::with_template("{spinner} {msg} {pos} ({elapsed})")
+                ProgressStyle::with_template("{spinner} {msg}: {pos} ({per_sec}, {elapsed})")
                     .unwrap_or_else(|_| ProgressStyle::default_spinner()),
             ),
         };
@@ -236,4 +241,45 @@ impl Ctx {
 fn peak_resident_kib() -> Option<u64> {
     let s = std::fs::read_to_string("/proc/self/status").ok()?;
     s.lines().find_map(|l| l.strip_prefix("VmHWM:"))?.split_whitespace().next()?.parse().ok()
+}
+
+/// Under `--json`, progress is a stream of JSON lines on stderr, at most
+/// two a second while the work lasts (`MADO_PROGRESS_INTERVAL_MS`): `{"progress": WHAT, "done", "total"
+/// (absent when unknown), "message", "elapsed_ms"}`, and one with
+/// `"finished": true` at the end. The bar itself draws nothing.
+fn json_progress(len: Option<u64>, what: &str) -> ProgressBar {
+    let pb = ProgressBar::with_draw_target(len, indicatif::ProgressDrawTarget::hidden());
+    pb.set_message(what.to_string());
+    let watched = pb.clone();
+    let what = what.to_string();
+    let started = Instant::now();
+    // MADO_PROGRESS_INTERVAL_MS: another pace (tests use a short one).
+    let every = std::env::var("MADO_PROGRESS_INTERVAL_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(500u64);
+    std::thread::spawn(move || {
+        let line = |finished: bool| {
+            let mut v = serde_json::json!({
+                "progress": what,
+                "done": watched.position(),
+                "message": watched.message(),
+                "elapsed_ms": started.elapsed().as_millis() as u64,
+            });
+            if let Some(t) = watched.length() {
+                v["total"] = t.into();
+            }
+            if finished {
+                v["finished"] = true.into();
+            }
+            eprintln!("{v}");
+        };
+        // The bar's last clone is the watcher's: the work dropped it.
+        loop {
+            std::thread::sleep(Duration::from_millis(every.max(1)));
+            if watched.is_finished() {
+                line(true);
+                return;
+            }
+            line(false);
+        }
+    });
+    pb
 }

@@ -363,3 +363,28 @@ fn quiet_prints_nothing_and_json_errors_are_json() {
     assert_eq!((e["kind"].as_str(), e["exit_code"].as_i64()), (Some("user"), Some(1)), "{e}");
     assert!(e["error"].as_str().unwrap().contains("no workspace named nope"), "{e}");
 }
+
+/// Under --json, progress is JSON lines on stderr (every line parses),
+/// each naming the work, how far it is and its total.
+#[test]
+fn json_progress_is_a_stream_of_json_lines() {
+    let m = Mado::local();
+    setup(&m);
+    empty_cache(&m);
+    let out = m.dir.path().join("out");
+    let o = m
+        .cmd(&["checkout", "main", out.to_str().unwrap(), "--json"])
+        .env("MADO_PROGRESS_INTERVAL_MS", "1")
+        .env("MADO_INJECT_RTT_MS", "20")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).expect("stdout is the JSON report alone");
+    assert!(report["files"].as_u64().unwrap() > 5, "{report}");
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&o.stderr)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?} is not JSON: {e}")))
+        .collect();
+    assert!(!lines.is_empty(), "no progress line");
+    assert!(lines.iter().all(|l| l["progress"] == "checking out" && l["done"].is_u64()), "{lines:?}");
+}

@@ -69,7 +69,8 @@ pub async fn run(mut a: ImportGitArgs, ctx: &Ctx) -> Result<()> {
             pb2.set_position(files);
             // Every 256 files: a message per file would cost more than it tells.
             if files % 256 == 0 {
-                pb2.set_message(format!("reading files ({} MB)", bytes >> 20));
+                let secs = started.elapsed().as_secs_f64().max(1e-3);
+                pb2.set_message(format!("reading files, {} MB at {:.0} MB/s", bytes >> 20, bytes as f64 / 1e6 / secs));
             }
         }),
     )
