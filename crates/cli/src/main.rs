@@ -41,6 +41,42 @@ struct Cli {
     /// what the command was asked to show (a listing, a file, JSON).
     #[arg(long, short, global = true, conflicts_with = "verbose")]
     quiet: bool,
+    /// What to log on stderr (a mount daemon: its log file), with times:
+    /// error, warn, info, debug, trace, or filter directives such as
+    /// `mado_core::fetch=debug`. Default: $MADO_LOG, else $RUST_LOG, else
+    /// warn (info for a mount daemon).
+    #[arg(long, global = true, value_name = "LEVEL")]
+    log_level: Option<String>,
+}
+
+/// Logging through `tracing`: timestamped lines on stderr, filtered by
+/// `--log-level`, `MADO_LOG` or `RUST_LOG`. The filter chosen is put in
+/// `MADO_LOG`, so a daemon this process starts logs the same way.
+fn init_logging(arg: Option<&str>, daemon: bool) -> Result<(), String> {
+    let chosen = arg
+        .map(str::to_string)
+        .or_else(|| std::env::var("MADO_LOG").ok().filter(|v| !v.is_empty()))
+        .or_else(|| std::env::var("RUST_LOG").ok().filter(|v| !v.is_empty()));
+    let directives = chosen.clone().unwrap_or_else(|| if daemon { "info" } else { "warn" }.into());
+    // A bare word is a target to a filter: a misspelt level would pass.
+    let levels = ["off", "error", "warn", "info", "debug", "trace"];
+    if !directives.contains(['=', ',']) && !levels.contains(&directives.to_ascii_lowercase().as_str()) {
+        return Err(format!(
+            "--log-level / MADO_LOG {directives:?} is not a level; use error, warn, info, debug or trace (or target=level)"
+        ));
+    }
+    let filter = tracing_subscriber::EnvFilter::try_new(&directives)
+        .map_err(|e| format!("--log-level / MADO_LOG {directives:?}: {e} (use error, warn, info, debug or trace)"))?;
+    if let Some(c) = chosen {
+        std::env::set_var("MADO_LOG", c);
+    }
+    use std::io::IsTerminal;
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .try_init();
+    Ok(())
 }
 
 /// Chunks of large files are ~1 MiB buffers allocated and freed on many
@@ -163,6 +199,10 @@ fn main() {
             std::process::exit(exit::code_of_usage(&e));
         }
     };
+    if let Err(e) = init_logging(cli.log_level.as_deref(), cli.cmd.is_mount_daemon()) {
+        eprintln!("error: {e}");
+        std::process::exit(exit::USER);
+    }
     let delay = purge_delay_ms(&cli.cmd);
     // SAFETY: sets a plain integer option; mimalloc reads it on each purge.
     unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, delay as std::os::raw::c_long) };

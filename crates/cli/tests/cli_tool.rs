@@ -388,3 +388,20 @@ fn json_progress_is_a_stream_of_json_lines() {
     assert!(!lines.is_empty(), "no progress line");
     assert!(lines.iter().all(|l| l["progress"] == "checking out" && l["done"].is_u64()), "{lines:?}");
 }
+
+/// Logging: --log-level (or MADO_LOG / RUST_LOG) turns on timestamped
+/// lines on stderr; a word that is not a level is refused.
+#[test]
+fn log_level_shows_each_request_and_refuses_a_misspelt_level() {
+    let m = Mado::local();
+    setup(&m);
+    let o = m.run(&["log", "main", "-n", "1", "--log-level", "debug"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.lines().any(|l| l.contains("DEBUG") && l.contains("GET") && l.contains("refs/main")), "{err}");
+    let o = m.cmd(&["log", "main", "-n", "1"]).env("RUST_LOG", "debug").output().unwrap();
+    assert!(String::from_utf8_lossy(&o.stderr).contains("DEBUG"), "RUST_LOG is honoured");
+    // By default a command logs nothing on success.
+    assert!(m.run(&["log", "main", "-n", "1"]).stderr.is_empty());
+    assert!(m.fails(&["log", "main", "--log-level", "degub"], 1).contains("not a level"));
+}

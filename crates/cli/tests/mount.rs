@@ -68,6 +68,12 @@ fn a_cache_at_a_long_path_still_mounts() {
     assert!(mnt.stats()["pid"].as_u64().is_some());
     let logs: Vec<_> = std::fs::read_dir(m.home().join(".local/state/mado/logs")).unwrap().collect();
     assert_eq!(logs.len(), 1, "the daemon's log is in the state directory");
+    let log_file = logs[0].as_ref().unwrap().path();
+    drop(mnt);
+    // Timestamped, levelled lines (tracing): when it served, and when it ended.
+    let log = std::fs::read_to_string(&log_file).unwrap();
+    let serving = log.lines().find(|l| l.contains("serving main at")).unwrap_or_else(|| panic!("{log}"));
+    assert!(serving.starts_with("20") && serving.contains("Z ") && serving.contains(" INFO "), "{serving}");
 }
 
 /// mado called as `mount.fuse.mado` (what mount(8) runs for an fstab

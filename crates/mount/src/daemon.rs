@@ -364,7 +364,10 @@ pub fn run(
                 Err(e) => Err(e),
             };
             match spawned {
-                Ok(s) => Served::Fuse(s),
+                Ok(s) => {
+                    tracing::info!(pid = std::process::id(), "serving {} at {}", opts.spec, mp.display());
+                    Served::Fuse(s)
+                }
                 Err(e) => {
                     let _ = std::fs::remove_file(&sock);
                     let hint = if *allow_other {
@@ -453,7 +456,7 @@ pub fn run(
                     Err(e) => Some(format!("the save task failed: {e}")),
                 };
                 if let Some(msg) = &failed {
-                    eprintln!("mado mount: saving the state of workspace {} failed: {msg}", ws.name);
+                    tracing::error!("saving the state of workspace {} failed: {msg}", ws.name);
                 }
                 *save_error.lock().expect("save error lock") = failed;
             }
@@ -493,7 +496,11 @@ pub fn run(
         }
     });
     let r = match served {
-        Served::Fuse(session) => session.join(),
+        Served::Fuse(session) => {
+            let r = session.join();
+            tracing::info!("unmounted {}: {}", mp.display(), fetcher.remote.stats());
+            r
+        }
         Served::VirtioFs(h, _) => {
             h.join().unwrap_or_else(|_| Err(std::io::Error::other("the virtio-fs server panicked")))
         }
@@ -511,7 +518,7 @@ pub fn run(
         core.drop_spares();
         match rt.block_on(mado_core::workspace::release_lease(&fetcher.remote, &ws.name, &ws.holder)) {
             Ok(_) => {}
-            Err(e) => eprintln!("mado mount: releasing the lease of workspace {}: {e}", ws.name),
+            Err(e) => tracing::error!("releasing the lease of workspace {}: {e}", ws.name),
         }
     }
     r.map_err(Error::io(if fuse { "FUSE session" } else { "virtio-fs server" }))

@@ -158,7 +158,7 @@ fn errno(e: &Error) -> Errno {
         Error::User(_) => Errno::EINVAL,
         e => {
             // The caller only sees EIO: the daemon's log says why.
-            eprintln!("mado mount: EIO: {e}");
+            tracing::warn!("EIO: {e}");
             Errno::EIO
         }
     }

@@ -277,7 +277,7 @@ impl<F: fuser::Filesystem + Send + 'static> Server<F> {
                     vhost::vhost_user::Error::Disconnected | vhost::vhost_user::Error::PartialMessage,
                 )) => {}
                 Err(e) if !self.stop.load(Ordering::Acquire) => {
-                    eprintln!("mado serve-virtiofs: the connection ended with an error: {e}");
+                    tracing::error!("the connection ended with an error: {e}");
                 }
                 Err(_) => {}
             }
@@ -344,7 +344,7 @@ impl<F: fuser::Filesystem + Send + 'static> Bridge<F> {
                 Ok(s) => {
                     let _ = s.run();
                 }
-                Err(e) => eprintln!("mado serve-virtiofs: the guest's FUSE session did not start: {e}"),
+                Err(e) => tracing::error!("the guest's FUSE session did not start: {e}"),
             }
         })?;
         let ours = Arc::new(ours);
@@ -384,7 +384,7 @@ impl<F: fuser::Filesystem + Send + 'static> Bridge<F> {
                     let errno = match sync() {
                         Ok(()) => 0,
                         Err(e) => {
-                            eprintln!("mado serve-virtiofs: the guest's sync failed: {e}");
+                            tracing::error!("the guest's sync failed: {e}");
                             e.raw_os_error().unwrap_or(libc::EIO)
                         }
                     };
@@ -395,7 +395,7 @@ impl<F: fuser::Filesystem + Send + 'static> Bridge<F> {
             }
             FUSE_INIT => {
                 if let Err(e) = self.new_session(MAX_IO) {
-                    eprintln!("mado serve-virtiofs: starting a FUSE session: {e}");
+                    tracing::error!("starting a FUSE session: {e}");
                     return answer(vring, chain, &mem, guest_unique, libc::EIO);
                 }
             }

@@ -104,7 +104,9 @@ impl Mado {
             .env_remove("XDG_DATA_HOME")
             .env_remove("MADO_CACHE_DIR")
             .env_remove("MADO_CONFIG")
-            .env_remove("MADO_DISK_CACHE_MAX_BYTES");
+            .env_remove("MADO_DISK_CACHE_MAX_BYTES")
+            .env_remove("MADO_LOG")
+            .env_remove("RUST_LOG");
         c
     }
 

@@ -121,6 +121,7 @@ impl Counters {
     /// requests an operation chains.
     fn start_traced(self: &Arc<Self>, kind: &str, location: &Path) -> InFlight {
         let f = self.start();
+        tracing::debug!(round_trip = f.depth, "{kind} {location}");
         if *TRACE {
             let ms = TRACE_START.elapsed().as_millis();
             eprintln!("[store] round trip {:>3}: {kind} {location} (+{ms} ms)", f.depth);
