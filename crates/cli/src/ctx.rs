@@ -243,10 +243,21 @@ fn peak_resident_kib() -> Option<u64> {
     s.lines().find_map(|l| l.strip_prefix("VmHWM:"))?.split_whitespace().next()?.parse().ok()
 }
 
+/// Set once the process is about to print its result or error and exit:
+/// no progress line is written after that (none is cut short by the exit).
+static PROGRESS_STOPPED: Mutex<bool> = Mutex::new(false);
+
+/// Stops every JSON progress stream (waiting for a line being written).
+pub fn stop_progress() {
+    *PROGRESS_STOPPED.lock().unwrap_or_else(|e| e.into_inner()) = true;
+}
+
 /// Under `--json`, progress is a stream of JSON lines on stderr, at most
-/// two a second while the work lasts (`MADO_PROGRESS_INTERVAL_MS`): `{"progress": WHAT, "done", "total"
-/// (absent when unknown), "message", "elapsed_ms"}`, and one with
-/// `"finished": true` at the end. The bar itself draws nothing.
+/// two a second while the work lasts (`MADO_PROGRESS_INTERVAL_MS`):
+/// `{"progress": WHAT, "done", "total" (absent when unknown), "message",
+/// "elapsed_ms"}`, with `"finished": true` once the work is done (if the
+/// command goes on after it). Every line is whole: none is written once
+/// the process starts to exit ([`stop_progress`]). The bar draws nothing.
 fn json_progress(len: Option<u64>, what: &str) -> ProgressBar {
     let pb = ProgressBar::with_draw_target(len, indicatif::ProgressDrawTarget::hidden());
     pb.set_message(what.to_string());
@@ -269,7 +280,13 @@ fn json_progress(len: Option<u64>, what: &str) -> ProgressBar {
             if finished {
                 v["finished"] = true.into();
             }
-            eprintln!("{v}");
+            // Under the lock the process takes before it exits: a line is
+            // written whole or not at all.
+            let stopped = PROGRESS_STOPPED.lock().unwrap_or_else(|e| e.into_inner());
+            if !*stopped {
+                use std::io::Write;
+                let _ = std::io::stderr().write_all(format!("{v}\n").as_bytes());
+            }
         };
         // The bar's last clone is the watcher's: the work dropped it.
         loop {

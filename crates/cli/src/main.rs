@@ -220,6 +220,7 @@ fn main() {
     let cli_json = cli.json;
     let ctx = ctx::Ctx::new(cli.verbose, cli.json, cli.quiet);
     let result = rt.block_on(cmd::run(cli.cmd, &ctx));
+    ctx::stop_progress();
     ctx.finish();
     let code = match result {
         Ok(()) => exit::OK,
