@@ -546,19 +546,21 @@ fn kernel_checks_permissions(allow_other: bool) -> bool {
 
 /// Mounts `/dev/fuse` at `mp` with the type `fuse.mado` (what
 /// `/proc/mounts`, `findmnt -t fuse.mado` and `umount -t` see) and returns
-/// the device for the session, when this process is root. `None`
-/// otherwise: only root may call mount(2), and fusermount3 sets the
-/// subtype itself.
+/// the device for the session, when this process is root and may mount.
+/// `None` otherwise: fusermount3 mounts then, and sets the subtype itself.
 fn mount_as_fuse_mado(mp: &Path, read_only: bool, allow_other: bool) -> std::io::Result<Option<std::os::fd::OwnedFd>> {
     use rustix::mount::MountFlags;
     if !rustix::process::geteuid().is_root() {
         return Ok(None);
     }
-    let dev = rustix::fs::open(
+    // No /dev/fuse here: fuser's own attempt says so, with the hint.
+    let Ok(dev) = rustix::fs::open(
         "/dev/fuse",
         rustix::fs::OFlags::RDWR | rustix::fs::OFlags::CLOEXEC,
         rustix::fs::Mode::empty(),
-    )?;
+    ) else {
+        return Ok(None);
+    };
     let mut data = format!(
         "fd={},rootmode=40000,user_id={},group_id={}",
         std::os::fd::AsRawFd::as_raw_fd(&dev),
@@ -576,6 +578,11 @@ fn mount_as_fuse_mado(mp: &Path, read_only: bool, allow_other: bool) -> std::io:
         flags |= MountFlags::RDONLY;
     }
     let data = std::ffi::CString::new(data).map_err(std::io::Error::other)?;
-    rustix::mount::mount("mado", mp, "fuse.mado", flags, data.as_c_str())?;
-    Ok(Some(dev))
+    match rustix::mount::mount("mado", mp, "fuse.mado", flags, data.as_c_str()) {
+        Ok(()) => Ok(Some(dev)),
+        // Root without the right to mount (a container, a user namespace):
+        // fusermount3, as for any user.
+        Err(rustix::io::Errno::PERM | rustix::io::Errno::ACCESS) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
 }
