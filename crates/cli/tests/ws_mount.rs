@@ -1138,3 +1138,72 @@ fn a_failed_ws_create_mount_leaves_no_workspace_behind() {
     let _mounted = WsMount { m: &m, dir: dir.clone() };
     assert!(out.contains("read-write"), "{out}");
 }
+
+/// A mounted workspace's checkpoint leaves out the new paths that
+/// `.gitignore` and `.madoignore` rules name, as a plain working copy's
+/// does: rules from the snapshot and rules written in the mount, nested
+/// rules, `!` re-includes; a tracked path stays whatever the rules say.
+/// What is left out stays in the mount, a changed rule takes it in at the
+/// next checkpoint, and `--no-ignore` keeps everything.
+#[test]
+fn a_mounted_checkpoint_leaves_out_what_ignore_rules_name() {
+    if !fuse_usable() {
+        return;
+    }
+    let m = Mado::local();
+    let repo = m.dir.path().join("repo");
+    std::fs::create_dir_all(repo.join("src")).unwrap();
+    std::fs::write(repo.join(".gitignore"), "target/\n*.log\n").unwrap();
+    std::fs::write(repo.join("src/.gitignore"), "gen_*\n!gen_keep.rs\n").unwrap();
+    std::fs::write(repo.join("src/lib.rs"), "fn f() {}\n").unwrap();
+    std::fs::write(repo.join("tracked.log"), "tracked once\n").unwrap();
+    git(&repo, &["init", "-q", "-b", "main"]);
+    git(&repo, &["add", "-A", "-f"]);
+    git(&repo, &["commit", "-qm", "one"]);
+    m.ok(&["import-git", repo.to_str().unwrap()]);
+    let mnt = create(&m, "ig");
+    let d = &mnt.dir;
+    std::fs::create_dir_all(d.join("target/debug")).unwrap();
+    std::fs::write(d.join("target/debug/out.o"), "object\n").unwrap();
+    std::fs::write(d.join("build.log"), "noise\n").unwrap();
+    std::fs::write(d.join("tracked.log"), "tracked twice\n").unwrap();
+    std::fs::write(d.join("src/gen_a.rs"), "generated\n").unwrap();
+    std::fs::write(d.join("src/gen_keep.rs"), "kept\n").unwrap();
+    std::fs::write(d.join(".madoignore"), "secret.txt\n").unwrap();
+    std::fs::write(d.join("secret.txt"), "s3cr3t\n").unwrap();
+    std::fs::write(d.join("keep.txt"), "keep\n").unwrap();
+    let cp = mnt.checkpoint("ignores");
+    assert_eq!(cp["paths_ignored"], 4, "target, build.log, src/gen_a.rs, secret.txt: {cp}");
+    let names = |dir: &str| -> Vec<String> {
+        let mut args = vec!["ls", "ws/ig"];
+        if !dir.is_empty() {
+            args.push(dir);
+        }
+        m.json(&args).as_array().unwrap().iter().map(|e| e["name"].as_str().unwrap().to_string()).collect()
+    };
+    let top = names("");
+    for want in [".gitignore", ".madoignore", "keep.txt", "src", "tracked.log"] {
+        assert!(top.contains(&want.to_string()), "{want} missing: {top:?}");
+    }
+    for gone in ["target", "build.log", "secret.txt"] {
+        assert!(!top.contains(&gone.to_string()), "{gone} kept: {top:?}");
+    }
+    let src = names("src");
+    assert!(src.contains(&"gen_keep.rs".to_string()) && !src.contains(&"gen_a.rs".to_string()), "{src:?}");
+    assert_eq!(m.ok(&["cat", "ws/ig", "tracked.log"]), "tracked twice\n", "a tracked path stays");
+    // Left out, not lost: still in the mount, and again left out.
+    assert_eq!(std::fs::read_to_string(d.join("target/debug/out.o")).unwrap(), "object\n");
+    std::fs::write(d.join("target/debug/more.o"), "more\n").unwrap();
+    let cp = mnt.checkpoint("more output");
+    assert_eq!(cp["paths_ignored"], 4, "{cp}");
+    assert!(!names("").contains(&"target".to_string()));
+    // The rule goes: the next checkpoint takes target in.
+    std::fs::write(d.join(".gitignore"), "*.log\n").unwrap();
+    mnt.checkpoint("rule changed");
+    assert!(names("").contains(&"target".to_string()), "{:?}", names(""));
+    assert_eq!(m.ok(&["cat", "ws/ig", "target/debug/more.o"]), "more\n");
+    // --no-ignore keeps everything.
+    let cp = m.json(&["ws", "checkpoint", "--dir", mnt.path(), "-m", "all", "--no-ignore"]);
+    assert_eq!(cp["paths_ignored"], 0, "{cp}");
+    assert!(names("").contains(&"secret.txt".to_string()) && names("src").contains(&"gen_a.rs".to_string()));
+}

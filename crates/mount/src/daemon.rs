@@ -248,8 +248,8 @@ pub fn run(
         let save_error = save_error.clone();
         let vfs_counts = vfs_counts.clone();
         Arc::new(move |req: Request| {
-            let (message, steal, force, name) = match req.op {
-                Op::Checkpoint { message, steal, force, name } => (message, steal, force, name),
+            let (message, steal, force, name, no_ignore) = match req.op {
+                Op::Checkpoint { message, steal, force, name, no_ignore } => (message, steal, force, name, no_ignore),
                 Op::PackStatus => {
                     let s = status.lock().expect("status lock").clone();
                     let reply = Reply::PackStatus(PackStatus {
@@ -307,7 +307,7 @@ pub fn run(
                         user_error: true,
                     };
                 }
-                let lease = mado_core::workspace::CheckpointLease { steal, force, no_ignore: false };
+                let lease = mado_core::workspace::CheckpointLease { steal, force, no_ignore };
                 // On a thread of its own: the checkpoint's future is not
                 // Send (it borrows across its upload streams).
                 let h = tokio::runtime::Handle::current();

@@ -34,6 +34,10 @@ pub enum Op {
         steal: bool,
         force: bool,
         name: Option<String>,
+        /// Keep what ignore rules name (absent, and left out when false:
+        /// the wire form of every earlier request stays as it was).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        no_ignore: bool,
     },
 }
 
@@ -142,8 +146,12 @@ mod tests {
     fn requests_have_a_stable_wire_form() {
         let line = r#"{"v":1,"op":"checkpoint","message":"m","steal":false,"force":true,"name":null}"#;
         let r = decode_request(line).unwrap();
-        let want = Op::Checkpoint { message: "m".into(), steal: false, force: true, name: None };
+        let want = Op::Checkpoint { message: "m".into(), steal: false, force: true, name: None, no_ignore: false };
         assert_eq!(r, Request::new(want));
+        assert_eq!(serde_json::to_string(&r).unwrap(), line);
+        let line = r#"{"v":1,"op":"checkpoint","message":"m","steal":false,"force":true,"name":null,"no_ignore":true}"#;
+        let r = decode_request(line).unwrap();
+        assert!(matches!(r.op, Op::Checkpoint { no_ignore: true, .. }), "{r:?}");
         assert_eq!(serde_json::to_string(&r).unwrap(), line);
         assert_eq!(decode_request(r#"{"v":1,"op":"stats"}"#).unwrap().op, Op::Stats);
         assert_eq!(decode_request(r#"{"v":1,"op":"pack-status"}"#).unwrap().op, Op::PackStatus);

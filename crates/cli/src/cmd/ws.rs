@@ -369,7 +369,13 @@ async fn checkpoint_dir(
 /// Asks the daemon of the workspace mount holding `start` to checkpoint
 /// (it refuses a `name` other than its workspace's before doing anything).
 fn checkpoint_mount(start: &std::path::Path, a: &CheckpointArgs) -> Result<(workspace::CheckpointReport, Stats)> {
-    let op = Op::Checkpoint { message: a.message.clone(), steal: a.steal, force: a.force, name: a.name.clone() };
+    let op = Op::Checkpoint {
+        message: a.message.clone(),
+        steal: a.steal,
+        force: a.force,
+        name: a.name.clone(),
+        no_ignore: a.no_ignore,
+    };
     // A checkpoint of a large change may take long: no short bound here.
     match super::ask_daemon(Some(start), op, std::time::Duration::from_secs(24 * 3600))? {
         Reply::Checkpoint { report, remote } => Ok((report, remote)),
@@ -379,7 +385,13 @@ fn checkpoint_mount(start: &std::path::Path, a: &CheckpointArgs) -> Result<(work
 
 fn checkpoint_served(sock: &std::path::Path, a: &CheckpointArgs) -> Result<(workspace::CheckpointReport, Stats)> {
     let name = a.name.clone().unwrap_or_default();
-    let op = Op::Checkpoint { message: a.message.clone(), steal: a.steal, force: a.force, name: a.name.clone() };
+    let op = Op::Checkpoint {
+        message: a.message.clone(),
+        steal: a.steal,
+        force: a.force,
+        name: a.name.clone(),
+        no_ignore: a.no_ignore,
+    };
     let what = format!("workspace {name}");
     let hint = "if its `mado serve-virtiofs` died, start it again (it takes the lease back)";
     match super::ask_socket(sock, &what, hint, op, std::time::Duration::from_secs(24 * 3600))? {

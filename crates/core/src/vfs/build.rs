@@ -2,6 +2,8 @@
 //! re-encodes the directories above them and lists every path's mtime
 //! for the stat object; its cost follows the changes, not the tree.
 
+use std::os::unix::ffi::OsStrExt;
+
 use super::*;
 
 /// What a checkpoint of a read-write mount staged.
@@ -16,8 +18,30 @@ pub struct Built {
     /// Directories re-encoded.
     pub trees_built: u64,
     /// What is left out: `.git` directories (a checkout's own repository
-    /// is not the workspace's content), FIFOs and sockets.
+    /// is not the workspace's content), FIFOs and sockets, and new paths
+    /// ignore rules name ([`SnapshotFs::ignored_new_entries`]).
     pub ignored: u64,
+}
+
+/// What a checkpoint leaves out by the ignore rules: new entries (`skip`),
+/// and the directories above them, which stay unclean after the build so
+/// that every checkpoint judges those entries again (the rules may change).
+#[derive(Debug, Default)]
+pub struct Skips {
+    pub skip: std::collections::HashSet<u64>,
+    pub keep_dirty: std::collections::HashSet<u64>,
+}
+
+/// A changed directory as the ignore pass sees it.
+struct DirtyDir {
+    ino: u64,
+    parent: u64,
+    path: Vec<u8>,
+    origin: Option<Vec<u8>>,
+    /// (name, node, is a directory, is a lower entry)
+    kids: Vec<(Vec<u8>, u64, bool, bool)>,
+    /// Rule files here: (name, a lower entry's content or an upper blob).
+    rules: Vec<(String, Result<Entry, u64>)>,
 }
 
 /// Lists the paths of tree `id` (already in memory) with the snapshot time.
@@ -37,6 +61,138 @@ fn list_tree_paths(fs: &SnapshotFs, id: Hash, path: &[u8], out: &mut StatObject)
 }
 
 impl SnapshotFs {
+    /// The new entries of a read-write mount (paths not in the snapshot it
+    /// is based on) that `.gitignore` and `.madoignore` files on their way
+    /// down ignore, with git's syntax and precedence, as a plain working
+    /// copy's checkpoint judges them. Only changed directories can hold new
+    /// entries, so only they are looked at; rule files in the lower layer
+    /// are read through the fetcher.
+    pub async fn ignored_new_entries(&self) -> Result<Skips> {
+        let upper_dir = self.upper_dir()?;
+        let dirs: Vec<DirtyDir> = {
+            let st = self.st();
+            let mut out = Vec::new();
+            let mut stack = vec![(ROOT_INO, 0u64, Vec::new())];
+            while let Some((ino, parent, path)) = stack.pop() {
+                let n = st.get(ino)?;
+                let Body::Dir { clean: None, origin, children: Some(ch) } = &n.body else { continue };
+                let mut d =
+                    DirtyDir { ino, parent, path: path.clone(), origin: origin.clone(), kids: vec![], rules: vec![] };
+                for (name, c) in ch {
+                    let Ok(k) = st.get(*c) else { continue };
+                    let is_dir = matches!(k.body, Body::Dir { .. });
+                    let lower = matches!(k.body, Body::Lower(_));
+                    d.kids.push((name.clone(), *c, is_dir, lower));
+                    if let Some(f) =
+                        crate::workspace::ignore::RULE_FILES.iter().find(|f| f.as_bytes() == name.as_slice())
+                    {
+                        match &k.body {
+                            Body::Lower(e) if e.kind.has_content() => d.rules.push((f.to_string(), Ok(e.clone()))),
+                            Body::Upper { blob, .. } => d.rules.push((f.to_string(), Err(*blob))),
+                            _ => {}
+                        }
+                    }
+                    if is_dir {
+                        stack.push((*c, ino, join(&path, name)));
+                    }
+                }
+                out.push(d);
+            }
+            out
+        };
+        let root = self.root();
+        let mut skips = Skips::default();
+        // Parents come before their children in `dirs` (depth first).
+        let mut stacks: std::collections::HashMap<u64, Arc<Vec<ignore::gitignore::Gitignore>>> = Default::default();
+        let mut gone: std::collections::HashSet<u64> = Default::default();
+        for d in &dirs {
+            if d.ino != ROOT_INO && (gone.contains(&d.parent) || skips.skip.contains(&d.ino)) {
+                gone.insert(d.ino);
+                continue;
+            }
+            let abs = std::path::Path::new("/").join(std::ffi::OsStr::from_bytes(&d.path));
+            let mut texts = Vec::new();
+            // .gitignore before .madoignore: the later one wins.
+            for f in crate::workspace::ignore::RULE_FILES {
+                let Some((_, src)) = d.rules.iter().find(|(n, _)| n == f) else { continue };
+                let bytes = match src {
+                    Ok(e) => {
+                        self.fetcher.content(e, &String::from_utf8_lossy(&join(&d.path, f.as_bytes()))).await?.to_vec()
+                    }
+                    Err(blob) => std::fs::read(upper_dir.join(blob.to_string())).map_err(Error::io(format!(
+                        "reading the upper copy of {}",
+                        String::from_utf8_lossy(&d.path)
+                    )))?,
+                };
+                texts.push((f.to_string(), String::from_utf8_lossy(&bytes).into_owned()));
+            }
+            let parent_stack = stacks.get(&d.parent).cloned().unwrap_or_default();
+            let stack = match crate::workspace::ignore::matcher_from_texts(&abs, &texts)? {
+                Some(gi) => {
+                    let mut v = parent_stack.as_ref().clone();
+                    v.push(gi);
+                    Arc::new(v)
+                }
+                None => parent_stack,
+            };
+            stacks.insert(d.ino, stack.clone());
+            if stack.is_empty() {
+                continue;
+            }
+            // The names this directory had in the base snapshot: tracked.
+            let base: std::collections::HashSet<Vec<u8>> = match &d.origin {
+                None => Default::default(),
+                Some(o) => {
+                    let tree = if o.is_empty() {
+                        Some(root)
+                    } else {
+                        match self.fetcher.lookup(root, &String::from_utf8_lossy(o)).await {
+                            Ok(Some(e)) if e.kind == Kind::Directory => Some(e.id),
+                            Ok(_) | Err(Error::NotFound(_)) => None,
+                            Err(e) => return Err(e),
+                        }
+                    };
+                    match tree {
+                        Some(id) => self
+                            .fetcher
+                            .tree(id, &String::from_utf8_lossy(o))
+                            .await?
+                            .entries
+                            .iter()
+                            .map(|e| e.name.clone())
+                            .collect(),
+                        None => Default::default(),
+                    }
+                }
+            };
+            for (name, ino, is_dir, lower) in &d.kids {
+                if *lower || base.contains(name) || name == b".git" {
+                    continue;
+                }
+                let p = abs.join(std::ffi::OsStr::from_bytes(name));
+                if crate::workspace::ignore::ignored(&stack, &p, *is_dir) {
+                    skips.skip.insert(*ino);
+                }
+            }
+        }
+        // The directories above each skipped entry stay unclean.
+        if !skips.skip.is_empty() {
+            let parent_of: std::collections::HashMap<u64, u64> = dirs.iter().map(|d| (d.ino, d.parent)).collect();
+            for d in &dirs {
+                if d.kids.iter().any(|(_, k, _, _)| skips.skip.contains(k)) {
+                    let mut at = d.ino;
+                    while skips.keep_dirty.insert(at) && at != ROOT_INO {
+                        match parent_of.get(&at) {
+                            Some(p) => at = *p,
+                            None => break,
+                        }
+                    }
+                }
+            }
+        }
+        Ok(skips)
+    }
+
     /// Whether a checkpoint needs every tree in memory first: when the
     /// base snapshot had no stat object, unexpanded subtrees' paths are
     /// listed from their trees (once; later checkpoints have one).
@@ -49,7 +205,12 @@ impl SnapshotFs {
     /// every path's mtime. Blocking (reads upper files): call it from a
     /// blocking thread.
     pub fn build(&self, cache: &DiskCache, staged: &mut Staged) -> Result<Built> {
-        self.build_with(cache, staged, || {}, || {})
+        self.build_with(cache, staged, &Skips::default(), || {}, || {})
+    }
+
+    /// [`SnapshotFs::build`] leaving out what `skips` names.
+    pub fn build_skipping(&self, cache: &DiskCache, staged: &mut Staged, skips: &Skips) -> Result<Built> {
+        self.build_with(cache, staged, skips, || {}, || {})
     }
 
     /// [`SnapshotFs::build`], running `listed` once the changed files are
@@ -60,6 +221,7 @@ impl SnapshotFs {
         &self,
         cache: &DiskCache,
         staged: &mut Staged,
+        skips: &Skips,
         listed: impl FnOnce(),
         between: impl FnOnce(),
     ) -> Result<Built> {
@@ -70,6 +232,9 @@ impl SnapshotFs {
             let mut out = Vec::new();
             let mut stack = vec![ROOT_INO];
             while let Some(ino) = stack.pop() {
+                if skips.skip.contains(&ino) {
+                    continue;
+                }
                 let n = st.get(ino)?;
                 match &n.body {
                     Body::Dir { children: Some(c), clean: None, .. } => stack.extend(c.values()),
@@ -121,7 +286,7 @@ impl SnapshotFs {
             trees_built: 0,
             ignored: 0,
         };
-        let root = self.build_tree(&mut st, cache, staged, &upper_dir, &fresh, &mut b)?;
+        let root = self.build_tree(&mut st, cache, staged, &upper_dir, &fresh, skips, &mut b)?;
         b.root = root.id;
         b.stat.entries.sort();
         Ok(b)
@@ -138,6 +303,7 @@ impl SnapshotFs {
         staged: &mut Staged,
         upper_dir: &Path,
         fresh: &std::collections::HashSet<u64>,
+        skips: &Skips,
         b: &mut Built,
     ) -> Result<Entry> {
         enum Step {
@@ -154,6 +320,10 @@ impl SnapshotFs {
         while let Some(step) = stack.pop() {
             match step {
                 Step::Enter(ino, path) => {
+                    if skips.skip.contains(&ino) {
+                        b.ignored += 1;
+                        continue;
+                    }
                     let n = st.get(ino)?;
                     if let Body::Special(_) = &n.body {
                         // FIFOs and sockets are not source: not kept
@@ -193,8 +363,10 @@ impl SnapshotFs {
                             })?;
                             b.trees_built += 1;
                             let id = staged.tree(cache, &tree)?;
-                            if let Body::Dir { clean, .. } = &mut st.get_mut(ino)?.body {
-                                *clean = Some(id);
+                            if !skips.keep_dirty.contains(&ino) {
+                                if let Body::Dir { clean, .. } = &mut st.get_mut(ino)?.body {
+                                    *clean = Some(id);
+                                }
                             }
                             id
                         }

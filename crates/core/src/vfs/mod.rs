@@ -54,7 +54,7 @@ mod saved;
 #[cfg(test)]
 mod tests;
 
-pub use build::Built;
+pub use build::{Built, Skips};
 
 pub use chunked::Readahead;
 use inode::{Body, Meta, Node, State};

@@ -27,7 +27,7 @@ async fn a_file_unlinked_while_a_checkpoint_hashes_it_is_counted_once() {
     let unlink = || {
         futures::executor::block_on(fs.unlink(ROOT_INO, b"gone")).unwrap();
     };
-    let b = fs.build_with(&cache, &mut staged, || {}, unlink).unwrap();
+    let b = fs.build_with(&cache, &mut staged, &Skips::default(), || {}, unlink).unwrap();
     assert!(fs.getattr(a.ino).is_ok());
     assert_eq!(b.files_read, 2, "{b:?}");
     assert_eq!(b.files_unchanged, 0, "{b:?}");
@@ -321,7 +321,7 @@ async fn a_checkpoint_skips_a_file_unlinked_under_it_but_not_a_lost_blob() {
     }
     // Unlinked after the listing, before its read: skipped.
     let unlink = || futures::executor::block_on(fs.unlink(ROOT_INO, b"gone")).unwrap();
-    let b = fs.build_with(&cache, &mut Staged::default(), unlink, || {}).unwrap();
+    let b = fs.build_with(&cache, &mut Staged::default(), &Skips::default(), unlink, || {}).unwrap();
     assert_eq!(b.files_read, 1, "{b:?}");
     // A blob that vanished under a file still in the tree is an error,
     // never a tree that silently lacks the file.
@@ -333,7 +333,7 @@ async fn a_checkpoint_skips_a_file_unlinked_under_it_but_not_a_lost_blob() {
         _ => unreachable!(),
     };
     let remove = || std::fs::remove_file(d.path().join("upper").join(blob.to_string())).unwrap();
-    let e = fs.build_with(&cache, &mut Staged::default(), remove, || {}).unwrap_err();
+    let e = fs.build_with(&cache, &mut Staged::default(), &Skips::default(), remove, || {}).unwrap_err();
     assert!(e.to_string().contains(&blob.to_string()), "{e}");
 }
 

@@ -19,7 +19,7 @@ use super::working_copy::StatCache;
 use crate::error::{Error, Result};
 
 /// The rule files read in each directory, in increasing precedence.
-const RULE_FILES: [&str; 2] = [".gitignore", ".madoignore"];
+pub(crate) const RULE_FILES: [&str; 2] = [".gitignore", ".madoignore"];
 
 pub(super) struct Ignores {
     on: bool,
@@ -93,7 +93,7 @@ impl Ignores {
     }
 }
 
-fn ignored(stack: &[Gitignore], path: &Path, is_dir: bool) -> bool {
+pub(crate) fn ignored(stack: &[Gitignore], path: &Path, is_dir: bool) -> bool {
     // The innermost directory with a say decides.
     for gi in stack.iter().rev() {
         let m = gi.matched(path, is_dir);
@@ -117,4 +117,19 @@ fn tracked(sc: &StatCache, key: &[u8], is_dir: bool) -> bool {
     }
     let prefix = [key, b"/"].concat();
     sc.rows.range(prefix.clone()..).next().is_some_and(|(k, _)| k.starts_with(&prefix))
+}
+
+/// The matcher of rule files' contents (`(file name, text)`, in increasing
+/// precedence) in directory `abs`; `None` when they hold no rule.
+pub(crate) fn matcher_from_texts(abs: &Path, texts: &[(String, String)]) -> Result<Option<Gitignore>> {
+    let mut b = GitignoreBuilder::new(abs);
+    for (name, text) in texts {
+        for line in text.lines() {
+            b.add_line(None, line).map_err(|e| {
+                Error::User(format!("{}/{name}: {e}; fix the rule, or checkpoint with --no-ignore", abs.display()))
+            })?;
+        }
+    }
+    let gi = b.build().map_err(|e| Error::User(format!("the ignore rules in {}: {e}", abs.display())))?;
+    Ok((!gi.is_empty()).then_some(gi))
 }

@@ -40,7 +40,7 @@ use crate::upload::{upload_closure, Staged, UploadReport};
 use crate::vfs::SnapshotFs;
 
 mod commit;
-mod ignore;
+pub(crate) mod ignore;
 mod lease;
 mod mounted;
 mod statcache;

@@ -27,10 +27,13 @@ pub async fn checkpoint_mount(
     if fs.needs_trees_for_build() {
         fs.preload_trees().await?;
     }
+    // New paths that .gitignore / .madoignore rules name stay out, as in
+    // a plain working copy's checkpoint (not with --no-ignore).
+    let skips = if lease.no_ignore { Default::default() } else { fs.ignored_new_entries().await? };
     let fs2 = fs.clone();
     let stage = move |cache: Arc<DiskCache>| {
         let mut staged = Staged::default();
-        let b = fs2.build(&cache, &mut staged)?;
+        let b = fs2.build_skipping(&cache, &mut staged, &skips)?;
         let w = Walked {
             root: b.root,
             stat: b.stat,
