@@ -1207,3 +1207,48 @@ fn a_mounted_checkpoint_leaves_out_what_ignore_rules_name() {
     assert_eq!(cp["paths_ignored"], 0, "{cp}");
     assert!(names("").contains(&"secret.txt".to_string()) && names("src").contains(&"gen_a.rs".to_string()));
 }
+
+/// `ws status` inside a workspace mount: what the next checkpoint would
+/// record, with the same ignore rules, and nothing changed by asking. The
+/// checkpoint after a status still uploads every changed file (a status
+/// that recorded ids would let it name objects it never uploads).
+#[test]
+fn ws_status_in_a_mount_shows_the_next_checkpoint_and_changes_nothing() {
+    if !fuse_usable() {
+        return;
+    }
+    let m = Mado::local();
+    setup(&m);
+    let mnt = create(&m, "st");
+    let d = &mnt.dir;
+    std::fs::write(d.join("README.md"), "changed in the mount\n").unwrap();
+    std::fs::write(d.join("new.txt"), "new\n").unwrap();
+    std::fs::create_dir_all(d.join("newdir")).unwrap();
+    std::fs::write(d.join("newdir/inner.txt"), "inner\n").unwrap();
+    std::fs::remove_file(d.join("empty")).unwrap();
+    std::fs::write(d.join(".madoignore"), "*.tmp\n").unwrap();
+    std::fs::write(d.join("scratch.tmp"), "scratch\n").unwrap();
+    let status = |m: &Mado| -> serde_json::Value {
+        let o = m.cmd(&["ws", "status", "--json"]).current_dir(d.join("src")).output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        serde_json::from_slice(&o.stdout).unwrap()
+    };
+    let s = status(&m);
+    assert_eq!(s["added"], serde_json::json!([".madoignore", "new.txt", "newdir/inner.txt"]), "{s}");
+    assert_eq!(s["modified"], serde_json::json!(["README.md"]), "{s}");
+    assert_eq!(s["deleted"], serde_json::json!(["empty"]), "{s}");
+    assert_eq!(s["paths_ignored"], 1, "{s}");
+    assert_eq!(status(&m), s, "asking twice gives the same answer");
+    // The checkpoint after it uploads everything: a copy resumed from the
+    // store, with an empty cache, has every change.
+    let cp = mnt.checkpoint("after status");
+    assert_eq!(cp["files_read"].as_u64(), Some(4), "{cp}");
+    let s = status(&m);
+    assert!(s["added"].as_array().unwrap().is_empty() && s["modified"].as_array().unwrap().is_empty(), "{s}");
+    empty_cache(&m);
+    let copy = m.dir.path().join("copy");
+    m.ok(&["ws", "resume", "st", copy.to_str().unwrap(), "--read-only"]);
+    assert_eq!(std::fs::read_to_string(copy.join("README.md")).unwrap(), "changed in the mount\n");
+    assert_eq!(std::fs::read_to_string(copy.join("newdir/inner.txt")).unwrap(), "inner\n");
+    assert!(!copy.join("empty").exists() && !copy.join("scratch.tmp").exists());
+}

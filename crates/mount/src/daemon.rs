@@ -289,6 +289,27 @@ pub fn run(
                     }));
                     return Box::pin(async move { reply });
                 }
+                Op::Status { no_ignore } => {
+                    let (fetcher, core, ws) = (fetcher.clone(), core.clone(), ws.clone());
+                    return Box::pin(async move {
+                        let Some(ws) = ws else {
+                            return Reply::Error {
+                                message: "this mount is a read-only snapshot, not a workspace: nothing changes".into(),
+                                user_error: true,
+                            };
+                        };
+                        let h = tokio::runtime::Handle::current();
+                        let r = tokio::task::spawn_blocking(move || {
+                            h.block_on(mado_core::workspace::mount_status(&fetcher, &core, &ws.state_dir, no_ignore))
+                        })
+                        .await;
+                        match r {
+                            Ok(Ok(status)) => Reply::Status { status },
+                            Ok(Err(e)) => Reply::Error { message: e.to_string(), user_error: e.is_user_error() },
+                            Err(e) => Reply::Error { message: format!("status task failed: {e}"), user_error: false },
+                        }
+                    });
+                }
             };
             let (fetcher, core, ws, mp) = (fetcher.clone(), core.clone(), ws.clone(), mp.clone());
             let save_error = save_error.clone();

@@ -39,6 +39,12 @@ pub enum Op {
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         no_ignore: bool,
     },
+    /// What a checkpoint of the mounted workspace would record (`ws
+    /// status`); changes nothing.
+    Status {
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        no_ignore: bool,
+    },
 }
 
 impl Request {
@@ -54,6 +60,7 @@ pub enum Reply {
     PackStatus(PackStatus),
     Stats(Box<MountStats>),
     Checkpoint { report: CheckpointReport, remote: Stats },
+    Status { status: mado_core::workspace::Status },
     Error { message: String, user_error: bool },
 }
 

@@ -22,10 +22,10 @@ pub enum WsCommand {
     /// compare-and-swap under the workspace's single-writer lease.
     #[command(after_help = EX_CHECKPOINT)]
     Checkpoint(CheckpointArgs),
-    /// What a checkpoint of this plain working copy would record: paths
-    /// added, modified (content, kind or exec bit) and deleted since the
-    /// snapshot it is based on, like `git status --short`. Nothing is
-    /// uploaded and no lease is taken.
+    /// What a checkpoint of this working copy (a plain directory or a
+    /// workspace mount) would record: paths added, modified (content, kind
+    /// or exec bit) and deleted since the snapshot it is based on, like `git
+    /// status --short`. Nothing is uploaded and no lease is taken.
     #[command(after_help = EX_STATUS)]
     Status(StatusArgs),
     /// Restore a workspace's latest checkpoint into DIR (content, exec
@@ -269,13 +269,22 @@ pub async fn run(c: WsCommand, ctx: &Ctx) -> Result<()> {
                 Some(d) => d,
                 None => std::env::current_dir()?,
             };
-            let dir = workspace::find_working_copy(&start).ok_or_else(|| {
-                mado_core::Error::User(format!(
-                    "{} is not inside a plain working copy; pass --dir (a mount has no status yet)",
-                    start.display()
-                ))
-            })?;
-            let s = workspace::status(&fetcher, &dir, a.no_ignore).await?;
+            // Inside a workspace mount: its daemon answers.
+            let s = if mado_mount::control::find_mount(&start)?.is_some() {
+                let op = Op::Status { no_ignore: a.no_ignore };
+                match super::ask_daemon(Some(&start), op, std::time::Duration::from_secs(24 * 3600))? {
+                    Reply::Status { status } => status,
+                    r => return Err(super::unexpected(&r)),
+                }
+            } else {
+                let dir = workspace::find_working_copy(&start).ok_or_else(|| {
+                    mado_core::Error::User(format!(
+                        "{} is not inside a workspace (a plain working copy or a workspace mount); pass --dir",
+                        start.display()
+                    ))
+                })?;
+                workspace::status(&fetcher, &dir, a.no_ignore).await?
+            };
             if ctx.json {
                 return ctx.print_json(&s);
             }

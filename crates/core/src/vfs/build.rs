@@ -30,6 +30,11 @@ pub struct Built {
 pub struct Skips {
     pub skip: std::collections::HashSet<u64>,
     pub keep_dirty: std::collections::HashSet<u64>,
+    /// Change nothing in the tree (`ws status`): no file's or directory's
+    /// id is recorded, so the next checkpoint stages everything again. (An
+    /// id recorded by a build whose objects go nowhere would let the next
+    /// checkpoint name objects it never uploads.)
+    pub dry: bool,
 }
 
 /// A changed directory as the ignore pass sees it.
@@ -267,12 +272,15 @@ impl SnapshotFs {
         // listed is not counted: its upper file, kept for reuse, was read
         // for nothing (and may hold another file's bytes by now).
         let mut fresh = std::collections::HashSet::new();
+        let mut dry_ids = HashMap::new();
         let mut hashed_count = 0;
         for (ino, version, id) in hashed {
             let Ok(n) = st.get_mut(ino) else { continue };
             hashed_count += 1;
             if n.version == version {
-                if let Body::Upper { clean, .. } = &mut n.body {
+                if skips.dry {
+                    dry_ids.insert(ino, id);
+                } else if let Body::Upper { clean, .. } = &mut n.body {
                     *clean = Some(id);
                     fresh.insert(ino);
                 }
@@ -286,7 +294,7 @@ impl SnapshotFs {
             trees_built: 0,
             ignored: 0,
         };
-        let root = self.build_tree(&mut st, cache, staged, &upper_dir, &fresh, skips, &mut b)?;
+        let root = self.build_tree(&mut st, cache, staged, &upper_dir, &fresh, skips, &dry_ids, &mut b)?;
         b.root = root.id;
         b.stat.entries.sort();
         Ok(b)
@@ -304,6 +312,7 @@ impl SnapshotFs {
         upper_dir: &Path,
         fresh: &std::collections::HashSet<u64>,
         skips: &Skips,
+        dry_ids: &HashMap<u64, (Hash, bool)>,
         b: &mut Built,
     ) -> Result<Entry> {
         enum Step {
@@ -343,7 +352,8 @@ impl SnapshotFs {
                         stack.push(Step::Exit { ino, path: path.clone(), from: out.len() });
                         stack.extend(kids.into_iter().rev().map(|(name, c)| Step::Enter(c, join(&path, &name))));
                     } else {
-                        let e = self.build_leaf(st, ino, &path, cache, staged, upper_dir, fresh, b)?;
+                        let e =
+                            self.build_leaf(st, ino, &path, cache, staged, upper_dir, fresh, (skips.dry, dry_ids), b)?;
                         out.push(e);
                     }
                 }
@@ -363,7 +373,7 @@ impl SnapshotFs {
                             })?;
                             b.trees_built += 1;
                             let id = staged.tree(cache, &tree)?;
-                            if !skips.keep_dirty.contains(&ino) {
+                            if !skips.dry && !skips.keep_dirty.contains(&ino) {
                                 if let Body::Dir { clean, .. } = &mut st.get_mut(ino)?.body {
                                     *clean = Some(id);
                                 }
@@ -389,6 +399,7 @@ impl SnapshotFs {
         staged: &mut Staged,
         upper_dir: &Path,
         fresh: &std::collections::HashSet<u64>,
+        (dry, dry_ids): (bool, &HashMap<u64, (Hash, bool)>),
         b: &mut Built,
     ) -> Result<Entry> {
         let n = st.get(ino)?.clone();
@@ -414,13 +425,19 @@ impl SnapshotFs {
                 }
                 entry(file_kind(n.perm), *chunked, *size, *id)
             }
+            Body::Upper { clean: None, size, .. } if dry_ids.contains_key(&ino) => {
+                let (id, chunked) = dry_ids[&ino];
+                entry(file_kind(n.perm), chunked, *size, id)
+            }
             Body::Upper { blob, clean: None, .. } => {
                 // Written while the checkpoint was hashing: hash it now.
                 let p = upper_dir.join(blob.to_string());
                 let (id, chunked, size) = staged.file(cache, &p)?;
                 b.files_read += 1;
-                if let Body::Upper { clean, .. } = &mut st.get_mut(ino)?.body {
-                    *clean = Some((id, chunked));
+                if !dry {
+                    if let Body::Upper { clean, .. } = &mut st.get_mut(ino)?.body {
+                        *clean = Some((id, chunked));
+                    }
                 }
                 entry(file_kind(n.perm), chunked, size, id)
             }

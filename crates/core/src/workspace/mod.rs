@@ -52,7 +52,7 @@ pub use lease::{release, release_lease, take_lease};
 pub use mounted::{
     checkpoint_mount, forget_unused_mount_state, open_mount, save_mount_state, MountedWorkspace, StateSaver,
 };
-pub use status::{status, Status};
+pub use status::{mount_status, status, Status};
 use working_copy::*;
 pub use working_copy::{checkpoint, find_working_copy, load_state, load_state_at, LocalState};
 

@@ -1,4 +1,4 @@
-//! `ws status`: what a checkpoint of a plain working copy would record,
+//! `ws status`: what a checkpoint of a working copy (plain or mounted) would record,
 //! against the snapshot it is based on, as paths added, modified (content,
 //! kind or exec bit) and deleted. The working copy is walked exactly as a
 //! checkpoint walks it (same stat cache, same ignore rules; changed files
@@ -9,7 +9,7 @@
 use super::*;
 
 /// What changed in a working copy since its base snapshot.
-#[derive(Debug, Default, Clone, serde::Serialize)]
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Status {
     pub workspace: String,
     /// The snapshot the working copy is based on.
@@ -45,4 +45,41 @@ pub async fn status(fetcher: &Arc<Fetcher>, dir: &Path, no_ignore: bool) -> Resu
     let c = crate::diff::diff_trees(fetcher, snap.root, walked.root).await?;
     (out.added, out.modified, out.deleted) = (c.added, c.modified, c.deleted);
     Ok(out)
+}
+
+/// The status of a mounted workspace: what its next checkpoint would
+/// record against the snapshot the mount is based on, with the same ignore
+/// rules. A dry build: changed files are hashed into the cache, but no id
+/// is recorded in the mount's tree (the next checkpoint stages them again)
+/// and nothing is uploaded or saved.
+pub async fn mount_status(
+    fetcher: &Arc<Fetcher>,
+    fs: &Arc<crate::vfs::SnapshotFs>,
+    state_dir: &Path,
+    no_ignore: bool,
+) -> Result<Status> {
+    let st = load_state_at(state_dir)?;
+    if fs.needs_trees_for_build() {
+        fs.preload_trees().await?;
+    }
+    let mut skips = if no_ignore { crate::vfs::Skips::default() } else { fs.ignored_new_entries().await? };
+    skips.dry = true;
+    // The snapshot the mount's tree is based on (the last checkpoint).
+    let base_root = fs.root();
+    let (fs2, cache) = (fs.clone(), fetcher.cache.clone());
+    let built = tokio::task::spawn_blocking(move || {
+        let mut staged = Staged::default();
+        fs2.build_skipping(&cache, &mut staged, &skips)
+    })
+    .await
+    .map_err(|e| Error::Io { context: "building the status".into(), source: std::io::Error::other(e) })??;
+    let c = crate::diff::diff_trees(fetcher, base_root, built.root).await?;
+    Ok(Status {
+        workspace: st.name.clone(),
+        base: st.head.clone(),
+        added: c.added,
+        modified: c.modified,
+        deleted: c.deleted,
+        paths_ignored: built.ignored,
+    })
 }
