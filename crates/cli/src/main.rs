@@ -57,7 +57,10 @@ fn init_logging(arg: Option<&str>, daemon: bool) -> Result<(), String> {
         .map(str::to_string)
         .or_else(|| std::env::var("MADO_LOG").ok().filter(|v| !v.is_empty()))
         .or_else(|| std::env::var("RUST_LOG").ok().filter(|v| !v.is_empty()));
-    let directives = chosen.clone().unwrap_or_else(|| if daemon { "info" } else { "warn" }.into());
+    // fuser warns of every request it does not implement (getxattr of
+    // security.capability on each write): not news, so errors only.
+    let directives =
+        chosen.clone().unwrap_or_else(|| if daemon { "info,fuser=error" } else { "warn,fuser=error" }.into());
     // A bare word is a target to a filter: a misspelt level would pass.
     let levels = ["off", "error", "warn", "info", "debug", "trace"];
     if !directives.contains(['=', ',']) && !levels.contains(&directives.to_ascii_lowercase().as_str()) {

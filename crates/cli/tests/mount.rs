@@ -96,9 +96,14 @@ fn mado_as_mount_fuse_mado_takes_mount_8_arguments() {
     let o = c.output().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert_eq!(mount_type(&dir).as_deref(), Some("fuse.mado"));
+    // The source findmnt and df show is what is mounted.
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
+    let line = mounts.lines().find(|l| l.split(' ').nth(1) == dir.to_str()).unwrap();
+    assert!(line.starts_with("main "), "{line}");
     assert_eq!(std::fs::read(dir.join("src/lib.rs")).unwrap(), std::fs::read(repo.join("src/lib.rs")).unwrap());
     m.ok(&["umount", dir.to_str().unwrap()]);
     assert_eq!(mount_type(&dir), None);
+    assert!(m.fails(&["umount", dir.to_str().unwrap()], 1).contains("is not mounted"));
     // An option it does not know is refused before anything is mounted.
     let o = std::process::Command::new(&helper)
         .args(["main", dir.to_str().unwrap(), "-o", "colour=red"])

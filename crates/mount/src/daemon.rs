@@ -111,9 +111,33 @@ pub fn unmount_and_wait(p: &Path, wait: Duration) -> std::io::Result<()> {
     Ok(())
 }
 
+/// The mount's source as /proc/mounts, findmnt and df show it: the ref
+/// or snapshot mounted (`ws/NAME` for a workspace), with no character that
+/// would need escaping there.
+fn source_name(spec: &str, workspace: bool) -> String {
+    let s = if workspace { format!("ws/{spec}") } else { spec.to_string() };
+    s.chars().map(|c| if c.is_ascii_graphic() && c != ',' { c } else { '_' }).collect()
+}
+
+/// Whether `p` is a mount point (its entry in /proc/self/mountinfo).
+pub fn is_mount_point(p: &Path) -> bool {
+    let Ok(abs) = std::fs::canonicalize(p).or_else(|_| control::absolute(p)) else { return false };
+    let want = abs
+        .to_string_lossy()
+        .replace('\\', "\\134")
+        .replace(' ', "\\040")
+        .replace('\t', "\\011")
+        .replace('\n', "\\012");
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .is_ok_and(|m| m.lines().any(|l| l.split(' ').nth(4) == Some(want.as_str())))
+}
+
 /// Unmounts `p` (lazily if its daemon is gone).
 pub fn unmount(p: &Path) -> std::io::Result<()> {
     let lazy = is_disconnected(p);
+    if !lazy && !is_mount_point(p) {
+        return Err(std::io::Error::other(format!("{} is not mounted", p.display())));
+    }
     let mut c = std::process::Command::new("fusermount3");
     c.arg(if lazy { "-uz" } else { "-u" }).arg(p);
     let out = c.output()?;
@@ -356,7 +380,8 @@ pub fn run(
             let config = {
                 let mut c = fuser::Config::default();
                 c.mount_options = vec![
-                    fuser::MountOption::FSName("mado".into()),
+                    // The source findmnt and df show: what is mounted.
+                    fuser::MountOption::FSName(source_name(&opts.spec, ws.is_some())),
                     fuser::MountOption::Subtype("mado".into()),
                     fuser::MountOption::NoAtime,
                 ];
@@ -375,15 +400,16 @@ pub fn run(
             // As root, mount(2) here with the type `fuse.mado`; fuser's own
             // direct mount says only `fuse`. Others go through fusermount3,
             // which passes the subtype on.
-            let spawned = match mount_as_fuse_mado(&mp, ws.is_none(), *allow_other) {
-                Ok(Some(fd)) => {
-                    fuser::Session::from_fd(fs, fd, config.acl, config).and_then(|s| s.spawn()).inspect_err(|_| {
-                        let _ = rustix::mount::unmount(&mp, rustix::mount::UnmountFlags::DETACH);
-                    })
-                }
-                Ok(None) => fuser::spawn_mount(fs, &mp, &config),
-                Err(e) => Err(e),
-            };
+            let spawned =
+                match mount_as_fuse_mado(&source_name(&opts.spec, ws.is_some()), &mp, ws.is_none(), *allow_other) {
+                    Ok(Some(fd)) => {
+                        fuser::Session::from_fd(fs, fd, config.acl, config).and_then(|s| s.spawn()).inspect_err(|_| {
+                            let _ = rustix::mount::unmount(&mp, rustix::mount::UnmountFlags::DETACH);
+                        })
+                    }
+                    Ok(None) => fuser::spawn_mount(fs, &mp, &config),
+                    Err(e) => Err(e),
+                };
             match spawned {
                 Ok(s) => {
                     tracing::info!(pid = std::process::id(), "serving {} at {}", opts.spec, mp.display());
@@ -569,7 +595,12 @@ fn kernel_checks_permissions(allow_other: bool) -> bool {
 /// `/proc/mounts`, `findmnt -t fuse.mado` and `umount -t` see) and returns
 /// the device for the session, when this process is root and may mount.
 /// `None` otherwise: fusermount3 mounts then, and sets the subtype itself.
-fn mount_as_fuse_mado(mp: &Path, read_only: bool, allow_other: bool) -> std::io::Result<Option<std::os::fd::OwnedFd>> {
+fn mount_as_fuse_mado(
+    source: &str,
+    mp: &Path,
+    read_only: bool,
+    allow_other: bool,
+) -> std::io::Result<Option<std::os::fd::OwnedFd>> {
     use rustix::mount::MountFlags;
     if !rustix::process::geteuid().is_root() {
         return Ok(None);
@@ -599,7 +630,7 @@ fn mount_as_fuse_mado(mp: &Path, read_only: bool, allow_other: bool) -> std::io:
         flags |= MountFlags::RDONLY;
     }
     let data = std::ffi::CString::new(data).map_err(std::io::Error::other)?;
-    match rustix::mount::mount("mado", mp, "fuse.mado", flags, data.as_c_str()) {
+    match rustix::mount::mount(source, mp, "fuse.mado", flags, data.as_c_str()) {
         Ok(()) => Ok(Some(dev)),
         // Root without the right to mount (a container, a user namespace):
         // fusermount3, as for any user.

@@ -70,6 +70,11 @@ pub fn run(c: ConfigCommand, ctx: &Ctx) -> Result<()> {
                 return ctx.print_json(&serde_json::json!({ "path": path.display().to_string(), "keys": rows }));
             }
             println!("# {}", path.display());
+            for (var, key) in [("MADO_REMOTE_ADDR", "remote"), ("MADO_DISK_CACHE_MAX_BYTES", "cache.max_size")] {
+                if let Some(v) = std::env::var(var).ok().filter(|v| !v.is_empty()) {
+                    println!("# {var}={v} is set: it wins over {key} below");
+                }
+            }
             for r in rows {
                 let v = r["value"].as_str().map(|v| format!("{v:?}")).unwrap_or_else(|| "(unset)".into());
                 println!(

@@ -15,6 +15,9 @@ pub struct UmountArgs {
 }
 
 pub async fn run(a: UmountArgs, ctx: &Ctx) -> Result<()> {
+    if !mado_mount::daemon::is_disconnected(&a.dir) && !mado_mount::daemon::is_mount_point(&a.dir) {
+        return Err(mado_core::Error::User(format!("{} is not mounted: nothing to unmount", a.dir.display())).into());
+    }
     mado_mount::daemon::unmount_and_wait(&a.dir, std::time::Duration::from_secs(30)).map_err(|e| {
         mado_core::Error::User(format!(
             "cannot unmount {}: {e} (is it a mado mount? is a file in it still open?)",

@@ -293,6 +293,9 @@ pub async fn run(c: WsCommand, ctx: &Ctx) -> Result<()> {
                     println!("{tag} {p}");
                 }
             }
+            if s.paths_ignored > 0 {
+                note!(ctx, "({} paths left out: .git, ignore rules, FIFOs and sockets)", s.paths_ignored);
+            }
             if s.added.is_empty() && s.modified.is_empty() && s.deleted.is_empty() {
                 eprintln!("nothing changed since {} (workspace {})", &s.base[..12.min(s.base.len())], s.workspace);
             }
