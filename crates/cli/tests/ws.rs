@@ -50,6 +50,8 @@ fn checkpoint_resume_round_trip(m: &Mado) {
     assert_eq!(log[0]["message"], "edits");
     let list = m.json(&["ws", "list"]);
     assert_eq!(list[0]["name"], "agent");
+    let text = m.ok(&["ws", "list"]);
+    assert!(text.starts_with("WORKSPACE ") && text.lines().nth(1).unwrap().starts_with("agent "), "{text}");
 }
 
 #[test]

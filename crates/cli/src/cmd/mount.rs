@@ -144,11 +144,12 @@ pub async fn run(a: MountArgs, ctx: &Ctx) -> Result<()> {
             let rw = if a.workspace { "read-write" } else { "read-only" };
             say!(
                 ctx,
-                "mounted {what}{} ({}) {rw} at {} [daemon pid {}]",
+                "mounted {what}{} ({}) {rw} at {} [daemon pid {}, log {}]",
                 a.spec,
                 &m.snapshot[..12],
                 m.mountpoint,
-                child.id()
+                child.id(),
+                log.display()
             );
             if let Some(adv) = &m.advisory {
                 eprintln!("advisory: {adv}");

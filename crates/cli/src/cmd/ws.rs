@@ -306,6 +306,9 @@ pub async fn run(c: WsCommand, ctx: &Ctx) -> Result<()> {
             if ctx.json {
                 return ctx.print_json(&l);
             }
+            if !l.is_empty() {
+                println!("{:<24} {:<12}  MESSAGE", "WORKSPACE", "SNAPSHOT");
+            }
             for w in l {
                 println!("{:<24} {}  {}", w.name, &w.snapshot[..12], w.message.lines().next().unwrap_or(""));
             }
