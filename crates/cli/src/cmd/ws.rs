@@ -254,12 +254,7 @@ pub async fn run(c: WsCommand, ctx: &Ctx) -> Result<()> {
             } else if let Some(sock) = served {
                 checkpoint_served(&sock, &a)?
             } else {
-                let dir = workspace::find_working_copy(&start).ok_or_else(|| {
-                    mado_core::Error::User(format!(
-                        "{} is not inside a workspace; pass --dir, or create one with `mado ws create`",
-                        start.display()
-                    ))
-                })?;
+                let dir = working_copy_around(&start)?;
                 (checkpoint_dir(&fetcher, &dir, &a).await?, fetcher.remote.stats())
             };
             print_checkpoint(ctx, &r, remote)
@@ -277,12 +272,7 @@ pub async fn run(c: WsCommand, ctx: &Ctx) -> Result<()> {
                     r => return Err(super::unexpected(&r)),
                 }
             } else {
-                let dir = workspace::find_working_copy(&start).ok_or_else(|| {
-                    mado_core::Error::User(format!(
-                        "{} is not inside a workspace (a plain working copy or a workspace mount); pass --dir",
-                        start.display()
-                    ))
-                })?;
+                let dir = working_copy_around(&start)?;
                 workspace::status(&fetcher, &dir, a.no_ignore).await?
             };
             if ctx.json {
@@ -383,6 +373,19 @@ async fn checkpoint_dir(
 
 /// Asks the daemon of the workspace mount holding `start` to checkpoint
 /// (it refuses a `name` other than its workspace's before doing anything).
+/// The plain working copy at or above `start` (a mount's daemon is asked
+/// before this), or the error saying what to do.
+fn working_copy_around(start: &std::path::Path) -> Result<PathBuf> {
+    workspace::find_working_copy(start).ok_or_else(|| {
+        mado_core::Error::User(format!(
+            "{} is not inside a workspace (a plain working copy or a workspace mount); pass --dir, \
+             or create one with `mado ws create`",
+            start.display()
+        ))
+        .into()
+    })
+}
+
 fn checkpoint_mount(start: &std::path::Path, a: &CheckpointArgs) -> Result<(workspace::CheckpointReport, Stats)> {
     let op = Op::Checkpoint {
         message: a.message.clone(),

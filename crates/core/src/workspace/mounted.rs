@@ -24,12 +24,7 @@ pub async fn checkpoint_mount(
             ),
         )
     })?;
-    if fs.needs_trees_for_build() {
-        fs.preload_trees().await?;
-    }
-    // New paths that .gitignore / .madoignore rules name stay out, as in
-    // a plain working copy's checkpoint (not with --no-ignore).
-    let skips = if lease.no_ignore { Default::default() } else { fs.ignored_new_entries().await? };
+    let skips = prepare_build(fs, lease.no_ignore).await?;
     let fs2 = fs.clone();
     let stage = move |cache: Arc<DiskCache>| {
         let mut staged = Staged::default();
@@ -64,6 +59,20 @@ pub async fn checkpoint_mount(
     unlock.done().await;
     saved?;
     Ok(report)
+}
+
+/// What a build of a mounted workspace needs before it runs (shared by a
+/// checkpoint and `ws status`): every tree in memory when the base has no
+/// stat object, and the new paths .gitignore / .madoignore rules leave
+/// out, as in a plain working copy's checkpoint (none with `no_ignore`).
+pub(super) async fn prepare_build(fs: &Arc<SnapshotFs>, no_ignore: bool) -> Result<crate::vfs::Skips> {
+    if fs.needs_trees_for_build() {
+        fs.preload_trees().await?;
+    }
+    if no_ignore {
+        return Ok(Default::default());
+    }
+    fs.ignored_new_entries().await
 }
 
 /// The root of mounted workspaces' states: `$MADO_WORKSPACES_DIR`, else

@@ -59,10 +59,7 @@ pub async fn mount_status(
     no_ignore: bool,
 ) -> Result<Status> {
     let st = load_state_at(state_dir)?;
-    if fs.needs_trees_for_build() {
-        fs.preload_trees().await?;
-    }
-    let mut skips = if no_ignore { crate::vfs::Skips::default() } else { fs.ignored_new_entries().await? };
+    let mut skips = super::mounted::prepare_build(fs, no_ignore).await?;
     skips.dry = true;
     // The snapshot the mount's tree is based on (the last checkpoint).
     let base_root = fs.root();
