@@ -24,12 +24,16 @@ check:  ## formatting and lints
 fmt:
 	cargo fmt --all
 
-install:  ## build the release binary and install it with its manual pages and bash completion under PREFIX (default ~/.local)
+install:  ## build the release binary and install it with its manual pages and bash, zsh and fish completions under PREFIX (default ~/.local)
 	./scripts/ensure-deps.sh && . scripts/env.sh && cargo install --locked --path crates/cli --root "$(PREFIX)"
-	mkdir -p "$(PREFIX)/share/man/man1" "$(PREFIX)/share/bash-completion/completions"
+	mkdir -p "$(PREFIX)/share/man/man1" "$(PREFIX)/share/bash-completion/completions" \
+	  "$(PREFIX)/share/zsh/site-functions" "$(PREFIX)/share/fish/vendor_completions.d"
 	"$(PREFIX)/bin/mado" man --dir "$(PREFIX)/share/man/man1"
 	"$(PREFIX)/bin/mado" completion bash > "$(PREFIX)/share/bash-completion/completions/mado"
+	"$(PREFIX)/bin/mado" completion zsh > "$(PREFIX)/share/zsh/site-functions/_mado"
+	"$(PREFIX)/bin/mado" completion fish > "$(PREFIX)/share/fish/vendor_completions.d/mado.fish"
 	@echo "installed $(PREFIX)/bin/mado; make sure $(PREFIX)/bin is on your PATH"
 
 uninstall:
-	rm -f "$(PREFIX)/bin/mado" "$(PREFIX)/share/man/man1/mado.1" "$(PREFIX)/share/man/man1"/mado-*.1 "$(PREFIX)/share/bash-completion/completions/mado"
+	rm -f "$(PREFIX)/bin/mado" "$(PREFIX)/share/man/man1/mado.1" "$(PREFIX)/share/man/man1"/mado-*.1 "$(PREFIX)/share/bash-completion/completions/mado" \
+	  "$(PREFIX)/share/zsh/site-functions/_mado" "$(PREFIX)/share/fish/vendor_completions.d/mado.fish"

@@ -51,12 +51,21 @@ pub fn report(e: &anyhow::Error, json: bool) -> i32 {
         causes.push(c);
     }
     if json {
-        let v = serde_json::json!({
+        let mut v = serde_json::json!({
             "error": e.to_string(),
             "causes": causes,
             "exit_code": code,
             "kind": if code == USER { "user" } else { "internal" },
         });
+        // A held lease, for a script to wait on or steal: its fields as
+        // numbers, not only the sentence.
+        if let Some(Error::LeaseHeld { name, holder, expires, expired }) =
+            e.chain().find_map(|c| c.downcast_ref::<Error>().filter(|m| matches!(m, Error::LeaseHeld { .. })))
+        {
+            v["lease"] = serde_json::json!({
+                "workspace": name, "holder": holder, "expires": expires, "expired": expired,
+            });
+        }
         eprintln!("{v}");
         return code;
     }
@@ -65,6 +74,37 @@ pub fn report(e: &anyhow::Error, json: bool) -> i32 {
         eprintln!("  caused by: {c}");
     }
     code
+}
+
+/// Reports an error raised before a command runs (a usage error clap
+/// refused, a bad log level, a mount helper option): the same one JSON
+/// object as [`report`] under `--json`, else the text as it is. `--help`
+/// and `--version` print as usual.
+pub fn report_early(text: &str, code: i32, json: bool) -> i32 {
+    if json {
+        let first = text.lines().next().unwrap_or_default();
+        let error = first.strip_prefix("error: ").unwrap_or(first).trim();
+        let rest: Vec<&str> = text.lines().skip(1).map(str::trim_end).filter(|l| !l.trim().is_empty()).collect();
+        let v = serde_json::json!({
+            "error": error,
+            "causes": rest,
+            "exit_code": code,
+            "kind": if code == USER { "user" } else { "internal" },
+        });
+        eprintln!("{v}");
+    } else {
+        eprint!("{}", text);
+        if !text.ends_with('\n') {
+            eprintln!();
+        }
+    }
+    code
+}
+
+/// Whether the command line asks for JSON, looked for before it is parsed
+/// (so that a usage error can be JSON too): `--json` before any `--`.
+pub fn wants_json(argv: &[std::ffi::OsString]) -> bool {
+    argv.iter().skip(1).take_while(|a| *a != "--").any(|a| a == "--json")
 }
 
 /// A closed stdout kills the process quietly (SIGPIPE's default) instead
@@ -81,6 +121,16 @@ pub fn quiet_on_closed_stdout() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn json_is_found_before_a_double_dash_only() {
+        let v = |a: &[&str]| a.iter().map(std::ffi::OsString::from).collect::<Vec<_>>();
+        assert!(wants_json(&v(&["mado", "ls", "--json"])));
+        assert!(wants_json(&v(&["mado", "--json", "ls"])));
+        assert!(!wants_json(&v(&["mado", "ls", "--", "--json"])));
+        // The program's own name is not an argument.
+        assert!(!wants_json(&v(&["--json", "ls"])));
+    }
 
     #[test]
     fn each_kind_of_error_has_its_code() {

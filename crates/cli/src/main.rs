@@ -182,15 +182,13 @@ fn mount_helper_args(argv: Vec<std::ffi::OsString>) -> Result<Vec<std::ffi::OsSt
 fn main() {
     no_huge_pages();
     let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let json = exit::wants_json(&argv);
     let as_helper =
         argv.first().and_then(|a| std::path::Path::new(a).file_name()).is_some_and(|n| n == "mount.fuse.mado");
     let argv = if as_helper {
         match mount_helper_args(argv) {
             Ok(a) => a,
-            Err(e) => {
-                eprintln!("{e}");
-                std::process::exit(exit::USER);
-            }
+            Err(e) => std::process::exit(exit::report_early(&e.to_string(), exit::USER, json)),
         }
     } else {
         argv
@@ -198,13 +196,16 @@ fn main() {
     let cli = match Cli::try_parse_from(argv) {
         Ok(c) => c,
         Err(e) => {
-            let _ = e.print();
-            std::process::exit(exit::code_of_usage(&e));
+            let code = exit::code_of_usage(&e);
+            if code == exit::OK || !json {
+                let _ = e.print();
+                std::process::exit(code);
+            }
+            std::process::exit(exit::report_early(&e.render().to_string(), code, json));
         }
     };
     if let Err(e) = init_logging(cli.log_level.as_deref(), cli.cmd.is_mount_daemon()) {
-        eprintln!("error: {e}");
-        std::process::exit(exit::USER);
+        std::process::exit(exit::report_early(&format!("error: {e}"), exit::USER, cli.json));
     }
     let delay = purge_delay_ms(&cli.cmd);
     // SAFETY: sets a plain integer option; mimalloc reads it on each purge.
@@ -232,4 +233,38 @@ fn main() {
     // Exit now: dropping the runtime would wait for blocking threads, and
     // one may be stuck on a store that stalls (its reader already got EIO).
     std::process::exit(code);
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory as _;
+
+    /// Every command a user runs shows examples under `--help` (a group
+    /// such as `ws` or `cache` shows its own, and so does each of its
+    /// commands but the smallest: `cache stats|verify`, `config get|set|…`,
+    /// which the group's examples cover).
+    #[test]
+    fn every_command_has_examples_in_its_help() {
+        let mut cli = super::Cli::command();
+        cli.build();
+        let mut missing = Vec::new();
+        for sub in cli.get_subcommands() {
+            let name = sub.get_name();
+            if name == "help" || name == "man" {
+                continue;
+            }
+            let has = |c: &clap::Command| c.get_after_help().is_some_and(|h| h.to_string().starts_with("Examples:"));
+            if !has(sub) {
+                missing.push(name.to_string());
+            }
+            if name == "ws" {
+                for w in sub.get_subcommands().filter(|w| w.get_name() != "help") {
+                    if !has(w) {
+                        missing.push(format!("ws {}", w.get_name()));
+                    }
+                }
+            }
+        }
+        assert!(missing.is_empty(), "no examples in --help of: {missing:?}");
+    }
 }

@@ -501,11 +501,17 @@ fn s3_refusals_are_one_clear_line_minio() {
     let err = m.fails(&["init", "--remote", &missing], 1);
     assert!(err.contains("does not exist") && err.contains("create it"), "{err}");
     assert!(!err.contains("<?xml"), "{err}");
+    // One line, and nothing saved: the config names no store that fails.
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    let config = m.home().join(".config/mado/config.toml");
+    assert!(!config.exists(), "a refused init wrote {}", config.display());
     let o = m.cmd(&["init", "--remote", &m.remote]).env("AWS_SECRET_ACCESS_KEY", "wrong-secret").output().unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(err.contains("refused the credentials") && err.contains("AWS_SECRET_ACCESS_KEY"), "{err}");
     assert!(!err.contains("<?xml"), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(!config.exists(), "a refused init wrote {}", config.display());
 }
 
 #[test]

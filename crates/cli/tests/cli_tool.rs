@@ -362,6 +362,23 @@ fn quiet_prints_nothing_and_json_errors_are_json() {
     let e: serde_json::Value = serde_json::from_slice(&o.stderr).expect("one JSON object on stderr");
     assert_eq!((e["kind"].as_str(), e["exit_code"].as_i64()), (Some("user"), Some(1)), "{e}");
     assert!(e["error"].as_str().unwrap().contains("no workspace named nope"), "{e}");
+    // Errors raised before a command runs are JSON too: a usage error,
+    // a bad log level; --help still prints its text.
+    for (args, says) in [
+        (vec!["checkout", "--json"], "required arguments"),
+        (vec!["ls", "main", "--no-such-flag", "--json"], "--no-such-flag"),
+        (vec!["--json", "ls", "main", "--log-level", "chatty"], "chatty"),
+    ] {
+        let o = m.run(&args);
+        assert_eq!(o.status.code(), Some(1), "{args:?}");
+        assert!(o.stdout.is_empty(), "{args:?}");
+        let e: serde_json::Value = serde_json::from_slice(&o.stderr)
+            .unwrap_or_else(|_| panic!("{args:?}: not one JSON object: {}", String::from_utf8_lossy(&o.stderr)));
+        assert_eq!(e["kind"], "user", "{e}");
+        assert!(e.to_string().contains(says), "{args:?}: {e}");
+    }
+    let o = m.run(&["ls", "--help", "--json"]);
+    assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("Usage"));
 }
 
 /// Under --json, progress is JSON lines on stderr (every line parses),

@@ -145,6 +145,15 @@ fn expired_leases_need_steal_and_live_ones_cannot_be_stolen() {
     write_lease(now + 600);
     let err = m.fails(&["ws", "checkpoint", "--dir", a.to_str().unwrap()], 1);
     assert!(err.contains("leased by other until"), "{err}");
+    // The date is a local date a person reads, not seconds since 1970.
+    let until = err.split(" until ").nth(1).unwrap_or_default();
+    assert!(until.len() > 19 && until.as_bytes()[4] == b'-' && until.as_bytes()[13] == b':', "{err}");
+    assert!(!err.contains(&(now + 600).to_string()), "{err}");
+    // Under --json the lease is there as numbers for a script.
+    let err = m.fails(&["ws", "checkpoint", "--dir", a.to_str().unwrap(), "--json"], 1);
+    let e: serde_json::Value = serde_json::from_str(&err).unwrap();
+    assert_eq!(e["lease"]["expires"], now + 600, "{e}");
+    assert_eq!((e["lease"]["holder"].as_str(), e["lease"]["expired"].as_bool()), (Some("other"), Some(false)), "{e}");
     let err = m.fails(&["ws", "checkpoint", "--dir", a.to_str().unwrap(), "--steal"], 1);
     assert!(err.contains("leased by other until"), "a live lease is not stolen: {err}");
     write_lease(now - 10);

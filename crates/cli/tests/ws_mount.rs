@@ -1127,6 +1127,10 @@ fn a_failed_ws_create_mount_leaves_no_workspace_behind() {
     assert!(err.contains("not empty"), "{err}");
     assert!(!m.ok(&["refs"]).contains("ws/again"), "the ref was taken back");
     assert!(!state.exists(), "the unused state folder was taken back");
+    // A mount point the command made for itself goes too when it fails.
+    let made = m.dir.path().join("made/here");
+    m.fails(&["ws", "create", "nofrom", "--from", "no-such-ref", "--mount", made.to_str().unwrap()], 1);
+    assert!(!made.exists(), "a failed create left the directory it made");
     // One that holds work (an overlay) is never removed.
     let kept = states.join(mado_core::cache::DiskCache::workspace_key(&m.remote, "worked"));
     std::fs::create_dir_all(&kept).unwrap();

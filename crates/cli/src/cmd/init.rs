@@ -35,7 +35,14 @@ pub async fn run(a: InitArgs, ctx: &Ctx) -> Result<()> {
     };
     // Open and list once: fails now, with a hint, if the store is wrong.
     let remote = mado_core::store::Remote::open(&url, &Default::default())?;
-    remote.list_refs().await.with_context(|| format!("checking that {url} answers"))?;
+    if let Err(e) = remote.list_refs().await {
+        // A refusal the store explains (no bucket, wrong credentials)
+        // already names the URL and what to do: one line, as it is.
+        if e.is_user_error() {
+            return Err(e.into());
+        }
+        return Err(anyhow::Error::from(e).context(format!("checking that {url} answers")));
+    }
     ctx.step("remote answered");
     // The rest of the file (the cache cap) stays as it is.
     let mut cfg = crate::config::load()?;

@@ -37,7 +37,9 @@ pub enum Command {
     ImportGit(import_git::ImportGitArgs),
     #[command(after_help = EX_LOG)]
     Log(log::LogArgs),
+    #[command(after_help = EX_REFS)]
     Refs(refs::RefsArgs),
+    #[command(after_help = EX_LS)]
     Ls(ls::LsArgs),
     #[command(after_help = EX_DIFF)]
     Diff(diff::DiffArgs),
@@ -45,6 +47,7 @@ pub enum Command {
     Cat(cat::CatArgs),
     #[command(after_help = EX_CHECKOUT)]
     Checkout(checkout::CheckoutArgs),
+    #[command(after_help = EX_PACK)]
     Pack(pack::PackArgs),
     #[command(after_help = EX_MATERIALIZE)]
     Materialize(materialize::MaterializeArgs),
@@ -52,18 +55,21 @@ pub enum Command {
     Gc(gc::GcArgs),
     #[command(after_help = EX_MOUNT)]
     Mount(mount::MountArgs),
+    #[command(after_help = EX_UMOUNT)]
     Umount(umount::UmountArgs),
-    #[command(name = "serve-virtiofs")]
+    #[command(name = "serve-virtiofs", after_help = EX_SERVE_VIRTIOFS)]
     ServeVirtiofs(serve_virtiofs::ServeVirtiofsArgs),
-    #[command(name = "pack-status")]
+    #[command(name = "pack-status", after_help = EX_PACK_STATUS)]
     PackStatus(pack_status::PackStatusArgs),
+    #[command(after_help = EX_STATS)]
     Stats(stats::StatsArgs),
-    #[command(subcommand)]
+    #[command(subcommand, after_help = EX_WS)]
     Ws(ws::WsCommand),
-    #[command(subcommand)]
+    #[command(subcommand, after_help = EX_CACHE)]
     Cache(cache::CacheCommand),
-    #[command(subcommand)]
+    #[command(subcommand, after_help = EX_CONFIG)]
     Config(config::ConfigCommand),
+    #[command(after_help = EX_COMPLETION)]
     Completion(completion::CompletionArgs),
     Man(completion::ManArgs),
 }
@@ -195,3 +201,56 @@ const EX_MATERIALIZE: &str = "Examples:
 const EX_GC: &str = "Examples:
   mado gc --dry-run                           # what would be deleted
   mado gc";
+
+const EX_REFS: &str = "Examples:
+  mado refs                                   # every ref: imports and ws/NAME
+  mado refs --json | jq -r '.[].name'";
+
+const EX_LS: &str = "Examples:
+  mado ls main                                # the root of main
+  mado ls main src/lib                        # a directory in it
+  mado ls ws/agent-1 --json                   # kind, size and id of each entry";
+
+const EX_PACK: &str = "Examples:
+  mado pack                                   # recursive packs of main (import-git already does this)
+  mado pack -r release                        # another ref; an unchanged tree uploads nothing
+  mado pack --per-dir -r main                 # per-directory packs (v1)";
+
+const EX_UMOUNT: &str = "Examples:
+  mado umount ~/mnt/project                   # waits for the daemon to finish (a workspace saves its state)";
+
+const EX_SERVE_VIRTIOFS: &str = "Examples:
+  mado serve-virtiofs main --socket /run/mado.sock           # read-only, to a VM guest
+  mado serve-virtiofs vm-1 --workspace --socket /run/vm-1.sock
+  # then: qemu ... -chardev socket,id=fs,path=/run/mado.sock \\
+  #   -device vhost-user-fs-pci,chardev=fs,tag=mado   (guest: mount -t virtiofs mado /mnt)";
+
+const EX_PACK_STATUS: &str = "Examples:
+  mado pack-status ~/mnt/project              # prefetcher attached, or why not
+  cd ~/mnt/project/src && mado pack-status --json";
+
+const EX_STATS: &str = "Examples:
+  mado stats ~/mnt/project                    # the daemon's requests, GETs and cache hits
+  mado stats --json";
+
+const EX_CACHE: &str = "Examples:
+  mado cache stats                            # where it is, what it holds, its cap
+  mado cache verify                           # re-hash every entry; bad ones are deleted
+  mado config set cache.max_size 20G          # cap it";
+
+const EX_CONFIG: &str = "Examples:
+  mado config list
+  mado config set cache.max_size 20G
+  mado config get remote
+  mado config unset cache.max_size";
+
+const EX_COMPLETION: &str = "Examples:
+  mado completion bash > ~/.local/share/bash-completion/completions/mado
+  mado completion zsh > ~/.zfunc/_mado
+  mado completion fish > ~/.config/fish/completions/mado.fish";
+
+const EX_WS: &str = "Examples:
+  mado ws create agent-1 --from main --mount ~/work/agent-1
+  mado ws checkpoint -m wip                   # inside the working copy
+  mado ws list; mado ws log agent-1 -n 3
+  mado ws resume agent-1 ~/elsewhere";

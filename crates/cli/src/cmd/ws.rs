@@ -33,15 +33,19 @@ pub enum WsCommand {
     #[command(after_help = EX_RESUME)]
     Resume(ResumeArgs),
     /// List the workspaces in the store.
+    #[command(after_help = EX_LIST)]
     List,
     /// Show a workspace's checkpoints, newest first (times in local time;
     /// `--json` gives seconds since the Unix epoch).
+    #[command(after_help = EX_WS_LOG)]
     Log(LogArgs),
     /// Give up the lease a plain working copy holds, so the workspace can be
     /// resumed elsewhere at once (a mount releases its lease when unmounted).
+    #[command(after_help = EX_RELEASE)]
     Release(ReleaseArgs),
     /// Delete a workspace's ref and lease (working copies are left alone;
     /// `mado gc` reclaims what nothing else reaches).
+    #[command(after_help = EX_RM)]
     Rm(NameArg),
 }
 
@@ -59,7 +63,7 @@ pub struct CreateArgs {
         conflicts_with_all = ["mount", "no_checkout"]
     )]
     dir: Option<PathBuf>,
-    /// The working copy as a read-write FUSE mount at DIR (an existing, empty directory).
+    /// The working copy as a read-write FUSE mount at DIR (an empty directory; created if missing).
     #[arg(long, value_name = "DIR", conflicts_with = "no_checkout")]
     mount: Option<PathBuf>,
     /// Only create the workspace, with no working copy here: to serve it
@@ -183,17 +187,30 @@ pub async fn run(c: WsCommand, ctx: &Ctx) -> Result<()> {
         WsCommand::Create(CreateArgs { name, from, mount: Some(mp), allow_other, .. }) => {
             // A new workspace's mount point is made for it, as `ws create
             // --dir` and `checkout` make their directory.
-            if !mp.exists() {
+            let made = !mp.exists();
+            if made {
                 std::fs::create_dir_all(&mp)
                     .map_err(|e| mado_core::Error::User(format!("cannot create {}: {e}", mp.display())))?;
             }
             if !mp.is_dir() {
                 return Err(mado_core::Error::User(format!("{} is not a directory", mp.display())).into());
             }
-            workspace::create_ref(&fetcher, &name, &from).await?;
+            // What this command made goes again if it fails (an empty
+            // directory only: remove_dir leaves anything with content).
+            let unmake = |mp: &std::path::Path| {
+                if made {
+                    let _ = std::fs::remove_dir(mp);
+                }
+            };
+            if let Err(e) = workspace::create_ref(&fetcher, &name, &from).await {
+                unmake(&mp);
+                return Err(e.into());
+            }
             ctx.step("workspace ref created");
-            let mounted = super::mount::run(super::mount::workspace_args(&name, mp, false, allow_other), ctx).await;
+            let mounted =
+                super::mount::run(super::mount::workspace_args(&name, mp.clone(), false, allow_other), ctx).await;
             if mounted.is_err() {
+                unmake(&mp);
                 // Never mounted, so never changed: take the new ref back,
                 // so that fixing the cause and running the same command
                 // again works (rather than "already exists").
@@ -287,7 +304,7 @@ pub async fn run(c: WsCommand, ctx: &Ctx) -> Result<()> {
                 note!(ctx, "({} paths left out: .git, ignore rules, FIFOs and sockets)", s.paths_ignored);
             }
             if s.added.is_empty() && s.modified.is_empty() && s.deleted.is_empty() {
-                eprintln!("nothing changed since {} (workspace {})", &s.base[..12.min(s.base.len())], s.workspace);
+                note!(ctx, "nothing changed since {} (workspace {})", &s.base[..12.min(s.base.len())], s.workspace);
             }
             Ok(())
         }
@@ -464,3 +481,18 @@ const EX_RESUME: &str = "Examples:
   mado ws resume agent-1 ~/elsewhere              # takes the lease
   mado ws resume agent-1 ~/peek --read-only       # no lease, never checkpoints
   mado ws resume agent-1 ~/mnt/agent-1 --mount    # as a read-write mount";
+
+const EX_LIST: &str = "Examples:
+  mado ws list
+  mado ws list --json | jq -r '.[].name'";
+
+const EX_WS_LOG: &str = "Examples:
+  mado ws log agent-1                         # every checkpoint, newest first
+  mado ws log agent-1 -n 3 --json";
+
+const EX_RELEASE: &str = "Examples:
+  mado ws release                             # inside a plain working copy
+  mado ws release agent-2 --dir ~/work/agent-2";
+
+const EX_RM: &str = "Examples:
+  mado ws rm agent-1                          # the ref and lease; then `mado gc` reclaims the rest";
