@@ -217,6 +217,43 @@ fn cold_walk_of_a_packed_subtree_is_one_get() {
     assert!(s["opens"].as_u64().unwrap() <= 1, "{s}");
 }
 
+/// A directory's first listing starts the download of its files' pack
+/// before any read (so a walk's first read waits less than a round trip),
+/// and the walk that follows reads through that same one GET. A listing
+/// of a cached pack's directory, or of an unpacked store, fetches nothing.
+#[test]
+fn listing_a_cold_packed_directory_starts_its_pack() {
+    if !fuse_usable() {
+        return;
+    }
+    let m = Mado::local();
+    let repo = dense_repo(m.dir.path());
+    m.ok(&["import-git", repo.to_str().unwrap()]);
+    let _ = std::fs::remove_dir_all(m.cache_dir());
+    let mnt = mount(&m, "main", "mnt", &[], &[]);
+    let before = mnt.gets();
+    assert_eq!(mnt.stats()["packs"]["warmed_packs"], 0);
+    assert_eq!(std::fs::read_dir(mnt.dir.join("dense")).unwrap().count(), 300);
+    // No file was opened: the GET is the listing's doing.
+    let t = Instant::now();
+    while mnt.gets() == before && t.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let s = mnt.stats();
+    assert_eq!(mnt.gets() - before, 1, "the listing started the pack: {s}");
+    assert_eq!(s["packs"]["warmed_packs"], 1, "{s}");
+    assert_eq!(s["reads"], 0, "{s}");
+    assert_eq!(walk_and_read(&mnt.dir.join("dense")), 300);
+    assert_eq!(mnt.gets() - before, 1, "the walk read through the listing's GET: {}", mnt.stats());
+    // (umount waits for the daemon, which finishes writing the pack first.)
+    m.ok(&["umount", mnt.dir.to_str().unwrap()]);
+    // Warm: a new mount lists and reads with no GET and starts nothing.
+    let mnt = mount(&m, "main", "mnt2", &[], &[]);
+    let before = mnt.gets();
+    assert_eq!(walk_and_read(&mnt.dir.join("dense")), 300);
+    assert_eq!((mnt.gets() - before, mnt.stats()["packs"]["warmed_packs"].as_u64()), (0, Some(0)));
+}
+
 /// Readers racing over the same files of a cold pack: some opens find the
 /// content in memory before its cache file is written (cached mode), later
 /// ones find the cache file (passthrough). The kernel fails with EIO an
@@ -284,6 +321,10 @@ fn cold_walk_of_an_unpacked_subtree_is_one_get_per_file() {
     assert!(mnt.stderr.contains("cold reads are per-file — run mado pack --recursive"), "{}", mnt.stderr);
     assert_eq!(mnt.status()["status"]["state"], "no-index");
     let before = mnt.gets();
+    // A listing fetches the directory's tree, and no file: nothing is packed.
+    assert_eq!(std::fs::read_dir(mnt.dir.join("dense")).unwrap().count(), 300);
+    assert_eq!(mnt.gets() - before, 1);
+    assert_eq!(mnt.stats()["packs"]["warmed_packs"], 0);
     assert_eq!(walk_and_read(&mnt.dir.join("dense")), 300);
     // One per file, plus the directory's own tree.
     assert_eq!(mnt.gets() - before, 300 + 1);

@@ -61,6 +61,8 @@ pub struct FetchCounters {
     /// Members handed straight from a pack's stream to one consumer
     /// ([`Fetcher::stream_members`], a cold checkout).
     pub members_streamed: AtomicU64,
+    /// Pack flights started by a listing, before any read ([`Fetcher::warm`]).
+    pub warmed_packs: AtomicU64,
 }
 
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
@@ -71,6 +73,8 @@ pub struct FetchStats {
     pub pack_failures: u64,
     pub split_fetches: u64,
     pub members_streamed: u64,
+    #[serde(default)]
+    pub warmed_packs: u64,
 }
 
 pub struct Fetcher {
@@ -154,6 +158,7 @@ impl Fetcher {
             pack_failures: c.pack_failures.load(Relaxed),
             split_fetches: c.split_fetches.load(Relaxed),
             members_streamed: c.members_streamed.load(Relaxed),
+            warmed_packs: c.warmed_packs.load(Relaxed),
         }
     }
 

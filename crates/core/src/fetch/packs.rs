@@ -289,6 +289,33 @@ impl Fetcher {
         }
     }
 
+    /// Starts, without waiting for it, the flight a cold read of small file
+    /// `id` would start (its pack's span, from near the member when it sits
+    /// far into the pack), so that the read, when it comes, finds the bytes
+    /// on their way. A mount calls it on a directory's first listing: a
+    /// walk lists before it reads, and the listing's time then overlaps the
+    /// round trip instead of coming before it. Nothing (false) when `id` is
+    /// in no attached pack, is a chunk (a large file's packs come down only
+    /// when read), is cached, or its pack is running, failed or mostly
+    /// cached (a warm pack's misses are read member by member).
+    pub fn warm(self: &Arc<Self>, id: &Hash) -> bool {
+        let Some((pack, i)) = self.packs.read().expect("packs lock").members.get(id).cloned() else {
+            return false;
+        };
+        let m = &pack.members[i];
+        if m.kind == crate::pack::MemberKind::Chunk
+            || self.pack_flights.lock().expect("pack flights lock").contains_key(&pack.id)
+            || self.bad_packs.lock().expect("bad packs lock").contains(&pack.id)
+            || self.in_cache(&pack, m)
+            || self.mostly_cached(&pack)
+        {
+            return false;
+        }
+        self.flight(&pack, Start::Reader(i));
+        self.counters.warmed_packs.fetch_add(1, Relaxed);
+        true
+    }
+
     /// The pack an attached index places object `id` in.
     pub fn pack_of(&self, id: &Hash) -> Option<Hash> {
         self.packs.read().expect("packs lock").members.get(id).map(|(p, _)| p.id)

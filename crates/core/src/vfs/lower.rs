@@ -156,6 +156,23 @@ impl SnapshotFs {
             .collect()
     }
 
+    /// Starts the download of the pack that holds the first small file of
+    /// directory `ino` in name order (the one a walk reads first), without
+    /// waiting: see [`Fetcher::warm`]. For a directory's first listing;
+    /// a file already changed in the upper layer is passed over. Must be
+    /// called within a tokio runtime. Whether a download started.
+    pub fn warm_dir(&self, ino: u64) -> bool {
+        let first = {
+            let st = self.st();
+            let Ok(Some(kids)) = st.children(ino) else { return false };
+            kids.values().find_map(|c| match &st.get(*c).ok()?.body {
+                Body::Lower(e) if matches!(e.kind, Kind::File | Kind::Executable) && !e.chunked => Some(e.id),
+                _ => None,
+            })
+        };
+        first.is_some_and(|id| self.fetcher.warm(&id))
+    }
+
     /// Entries of a directory with their attributes.
     pub fn readdir_now(&self, ino: u64) -> Option<Result<DirList>> {
         Some(self.load_now(ino)?.and_then(|_| self.list(ino, None)))
