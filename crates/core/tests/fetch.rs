@@ -541,3 +541,50 @@ async fn member_of_reads_a_packs_chunks_in_one_get() {
     assert_eq!(d.ranged_gets + d.gets, 1, "{d:?}");
     assert_eq!(d.bytes_down, 10 * (32 << 10), "chunks 2 to 11: {d:?}");
 }
+
+/// `Fetcher::warm` (a mount's directory listing) starts the pack a cold
+/// read of a small file would fetch, one pack at a time (a flight holds
+/// its members in memory), and never for a cached member, an object in no
+/// pack, or a large file's chunk; what it brought is read with no request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn warm_starts_one_small_files_pack_at_a_time() {
+    use mado_core::pack::{build_pack, MemberKind, Mode, PackIndex};
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}/store", dir.path().display());
+    let remote = Arc::new(Remote::open(&url, &OpenOptions { inject_rtt: Some(Duration::from_millis(50)) }).unwrap());
+    let mut packs = Vec::new();
+    let mut raws = Vec::new();
+    for (seed, kind) in [(11u64, MemberKind::Blob), (12, MemberKind::Blob), (13, MemberKind::Chunk)] {
+        let r = noise(seed, 8, 4 << 10);
+        let members: Vec<(Hash, MemberKind, &[u8])> = r.iter().map(|b| (Hash::of(b), kind, &b[..])).collect();
+        let (bytes, entry) = build_pack(&members);
+        remote.put_pack(&entry.id, Bytes::from(bytes)).await.unwrap();
+        packs.push(entry);
+        raws.push(r);
+    }
+    let tree = Hash([9; 32]);
+    let idx = PackIndex { tree, mode: Mode::Recursive, dirs: 1, packs, trees: vec![], base: vec![] };
+    remote.put_index(&tree, Bytes::from(idx.encode())).await.unwrap();
+    let cache = Arc::new(DiskCache::open(dir.path().join("cache"), None).unwrap());
+    let f = Fetcher::new(remote.clone(), cache);
+    f.attach(tree).await.unwrap();
+    let id = |p: usize, i: usize| Hash::of(&raws[p][i]);
+    let before = remote.stats();
+    assert!(!f.warm(&Hash([1; 32])), "an object in no pack");
+    assert!(!f.warm(&id(2, 0)), "a large file's chunk");
+    assert!(f.warm(&id(0, 3)));
+    assert!(!f.warm(&id(1, 0)), "a second pack while the first downloads");
+    assert!(!f.warm(&id(0, 4)), "the same pack again");
+    f.drain().await;
+    assert_eq!(remote.stats().since(&before).ranged_gets, 1);
+    assert!(!f.warm(&id(0, 5)), "a cached pack");
+    assert!(f.warm(&id(1, 0)), "once the first has arrived");
+    f.drain().await;
+    let d = remote.stats().since(&before);
+    assert_eq!((d.ranged_gets, d.gets), (2, 0), "{d:?}");
+    assert_eq!(f.stats().warmed_packs, 2);
+    for (p, i) in [(0, 0), (0, 7), (1, 3)] {
+        assert_eq!(f.get(Space::Objects, id(p, i), "blob").await.unwrap(), raws[p][i]);
+    }
+    assert_eq!(remote.stats().since(&before).ranged_gets, 2, "read with no request");
+}

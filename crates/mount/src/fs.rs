@@ -775,9 +775,9 @@ impl Filesystem for MadoFs {
     }
 
     fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, reply: ReplyDirectory) {
+        self.warm(ino.0, offset);
         let (owner, cookies) = (self.owner(), self.cookies.clone());
         if let Some(r) = self.core.readdir_now(ino.0) {
-            self.warm(ino.0, offset);
             return match r {
                 Ok(list) => fill(reply, cookies.after_offset(owner.dir_entries(&self.core, ino.0, list), offset)),
                 Err(e) => reply.error(errno(&e)),
@@ -798,14 +798,14 @@ impl Filesystem for MadoFs {
     }
 
     fn readdirplus(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, reply: ReplyDirectoryPlus) {
+        // Before the listing: the pack's round trip then overlaps it.
+        self.warm(ino.0, offset);
         let (owner, ttl, cookies) = (self.owner(), self.ttl, self.cookies.clone());
         let counted = {
             let cookies = cookies.clone();
             move |name: &[u8]| cookies.after(name, offset)
         };
         if let Some(r) = self.core.readdir_now_counted(ino.0, &counted) {
-            // Loaded now: its first file is known.
-            self.warm(ino.0, offset);
             return match r {
                 Ok(list) => {
                     let entries = cookies.after_offset(owner.dir_entries(&self.core, ino.0, list), offset);

@@ -296,15 +296,18 @@ impl Fetcher {
     /// walk lists before it reads, and the listing's time then overlaps the
     /// round trip instead of coming before it. Nothing (false) when `id` is
     /// in no attached pack, is a chunk (a large file's packs come down only
-    /// when read), is cached, or its pack is running, failed or mostly
-    /// cached (a warm pack's misses are read member by member).
+    /// when read), is cached, or its pack failed or is mostly cached (a
+    /// warm pack's misses are read member by member); nor while any pack is
+    /// downloading: a flight holds its members in memory until it ends, so
+    /// a `find` over a large tree (listings, no reads) brings one pack at a
+    /// time, never every pack of the tree at once.
     pub fn warm(self: &Arc<Self>, id: &Hash) -> bool {
         let Some((pack, i)) = self.packs.read().expect("packs lock").members.get(id).cloned() else {
             return false;
         };
         let m = &pack.members[i];
         if m.kind == crate::pack::MemberKind::Chunk
-            || self.pack_flights.lock().expect("pack flights lock").contains_key(&pack.id)
+            || !self.pack_flights.lock().expect("pack flights lock").is_empty()
             || self.bad_packs.lock().expect("bad packs lock").contains(&pack.id)
             || self.in_cache(&pack, m)
             || self.mostly_cached(&pack)

@@ -161,16 +161,29 @@ impl SnapshotFs {
     /// waiting: see [`Fetcher::warm`]. For a directory's first listing;
     /// a file already changed in the upper layer is passed over. Must be
     /// called within a tokio runtime. Whether a download started.
+    /// Cheap enough to come before the listing itself: a directory not yet
+    /// expanded is read from its tree in memory, no node made.
     pub fn warm_dir(&self, ino: u64) -> bool {
-        let first = {
+        let small = |e: &Entry| matches!(e.kind, Kind::File | Kind::Executable) && !e.chunked;
+        let tree = {
             let st = self.st();
-            let Ok(Some(kids)) = st.children(ino) else { return false };
-            kids.values().find_map(|c| match &st.get(*c).ok()?.body {
-                Body::Lower(e) if matches!(e.kind, Kind::File | Kind::Executable) && !e.chunked => Some(e.id),
-                _ => None,
-            })
+            let Ok(n) = st.get(ino) else { return false };
+            match &n.body {
+                Body::Dir { children: Some(kids), .. } => {
+                    let first = kids.values().find_map(|c| match &st.get(*c).ok()?.body {
+                        Body::Lower(e) if small(e) => Some(e.id),
+                        _ => None,
+                    });
+                    return first.is_some_and(|id| self.fetcher.warm(&id));
+                }
+                Body::Dir { children: None, clean: Some(id), .. } => *id,
+                _ => return false,
+            }
         };
-        first.is_some_and(|id| self.fetcher.warm(&id))
+        // Not expanded: its tree, if in memory (else the listing fetches it
+        // and calls again).
+        let Some(t) = self.tree_now(&tree) else { return false };
+        t.entries.iter().find(|e| small(e)).is_some_and(|e| self.fetcher.warm(&e.id))
     }
 
     /// Entries of a directory with their attributes.
