@@ -195,15 +195,24 @@ fn mounted_snapshot_equals_git_clone() {
     assert_eq!(mnt.gets(), before);
 }
 
-#[test]
-fn cold_walk_of_a_packed_subtree_is_one_get() {
+/// A local store holding `dense_repo`, imported with `flags`, and an empty
+/// cache; `None` where FUSE cannot be used.
+fn dense_store(flags: &[&str]) -> Option<Mado> {
     if !fuse_usable() {
-        return;
+        return None;
     }
     let m = Mado::local();
     let repo = dense_repo(m.dir.path());
-    m.ok(&["import-git", repo.to_str().unwrap()]);
+    let mut args = vec!["import-git", repo.to_str().unwrap()];
+    args.extend_from_slice(flags);
+    m.ok(&args);
     let _ = std::fs::remove_dir_all(m.cache_dir());
+    Some(m)
+}
+
+#[test]
+fn cold_walk_of_a_packed_subtree_is_one_get() {
+    let Some(m) = dense_store(&[]) else { return };
     let mnt = mount(&m, "main", "mnt", &[], &[]);
     assert_eq!(mnt.status()["status"]["via"], "derived-pointer");
     let before = mnt.gets();
@@ -223,13 +232,7 @@ fn cold_walk_of_a_packed_subtree_is_one_get() {
 /// of a cached pack's directory, or of an unpacked store, fetches nothing.
 #[test]
 fn listing_a_cold_packed_directory_starts_its_pack() {
-    if !fuse_usable() {
-        return;
-    }
-    let m = Mado::local();
-    let repo = dense_repo(m.dir.path());
-    m.ok(&["import-git", repo.to_str().unwrap()]);
-    let _ = std::fs::remove_dir_all(m.cache_dir());
+    let Some(m) = dense_store(&[]) else { return };
     let mnt = mount(&m, "main", "mnt", &[], &[]);
     let before = mnt.gets();
     assert_eq!(mnt.stats()["packs"]["warmed_packs"], 0);
@@ -310,13 +313,7 @@ fn concurrent_readers_of_a_cold_pack_never_see_eio() {
 
 #[test]
 fn cold_walk_of_an_unpacked_subtree_is_one_get_per_file() {
-    if !fuse_usable() {
-        return;
-    }
-    let m = Mado::local();
-    let repo = dense_repo(m.dir.path());
-    m.ok(&["import-git", repo.to_str().unwrap(), "--no-packs"]);
-    let _ = std::fs::remove_dir_all(m.cache_dir());
+    let Some(m) = dense_store(&["--no-packs"]) else { return };
     let mnt = mount(&m, "main", "mnt", &[], &[]);
     assert!(mnt.stderr.contains("cold reads are per-file — run mado pack --recursive"), "{}", mnt.stderr);
     assert_eq!(mnt.status()["status"]["state"], "no-index");
