@@ -566,11 +566,14 @@ async fn warm_starts_one_small_files_pack_at_a_time() {
     let idx = PackIndex { tree, mode: Mode::Recursive, dirs: 1, packs, trees: vec![], base: vec![] };
     remote.put_index(&tree, Bytes::from(idx.encode())).await.unwrap();
     let cache = Arc::new(DiskCache::open(dir.path().join("cache"), None).unwrap());
-    let f = Fetcher::new(remote.clone(), cache);
+    let f = Fetcher::new(remote.clone(), cache.clone());
     f.attach(tree).await.unwrap();
     let id = |p: usize, i: usize| Hash::of(&raws[p][i]);
     let before = remote.stats();
     assert!(!f.warm(&Hash([1; 32])), "an object in no pack");
+    // One member of the second pack cached loose (the pack is not).
+    cache.put(&id(1, 2), &raws[1][2]).unwrap();
+    assert!(!f.warm(&id(1, 2)), "a member the cache holds");
     assert!(!f.warm(&id(2, 0)), "a large file's chunk");
     assert!(f.warm(&id(0, 3)));
     assert!(!f.warm(&id(1, 0)), "a second pack while the first downloads");

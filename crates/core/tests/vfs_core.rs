@@ -224,3 +224,82 @@ async fn writable_fs_edits_build_the_tree_git_builds() {
     assert_eq!(reb.root, one.root);
     assert_eq!(reb.stat, one.stat);
 }
+
+/// `SnapshotFs::warm_dir` (a mount's first listing of a directory) starts
+/// the pack of the directory's first small file in name order, passing
+/// over a large file's chunks, whether the directory is expanded yet or
+/// not; a directory with no file, or a file, starts nothing; and what it
+/// brought is then read with no request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warm_dir_starts_the_pack_of_a_directorys_first_small_file() {
+    let t = tempfile::tempdir().unwrap();
+    let repo = t.path().join("repo");
+    for d in ["d", "e", "only/sub"] {
+        std::fs::create_dir_all(repo.join(d)).unwrap();
+    }
+    let big: Vec<u8> = (0..(9u32 << 20)).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+    for d in ["d", "e"] {
+        // Chunked, and first in name order: passed over.
+        std::fs::write(repo.join(d).join("a-big.bin"), &big).unwrap();
+        std::fs::write(repo.join(d).join("b.txt"), format!("{d} b\n")).unwrap();
+        std::fs::write(repo.join(d).join("c.txt"), format!("{d} c\n")).unwrap();
+    }
+    std::fs::write(repo.join("only/sub/x"), b"x\n").unwrap();
+    git(&repo, &["init", "-q"]);
+    git(&repo, &["add", "-A"]);
+    git(&repo, &["commit", "-qm", "x"]);
+    let remote =
+        Arc::new(Remote::open(&format!("file://{}/store", t.path().display()), &OpenOptions::default()).unwrap());
+    let opts = mado_core::publish::PackOptions {
+        mode: mado_core::pack::Mode::Recursive,
+        cap: mado_core::pack::DEFAULT_MAX_PACK_BYTES,
+        index_check: mado_core::publish::IndexCheck::KnownAbsent,
+        base: None,
+        layers: None,
+        primary: true,
+    };
+    let cache = Arc::new(DiskCache::open(t.path().join("cache"), None).unwrap());
+    mado_core::import::import_git(&remote, cache, &repo, vec!["HEAD".into()], "main", Some(opts), Arc::new(|_, _| {}))
+        .await
+        .unwrap();
+    // A fresh cache each time, as on another machine.
+    let fresh = |name: &str| {
+        let cache = Arc::new(DiskCache::open(t.path().join(name), None).unwrap());
+        let f = Fetcher::new(remote.clone(), cache);
+        async move {
+            let (_, snap, _) = mado_core::resolve::open(&f, "main").await.unwrap();
+            let fs = SnapshotFs::new(f.clone(), snap.root, snap.time);
+            fs.preload_trees().await.unwrap();
+            (f, fs)
+        }
+    };
+
+    // Not expanded: read from its tree.
+    let (f, fs) = fresh("c1").await;
+    let only = fs.lookup_now(ROOT_INO, b"only").unwrap().unwrap();
+    let d = fs.lookup_now(ROOT_INO, b"d").unwrap().unwrap();
+    let before = remote.stats();
+    assert!(!fs.warm_dir(only.ino), "a directory with no file");
+    let file = fs.lookup_now(d.ino, b"b.txt").unwrap().unwrap();
+    assert!(!fs.warm_dir(file.ino), "a file");
+    let e = fs.lookup_now(ROOT_INO, b"e").unwrap().unwrap();
+    assert!(fs.warm_dir(e.ino));
+    f.drain().await;
+    let s = remote.stats().since(&before);
+    assert_eq!((s.ranged_gets, s.gets), (1, 0), "{s:?}");
+    assert!(!fs.warm_dir(e.ino), "its pack is cached now");
+    let b = fs.lookup_now(e.ino, b"b.txt").unwrap().unwrap();
+    let h = fs.open(b.ino).await.unwrap();
+    assert_eq!(&fs.read(&h, 0, 100).await.unwrap()[..], b"e b\n");
+    assert_eq!(remote.stats().since(&before).requests(), 1, "the file came with the warm");
+
+    // Expanded (listed, then warmed): from its nodes.
+    let (f, fs) = fresh("c2").await;
+    let d = fs.lookup_now(ROOT_INO, b"d").unwrap().unwrap();
+    assert_eq!(fs.readdir_now(d.ino).unwrap().unwrap().len(), 3);
+    let before = remote.stats();
+    assert!(fs.warm_dir(d.ino));
+    f.drain().await;
+    assert_eq!(remote.stats().since(&before).ranged_gets, 1);
+    assert_eq!(f.stats().warmed_packs, 1);
+}
