@@ -227,7 +227,7 @@ async fn writable_fs_edits_build_the_tree_git_builds() {
 
 /// `SnapshotFs::warm_dir` (a mount's first listing of a directory) starts
 /// the pack of the directory's first small file in name order, passing
-/// over a large file's chunks, whether the directory is expanded yet or
+/// over a large file (its manifest leads to its own run packs), whether the directory is expanded yet or
 /// not; a directory with no file, or a file, starts nothing; and what it
 /// brought is then read with no request.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -252,7 +252,9 @@ async fn warm_dir_starts_the_pack_of_a_directorys_first_small_file() {
         Arc::new(Remote::open(&format!("file://{}/store", t.path().display()), &OpenOptions::default()).unwrap());
     let opts = mado_core::publish::PackOptions {
         mode: mado_core::pack::Mode::Recursive,
-        cap: mado_core::pack::DEFAULT_MAX_PACK_BYTES,
+        // Under the large file's size: its chunks go into packs of their
+        // own (run packs), which a listing must not start.
+        cap: 4 << 20,
         index_check: mado_core::publish::IndexCheck::KnownAbsent,
         base: None,
         layers: None,
@@ -302,4 +304,8 @@ async fn warm_dir_starts_the_pack_of_a_directorys_first_small_file() {
     f.drain().await;
     assert_eq!(remote.stats().since(&before).ranged_gets, 1);
     assert_eq!(f.stats().warmed_packs, 1);
+    let b = fs.lookup_now(d.ino, b"b.txt").unwrap().unwrap();
+    let h = fs.open(b.ino).await.unwrap();
+    assert_eq!(&fs.read(&h, 0, 100).await.unwrap()[..], b"d b\n");
+    assert_eq!(remote.stats().since(&before).requests(), 1, "the small files' pack, not the large file's");
 }
