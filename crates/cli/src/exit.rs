@@ -51,12 +51,7 @@ pub fn report(e: &anyhow::Error, json: bool) -> i32 {
         causes.push(c);
     }
     if json {
-        let mut v = serde_json::json!({
-            "error": e.to_string(),
-            "causes": causes,
-            "exit_code": code,
-            "kind": if code == USER { "user" } else { "internal" },
-        });
+        let mut v = json_error(&e.to_string(), &causes, code);
         // A held lease, for a script to wait on or steal: its fields as
         // numbers, not only the sentence.
         if let Some(Error::LeaseHeld { name, holder, expires, expired }) =
@@ -76,6 +71,17 @@ pub fn report(e: &anyhow::Error, json: bool) -> i32 {
     code
 }
 
+/// The one JSON object an error is under `--json`: `error`, `causes`,
+/// `exit_code` and `kind` (`user` or `internal`).
+fn json_error(error: &str, causes: &[impl serde::Serialize], code: i32) -> serde_json::Value {
+    serde_json::json!({
+        "error": error,
+        "causes": causes,
+        "exit_code": code,
+        "kind": if code == USER { "user" } else { "internal" },
+    })
+}
+
 /// Reports an error raised before a command runs (a usage error clap
 /// refused, a bad log level, a mount helper option): the same one JSON
 /// object as [`report`] under `--json`, else the text as it is. `--help`
@@ -85,13 +91,7 @@ pub fn report_early(text: &str, code: i32, json: bool) -> i32 {
         let first = text.lines().next().unwrap_or_default();
         let error = first.strip_prefix("error: ").unwrap_or(first).trim();
         let rest: Vec<&str> = text.lines().skip(1).map(str::trim_end).filter(|l| !l.trim().is_empty()).collect();
-        let v = serde_json::json!({
-            "error": error,
-            "causes": rest,
-            "exit_code": code,
-            "kind": if code == USER { "user" } else { "internal" },
-        });
-        eprintln!("{v}");
+        eprintln!("{}", json_error(error, &rest, code));
     } else {
         eprint!("{}", text);
         if !text.ends_with('\n') {

@@ -259,13 +259,6 @@ impl MadoFs {
         });
     }
 
-    /// Runs `task`, which answers its request itself: here on the FUSE
-    /// thread when it finishes without waiting (nothing to fetch: the
-    /// common case in a warm tree or a workspace's own files), else on the
-    /// runtime from where it stopped, so a slow fetch never holds this
-    /// thread. A request answered here costs no hand-off between threads
-    /// (two context switches and a wake-up, most of a small request's time
-    /// on two cores).
     /// A directory's first listing (offset 0) starts the download of the
     /// pack its first file is in, when cold ([`SnapshotFs::warm_dir`]): a
     /// walk lists before it reads, so its first read waits less than a
@@ -277,6 +270,13 @@ impl MadoFs {
         }
     }
 
+    /// Runs `task`, which answers its request itself: here on the FUSE
+    /// thread when it finishes without waiting (nothing to fetch: the
+    /// common case in a warm tree or a workspace's own files), else on the
+    /// runtime from where it stopped, so a slow fetch never holds this
+    /// thread. A request answered here costs no hand-off between threads
+    /// (two context switches and a wake-up, most of a small request's time
+    /// on two cores).
     fn drive(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
         let mut task = Box::pin(task);
         let _in_runtime = self.rt.enter();

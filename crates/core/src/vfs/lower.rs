@@ -159,10 +159,11 @@ impl SnapshotFs {
     /// Starts the download of the pack that holds the first small file of
     /// directory `ino` in name order (the one a walk reads first), without
     /// waiting: see [`Fetcher::warm`]. For a directory's first listing;
-    /// a file already changed in the upper layer is passed over. Must be
-    /// called within a tokio runtime. Whether a download started.
+    /// a file already changed in the upper layer is passed over. Whether a
+    /// download started. Must be called within a tokio runtime.
+    ///
     /// Cheap enough to come before the listing itself: a directory not yet
-    /// expanded is read from its tree in memory, no node made.
+    /// expanded is read from its tree in memory, with no node made.
     pub fn warm_dir(&self, ino: u64) -> bool {
         let small = |e: &Entry| matches!(e.kind, Kind::File | Kind::Executable) && !e.chunked;
         let tree = {
