@@ -56,7 +56,7 @@ fn replace(path: &Path, bytes: &[u8], durable: bool) -> Result<()> {
 pub fn read_regular(path: &Path) -> std::io::Result<Vec<u8>> {
     use std::io::Read;
     let mut f = open_regular(path)?;
-    let mut out = Vec::with_capacity(f.metadata()?.len() as usize);
+    let mut out = crate::bufpool::take(f.metadata()?.len() as usize);
     f.read_to_end(&mut out)?;
     Ok(out)
 }

@@ -2,6 +2,7 @@
 //! its wrappers, the disk cache, the fetcher, git import and checkout. No
 //! FUSE and no command-line parsing live here (see docs/DESIGN.md).
 
+pub mod bufpool;
 pub mod cache;
 pub mod checkout;
 pub mod chunk;

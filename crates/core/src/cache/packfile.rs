@@ -237,10 +237,8 @@ impl DiskCache {
         // Absent is not counted as a miss: the caller goes on to the
         // loose entry, which counts.
         let (p, m) = self.pack_row(pack, member)?;
-        let mut buf = vec![0u8; m.stored_len as usize];
-        let got = p
-            .file
-            .read_exact_at(&mut buf, m.offset)
+        let mut buf = crate::bufpool::take(m.stored_len as usize);
+        let got = crate::bufpool::read_exact_at(&p.file, &mut buf, m.stored_len as usize, m.offset)
             .map_err(|e| e.to_string())
             .and_then(|_| decode_member_vec(&m, buf));
         match got {

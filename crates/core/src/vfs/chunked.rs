@@ -1,7 +1,7 @@
 //! Reads of a chunked (large) file through the filesystem.
 //!
 //! - Chunks recently read stay decoded in memory ([`RECENT_BYTES`], shared
-//!   by every open file), so the kernel's 128 KiB reads of one ~1 MiB chunk
+//!   by every open file), so the kernel's reads (128 KiB to 1 MiB) of one chunk
 //!   read and verify it from the cache once, not eight times.
 //! - A sequential reader gets read-ahead: once reads follow one another,
 //!   the next chunks are fetched in the background, a window that grows
@@ -106,7 +106,7 @@ fn unshare(e: Arc<Error>) -> Error {
 async fn load(fetcher: &Arc<Fetcher>, id: Hash, in_order: bool) -> Result<Bytes> {
     let f = fetcher.clone();
     match tokio::task::spawn_blocking(move || f.cached(&id)).await {
-        Ok(Some(b)) => Ok(Bytes::from(b)),
+        Ok(Some(b)) => Ok(crate::bufpool::into_bytes(b)),
         _ if in_order => fetcher.get_in_order(id, "chunk").await,
         _ => fetcher.get(Space::Objects, id, "chunk").await,
     }
@@ -172,14 +172,14 @@ impl SnapshotFs {
             let to = ((end - starts[first]) as usize).min(p.len());
             return Ok(p.slice(from.min(to)..to));
         }
-        let mut out = Vec::with_capacity((end - offset) as usize);
+        let mut out = crate::bufpool::take((end - offset) as usize);
         for (k, p) in parts.iter().enumerate() {
             let cs = starts[first + k];
             let from = offset.saturating_sub(cs) as usize;
             let to = ((end - cs) as usize).min(p.len());
             out.extend_from_slice(&p[from.min(to)..to]);
         }
-        Ok(Bytes::from(out))
+        Ok(crate::bufpool::into_bytes(out))
     }
 
     /// Starts fetching the chunks after `last` when the reader is
