@@ -130,6 +130,42 @@ fn memory_store(url: &str) -> Arc<dyn ObjectStore> {
     stores.entry(url.to_string()).or_insert_with(|| Arc::new(object_store::memory::InMemory::new())).clone()
 }
 
+/// Blocks in which a pack in a local store is read as a stream.
+const FILE_STREAM_BLOCK: usize = 1 << 20;
+
+/// Bytes `range` of `file` (a pack of a `file://` store) as a stream of
+/// [`FILE_STREAM_BLOCK`] reads, each on a blocking thread. object_store's
+/// own stream of a local file reads 8 KiB per blocking task: a cold read
+/// of a 1 GiB file through a mount of the embedded store took 4.6 s at
+/// RTT 0 that way, slower than the same read from MinIO over loopback.
+fn file_stream(
+    file: std::fs::File,
+    range: std::ops::Range<u64>,
+    key: Path,
+) -> futures::stream::BoxStream<'static, Result<Bytes>> {
+    let file = Arc::new(file);
+    futures::stream::try_unfold(range.start, move |at| {
+        let (file, key, end) = (file.clone(), key.clone(), range.end);
+        async move {
+            if at >= end {
+                return Ok(None);
+            }
+            let len = (end - at).min(FILE_STREAM_BLOCK as u64) as usize;
+            let read = tokio::task::spawn_blocking(move || {
+                let mut buf = crate::bufpool::take(len);
+                crate::bufpool::read_exact_at(&file, &mut buf, len, at).map(|()| buf)
+            })
+            .await
+            .map_err(|e| Error::Internal(format!("reading {key}: {e}")))?;
+            match read {
+                Ok(buf) => Ok(Some((crate::bufpool::into_bytes(buf), at + len as u64))),
+                Err(e) => Err(Error::Io { context: format!("reading {key}"), source: e }),
+            }
+        }
+    })
+    .boxed()
+}
+
 impl Remote {
     /// Opens `file:///abs/path` or `s3://bucket[/prefix]`. S3 settings come
     /// from the standard AWS environment variables (`AWS_ENDPOINT_URL`,
@@ -613,6 +649,9 @@ impl Remote {
         let key = self.key(&layout::pack(id));
         let opts = GetOptions { range: Some(GetRange::Bounded(range)), ..Default::default() };
         let r = self.store.get_opts(&key, opts).await.map_err(|e| self.get_err(&key, e))?;
+        if let object_store::GetResultPayload::File(file, _) = r.payload {
+            return Ok(file_stream(file, r.range, key));
+        }
         Ok(r.into_stream()
             .map_err(move |e| Error::Io { context: format!("reading {key}"), source: std::io::Error::other(e) })
             .boxed())
@@ -702,6 +741,29 @@ impl Remote {
 mod tests {
     use super::*;
     use object_store::memory::InMemory;
+
+    #[tokio::test]
+    async fn a_local_pack_streams_in_large_blocks_and_a_short_one_is_an_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("file://{}", dir.path().display());
+        let remote = Remote::open(&url, &OpenOptions::default()).unwrap();
+        let body: Vec<u8> = (0..(FILE_STREAM_BLOCK * 2 + 12345)).map(|i| (i * 7 % 251) as u8).collect();
+        let id = Hash::of(&body);
+        remote.put_pack(&id, Bytes::from(body.clone())).await.unwrap();
+        let (from, to) = (1000u64, body.len() as u64 - 10);
+        let parts: Vec<Bytes> = remote.pack_stream(&id, from..to).await.unwrap().try_collect().await.unwrap();
+        // Blocks of FILE_STREAM_BLOCK, not object_store's 8 KiB reads.
+        assert_eq!(parts.len(), 3);
+        assert_eq!(parts[0].len(), FILE_STREAM_BLOCK);
+        assert_eq!(parts.concat(), &body[from as usize..to as usize]);
+        // A pack cut short after the GET answered (another process, a
+        // full disk): the stream fails, naming the pack, and never hangs.
+        let stream = remote.pack_stream(&id, 0..body.len() as u64).await.unwrap();
+        let file = dir.path().join(layout::pack(&id));
+        std::fs::OpenOptions::new().write(true).open(&file).unwrap().set_len(FILE_STREAM_BLOCK as u64 + 5).unwrap();
+        let e = stream.try_collect::<Vec<Bytes>>().await.unwrap_err().to_string();
+        assert!(e.contains(&id.to_string()), "{e}");
+    }
 
     #[tokio::test]
     async fn a_ref_cas_whose_answer_was_lost_is_read_back_as_applied() {
