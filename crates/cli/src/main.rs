@@ -132,8 +132,8 @@ const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 /// again for the next pack, a third of the daemon's CPU on a cold read of
 /// a 1 GiB file (perf). Measured on the embedded store, two runs each: a
 /// cold `cat` through the mount 1.54-1.58 s at 0 ms, 1.04-1.16 s at 50 ms
-/// (the daemon's CPU 2.4-2.5 s against 1.4-1.7 s); its peak 152-159 MiB
-/// against 210-213 MiB, under the bound; 200 ms and 1 s gained nothing
+/// (the daemon's CPU 2.4-2.5 s against 1.4-1.7 s); its peak 149-155 MiB
+/// against 205-208 MiB, under the bound; 200 ms and 1 s gained nothing
 /// more. What it keeps is what it freed in the last 50 ms, so the peak
 /// does not grow with the file.
 fn purge_delay_ms(cmd: &cmd::Command) -> i64 {
