@@ -83,6 +83,14 @@ struct Pending {
     guest_unique: u64,
     /// FUSE_DESTROY: the session ends once it has answered.
     destroy: bool,
+    /// The session it was sent to ([`session_id`]).
+    session: usize,
+}
+
+/// A session's identity: its socket's address, which no later session can
+/// share while the session's reply loop (holding the socket) runs.
+fn session_id(sock: &Arc<OwnedFd>) -> usize {
+    Arc::as_ptr(sock) as usize
 }
 
 /// One fuser session and the socket to it.
@@ -423,7 +431,8 @@ impl<F: fuser::Filesystem + Send + 'static> Bridge<F> {
         if no_reply {
             complete(vring, head, 0);
         } else {
-            let p = Pending { vring: vring.clone(), chain, guest_unique, destroy: opcode == FUSE_DESTROY };
+            let session = session_id(&sock);
+            let p = Pending { vring: vring.clone(), chain, guest_unique, destroy: opcode == FUSE_DESTROY, session };
             self.pending.lock().expect("pending lock").insert(unique, p);
         }
         if rustix::io::write(&*sock, &req).is_err() && !no_reply {
@@ -504,8 +513,24 @@ fn write_reply(chain: Chain, mem: &GuestMemoryMmap<()>, reply: &[u8]) -> u32 {
 }
 
 /// Reads the session's replies and returns each to the chain waiting for
-/// it, with the guest's `unique` put back.
-fn reply_loop(sock: &OwnedFd, pending: &Mutex<HashMap<u64, Pending>>) {
+/// it, with the guest's `unique` put back. When the session ends (its
+/// DESTROY answered, or the socket closed), every chain it still owes is
+/// returned empty: the session's threads may answer a DESTROY before a
+/// slower request, whose reply then never comes.
+fn reply_loop(sock: &Arc<OwnedFd>, pending: &Mutex<HashMap<u64, Pending>>) {
+    read_replies(sock, pending);
+    let me = session_id(sock);
+    let owed: Vec<Pending> = {
+        let mut map = pending.lock().expect("pending lock");
+        let ids: Vec<u64> = map.iter().filter(|(_, p)| p.session == me).map(|(u, _)| *u).collect();
+        ids.into_iter().filter_map(|u| map.remove(&u)).collect()
+    };
+    for p in owed {
+        complete(&p.vring, p.chain.head_index(), 0);
+    }
+}
+
+fn read_replies(sock: &OwnedFd, pending: &Mutex<HashMap<u64, Pending>>) {
     let mut buf = vec![0u8; MAX_IO as usize + 64 * 1024];
     loop {
         let n = match rustix::io::read(sock, &mut buf) {
@@ -672,6 +697,11 @@ mod tests {
         }
 
         fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+            if ino.0 == SLOW_INO {
+                // Answered after the session has had time to end.
+                std::thread::sleep(Duration::from_millis(500));
+                return reply.error(Errno::EIO);
+            }
             if ino.0 != 1 {
                 return reply.error(Errno::ENOENT);
             }
@@ -698,6 +728,8 @@ mod tests {
     }
 
     const LONG_NAME: &[u8] = b"zzzzzzzzzzzzzzzzzzzzzzzzzzzzzz";
+    /// An inode whose GETATTR answers only after half a second.
+    const SLOW_INO: u64 = 99;
     const QLEN: u16 = 64;
     const IN_BASE: u64 = 0x10_0000;
     const OUT_BASE: u64 = 0x80_0000;
@@ -954,5 +986,18 @@ mod tests {
         errs.sort();
         assert_eq!(errs, [-libc::ENOSPC, 0]);
         assert_eq!(status(&replies[5].1), (0, 4));
+    }
+
+    #[test]
+    fn a_destroy_answered_before_a_slower_request_still_returns_every_chain() {
+        // The session's threads answer the DESTROY first; the GETATTR of
+        // the slow inode comes after the session ended. Its chain must
+        // still come back (empty), or the guest waits on it for ever.
+        let (replies, _) = serve(
+            &[req(init(1), 4096), req(getattr(2, SLOW_INO), 4096), req(header(IN_HEADER, FUSE_DESTROY, 3, 0), 4096)],
+            None,
+        );
+        assert_eq!(status(&replies[2].1), (0, 3));
+        assert!(replies[1].0 == 0 || status(&replies[1].1) == (-libc::EIO, 2), "{:?}", replies[1]);
     }
 }
