@@ -273,7 +273,8 @@ fn a_full_cache_disk_is_reported_once_and_the_checkout_still_succeeds() {
 
 /// A full disk under the checkout's target: the checkout fails, exit 1
 /// or more, naming the file it could not write and saying the disk is full
-/// (no write error is lost among the writer threads).
+/// (no write error is lost between the writer thread and the files streamed
+/// on blocking tasks).
 #[test]
 fn a_full_target_disk_fails_the_checkout_naming_the_file() {
     if !rustix::process::geteuid().is_root() {

@@ -176,6 +176,14 @@ mod tests {
         assert!(pool.take(100).capacity() < MIN_BYTES);
         assert_eq!(pool.idle_bytes(), idle);
         assert_eq!(pool.into_bytes(vec![1, 2, 3]), Bytes::from_static(&[1, 2, 3]));
+        // A buffer of exactly MIN_BYTES is pooled.
+        let edge: &'static Pool = Box::leak(Box::new(Pool::new(KEEP_BYTES)));
+        let v = Vec::with_capacity(MIN_BYTES);
+        assert_eq!(v.capacity(), MIN_BYTES);
+        drop(edge.into_bytes(v));
+        assert_eq!(edge.idle_bytes(), MIN_BYTES);
+        // The process's pool hands out room for what is asked.
+        assert!(take(3 << 20).capacity() >= 3 << 20);
         // It holds at most its bound, and fills up to it.
         for _ in 0..3 * KEEP_BYTES / MAX_KEPT {
             pool.give(Vec::with_capacity(MAX_KEPT));
