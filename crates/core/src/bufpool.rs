@@ -38,14 +38,17 @@ impl Pool {
     }
 
     /// An empty buffer with room for at least `len` bytes: a pooled one
-    /// when one fits (the smallest that does), else a new one.
+    /// when one fits (the smallest that does, and at most twice `len`:
+    /// a buffer a caller keeps, such as a whole small file held open,
+    /// must not pin an idle chunk's memory many times its size), else a
+    /// new one.
     pub fn take(&self, len: usize) -> Vec<u8> {
         if len >= MIN_BYTES {
             let mut bufs = self.bufs.lock().expect("buffer pool lock");
             let best = bufs
                 .iter()
                 .enumerate()
-                .filter(|(_, b)| b.capacity() >= len)
+                .filter(|(_, b)| (len..=2 * len).contains(&b.capacity()))
                 .min_by_key(|(_, b)| b.capacity())
                 .map(|(i, _)| i);
             if let Some(i) = best {
@@ -167,6 +170,12 @@ mod tests {
         let fits = pool.take(1 << 20);
         assert_eq!(fits.as_ptr(), ptr);
         assert!(pool.take(3 << 20).capacity() >= 4 << 20);
+        // Nor one more than twice the size asked for.
+        pool.give(Vec::with_capacity(8 << 20));
+        let (a, b) = (pool.take(1 << 20), pool.take(1 << 20));
+        assert!(a.capacity() <= 2 << 20 && b.capacity() <= 2 << 20, "{} {}", a.capacity(), b.capacity());
+        assert_eq!(pool.idle_bytes(), 8 << 20, "the 8 MiB buffer stays idle");
+        drop(pool.take(8 << 20));
         // Small buffers are not pooled, nor too large ones; nor do small
         // ones come out of the pool.
         let idle = pool.idle_bytes();

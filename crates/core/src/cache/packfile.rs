@@ -313,9 +313,9 @@ impl DiskCache {
             let ok = (|| {
                 let rows = decode_have(&crate::fsutil::read_regular(&self.pack_have_path(&id)).ok()?).ok()?;
                 let f = crate::fsutil::open_regular(&self.pack_data_path(&id)).ok()?;
+                let mut buf = Vec::new();
                 for m in rows {
-                    let mut buf = vec![0u8; m.stored_len as usize];
-                    f.read_exact_at(&mut buf, m.offset).ok()?;
+                    crate::bufpool::read_exact_at(&f, &mut buf, m.stored_len as usize, m.offset).ok()?;
                     decode_member(&m, &buf).ok()?;
                 }
                 Some(())
