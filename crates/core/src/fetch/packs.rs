@@ -560,12 +560,12 @@ impl Fetcher {
             Error::NotFound(_) => "missing from the store (swept?)".to_string(),
             e => format!("GET failed: {e}"),
         })?;
-        // `buf` holds the pack's bytes from offset `at`. Complete members
-        // leave it as one segment, decoded and verified on a blocking
-        // thread (a few segments at once, so decoding keeps up with the
-        // download on every core) and handed to `sink` in pack order; the
-        // same segment goes to the cache file.
-        let mut buf = bytes::BytesMut::new();
+        // `pending` holds the pack's bytes from offset `at`, as the network
+        // delivered them. Complete members leave it as one segment, decoded
+        // and verified on a blocking thread (a few segments at once, so
+        // decoding keeps up with the download on every core) and handed to
+        // `sink` in pack order; the same segment goes to the cache file.
+        let mut pending = Pending::default();
         let mut at = base;
         let mut next = lo;
         let stop = hi + 1;
@@ -595,25 +595,17 @@ impl Fetcher {
         while next < stop {
             let chunk = match stream.next().await {
                 Some(Ok(c)) => c,
-                Some(Err(e)) => return Err(format!("read failed after {} bytes: {e}", at + buf.len() as u64 - base)),
+                Some(Err(e)) => return Err(format!("read failed after {} bytes: {e}", at + pending.len as u64 - base)),
                 None => {
-                    return Err(format!("truncated: {} of {} body bytes", at + buf.len() as u64 - base, end - base))
+                    return Err(format!("truncated: {} of {} body bytes", at + pending.len as u64 - base, end - base))
                 }
             };
-            if buf.capacity() - buf.len() < chunk.len() {
-                // Room for the member being assembled, whole: one
-                // allocation and one copy of a large member, not a regrowth
-                // (and a copy of what is there) every few network reads.
-                let m = &pack.members[next];
-                let member_left = (m.offset + m.stored_len - at) as usize;
-                buf.reserve(chunk.len().max(member_left.saturating_sub(buf.len())));
-            }
-            buf.extend_from_slice(&chunk);
+            pending.push(chunk);
             let first = next;
             let mut done_to = at;
             while next < stop {
                 let m = &pack.members[next];
-                if m.offset + m.stored_len > at + buf.len() as u64 {
+                if m.offset + m.stored_len > at + pending.len as u64 {
                     break;
                 }
                 done_to = m.offset + m.stored_len;
@@ -626,7 +618,7 @@ impl Fetcher {
             // few members, as a network stream delivers them, costs more
             // than it saves: a cold mount walk over MinIO took 1.8x as long).
             if ready > 0 && (next == stop || ready >= DECODE_BATCH_BYTES || !bulk) {
-                let seg = buf.split_to(ready).freeze();
+                let seg = pending.take(ready);
                 let members: Vec<(usize, crate::pack::Member)> = (first..next).map(|i| (i, pack.members[i])).collect();
                 let (seg2, seg_at) = (seg.clone(), at);
                 let decode = move || -> Decoded {
@@ -672,7 +664,7 @@ impl Fetcher {
                 }
                 at += ready as u64;
             } else if ready > 0 {
-                // Not cut yet: the members stay in `buf` for the next round.
+                // Not cut yet: the members stay in `pending` for the next round.
                 next = first;
             }
             // Hand over what is decoded; wait for the oldest when too many
@@ -702,5 +694,80 @@ impl Fetcher {
             return Err(format!("{bad} bad members"));
         }
         Ok(if written { good } else { Vec::new() })
+    }
+}
+
+/// A pack's bytes as the network delivered them, not yet cut into
+/// segments of whole members.
+#[derive(Default)]
+struct Pending {
+    parts: std::collections::VecDeque<Bytes>,
+    len: usize,
+}
+
+impl Pending {
+    fn push(&mut self, b: Bytes) {
+        self.len += b.len();
+        self.parts.push_back(b);
+    }
+
+    /// The first `n` bytes (`n` ≤ `self.len`) as one segment: a view of
+    /// the first part when it holds them all, else one copy into a pooled
+    /// buffer. Growing one buffer as parts arrive (a `BytesMut`) moved its
+    /// bytes on every regrowth, and every new buffer was pages the kernel
+    /// faulted in and zeroed: a fifth of a mount daemon's CPU on a cold
+    /// large read.
+    fn take(&mut self, n: usize) -> Bytes {
+        debug_assert!(n <= self.len);
+        self.len -= n;
+        let front = self.parts.front_mut().expect("pending holds n bytes");
+        if front.len() >= n {
+            let seg = front.split_to(n);
+            if front.is_empty() {
+                self.parts.pop_front();
+            }
+            return seg;
+        }
+        let mut v = crate::bufpool::take(n);
+        while v.len() < n {
+            let part = self.parts.front_mut().expect("pending holds n bytes");
+            let want = (n - v.len()).min(part.len());
+            v.extend_from_slice(&part[..want]);
+            if want == part.len() {
+                self.parts.pop_front();
+            } else {
+                bytes::Buf::advance(part, want);
+            }
+        }
+        crate::bufpool::into_bytes(v)
+    }
+}
+
+#[cfg(test)]
+mod pending_tests {
+    use super::*;
+
+    #[test]
+    fn segments_come_out_whole_in_order_across_and_within_parts() {
+        let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        let mut p = Pending::default();
+        // Parts of uneven sizes, as a network delivers them.
+        let mut off = 0;
+        for n in [10, 70_000, 5, 100_000, 129_985] {
+            p.push(Bytes::copy_from_slice(&data[off..off + n]));
+            off += n;
+        }
+        assert_eq!(off, data.len());
+        assert_eq!(p.len, data.len());
+        let mut at = 0;
+        // Within the first part, across several, the rest of one, across two.
+        for n in [3, 69_000, 1_007, 120_000, 110_000 - 10] {
+            let seg = p.take(n);
+            assert_eq!(&seg[..], &data[at..at + n], "segment at {at} of {n} bytes");
+            at += n;
+            assert_eq!(p.len, data.len() - at);
+        }
+        assert_eq!(at, data.len());
+        assert!(p.parts.is_empty());
     }
 }
