@@ -279,3 +279,91 @@ fn a_corrupt_large_blob_is_refused_by_name() {
     assert!(!o.status.success() && err.contains("big.bin"), "{err}");
     assert!(m.run(&["ls", "main"]).status.code() != Some(0), "no ref was made");
 }
+
+/// Waits (bounded) until `f` holds: the daemon finishes a whole copy off
+/// the reader's path, after the last chunk is written.
+fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    let t = std::time::Instant::now();
+    while !f() {
+        assert!(t.elapsed() < std::time::Duration::from_secs(30), "timed out waiting for {what}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_large_file_read_whole_is_kept_whole_and_later_opens_pass_through() {
+    if !fuse_usable() {
+        return;
+    }
+    let m = Mado::local();
+    let repo = m.dir.path().join("repo");
+    std::fs::create_dir_all(&repo).unwrap();
+    git(&repo, &["init", "-q", "-b", "main"]);
+    let src = repo.join("big.bin");
+    write_random(&src, 24 << 20, 5);
+    std::fs::write(repo.join("small.txt"), b"small\n").unwrap();
+    git(&repo, &["add", "-A"]);
+    git(&repo, &["commit", "-q", "-m", "big"]);
+    m.ok(&["import-git", repo.to_str().unwrap()]);
+    let want = std::fs::read(&src).unwrap();
+    let copy = m
+        .cache_dir()
+        .join("objects")
+        .join(&mado_core::Hash::of(&want).to_hex()[..2])
+        .join(mado_core::Hash::of(&want).to_hex());
+    let builds = m.cache_dir().join("tmp");
+    let building = || std::fs::read_dir(&builds).map(|d| d.count()).unwrap_or(0);
+    std::fs::remove_dir_all(m.cache_dir()).unwrap();
+
+    let mnt = m.dir.path().join("mnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+    m.ok(&["mount", "main", mnt.to_str().unwrap()]);
+    let stats = || m.json(&["stats", mnt.to_str().unwrap()]);
+    let s = stats();
+    if s["passthrough"] != true {
+        // A kernel without FUSE passthrough: nothing to pass through to.
+        let _ = m.run(&["umount", mnt.to_str().unwrap()]);
+        return;
+    }
+    // A packed snapshot with a large file keeps OPEN (no-open mode could
+    // not pass anything through).
+    assert_eq!(s["packs"]["warmed_packs"], 0);
+    assert_eq!(std::fs::read(mnt.join("small.txt")).unwrap(), b"small\n");
+    assert!(stats()["opens"].as_u64().unwrap() >= 1, "{}", stats());
+
+    // A reader that stops after its first MiB leaves no copy, whole or torn.
+    let mut head = vec![0u8; 1 << 20];
+    std::fs::File::open(mnt.join("big.bin")).unwrap().read_exact(&mut head).unwrap();
+    assert_eq!(head, want[..1 << 20]);
+    eventually("the partial copy to go", || building() == 0);
+    assert!(!copy.exists());
+    assert_eq!(stats()["files_assembled"], 0);
+
+    // Read whole: every byte, then the whole copy is kept under the
+    // content's hash (and verifies as a cache entry).
+    assert!(same_bytes(&mnt.join("big.bin"), &src), "first whole read");
+    eventually("the whole copy", || stats()["files_assembled"] == 1);
+    assert_eq!(std::fs::read(&copy).unwrap(), want);
+    assert_eq!(building(), 0, "the build folder is empty once the copy is kept");
+
+    // A later open passes through to it: the bytes are right and no READ
+    // reaches the daemon.
+    let reads = stats()["reads"].as_u64().unwrap();
+    assert!(same_bytes(&mnt.join("big.bin"), &src), "read through the whole copy");
+    assert_eq!(stats()["reads"].as_u64().unwrap(), reads, "passthrough: the daemon served no READ: {}", stats());
+
+    // A copy cut short is not passed through: reads go through the daemon
+    // and its verified chunks again (on a new mount: the kernel keeps a
+    // passthrough inode's backing file while the inode lives).
+    let _ = m.run(&["umount", mnt.to_str().unwrap()]);
+    std::fs::OpenOptions::new().write(true).open(&copy).unwrap().set_len(1 << 20).unwrap();
+    m.ok(&["mount", "main", mnt.to_str().unwrap()]);
+    let reads = stats()["reads"].as_u64().unwrap();
+    let mut buf = vec![0u8; 4096];
+    std::os::unix::fs::FileExt::read_exact_at(&std::fs::File::open(mnt.join("big.bin")).unwrap(), &mut buf, 20 << 20)
+        .unwrap();
+    assert_eq!(buf, want[20 << 20..(20 << 20) + 4096]);
+    assert!(stats()["reads"].as_u64().unwrap() > reads, "{}", stats());
+    let _ = m.run(&["umount", mnt.to_str().unwrap()]);
+    let _ = Command::new("fusermount3").arg("-uz").arg(&mnt).output();
+}

@@ -61,6 +61,25 @@ pub fn read_regular(path: &Path) -> std::io::Result<Vec<u8>> {
     Ok(out)
 }
 
+/// The BLAKE3 hash of a regular file's bytes (as [`read_regular`] opens
+/// it), read in blocks: memory does not grow with the file.
+pub fn hash_regular(path: &Path) -> std::io::Result<crate::Hash> {
+    let f = open_regular(path)?;
+    let mut h = blake3::Hasher::new();
+    let mut buf = crate::bufpool::take(1 << 20);
+    let mut at = 0u64;
+    loop {
+        let (got, _) = rustix::io::pread(&f, &mut buf.spare_capacity_mut()[..1 << 20], at)?;
+        if got.is_empty() {
+            break;
+        }
+        h.update(got);
+        at += got.len() as u64;
+    }
+    crate::bufpool::SHARED.give(buf);
+    Ok(crate::Hash(*h.finalize().as_bytes()))
+}
+
 /// Opens for reading a file that must be a regular file, as
 /// [`read_regular`] does (no symlink followed, no blocking on a FIFO).
 pub fn open_regular(path: &Path) -> std::io::Result<std::fs::File> {

@@ -171,6 +171,10 @@ fn reason_text(a: &Attach) -> String {
     }
 }
 
+/// A packed snapshot keeps FUSE's OPEN (for passthrough of large files'
+/// whole copies) when at least one entry in this many is a large file.
+const LARGE_FILES_SHARE: usize = 100;
+
 /// Runs a mount until it is unmounted. `ready` is called once: with the
 /// mount's description when it is up, or with the error that stopped it.
 pub fn run(
@@ -235,11 +239,18 @@ pub fn run(
         tokio::net::UnixListener::bind(&sock).map_err(Error::io(format!("binding {}", sock.display())))?
     };
     let saver = ws.as_ref().map(|w| Arc::new(mado_core::workspace::StateSaver::new(w.state_dir.clone())));
-    // Read through packs, no file has a whole-file backing in the cache
-    // (a member is compressed, at an offset), so passthrough could serve
-    // none: the mount then runs without OPEN and RELEASE, which saves a
-    // cold walk two requests a file and a warm one all of them.
-    let packed = matches!(attach, Attach::Attached { .. });
+    // Read through packs, no small file has a whole-file backing in the
+    // cache (a member is compressed, at an offset), so passthrough could
+    // serve none: the mount then runs without OPEN and RELEASE, which saves
+    // a cold walk two requests a file and a warm one all of them. A
+    // snapshot where at least one entry in LARGE_FILES_SHARE is a large
+    // (chunked) file keeps OPEN: a large file read whole leaves a whole
+    // copy in the cache, and later opens pass through to it at the local
+    // disk's speed. The kernel's no-open mode is all or nothing, so a
+    // source tree with a few large files keeps it, and their warm reads go
+    // through the daemon.
+    let (chunked, entries) = core.chunked_share();
+    let packed = matches!(attach, Attach::Attached { .. }) && chunked * LARGE_FILES_SHARE < entries.max(1);
     let make_fs = {
         let (core, rt, saver) = (core.clone(), rt.clone(), saver.clone());
         move |passthrough: bool| {
@@ -299,6 +310,7 @@ pub fn run(
                         reads: core.reads(),
                         nodes_in_memory: core.node_count(),
                         chunks_read_ahead: core.chunks_read_ahead(),
+                        files_assembled: core.files_assembled(),
                         passthrough: passthrough.load(Relaxed),
                         opens: requests.opens.load(Relaxed),
                         lookups: requests.lookups.load(Relaxed),

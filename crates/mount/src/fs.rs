@@ -578,6 +578,8 @@ impl Filesystem for MadoFs {
             && config.set_max_stack_depth(1).is_ok()
         {
             self.passthrough.store(true, Relaxed);
+            // Large files read whole keep a whole copy to pass through.
+            self.core.set_assemble(true);
         }
         Ok(())
     }
@@ -680,7 +682,7 @@ impl Filesystem for MadoFs {
                 };
             }
             if passthrough {
-                if let OpenFile::Whole { cache_path: Some(p), .. } = &f {
+                if let OpenFile::Whole { cache_path: Some(p), .. } | OpenFile::Chunked { backing: Some(p), .. } = &f {
                     // The cache entry was verified as it was read in.
                     if let Ok(file) = std::fs::File::open(p) {
                         if let Ok(id) = reply.open_backing(&file) {
@@ -752,7 +754,12 @@ impl Filesystem for MadoFs {
             // its open is the recent table's, released as it falls out.
             return reply.ok();
         }
-        self.handles.lock().expect("handles lock").remove(&fh.0);
+        let closed = self.handles.lock().expect("handles lock").remove(&fh.0);
+        if let Some(f) = closed.filter(|f| matches!(**f, OpenFile::Chunked { .. })) {
+            // A large file's whole copy, if this handle was building one.
+            let core = self.core.clone();
+            self.rt.spawn(async move { core.close_chunked(&f).await });
+        }
         {
             let mut modes = self.io_modes.lock().expect("io modes lock");
             if let Some((_, n)) = modes.get_mut(&ino.0) {

@@ -92,6 +92,10 @@ pub struct MountStats {
     /// Chunks of large files fetched or loaded ahead of a sequential reader.
     #[serde(default)]
     pub chunks_read_ahead: u64,
+    /// Large files read whole whose whole copy was kept in the disk cache
+    /// (later opens pass through to it).
+    #[serde(default)]
+    pub files_assembled: u64,
     pub passthrough: bool,
     /// OPEN requests the kernel sent this FUSE mount; in no-open mode (a
     /// workspace) only the first, which turns them off.

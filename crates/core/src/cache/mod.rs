@@ -145,6 +145,8 @@ impl DiskCache {
             scans: AtomicU64::new(0),
             pack_touched: Mutex::new(HashMap::new()),
         };
+        // A large file's whole copy left by a killed mount daemon.
+        remove_dead_builds(&c.root.join("tmp"));
         if cap.is_some() {
             c.size.store(c.usage().bytes, Relaxed);
         }
@@ -260,6 +262,46 @@ impl DiskCache {
         self.set_probation(&p, None);
         self.grew(bytes.len() as u64, &p);
         Ok(())
+    }
+
+    /// The cache's limit in bytes, if it has one.
+    pub fn cap(&self) -> Option<u64> {
+        self.cap
+    }
+
+    /// A folder for files being built into entries (a large file being
+    /// reassembled), on the cache's own filesystem so that
+    /// [`DiskCache::adopt`] is a rename. Files of processes that are gone
+    /// (killed mid-build) are removed here.
+    pub fn build_dir(&self) -> Result<PathBuf> {
+        let dir = self.root.join("tmp");
+        fs::create_dir_all(&dir).map_err(Error::io(format!("creating {}", dir.display())))?;
+        remove_dead_builds(&dir);
+        Ok(dir)
+    }
+
+    /// Makes the file `built` (written and verified by the caller, in
+    /// [`DiskCache::build_dir`]) the entry for `id`: one rename, counted
+    /// and evictable like any entry.
+    pub fn adopt(&self, id: &Hash, built: &Path) -> Result<()> {
+        let p = self.path(id);
+        let len = fs::symlink_metadata(built).map_err(Error::io(format!("reading {}", built.display())))?.len();
+        let dir = p.parent().expect("cache paths have a parent");
+        fs::create_dir_all(dir).and_then(|_| fs::rename(built, &p)).map_err(Error::io(format!(
+            "moving {} to {}",
+            built.display(),
+            p.display()
+        )))?;
+        self.counters.writes.fetch_add(1, Relaxed);
+        self.set_probation(&p, None);
+        self.grew(len, &p);
+        Ok(())
+    }
+
+    /// Marks the entry for `id` used now (for an entry read without
+    /// [`DiskCache::get`], such as a file passed through to the kernel).
+    pub fn touch(&self, id: &Hash) {
+        self.used(&self.path(id), None);
     }
 
     /// Says once per process that the disk is full: callers go on without
@@ -450,8 +492,9 @@ impl DiskCache {
             report.checked += 1;
             progress(report.checked, total);
             let name = p.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
-            let ok = match (name.parse::<Hash>(), crate::fsutil::read_regular(&p)) {
-                (Ok(id), Ok(bytes)) => id.verifies(&bytes),
+            // Hashed as a stream: an entry may be a whole large file.
+            let ok = match (name.parse::<Hash>(), crate::fsutil::hash_regular(&p)) {
+                (Ok(id), Ok(h)) => h == id,
                 _ => false,
             };
             if !ok {
@@ -461,6 +504,21 @@ impl DiskCache {
         }
         self.verify_packs(&mut report, &mut progress);
         report
+    }
+}
+
+/// Removes the files in `dir` (a cache's build folder) of processes that
+/// are gone. Their names are `KIND-PID-RANDOM`.
+fn remove_dead_builds(dir: &Path) {
+    for f in fs::read_dir(dir).into_iter().flatten().flatten() {
+        let name = f.file_name().to_string_lossy().to_string();
+        let pid = name.split('-').nth(1).and_then(|p| p.parse::<i32>().ok());
+        let alive = pid
+            .and_then(rustix::process::Pid::from_raw)
+            .is_some_and(|p| !matches!(rustix::process::test_kill_process(p), Err(rustix::io::Errno::SRCH)));
+        if !alive {
+            let _ = fs::remove_file(f.path());
+        }
     }
 }
 
@@ -520,6 +578,25 @@ mod tests {
         assert_eq!(c.stats().healed, 2);
         let r = c.verify(|_, _| {});
         assert!(r.bad.is_empty());
+    }
+
+    #[test]
+    fn a_dead_process_build_goes_a_live_one_stays_and_adopt_makes_an_entry() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = DiskCache::open(dir.path().to_path_buf(), None).unwrap();
+        let b = c.build_dir().unwrap();
+        // pid 0x7ffffff0 is far above pid_max: not a live process.
+        let (mine, dead) = (b.join(format!("assemble-{}-1", std::process::id())), b.join("assemble-2147483632-1"));
+        fs::write(&mine, b"whole").unwrap();
+        fs::write(&dead, b"torn").unwrap();
+        let c = DiskCache::open(dir.path().to_path_buf(), None).unwrap();
+        assert!(mine.exists());
+        assert!(!dead.exists(), "a build of a process that is gone is removed when a cache opens");
+        let id = Hash::of(b"whole");
+        c.adopt(&id, &mine).unwrap();
+        assert!(!mine.exists());
+        assert_eq!(c.get(&id).unwrap(), b"whole");
+        assert_eq!(c.verify(|_, _| {}).bad.len(), 0);
     }
 
     #[test]

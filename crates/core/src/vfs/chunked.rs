@@ -42,6 +42,10 @@ pub struct Readahead {
     streak: AtomicU32,
     /// Chunks below this index were already asked for.
     ahead_to: AtomicUsize,
+    /// Whether this handle considered building a whole-file copy.
+    tried: std::sync::atomic::AtomicBool,
+    /// The whole-file copy this handle's reads are building, if any.
+    assembly: Mutex<Option<Arc<Assembly>>>,
 }
 
 pub(super) struct Chunks {
@@ -51,6 +55,13 @@ pub(super) struct Chunks {
     loading: Arc<Mutex<std::collections::HashMap<Hash, Loading>>>,
     ahead: Arc<tokio::sync::Semaphore>,
     pub(super) ahead_started: AtomicU64,
+    /// Whether a file read from its start is also written whole into the
+    /// disk cache (set by a mount whose kernel takes passthrough opens).
+    pub(super) assemble: std::sync::atomic::AtomicBool,
+    /// Files (by content) whose whole copy is being built.
+    assembling: Arc<Mutex<std::collections::HashSet<Hash>>>,
+    /// Whole copies built and kept.
+    pub(super) assembled: Arc<AtomicU64>,
 }
 
 impl Default for Chunks {
@@ -60,6 +71,9 @@ impl Default for Chunks {
             loading: Arc::new(Mutex::new(std::collections::HashMap::new())),
             ahead: Arc::new(tokio::sync::Semaphore::new(AHEAD_IN_FLIGHT)),
             ahead_started: AtomicU64::new(0),
+            assemble: Default::default(),
+            assembling: Default::default(),
+            assembled: Default::default(),
         }
     }
 }
@@ -126,6 +140,61 @@ fn remember(recent: &Mutex<VecDeque<(Hash, Bytes)>>, id: Hash, b: Bytes) {
 }
 
 impl SnapshotFs {
+    /// Starts building the whole-file copy of a chunked file read from its
+    /// start, for later opens to pass through (see [`Assembly`]): once per
+    /// handle, when the mount asked for it, the copy is not there yet and
+    /// no other handle is building it, and the file takes at most a
+    /// quarter of a capped cache.
+    fn start_assembly(&self, manifest: &ChunkManifest, ahead: &Readahead) {
+        if !self.chunks.assemble.load(Relaxed) || ahead.tried.swap(true, Relaxed) || self.is_writable() {
+            return;
+        }
+        let cache = &self.fetcher.cache;
+        if cache.cap().is_some_and(|cap| manifest.size > cap / 4) || cache.entry_path(&manifest.content).exists() {
+            return;
+        }
+        if !self.chunks.assembling.lock().expect("assembling lock").insert(manifest.content) {
+            return;
+        }
+        match Assembly::new(cache.clone(), manifest, self.chunks.assembling.clone(), self.chunks.assembled.clone()) {
+            Ok(a) => *ahead.assembly.lock().expect("assembly lock") = Some(Arc::new(a)),
+            Err(e) => {
+                self.chunks.assembling.lock().expect("assembling lock").remove(&manifest.content);
+                tracing::debug!("not keeping a whole copy of a large file: {e}");
+            }
+        }
+    }
+
+    /// A handle of a chunked file closes. The whole copy it was building is
+    /// completed when at least half of it is written (the chunks it lacks
+    /// are those the kernel still had in its page cache, or that a reader
+    /// skipped: they are read from the disk cache, or fetched), and dropped
+    /// otherwise. Run off the FUSE threads; the copy is kept once whole.
+    pub async fn close_chunked(&self, f: &OpenFile) {
+        let OpenFile::Chunked { manifest, starts, ahead, .. } = f else { return };
+        let Some(a) = ahead.assembly.lock().expect("assembly lock").take() else { return };
+        let missing: Vec<usize> = {
+            let given = a.given.lock().expect("assembly lock");
+            if a.failed.load(Relaxed) || given.iter().filter(|g| **g).count() * 2 < given.len() {
+                return;
+            }
+            (0..given.len()).filter(|&i| !given[i]).collect()
+        };
+        for i in missing {
+            let Ok(b) = self.chunks.load(&self.fetcher, manifest.chunks[i].1, true).await else { return };
+            let (a, at) = (a.clone(), starts[i]);
+            // One write at a time here: this loop runs at the disk's pace.
+            if tokio::task::spawn_blocking(move || a.write(i, at, b)).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Whole copies of large files built so far.
+    pub fn files_assembled(&self) -> u64 {
+        self.chunks.assembled.load(Relaxed)
+    }
+
     /// Chunks fetched or loaded ahead of sequential readers so far.
     pub fn chunks_read_ahead(&self) -> u64 {
         self.chunks.ahead_started.load(Relaxed)
@@ -147,7 +216,10 @@ impl SnapshotFs {
         }
         let first = starts.partition_point(|s| *s <= offset) - 1;
         let last = starts.partition_point(|s| *s < end) - 1;
-        let in_order = self.read_ahead(manifest, ahead, offset, end, last);
+        let in_order = self.read_ahead(manifest, starts, ahead, offset, end, last);
+        if in_order {
+            self.start_assembly(manifest, ahead);
+        }
         let name = String::from_utf8_lossy(&entry.name).into_owned();
         let parts: Vec<Bytes> = self
             .timed(
@@ -166,6 +238,11 @@ impl SnapshotFs {
                 .try_collect(),
             )
             .await?;
+        if let Some(a) = ahead.assembly.lock().expect("assembly lock").as_ref() {
+            for (k, p) in parts.iter().enumerate() {
+                a.put(first + k, starts[first + k], p.clone());
+            }
+        }
         if let [p] = &parts[..] {
             // Within one chunk (the usual case): a view, no copy.
             let from = (offset - starts[first]) as usize;
@@ -186,7 +263,15 @@ impl SnapshotFs {
     /// sequential: a window of 1 MiB after the first read, growing by
     /// 1 MiB every two sequential reads up to [`READ_AHEAD_BYTES`] (at
     /// least one chunk). Returns whether the reader is sequential.
-    fn read_ahead(&self, manifest: &ChunkManifest, ahead: &Readahead, offset: u64, end: u64, last: usize) -> bool {
+    fn read_ahead(
+        &self,
+        manifest: &ChunkManifest,
+        starts: &[u64],
+        ahead: &Readahead,
+        offset: u64,
+        end: u64,
+        last: usize,
+    ) -> bool {
         let sequential = ahead.next.swap(end, Relaxed) == offset;
         if !sequential {
             ahead.streak.store(0, Relaxed);
@@ -215,13 +300,164 @@ impl SnapshotFs {
             // drives the same load; the permit only bounds how many the
             // read-ahead itself drives.
             let load = self.chunks.load(&self.fetcher, id, true);
+            let assembly = ahead.assembly.lock().expect("assembly lock").clone();
+            let at = starts[j];
             tokio::spawn(async move {
                 let Ok(_permit) = permits.acquire_owned().await else { return };
                 // A failure is met again (and reported) by the read that
                 // needs the chunk.
-                let _ = load.await;
+                if let (Ok(b), Some(a)) = (load.await, assembly) {
+                    a.put(j, at, b);
+                }
             });
         }
         true
+    }
+}
+
+/// A whole copy of a chunked file, built in the disk cache from the chunks
+/// its readers load, so that later opens of the file can be passed through
+/// to the kernel (reads at the local disk's speed, no daemon in the way):
+/// the "reassembled file kept for hot large files" of issue #19.
+///
+/// Each chunk arrives verified (it is read only through the fetcher) and is
+/// written once at its offset in a file of the cache's build folder, off the
+/// async workers. When every chunk is in, the file is hashed whole and kept
+/// as the cache entry named by the manifest's content hash only if that
+/// hash matches (a manifest whose chunks do not make its content is not
+/// trusted to name a cache entry), then counted and evicted like any entry.
+/// A handle closed before every chunk came (a reader that stopped or went
+/// elsewhere) drops the partial file. Its cost: one more write of the
+/// file's bytes while it is first read, one hash of it at the end, and the
+/// file's size again in the cache.
+/// Chunk writes of one whole copy in flight at most (~8 MiB held).
+const ASSEMBLY_WRITES: usize = 8;
+
+pub(super) struct Assembly {
+    cache: Arc<crate::cache::DiskCache>,
+    content: Hash,
+    size: u64,
+    path: std::path::PathBuf,
+    file: std::fs::File,
+    /// Chunks written (or being written); `left` counts those not yet on disk.
+    given: Mutex<Vec<bool>>,
+    left: AtomicUsize,
+    /// Writes handed off and not yet done (bounded: see [`ASSEMBLY_WRITES`]).
+    writing: AtomicUsize,
+    failed: std::sync::atomic::AtomicBool,
+    kept: std::sync::atomic::AtomicBool,
+    assembling: Arc<Mutex<std::collections::HashSet<Hash>>>,
+    assembled: Arc<AtomicU64>,
+}
+
+impl Assembly {
+    fn new(
+        cache: Arc<crate::cache::DiskCache>,
+        manifest: &ChunkManifest,
+        assembling: Arc<Mutex<std::collections::HashSet<Hash>>>,
+        assembled: Arc<AtomicU64>,
+    ) -> Result<Assembly> {
+        let dir = cache.build_dir()?;
+        let path = dir.join(format!("assemble-{}-{}", std::process::id(), rand::random::<u64>()));
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(Error::io(format!("creating {}", path.display())))?;
+        file.set_len(manifest.size).map_err(Error::io(format!("sizing {}", path.display())))?;
+        Ok(Assembly {
+            cache,
+            content: manifest.content,
+            size: manifest.size,
+            path,
+            file,
+            given: Mutex::new(vec![false; manifest.chunks.len()]),
+            left: AtomicUsize::new(manifest.chunks.len()),
+            writing: AtomicUsize::new(0),
+            failed: Default::default(),
+            kept: Default::default(),
+            assembling,
+            assembled,
+        })
+    }
+
+    /// Chunk `i` (verified), at `at` in the file: written once, off the
+    /// async workers; the last one to land finishes the copy.
+    fn put(self: &Arc<Self>, i: usize, at: u64, bytes: Bytes) {
+        {
+            let mut given = self.given.lock().expect("assembly lock");
+            if self.failed.load(Relaxed) || given.get(i).copied().unwrap_or(true) {
+                return;
+            }
+            if self.writing.load(Relaxed) >= ASSEMBLY_WRITES {
+                // The disk falls behind the reader: the copy is given up
+                // rather than holding chunks in memory for it.
+                self.failed.store(true, Relaxed);
+                return;
+            }
+            given[i] = true;
+            self.writing.fetch_add(1, Relaxed);
+        }
+        let a = self.clone();
+        tokio::task::spawn_blocking(move || {
+            a.write_given(at, bytes);
+            a.writing.fetch_sub(1, Relaxed);
+        });
+    }
+
+    /// Writes chunk `i` now, on this (blocking) thread, unless it was given.
+    fn write(&self, i: usize, at: u64, bytes: Bytes) {
+        {
+            let mut given = self.given.lock().expect("assembly lock");
+            if self.failed.load(Relaxed) || given.get(i).copied().unwrap_or(true) {
+                return;
+            }
+            given[i] = true;
+        }
+        self.write_given(at, bytes);
+    }
+
+    /// Writes a chunk marked given; the last one finishes the copy.
+    fn write_given(&self, at: u64, bytes: Bytes) {
+        use std::os::unix::fs::FileExt;
+        if let Err(e) = self.file.write_all_at(&bytes, at) {
+            self.failed.store(true, Relaxed);
+            tracing::debug!("whole copy of a large file: writing at {at}: {e}");
+            return;
+        }
+        drop(bytes);
+        if self.left.fetch_sub(1, Relaxed) == 1 {
+            self.finish();
+        }
+    }
+
+    /// Every chunk is on disk: hash the file whole and keep it if it is
+    /// the content the manifest names.
+    fn finish(&self) {
+        if self.failed.load(Relaxed) {
+            return;
+        }
+        match crate::fsutil::hash_regular(&self.path) {
+            Ok(h) if h == self.content && self.file.metadata().is_ok_and(|m| m.len() == self.size) => {
+                if self.cache.adopt(&self.content, &self.path).is_ok() {
+                    self.kept.store(true, Relaxed);
+                    self.assembled.fetch_add(1, Relaxed);
+                }
+            }
+            Ok(h) => tracing::warn!(
+                "a large file's chunks make {h}, not the content {} its manifest names; not kept",
+                self.content
+            ),
+            Err(e) => tracing::debug!("whole copy of a large file: hashing {}: {e}", self.path.display()),
+        }
+    }
+}
+
+impl Drop for Assembly {
+    fn drop(&mut self) {
+        if !self.kept.load(Relaxed) {
+            let _ = std::fs::remove_file(&self.path);
+        }
+        self.assembling.lock().expect("assembling lock").remove(&self.content);
     }
 }

@@ -251,7 +251,17 @@ impl SnapshotFs {
                 at += len;
             }
             let ino = self.is_writable().then_some(ino);
-            return Ok(OpenFile::Chunked { entry: e, manifest, starts, ino, ahead: Readahead::default() });
+            // A whole copy in the cache (built by an earlier read, and
+            // verified whole then) may back a passthrough open.
+            let backing = match self.is_writable() {
+                true => None,
+                false => Some(self.fetcher.cache.entry_path(&manifest.content))
+                    .filter(|p| std::fs::symlink_metadata(p).is_ok_and(|m| m.is_file() && m.len() == manifest.size)),
+            };
+            if backing.is_some() {
+                self.fetcher.cache.touch(&manifest.content);
+            }
+            return Ok(OpenFile::Chunked { entry: e, manifest, starts, ino, ahead: Readahead::default(), backing });
         }
         let data = self.timed("opening a file", self.fetcher.content(&e, &path)).await?;
         // The cache file a read-only mount may pass through (a workspace
@@ -296,6 +306,16 @@ impl SnapshotFs {
 
     /// Loads every tree of the snapshot into memory (from the attached
     /// index, or fetched level by level), so metadata needs no network.
+    /// Entries of the trees loaded so far (all of them after
+    /// [`SnapshotFs::preload_trees`]), and how many of them are chunked
+    /// (large) files. A tree shared by several paths counts once.
+    pub fn chunked_share(&self) -> (usize, usize) {
+        let trees = self.trees.read().expect("trees lock");
+        let all = trees.values().map(|t| t.entries.len()).sum();
+        let chunked = trees.values().map(|t| t.entries.iter().filter(|e| e.chunked).count()).sum();
+        (chunked, all)
+    }
+
     pub async fn preload_trees(&self) -> Result<usize> {
         let mut level = vec![self.root()];
         let mut n = 0;

@@ -102,7 +102,16 @@ pub enum OpenFile {
     /// and written through another handle while this one is open.
     Whole { data: Bytes, cache_path: Option<PathBuf>, ino: Option<u64> },
     /// A chunked file: chunks are read as ranges are asked for.
-    Chunked { entry: Entry, manifest: ChunkManifest, starts: Vec<u64>, ino: Option<u64>, ahead: Readahead },
+    /// `backing`: the cache's whole copy of it (see `chunked::Assembly`),
+    /// for passthrough, when a read-only mount has one.
+    Chunked {
+        entry: Entry,
+        manifest: ChunkManifest,
+        starts: Vec<u64>,
+        ino: Option<u64>,
+        ahead: Readahead,
+        backing: Option<PathBuf>,
+    },
     /// A file of the upper layer, read (and written) in place.
     Upper { file: std::fs::File, ino: u64, writable: bool },
 }
@@ -270,6 +279,13 @@ impl SnapshotFs {
 
     fn read_timeout(&self) -> Duration {
         Duration::from_millis(self.read_timeout_ms.load(Relaxed))
+    }
+
+    /// Whether a file read from its start is also written whole into the
+    /// disk cache, for later opens to pass through (a mount whose kernel
+    /// takes passthrough opens asks for it).
+    pub fn set_assemble(&self, on: bool) {
+        self.chunks.assemble.store(on, Relaxed);
     }
 
     pub fn is_writable(&self) -> bool {
