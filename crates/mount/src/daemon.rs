@@ -250,10 +250,13 @@ pub fn run(
     // source tree with a few large files keeps it, and their warm reads go
     // through the daemon.
     let (chunked, entries) = core.chunked_share();
-    let packed = matches!(attach, Attach::Attached { .. }) && chunked * LARGE_FILES_SHARE < entries.max(1);
+    let (attached, large) = (matches!(attach, Attach::Attached { .. }), chunked * LARGE_FILES_SHARE >= entries.max(1));
     let make_fs = {
         let (core, rt, saver) = (core.clone(), rt.clone(), saver.clone());
         move |passthrough: bool| {
+            // Without passthrough (not asked for, or a VM guest's session),
+            // OPEN would serve nothing.
+            let packed = attached && !(large && passthrough);
             let mut fs = MadoFs::new(core.clone(), rt.clone(), passthrough && !packed);
             if core.is_writable() || packed {
                 // No passthrough for a workspace (see `with_no_open`).
@@ -558,6 +561,12 @@ pub fn run(
         Served::Fuse(session) => {
             let r = session.join();
             tracing::info!("unmounted {}: {}", mp.display(), fetcher.remote.stats());
+            // A large file's whole copy being finished (hashed) is kept,
+            // not lost with the process; a partial one goes.
+            let left = core.wait_assemblies(Duration::from_secs(30));
+            if left > 0 {
+                tracing::warn!("{left} whole copies of large files were not finished; dropped");
+            }
             r
         }
         Served::VirtioFs(h, _) => {

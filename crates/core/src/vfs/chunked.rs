@@ -59,7 +59,7 @@ pub(super) struct Chunks {
     /// disk cache (set by a mount whose kernel takes passthrough opens).
     pub(super) assemble: std::sync::atomic::AtomicBool,
     /// Files (by content) whose whole copy is being built.
-    assembling: Arc<Mutex<std::collections::HashSet<Hash>>>,
+    assembling: Arc<Building>,
     /// Whole copies built and kept.
     pub(super) assembled: Arc<AtomicU64>,
 }
@@ -153,13 +153,13 @@ impl SnapshotFs {
         if cache.cap().is_some_and(|cap| manifest.size > cap / 4) || cache.entry_path(&manifest.content).exists() {
             return;
         }
-        if !self.chunks.assembling.lock().expect("assembling lock").insert(manifest.content) {
+        if !self.chunks.assembling.set.lock().expect("assembling lock").insert(manifest.content) {
             return;
         }
         match Assembly::new(cache.clone(), manifest, self.chunks.assembling.clone(), self.chunks.assembled.clone()) {
             Ok(a) => *ahead.assembly.lock().expect("assembly lock") = Some(Arc::new(a)),
             Err(e) => {
-                self.chunks.assembling.lock().expect("assembling lock").remove(&manifest.content);
+                self.chunks.assembling.set.lock().expect("assembling lock").remove(&manifest.content);
                 tracing::debug!("not keeping a whole copy of a large file: {e}");
             }
         }
@@ -188,6 +188,16 @@ impl SnapshotFs {
                 return;
             }
         }
+    }
+
+    /// Waits, at most `limit`, for the whole copies being built to be kept
+    /// or dropped (a daemon about to exit: a copy whose last chunk was
+    /// written is being hashed). Returns how many are still going.
+    pub fn wait_assemblies(&self, limit: std::time::Duration) -> usize {
+        let b = &self.chunks.assembling;
+        let set = b.set.lock().expect("assembling lock");
+        let (set, _) = b.ended.wait_timeout_while(set, limit, |s| !s.is_empty()).expect("assembling lock");
+        set.len()
     }
 
     /// Whole copies of large files built so far.
@@ -289,7 +299,7 @@ impl SnapshotFs {
             return true;
         }
         let from = ahead.ahead_to.fetch_max(upto + 1, Relaxed).max(last + 1);
-        for j in from..=upto {
+        for (j, &at) in starts.iter().enumerate().take(upto + 1).skip(from) {
             let id = manifest.chunks[j].1;
             if self.chunks.recent(&id).is_some() {
                 continue;
@@ -301,7 +311,6 @@ impl SnapshotFs {
             // read-ahead itself drives.
             let load = self.chunks.load(&self.fetcher, id, true);
             let assembly = ahead.assembly.lock().expect("assembly lock").clone();
-            let at = starts[j];
             tokio::spawn(async move {
                 let Ok(_permit) = permits.acquire_owned().await else { return };
                 // A failure is met again (and reported) by the read that
@@ -330,6 +339,14 @@ impl SnapshotFs {
 /// elsewhere) drops the partial file. Its cost: one more write of the
 /// file's bytes while it is first read, one hash of it at the end, and the
 /// file's size again in the cache.
+/// Files (by content) whose whole copy is being built, and a wake-up for
+/// each that ends.
+#[derive(Default)]
+pub(super) struct Building {
+    set: Mutex<std::collections::HashSet<Hash>>,
+    ended: std::sync::Condvar,
+}
+
 /// Chunk writes of one whole copy in flight at most (~8 MiB held).
 const ASSEMBLY_WRITES: usize = 8;
 
@@ -346,7 +363,7 @@ pub(super) struct Assembly {
     writing: AtomicUsize,
     failed: std::sync::atomic::AtomicBool,
     kept: std::sync::atomic::AtomicBool,
-    assembling: Arc<Mutex<std::collections::HashSet<Hash>>>,
+    assembling: Arc<Building>,
     assembled: Arc<AtomicU64>,
 }
 
@@ -354,7 +371,7 @@ impl Assembly {
     fn new(
         cache: Arc<crate::cache::DiskCache>,
         manifest: &ChunkManifest,
-        assembling: Arc<Mutex<std::collections::HashSet<Hash>>>,
+        assembling: Arc<Building>,
         assembled: Arc<AtomicU64>,
     ) -> Result<Assembly> {
         let dir = cache.build_dir()?;
@@ -390,9 +407,8 @@ impl Assembly {
                 return;
             }
             if self.writing.load(Relaxed) >= ASSEMBLY_WRITES {
-                // The disk falls behind the reader: the copy is given up
-                // rather than holding chunks in memory for it.
-                self.failed.store(true, Relaxed);
+                // The disk falls behind the reader: this chunk is left for
+                // the fill at close rather than held in memory for it.
                 return;
             }
             given[i] = true;
@@ -458,6 +474,7 @@ impl Drop for Assembly {
         if !self.kept.load(Relaxed) {
             let _ = std::fs::remove_file(&self.path);
         }
-        self.assembling.lock().expect("assembling lock").remove(&self.content);
+        self.assembling.set.lock().expect("assembling lock").remove(&self.content);
+        self.assembling.ended.notify_all();
     }
 }
