@@ -55,8 +55,8 @@ pub(super) struct Chunks {
     loading: Arc<Mutex<std::collections::HashMap<Hash, Loading>>>,
     ahead: Arc<tokio::sync::Semaphore>,
     pub(super) ahead_started: AtomicU64,
-    /// Whether a file read from its start is also written whole into the
-    /// disk cache (set by a mount whose kernel takes passthrough opens).
+    /// Whether a file read in order is also written whole into the disk
+    /// cache (set by a mount whose kernel takes passthrough opens).
     pub(super) assemble: std::sync::atomic::AtomicBool,
     /// Files (by content) whose whole copy is being built.
     assembling: Arc<Building>,
@@ -140,8 +140,8 @@ fn remember(recent: &Mutex<VecDeque<(Hash, Bytes)>>, id: Hash, b: Bytes) {
 }
 
 impl SnapshotFs {
-    /// Starts building the whole-file copy of a chunked file read from its
-    /// start, for later opens to pass through (see [`Assembly`]): once per
+    /// Starts building the whole-file copy of a chunked file read in
+    /// order, for later opens to pass through (see [`Assembly`]): once per
     /// handle, when the mount asked for it, the copy is not there yet and
     /// no other handle is building it, and the file takes at most a
     /// quarter of a capped cache.
@@ -401,18 +401,8 @@ impl Assembly {
     /// Chunk `i` (verified), at `at` in the file: written once, off the
     /// async workers; the last one to land finishes the copy.
     fn put(self: &Arc<Self>, i: usize, at: u64, bytes: Bytes) {
-        {
-            let mut given = self.given.lock().expect("assembly lock");
-            if self.failed.load(Relaxed) || given.get(i).copied().unwrap_or(true) {
-                return;
-            }
-            if self.writing.load(Relaxed) >= ASSEMBLY_WRITES {
-                // The disk falls behind the reader: this chunk is left for
-                // the fill at close rather than held in memory for it.
-                return;
-            }
-            given[i] = true;
-            self.writing.fetch_add(1, Relaxed);
+        if !self.claim(i, true) {
+            return;
         }
         let a = self.clone();
         tokio::task::spawn_blocking(move || {
@@ -423,14 +413,28 @@ impl Assembly {
 
     /// Writes chunk `i` now, on this (blocking) thread, unless it was given.
     fn write(&self, i: usize, at: u64, bytes: Bytes) {
-        {
-            let mut given = self.given.lock().expect("assembly lock");
-            if self.failed.load(Relaxed) || given.get(i).copied().unwrap_or(true) {
-                return;
-            }
-            given[i] = true;
+        if self.claim(i, false) {
+            self.write_given(at, bytes);
         }
-        self.write_given(at, bytes);
+    }
+
+    /// Marks chunk `i` given, unless it was or the copy failed. `handed_off`:
+    /// the write goes to another thread, counted in `writing`, and not when
+    /// [`ASSEMBLY_WRITES`] are in flight (the disk falls behind the reader:
+    /// the chunk is left for the fill at close rather than held in memory).
+    fn claim(&self, i: usize, handed_off: bool) -> bool {
+        let mut given = self.given.lock().expect("assembly lock");
+        if self.failed.load(Relaxed) || given.get(i).copied().unwrap_or(true) {
+            return false;
+        }
+        if handed_off {
+            if self.writing.load(Relaxed) >= ASSEMBLY_WRITES {
+                return false;
+            }
+            self.writing.fetch_add(1, Relaxed);
+        }
+        given[i] = true;
+        true
     }
 
     /// Writes a chunk marked given; the last one finishes the copy.

@@ -304,8 +304,6 @@ impl SnapshotFs {
         }
     }
 
-    /// Loads every tree of the snapshot into memory (from the attached
-    /// index, or fetched level by level), so metadata needs no network.
     /// Entries of the trees loaded so far (all of them after
     /// [`SnapshotFs::preload_trees`]), and how many of them are chunked
     /// (large) files. A tree shared by several paths counts once.
@@ -316,6 +314,8 @@ impl SnapshotFs {
         (chunked, all)
     }
 
+    /// Loads every tree of the snapshot into memory (from the attached
+    /// index, or fetched level by level), so metadata needs no network.
     pub async fn preload_trees(&self) -> Result<usize> {
         let mut level = vec![self.root()];
         let mut n = 0;

@@ -281,8 +281,8 @@ impl SnapshotFs {
         Duration::from_millis(self.read_timeout_ms.load(Relaxed))
     }
 
-    /// Whether a file read from its start is also written whole into the
-    /// disk cache, for later opens to pass through (a mount whose kernel
+    /// Whether a file read in order is also written whole into the disk
+    /// cache, for later opens to pass through (a mount whose kernel
     /// takes passthrough opens asks for it).
     pub fn set_assemble(&self, on: bool) {
         self.chunks.assemble.store(on, Relaxed);
