@@ -257,6 +257,31 @@ fn listing_a_cold_packed_directory_starts_its_pack() {
     assert_eq!((mnt.gets() - before, mnt.stats()["packs"]["warmed_packs"].as_u64()), (0, Some(0)));
 }
 
+/// A directory holding only directories starts the pack of the first file
+/// a top-down walk reaches below it: the walk of `src/deep` (only `er/`,
+/// which holds `still.txt`) gets its GET going on its first listing, not
+/// on the listing of `er/`.
+#[test]
+fn listing_a_directory_of_directories_starts_the_pack_of_the_file_below() {
+    let Some(m) = dense_store(&[]) else { return };
+    let mnt = mount(&m, "main", "mnt", &[], &[]);
+    let before = mnt.gets();
+    let names: Vec<_> = std::fs::read_dir(mnt.dir.join("src/deep")).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(names, ["er"]);
+    let t = Instant::now();
+    while mnt.gets() == before && t.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let s = mnt.stats();
+    assert_eq!(
+        (mnt.gets() - before, s["packs"]["warmed_packs"].as_u64(), s["reads"].as_u64()),
+        (1, Some(1), Some(0)),
+        "{s}"
+    );
+    assert_eq!(std::fs::read(mnt.dir.join("src/deep/er/still.txt")).unwrap(), b"deep\n");
+    assert_eq!(mnt.gets() - before, 1, "the read came through the listing's GET: {}", mnt.stats());
+}
+
 /// Readers racing over the same files of a cold pack: some opens find the
 /// content in memory before its cache file is written (cached mode), later
 /// ones find the cache file (passthrough). The kernel fails with EIO an
@@ -293,7 +318,7 @@ fn concurrent_readers_of_a_cold_pack_never_see_eio() {
         });
         assert_eq!(errors.into_inner(), 0, "round {round}: reads failed");
         // One flight for all readers: one ranged GET, or two when the
-        // reader that started it wanted a member 4 MiB or more into the
+        // reader that started it wanted a member 512 KiB or more into the
         // pack (a split fetch, fetch/packs.rs; whichever thread reaches the
         // daemon first decides, so either happens; a clean-clone CI run saw
         // the second).

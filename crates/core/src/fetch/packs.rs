@@ -100,10 +100,16 @@ pub(super) enum Start {
 /// A flight whose first reader's member starts this far into the span
 /// starts there (see `run_pack`).
 /// Below it, one GET from the span's start serves every reader, and the
-/// first one's wait for the bytes ahead of it is short.
-pub(super) const SPLIT_AHEAD_BYTES: u64 = 4 << 20;
-/// How far before the first reader's member such a flight starts.
-pub(super) const SPLIT_BACK_BYTES: u64 = 1 << 20;
+/// first one's wait for the bytes ahead of it is short: 512 KiB is ~1 ms
+/// through one connection at 600 MB/s, against a first file's budget of
+/// 60 ms at RTT 50 ms of which the round trip and the store's time to its
+/// first byte take ~57 (issue #12). At 4 MiB, a walk of a directory a
+/// few MiB into its pack waited ~7 ms more for bytes it never read.
+pub(super) const SPLIT_AHEAD_BYTES: u64 = 512 << 10;
+/// How far before the first reader's member such a flight starts, so that
+/// readers of the files just before it share the flight (a walk's first
+/// read is its directory's first file, which needs none).
+pub(super) const SPLIT_BACK_BYTES: u64 = 128 << 10;
 
 /// Run packs (a large file's, [`crate::pack::is_run_pack`]) one fetcher
 /// downloads at once. A flight keeps every member it brought until its

@@ -4,6 +4,17 @@
 
 use super::*;
 
+/// Directories [`SnapshotFs::warm_dir`] looks into for a walk's first
+/// file, at most (the search stays short, and a tree thousands of levels
+/// deep cannot make it deep).
+pub(super) const WARM_DIRS: usize = 64;
+
+/// A file whose read [`SnapshotFs::warm_dir`] may start: small (a large
+/// file's chunks come down only when read).
+fn warmable(e: &Entry) -> bool {
+    matches!(e.kind, Kind::File | Kind::Executable) && !e.chunked
+}
+
 /// Picks names of a directory (those a READDIRPLUS reply may hold).
 pub type NamePicker<'a> = dyn Fn(&[u8]) -> bool + 'a;
 
@@ -156,35 +167,67 @@ impl SnapshotFs {
             .collect()
     }
 
-    /// Starts the download of the pack that holds the first small file of
-    /// directory `ino` in name order (the one a walk reads first), without
-    /// waiting: see [`Fetcher::warm`]. For a directory's first listing;
-    /// a file already changed in the upper layer is passed over. Whether a
-    /// download started. Must be called within a tokio runtime.
+    /// Starts the download of the pack that holds the first small file a
+    /// walk from directory `ino` reads, without waiting: see
+    /// [`Fetcher::warm`]. For a directory's first listing; a file already
+    /// changed in the upper layer is passed over. Whether a download
+    /// started. Must be called within a tokio runtime.
+    ///
+    /// The file is the one a top-down walk in name order reaches first:
+    /// the directory's own first small file, or else the first one below
+    /// its first subdirectory that has any (a tree of directories that hold
+    /// only directories near the top, such as `src/a/b/file`, then starts
+    /// its download on the first listing, not on the third). At most
+    /// [`WARM_DIRS`] directories are looked into.
     ///
     /// Cheap enough to come before the listing itself: a directory not yet
-    /// expanded is read from its tree in memory, with no node made.
+    /// expanded is read from its tree in memory, with no node made, and a
+    /// tree not in memory ends the search there.
     pub fn warm_dir(&self, ino: u64) -> bool {
-        let small = |e: &Entry| matches!(e.kind, Kind::File | Kind::Executable) && !e.chunked;
-        let tree = {
+        let first = {
             let st = self.st();
-            let Ok(n) = st.get(ino) else { return false };
-            match &n.body {
-                Body::Dir { children: Some(kids), .. } => {
-                    let first = kids.values().find_map(|c| match &st.get(*c).ok()?.body {
-                        Body::Lower(e) if small(e) => Some(e.id),
-                        _ => None,
-                    });
-                    return first.is_some_and(|id| self.fetcher.warm(&id));
-                }
-                Body::Dir { children: None, clean: Some(id), .. } => *id,
-                _ => return false,
-            }
+            let mut budget = WARM_DIRS;
+            self.first_small_below(&st, ino, &mut budget)
         };
-        // Not expanded: its tree, if in memory (else the listing fetches it
-        // and calls again).
-        let Some(t) = self.tree_now(&tree) else { return false };
-        t.entries.iter().find(|e| small(e)).is_some_and(|e| self.fetcher.warm(&e.id))
+        first.is_some_and(|id| self.fetcher.warm(&id))
+    }
+
+    /// The first small file of a top-down walk of node `ino` (see
+    /// [`Self::warm_dir`]); `budget` counts the directories looked into.
+    fn first_small_below(&self, st: &State, ino: u64, budget: &mut usize) -> Option<Hash> {
+        if *budget == 0 {
+            return None;
+        }
+        *budget -= 1;
+        match &st.get(ino).ok()?.body {
+            Body::Dir { children: Some(kids), .. } => {
+                let mut dirs = Vec::new();
+                for c in kids.values() {
+                    match st.get(*c).map(|n| &n.body) {
+                        Ok(Body::Lower(e)) if warmable(e) => return Some(e.id),
+                        Ok(Body::Dir { .. }) => dirs.push(*c),
+                        _ => {}
+                    }
+                }
+                dirs.into_iter().find_map(|d| self.first_small_below(st, d, budget))
+            }
+            Body::Dir { children: None, clean: Some(id), .. } => self.first_small_in(id, budget),
+            _ => None,
+        }
+    }
+
+    /// [`Self::first_small_below`] for a directory not expanded: its tree,
+    /// when in memory.
+    fn first_small_in(&self, tree: &Hash, budget: &mut usize) -> Option<Hash> {
+        if *budget == 0 {
+            return None;
+        }
+        *budget -= 1;
+        let t = self.tree_now(tree)?;
+        if let Some(e) = t.entries.iter().find(|e| warmable(e)) {
+            return Some(e.id);
+        }
+        t.entries.iter().filter(|e| e.kind == Kind::Directory).find_map(|e| self.first_small_in(&e.id, budget))
     }
 
     /// Entries of a directory with their attributes.
