@@ -309,3 +309,70 @@ async fn warm_dir_starts_the_pack_of_a_directorys_first_small_file() {
     assert_eq!(&fs.read(&h, 0, 100).await.unwrap()[..], b"d b\n");
     assert_eq!(remote.stats().since(&before).requests(), 1, "the small files' pack, not the large file's");
 }
+
+/// A large file read in order through a mount that asked for whole copies
+/// (`set_assemble`): a read of its first MiB keeps nothing and leaves no
+/// file behind; reads in order past half the file keep a copy at close
+/// (the rest filled in), as does a whole read, under the file's content
+/// hash, byte for byte the file; a later open gets it as its backing. A
+/// mount that did not ask keeps none. (Chunks the read-ahead loaded count
+/// as written, so the cases stay clear of the half.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_file_read_in_order_is_kept_whole_past_half_of_it() {
+    let t = tempfile::tempdir().unwrap();
+    let repo = t.path().join("repo");
+    std::fs::create_dir_all(&repo).unwrap();
+    let big: Vec<u8> = (0..(12u32 << 20)).map(|i| (i.wrapping_mul(2246822519) >> 11) as u8).collect();
+    std::fs::write(repo.join("big.bin"), &big).unwrap();
+    git(&repo, &["init", "-q"]);
+    git(&repo, &["add", "-A"]);
+    git(&repo, &["commit", "-qm", "x"]);
+    let remote =
+        Arc::new(Remote::open(&format!("file://{}/store", t.path().display()), &OpenOptions::default()).unwrap());
+    let cache = Arc::new(DiskCache::open(t.path().join("cache"), None).unwrap());
+    let root = import_head(&remote, &cache, &repo).await;
+    let content = mado_core::Hash::of(&big);
+
+    // Reads `part` of the file in order, 128 KiB at a time, then closes.
+    async fn read_in_order(fs: &SnapshotFs, ino: u64, part: usize, big: &[u8]) -> OpenFile {
+        let h = fs.open(ino).await.unwrap();
+        let mut off = 0;
+        while off < part {
+            let got = fs.read(&h, off as u64, 128 << 10).await.unwrap();
+            assert!(got[..] == big[off..(off + got.len())], "read at {off}");
+            off += got.len();
+        }
+        fs.close_chunked(&h).await;
+        h
+    }
+    let open = |cache: &Arc<DiskCache>, assemble: bool| {
+        let fs = SnapshotFs::new(Fetcher::new(remote.clone(), cache.clone()), root, 0);
+        fs.set_assemble(assemble);
+        fs
+    };
+    let builds = |cache: &DiskCache| std::fs::read_dir(cache.build_dir().unwrap()).unwrap().count();
+
+    let all = big.len();
+    for (assemble, part, kept) in
+        [(true, 1 << 20, false), (false, all, false), (true, 7 << 20, true), (true, all, true)]
+    {
+        let cache = Arc::new(DiskCache::open(t.path().join(format!("c-{assemble}-{part}")), None).unwrap());
+        let fs = open(&cache, assemble);
+        let ino = fs.lookup(ROOT_INO, b"big.bin").await.unwrap().ino;
+        let h = read_in_order(&fs, ino, part, &big).await;
+        assert!(matches!(h, OpenFile::Chunked { backing: None, .. }));
+        assert_eq!(fs.wait_assemblies(std::time::Duration::from_secs(20)), 0);
+        let case = format!("assemble {assemble}, {part} bytes read");
+        assert_eq!(fs.files_assembled(), kept as u64, "{case}");
+        assert_eq!(cache.entry_path(&content).exists(), kept, "{case}");
+        assert_eq!(builds(&cache), 0, "{case}: a build left behind");
+        if kept {
+            assert!(std::fs::read(cache.entry_path(&content)).unwrap() == big, "{case}: the copy differs");
+            let again = fs.open(ino).await.unwrap();
+            assert!(
+                matches!(&again, OpenFile::Chunked { backing: Some(p), .. } if *p == cache.entry_path(&content)),
+                "{case}"
+            );
+        }
+    }
+}
