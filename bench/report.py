@@ -414,7 +414,9 @@ class Report:
             "as no proxy stands between mado and the embedded store. The mount rows are a read-only `mado "
             f"mount` of the MinIO store at RTT {J_RTT} ms, set up untimed (and the file looked up) before the "
             "page cache is dropped: `cat FILE > /dev/null` with an empty mado cache (cold) or one filled by an "
-            "earlier mount's read (warm), and one 4 KiB `pread` (open, read, close) "
+            "earlier mount's read (warm: that read kept a whole copy of the file in the cache, and the warm "
+            "`cat` passes through to it; DESIGN.md, \"A whole copy for passthrough\"), and one 4 KiB `pread` "
+            "(open, read, close) "
             + (f"at {' / '.join(f'{x / (1 << 20):g}' for x in dict.fromkeys(at))} MiB into the file" if at else
                "200 MiB into the file (half-way into a smaller one)")
             + " on a fresh mount with an empty cache, checked against the file's bytes.",
