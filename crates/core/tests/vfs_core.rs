@@ -227,9 +227,10 @@ async fn writable_fs_edits_build_the_tree_git_builds() {
 
 /// `SnapshotFs::warm_dir` (a mount's first listing of a directory) starts
 /// the pack of the directory's first small file in name order, passing
-/// over a large file (its manifest leads to its own run packs), whether the directory is expanded yet or
-/// not; a directory with no file, or a file, starts nothing; and what it
-/// brought is then read with no request.
+/// over a large file (its manifest leads to its own run packs), whether
+/// the directory is expanded yet or not; a directory with no file of its
+/// own, that of the first file below it; a file starts nothing; and what
+/// it brought is then read with no request.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn warm_dir_starts_the_pack_of_a_directorys_first_small_file() {
     let t = tempfile::tempdir().unwrap();
@@ -276,12 +277,24 @@ async fn warm_dir_starts_the_pack_of_a_directorys_first_small_file() {
         }
     };
 
+    // A directory with no file of its own: the first file below it (what
+    // a top-down walk reads first), from trees in memory.
+    let (f, fs) = fresh("c0").await;
+    let only = fs.lookup_now(ROOT_INO, b"only").unwrap().unwrap();
+    let before = remote.stats();
+    assert!(fs.warm_dir(only.ino), "a directory of directories");
+    f.drain().await;
+    assert_eq!(remote.stats().since(&before).ranged_gets, 1);
+    let sub = fs.lookup(only.ino, b"sub").await.unwrap();
+    let x = fs.lookup(sub.ino, b"x").await.unwrap();
+    let h = fs.open(x.ino).await.unwrap();
+    assert_eq!(&fs.read(&h, 0, 100).await.unwrap()[..], b"x\n");
+    assert_eq!(remote.stats().since(&before).requests(), 1, "the file came with the warm");
+
     // Not expanded: read from its tree.
     let (f, fs) = fresh("c1").await;
-    let only = fs.lookup_now(ROOT_INO, b"only").unwrap().unwrap();
     let d = fs.lookup_now(ROOT_INO, b"d").unwrap().unwrap();
     let before = remote.stats();
-    assert!(!fs.warm_dir(only.ino), "a directory with no file");
     let file = fs.lookup_now(d.ino, b"b.txt").unwrap().unwrap();
     assert!(!fs.warm_dir(file.ino), "a file");
     let e = fs.lookup_now(ROOT_INO, b"e").unwrap().unwrap();

@@ -520,14 +520,24 @@ impl Fetcher {
     /// caller holds the pack's flock.
     /// Returns how many members verified and were handed over.
     async fn fetch_span(&self, pack: &PackEntry, lo: usize, hi: usize, sink: Sink<'_>, bulk: bool) -> usize {
-        // Without a cache file (an unwritable cache) readers are still served.
-        let writer = self.cache.pack_writer(&pack.id).ok().map(Arc::new);
+        // The GET goes out first; the cache file is made while it is on its
+        // way (a cold cache's directories cost disk reads: a first read
+        // waited for them before its round trip began). Without a cache
+        // file (an unwritable cache) readers are still served.
+        let (base, end) = (pack.members[lo].offset, pack.members[hi].offset + pack.members[hi].stored_len);
+        let (stream, writer) = tokio::join!(self.remote.pack_stream(&pack.id, base..end), async {
+            self.cache.pack_writer(&pack.id).ok().map(Arc::new)
+        });
         let mut handed = 0;
         let mut counting = |i: usize, b: Option<Bytes>| {
             handed += usize::from(b.is_some());
             sink(i, b)
         };
-        let streamed = self.stream_pack(pack, &mut counting, lo, hi, writer.clone(), bulk).await;
+        let streamed = match stream {
+            Ok(stream) => self.stream_pack(pack, stream, &mut counting, lo, hi, writer.clone(), bulk).await,
+            Err(Error::NotFound(_)) => Err("missing from the store (swept?)".to_string()),
+            Err(e) => Err(format!("GET failed: {e}")),
+        };
         if let (Some(w), Ok(good)) = (&writer, &streamed) {
             if !good.is_empty() {
                 let _ = w.commit(&self.cache, good);
@@ -554,18 +564,14 @@ impl Fetcher {
     async fn stream_pack(
         &self,
         pack: &PackEntry,
+        mut stream: futures::stream::BoxStream<'static, Result<Bytes>>,
         sink: Sink<'_>,
         lo: usize,
         hi: usize,
         writer: Option<Arc<crate::cache::PackWriter>>,
         bulk: bool,
     ) -> std::result::Result<Vec<crate::pack::Member>, String> {
-        let (first, last) = (&pack.members[lo], &pack.members[hi]);
-        let (base, end) = (first.offset, last.offset + last.stored_len);
-        let mut stream = self.remote.pack_stream(&pack.id, base..end).await.map_err(|e| match e {
-            Error::NotFound(_) => "missing from the store (swept?)".to_string(),
-            e => format!("GET failed: {e}"),
-        })?;
+        let (base, end) = (pack.members[lo].offset, pack.members[hi].offset + pack.members[hi].stored_len);
         // `pending` holds the pack's bytes from offset `at`, as the network
         // delivered them. Complete members leave it as one segment, decoded
         // and verified on a blocking thread (a few segments at once, so
