@@ -327,9 +327,11 @@ async fn warm_dir_starts_the_pack_of_a_directorys_first_small_file() {
 /// (`set_assemble`): a read of its first MiB keeps nothing and leaves no
 /// file behind; reads in order past half the file keep a copy at close
 /// (the rest filled in), as does a whole read, under the file's content
-/// hash, byte for byte the file; a later open gets it as its backing. A
-/// mount that did not ask keeps none. (Chunks the read-ahead loaded count
-/// as written, so the cases stay clear of the half.)
+/// hash, byte for byte the file; a later open gets it as its backing and
+/// builds no other. A mount that did not ask keeps none, nor a workspace's
+/// mount, nor a capped cache the file takes over a quarter of. (Chunks the
+/// read-ahead loaded count as written, so the cases stay clear of the
+/// half.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_file_read_in_order_is_kept_whole_past_half_of_it() {
     let t = tempfile::tempdir().unwrap();
@@ -358,34 +360,48 @@ async fn a_large_file_read_in_order_is_kept_whole_past_half_of_it() {
         fs.close_chunked(&h).await;
         h
     }
-    let open = |cache: &Arc<DiskCache>, assemble: bool| {
-        let fs = SnapshotFs::new(Fetcher::new(remote.clone(), cache.clone()), root, 0);
-        fs.set_assemble(assemble);
-        fs
-    };
     let builds = |cache: &DiskCache| std::fs::read_dir(cache.build_dir().unwrap()).unwrap().count();
 
+    // (writable mount, asked for copies, bytes read in order, cache cap, kept)
     let all = big.len();
-    for (assemble, part, kept) in
-        [(true, 1 << 20, false), (false, all, false), (true, 7 << 20, true), (true, all, true)]
-    {
-        let cache = Arc::new(DiskCache::open(t.path().join(format!("c-{assemble}-{part}")), None).unwrap());
-        let fs = open(&cache, assemble);
+    let len = all as u64;
+    let cases = [
+        (false, true, 1 << 20, None, false),
+        (false, false, all, None, false),
+        (false, true, 7 << 20, None, true),
+        (false, true, all, None, true),
+        // A workspace's mount keeps none (its files are the upper layer's).
+        (true, true, all, None, false),
+        // A capped cache: only a file of at most a quarter of the cap.
+        (false, true, all, Some(4 * len), true),
+        (false, true, all, Some(4 * len - 4), false),
+    ];
+    for (n, (writable, assemble, part, cap, kept)) in cases.into_iter().enumerate() {
+        let case = format!("case {n}: writable {writable}, assemble {assemble}, {part} bytes read, cap {cap:?}");
+        let cache = Arc::new(DiskCache::open(t.path().join(format!("c{n}")), cap).unwrap());
+        let f = Fetcher::new(remote.clone(), cache.clone());
+        let fs = match writable {
+            true => SnapshotFs::writable(f, root, 0, t.path().join(format!("upper{n}")), None).unwrap(),
+            false => SnapshotFs::new(f, root, 0),
+        };
+        fs.set_assemble(assemble);
         let ino = fs.lookup(ROOT_INO, b"big.bin").await.unwrap().ino;
         let h = read_in_order(&fs, ino, part, &big).await;
-        assert!(matches!(h, OpenFile::Chunked { backing: None, .. }));
+        assert!(matches!(h, OpenFile::Chunked { backing: None, .. }), "{case}");
         assert_eq!(fs.wait_assemblies(std::time::Duration::from_secs(20)), 0);
-        let case = format!("assemble {assemble}, {part} bytes read");
         assert_eq!(fs.files_assembled(), kept as u64, "{case}");
         assert_eq!(cache.entry_path(&content).exists(), kept, "{case}");
         assert_eq!(builds(&cache), 0, "{case}: a build left behind");
         if kept {
             assert!(std::fs::read(cache.entry_path(&content)).unwrap() == big, "{case}: the copy differs");
-            let again = fs.open(ino).await.unwrap();
+            // A later open reads through the copy, and builds no other.
+            let again = read_in_order(&fs, ino, all, &big).await;
             assert!(
                 matches!(&again, OpenFile::Chunked { backing: Some(p), .. } if *p == cache.entry_path(&content)),
                 "{case}"
             );
+            assert_eq!(fs.wait_assemblies(std::time::Duration::from_secs(20)), 0);
+            assert_eq!(fs.files_assembled(), 1, "{case}: built twice");
         }
     }
 }
