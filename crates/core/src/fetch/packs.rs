@@ -534,7 +534,7 @@ impl Fetcher {
             sink(i, b)
         };
         let streamed = match stream {
-            Ok(stream) => self.stream_pack(pack, stream, &mut counting, lo, hi, writer.clone(), bulk).await,
+            Ok(stream) => self.stream_pack(pack, stream, &mut counting, (lo, hi), writer.clone(), bulk).await,
             Err(Error::NotFound(_)) => Err("missing from the store (swept?)".to_string()),
             Err(e) => Err(format!("GET failed: {e}")),
         };
@@ -554,8 +554,9 @@ impl Fetcher {
         handed
     }
 
-    /// Streams members `lo..=hi` of `pack` (one ranged GET) into the
-    /// cache's copy of the pack: the bytes go to one file at their own
+    /// Streams members `lo..=hi` of `pack` (the body of one ranged GET,
+    /// `stream`, over exactly their bytes) into the cache's copy of the
+    /// pack: the bytes go to one file at their own
     /// offsets, in batches written off this task, and the members are
     /// recorded as present once every batch is on disk.
     ///
@@ -566,8 +567,7 @@ impl Fetcher {
         pack: &PackEntry,
         mut stream: futures::stream::BoxStream<'static, Result<Bytes>>,
         sink: Sink<'_>,
-        lo: usize,
-        hi: usize,
+        (lo, hi): (usize, usize),
         writer: Option<Arc<crate::cache::PackWriter>>,
         bulk: bool,
     ) -> std::result::Result<Vec<crate::pack::Member>, String> {
