@@ -246,6 +246,9 @@ async fn warm_dir_starts_the_pack_of_a_directorys_first_small_file() {
         std::fs::write(repo.join(d).join("c.txt"), format!("{d} c\n")).unwrap();
     }
     std::fs::write(repo.join("only/sub/x"), b"x\n").unwrap();
+    // Nothing small anywhere below.
+    std::fs::create_dir_all(repo.join("bigonly/sub")).unwrap();
+    std::fs::write(repo.join("bigonly/sub/a-big.bin"), &big).unwrap();
     git(&repo, &["init", "-q"]);
     git(&repo, &["add", "-A"]);
     git(&repo, &["commit", "-qm", "x"]);
@@ -290,6 +293,22 @@ async fn warm_dir_starts_the_pack_of_a_directorys_first_small_file() {
     let h = fs.open(x.ino).await.unwrap();
     assert_eq!(&fs.read(&h, 0, 100).await.unwrap()[..], b"x\n");
     assert_eq!(remote.stats().since(&before).requests(), 1, "the file came with the warm");
+    // The same with the directories expanded (their nodes, not their trees).
+    let (f, fs) = fresh("c0b").await;
+    let only = fs.lookup_now(ROOT_INO, b"only").unwrap().unwrap();
+    fs.lookup(fs.lookup(only.ino, b"sub").await.unwrap().ino, b"x").await.unwrap();
+    let before = remote.stats();
+    assert!(fs.warm_dir(only.ino), "a directory of directories, expanded");
+    f.drain().await;
+    assert_eq!(remote.stats().since(&before).ranged_gets, 1);
+    // Only a large file below: nothing to start, expanded or not.
+    let (_, fs) = fresh("c0c").await;
+    let bigonly = fs.lookup_now(ROOT_INO, b"bigonly").unwrap().unwrap();
+    let before = remote.stats();
+    assert!(!fs.warm_dir(bigonly.ino), "no small file below");
+    fs.lookup(fs.lookup(bigonly.ino, b"sub").await.unwrap().ino, b"a-big.bin").await.unwrap();
+    assert!(!fs.warm_dir(bigonly.ino), "no small file below, expanded");
+    assert_eq!(remote.stats().since(&before).requests(), 0);
 
     // Not expanded: read from its tree.
     let (f, fs) = fresh("c1").await;

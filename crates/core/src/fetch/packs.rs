@@ -520,14 +520,18 @@ impl Fetcher {
     /// caller holds the pack's flock.
     /// Returns how many members verified and were handed over.
     async fn fetch_span(&self, pack: &PackEntry, lo: usize, hi: usize, sink: Sink<'_>, bulk: bool) -> usize {
-        // The GET goes out first; the cache file is made while it is on its
-        // way (a cold cache's directories cost disk reads: a first read
-        // waited for them before its round trip began). Without a cache
-        // file (an unwritable cache) readers are still served.
+        // The GET goes out first; the cache file is made on a blocking
+        // thread while it is on its way (a cold cache's directories cost
+        // disk reads: a first read waited for them before its round trip
+        // began). Made on this task instead, it would still hold the GET
+        // back: the HTTP client's connection task, woken from here, runs
+        // only when this worker is free. Without a cache file (an
+        // unwritable cache) readers are still served.
         let (base, end) = (pack.members[lo].offset, pack.members[hi].offset + pack.members[hi].stored_len);
-        let (stream, writer) = tokio::join!(self.remote.pack_stream(&pack.id, base..end), async {
-            self.cache.pack_writer(&pack.id).ok().map(Arc::new)
-        });
+        let (cache, id) = (self.cache.clone(), pack.id);
+        let making = tokio::task::spawn_blocking(move || cache.pack_writer(&id).ok().map(Arc::new));
+        let (stream, writer) = tokio::join!(self.remote.pack_stream(&pack.id, base..end), making);
+        let writer = writer.ok().flatten();
         let mut handed = 0;
         let mut counting = |i: usize, b: Option<Bytes>| {
             handed += usize::from(b.is_some());

@@ -9,6 +9,17 @@ use super::*;
 /// deep cannot make it deep).
 pub(super) const WARM_DIRS: usize = 64;
 
+/// What [`SnapshotFs::warm_dir`]'s search found below a directory.
+enum Below {
+    /// The first small file a top-down walk reads.
+    Found(Hash),
+    /// No small file anywhere below: the walk goes on to the next sibling.
+    Nothing,
+    /// Unknown (a tree not in memory, or the budget spent): the search
+    /// ends, rather than start a file the walk reads later.
+    Stop,
+}
+
 /// A file whose read [`SnapshotFs::warm_dir`] may start: small (a large
 /// file's chunks come down only when read).
 fn warmable(e: &Entry) -> bool {
@@ -189,45 +200,57 @@ impl SnapshotFs {
             let mut budget = WARM_DIRS;
             self.first_small_below(&st, ino, &mut budget)
         };
-        first.is_some_and(|id| self.fetcher.warm(&id))
+        matches!(first, Below::Found(id) if self.fetcher.warm(&id))
     }
 
     /// The first small file of a top-down walk of node `ino` (see
     /// [`Self::warm_dir`]); `budget` counts the directories looked into.
-    fn first_small_below(&self, st: &State, ino: u64, budget: &mut usize) -> Option<Hash> {
+    fn first_small_below(&self, st: &State, ino: u64, budget: &mut usize) -> Below {
+        let kids = match st.get(ino).map(|n| &n.body) {
+            Ok(Body::Dir { children: Some(kids), .. }) => kids,
+            Ok(Body::Dir { children: None, clean: Some(id), .. }) => return self.first_small_in(id, budget),
+            Ok(_) => return Below::Nothing,
+            Err(_) => return Below::Stop,
+        };
         if *budget == 0 {
-            return None;
+            return Below::Stop;
         }
         *budget -= 1;
-        match &st.get(ino).ok()?.body {
-            Body::Dir { children: Some(kids), .. } => {
-                let mut dirs = Vec::new();
-                for c in kids.values() {
-                    match st.get(*c).map(|n| &n.body) {
-                        Ok(Body::Lower(e)) if warmable(e) => return Some(e.id),
-                        Ok(Body::Dir { .. }) => dirs.push(*c),
-                        _ => {}
-                    }
-                }
-                dirs.into_iter().find_map(|d| self.first_small_below(st, d, budget))
-            }
-            Body::Dir { children: None, clean: Some(id), .. } => self.first_small_in(id, budget),
+        let body = |c: &u64| st.get(*c).map(|n| &n.body);
+        if let Some(e) = kids.values().find_map(|c| match body(c) {
+            Ok(Body::Lower(e)) if warmable(e) => Some(e),
             _ => None,
+        }) {
+            return Below::Found(e.id);
         }
+        for c in kids.values().filter(|c| matches!(body(c), Ok(Body::Dir { .. }))) {
+            match self.first_small_below(st, *c, budget) {
+                Below::Nothing => {}
+                found_or_stop => return found_or_stop,
+            }
+        }
+        Below::Nothing
     }
 
     /// [`Self::first_small_below`] for a directory not expanded: its tree,
-    /// when in memory.
-    fn first_small_in(&self, tree: &Hash, budget: &mut usize) -> Option<Hash> {
+    /// when in memory (a tree that is not ends the search: the walk would
+    /// read what is in it first).
+    fn first_small_in(&self, tree: &Hash, budget: &mut usize) -> Below {
         if *budget == 0 {
-            return None;
+            return Below::Stop;
         }
         *budget -= 1;
-        let t = self.tree_now(tree)?;
+        let Some(t) = self.tree_now(tree) else { return Below::Stop };
         if let Some(e) = t.entries.iter().find(|e| warmable(e)) {
-            return Some(e.id);
+            return Below::Found(e.id);
         }
-        t.entries.iter().filter(|e| e.kind == Kind::Directory).find_map(|e| self.first_small_in(&e.id, budget))
+        for e in t.entries.iter().filter(|e| e.kind == Kind::Directory) {
+            match self.first_small_in(&e.id, budget) {
+                Below::Nothing => {}
+                found_or_stop => return found_or_stop,
+            }
+        }
+        Below::Nothing
     }
 
     /// Entries of a directory with their attributes.
