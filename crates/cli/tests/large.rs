@@ -367,3 +367,61 @@ fn a_large_file_read_whole_is_kept_whole_and_later_opens_pass_through() {
     let _ = m.run(&["umount", mnt.to_str().unwrap()]);
     let _ = Command::new("fusermount3").arg("-uz").arg(&mnt).output();
 }
+
+/// A whole copy changed between its last chunk's write and its hash (a
+/// stray writer into the cache's build folder) is not kept: the hash over
+/// the whole file decides, not the checks of the chunks that went in, and
+/// the build is removed. The reader got the right bytes all along.
+#[test]
+fn a_whole_copy_changed_before_its_hash_is_not_kept() {
+    if !fuse_usable() {
+        return;
+    }
+    let m = Mado::local();
+    let repo = m.dir.path().join("repo");
+    std::fs::create_dir_all(&repo).unwrap();
+    git(&repo, &["init", "-q", "-b", "main"]);
+    let src = repo.join("big.bin");
+    write_random(&src, 24 << 20, 9);
+    git(&repo, &["add", "-A"]);
+    git(&repo, &["commit", "-q", "-m", "big"]);
+    m.ok(&["import-git", repo.to_str().unwrap()]);
+    let want = mado_core::Hash::of(&std::fs::read(&src).unwrap()).to_hex();
+    let copy = m.cache_dir().join("objects").join(&want[..2]).join(&want);
+    std::fs::remove_dir_all(m.cache_dir()).unwrap();
+    let builds = m.cache_dir().join("tmp");
+    let building = || std::fs::read_dir(&builds).map(|d| d.count()).unwrap_or(0);
+
+    let fifo = m.dir.path().join("pause");
+    assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let mnt = m.dir.path().join("mnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let o = m
+        .cmd(&["mount", "main", mnt.to_str().unwrap()])
+        .env("MADO_PAUSE", "assembly-before-hash")
+        .env("MADO_PAUSE_FIFO", &fifo)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let stats = || m.json(&["stats", mnt.to_str().unwrap()]);
+    if stats()["passthrough"] != true {
+        let _ = m.run(&["umount", mnt.to_str().unwrap()]);
+        return;
+    }
+    assert!(same_bytes(&mnt.join("big.bin"), &src), "the read that builds the copy");
+    let marker = m.dir.path().join("pause.paused");
+    eventually("the copy to reach its hash", || marker.exists());
+    let built: Vec<_> = std::fs::read_dir(&builds).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(built.len(), 1, "{built:?}");
+    std::os::unix::fs::FileExt::write_all_at(
+        &std::fs::OpenOptions::new().write(true).open(&built[0]).unwrap(),
+        &[0u8; 4096],
+        8 << 20,
+    )
+    .unwrap();
+    std::fs::write(&fifo, b"go").unwrap();
+    eventually("the changed copy to go", || building() == 0);
+    assert!(!copy.exists(), "a copy that is not the file was kept");
+    assert_eq!(stats()["files_assembled"], 0);
+    let _ = m.run(&["umount", mnt.to_str().unwrap()]);
+}
