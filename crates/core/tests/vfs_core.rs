@@ -246,6 +246,12 @@ async fn warm_dir_starts_the_pack_of_a_directorys_first_small_file() {
         std::fs::write(repo.join(d).join("c.txt"), format!("{d} c\n")).unwrap();
     }
     std::fs::write(repo.join("only/sub/x"), b"x\n").unwrap();
+    // A file 10 and 70 directories down: the search looks into at most 64.
+    for (top, depth) in [("shallow", 10), ("deep", 70)] {
+        let dir = (0..depth).fold(repo.join(top), |p, _| p.join("d"));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("x"), top).unwrap();
+    }
     // Nothing small anywhere below.
     std::fs::create_dir_all(repo.join("bigonly/sub")).unwrap();
     std::fs::write(repo.join("bigonly/sub/a-big.bin"), &big).unwrap();
@@ -309,6 +315,23 @@ async fn warm_dir_starts_the_pack_of_a_directorys_first_small_file() {
     fs.lookup(fs.lookup(bigonly.ino, b"sub").await.unwrap().ino, b"a-big.bin").await.unwrap();
     assert!(!fs.warm_dir(bigonly.ino), "no small file below, expanded");
     assert_eq!(remote.stats().since(&before).requests(), 0);
+
+    // A walk's first file 10 directories down is started; 70 down, the
+    // search gives up (a tree thousands of levels deep costs no more).
+    let (_, fs) = fresh("c0d").await;
+    let deep = fs.lookup_now(ROOT_INO, b"deep").unwrap().unwrap();
+    assert!(!fs.warm_dir(deep.ino), "70 directories down");
+    let shallow = fs.lookup_now(ROOT_INO, b"shallow").unwrap().unwrap();
+    assert!(fs.warm_dir(shallow.ino), "10 directories down");
+    // The same with every directory down the chain expanded (its nodes).
+    let (_, fs) = fresh("c0e").await;
+    let deep = fs.lookup_now(ROOT_INO, b"deep").unwrap().unwrap();
+    let mut at = deep.ino;
+    for _ in 0..70 {
+        at = fs.lookup(at, b"d").await.unwrap().ino;
+    }
+    fs.lookup(at, b"x").await.unwrap();
+    assert!(!fs.warm_dir(deep.ino), "70 directories down, expanded");
 
     // Not expanded: read from its tree.
     let (f, fs) = fresh("c1").await;
