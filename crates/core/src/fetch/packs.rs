@@ -137,8 +137,8 @@ impl Fetcher {
         let mut idx = pack.members.iter().enumerate().filter(|(_, m)| w.contains(&m.id)).map(|(i, _)| i);
         let Some(lo) = idx.next() else { return all };
         let hi = idx.next_back().unwrap_or(lo);
-        let (a, b) = (&pack.members[lo], &pack.members[hi]);
-        let span = (b.offset + b.stored_len - a.offset) as f64;
+        let r = pack.members_range(lo, hi);
+        let span = (r.end - r.start) as f64;
         if span < PARTIAL_PACK_SHARE * (pack.size - pack.header_len) as f64 {
             (lo, hi)
         } else {
@@ -527,10 +527,9 @@ impl Fetcher {
         // back: the HTTP client's connection task, woken from here, runs
         // only when this worker is free. Without a cache file (an
         // unwritable cache) readers are still served.
-        let (base, end) = (pack.members[lo].offset, pack.members[hi].offset + pack.members[hi].stored_len);
         let (cache, id) = (self.cache.clone(), pack.id);
         let making = tokio::task::spawn_blocking(move || cache.pack_writer(&id).ok().map(Arc::new));
-        let (stream, writer) = tokio::join!(self.remote.pack_stream(&pack.id, base..end), making);
+        let (stream, writer) = tokio::join!(self.remote.pack_stream(&pack.id, pack.members_range(lo, hi)), making);
         let writer = writer.ok().flatten();
         let mut handed = 0;
         let mut counting = |i: usize, b: Option<Bytes>| {
@@ -575,7 +574,7 @@ impl Fetcher {
         writer: Option<Arc<crate::cache::PackWriter>>,
         bulk: bool,
     ) -> std::result::Result<Vec<crate::pack::Member>, String> {
-        let (base, end) = (pack.members[lo].offset, pack.members[hi].offset + pack.members[hi].stored_len);
+        let std::ops::Range { start: base, end } = pack.members_range(lo, hi);
         // `pending` holds the pack's bytes from offset `at`, as the network
         // delivered them. Complete members leave it as one segment, decoded
         // and verified on a blocking thread (a few segments at once, so

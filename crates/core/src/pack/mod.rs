@@ -91,6 +91,14 @@ pub struct PackEntry {
     pub members: Vec<Member>,
 }
 
+impl PackEntry {
+    /// The bytes of members `lo..=hi` in the pack (one ranged GET's range).
+    pub fn members_range(&self, lo: usize, hi: usize) -> std::ops::Range<u64> {
+        let last = &self.members[hi];
+        self.members[lo].offset..last.offset + last.stored_len
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
     PerDir = 1,

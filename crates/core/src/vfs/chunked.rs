@@ -324,21 +324,6 @@ impl SnapshotFs {
     }
 }
 
-/// A whole copy of a chunked file, built in the disk cache from the chunks
-/// its readers load, so that later opens of the file can be passed through
-/// to the kernel (reads at the local disk's speed, no daemon in the way):
-/// the "reassembled file kept for hot large files" of issue #19.
-///
-/// Each chunk arrives verified (it is read only through the fetcher) and is
-/// written once at its offset in a file of the cache's build folder, off the
-/// async workers. When every chunk is in, the file is hashed whole and kept
-/// as the cache entry named by the manifest's content hash only if that
-/// hash matches (a manifest whose chunks do not make its content is not
-/// trusted to name a cache entry), then counted and evicted like any entry.
-/// A handle closed before every chunk came (a reader that stopped or went
-/// elsewhere) drops the partial file. Its cost: one more write of the
-/// file's bytes while it is first read, one hash of it at the end, and the
-/// file's size again in the cache.
 /// Files (by content) whose whole copy is being built, and a wake-up for
 /// each that ends.
 #[derive(Default)]
@@ -350,6 +335,23 @@ pub(super) struct Building {
 /// Chunk writes of one whole copy in flight at most (~8 MiB held).
 const ASSEMBLY_WRITES: usize = 8;
 
+/// A whole copy of a chunked file, built in the disk cache from the chunks
+/// its readers load, so that later opens of the file can be passed through
+/// to the kernel (reads at the local disk's speed, no daemon in the way):
+/// the "reassembled file kept for hot large files" of issue #19.
+///
+/// Each chunk arrives verified (it is read only through the fetcher) and is
+/// written once at its offset in a file of the cache's build folder, off the
+/// async workers. When every chunk is in, the file is hashed whole and kept
+/// as the cache entry named by the manifest's content hash only if that
+/// hash matches (a manifest whose chunks do not make its content is not
+/// trusted to name a cache entry), then counted and evicted like any entry.
+/// A handle closed before every chunk came has the rest filled in when at
+/// least half is there, and drops the partial file otherwise (a reader
+/// that stopped early or went elsewhere; see
+/// [`SnapshotFs::close_chunked`]). Its cost: one more write of the
+/// file's bytes while it is first read, one hash of it at the end, and the
+/// file's size again in the cache.
 pub(super) struct Assembly {
     cache: Arc<crate::cache::DiskCache>,
     content: Hash,
