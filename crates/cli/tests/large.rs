@@ -290,30 +290,48 @@ fn eventually(what: &str, mut f: impl FnMut() -> bool) {
     }
 }
 
-#[test]
-fn a_large_file_read_whole_is_kept_whole_and_later_opens_pass_through() {
-    if !fuse_usable() {
-        return;
-    }
+/// A store holding a 24 MiB file of random bytes (`big.bin`, from `seed`)
+/// and a small one, imported, and an empty cache: where the repository's
+/// file is, where the cache would keep its whole copy, and the cache's
+/// build folder.
+struct WholeCopy {
+    m: Mado,
+    src: PathBuf,
+    copy: PathBuf,
+    builds: PathBuf,
+}
+
+fn whole_copy_store(seed: u64) -> WholeCopy {
     let m = Mado::local();
     let repo = m.dir.path().join("repo");
     std::fs::create_dir_all(&repo).unwrap();
     git(&repo, &["init", "-q", "-b", "main"]);
     let src = repo.join("big.bin");
-    write_random(&src, 24 << 20, 5);
+    write_random(&src, 24 << 20, seed);
     std::fs::write(repo.join("small.txt"), b"small\n").unwrap();
     git(&repo, &["add", "-A"]);
     git(&repo, &["commit", "-q", "-m", "big"]);
     m.ok(&["import-git", repo.to_str().unwrap()]);
-    let want = std::fs::read(&src).unwrap();
-    let copy = m
-        .cache_dir()
-        .join("objects")
-        .join(&mado_core::Hash::of(&want).to_hex()[..2])
-        .join(mado_core::Hash::of(&want).to_hex());
+    let content = mado_core::Hash::of(&std::fs::read(&src).unwrap()).to_hex();
+    let copy = m.cache_dir().join("objects").join(&content[..2]).join(&content);
     let builds = m.cache_dir().join("tmp");
-    let building = || std::fs::read_dir(&builds).map(|d| d.count()).unwrap_or(0);
     std::fs::remove_dir_all(m.cache_dir()).unwrap();
+    WholeCopy { m, src, copy, builds }
+}
+
+/// Entries in `dir` (0 when it is not there).
+fn files_in(dir: &Path) -> usize {
+    std::fs::read_dir(dir).map(|d| d.count()).unwrap_or(0)
+}
+
+#[test]
+fn a_large_file_read_whole_is_kept_whole_and_later_opens_pass_through() {
+    if !fuse_usable() {
+        return;
+    }
+    let WholeCopy { m, src, copy, builds } = whole_copy_store(5);
+    let want = std::fs::read(&src).unwrap();
+    let building = || files_in(&builds);
 
     let mnt = m.dir.path().join("mnt");
     std::fs::create_dir_all(&mnt).unwrap();
@@ -377,20 +395,8 @@ fn a_whole_copy_changed_before_its_hash_is_not_kept() {
     if !fuse_usable() {
         return;
     }
-    let m = Mado::local();
-    let repo = m.dir.path().join("repo");
-    std::fs::create_dir_all(&repo).unwrap();
-    git(&repo, &["init", "-q", "-b", "main"]);
-    let src = repo.join("big.bin");
-    write_random(&src, 24 << 20, 9);
-    git(&repo, &["add", "-A"]);
-    git(&repo, &["commit", "-q", "-m", "big"]);
-    m.ok(&["import-git", repo.to_str().unwrap()]);
-    let want = mado_core::Hash::of(&std::fs::read(&src).unwrap()).to_hex();
-    let copy = m.cache_dir().join("objects").join(&want[..2]).join(&want);
-    std::fs::remove_dir_all(m.cache_dir()).unwrap();
-    let builds = m.cache_dir().join("tmp");
-    let building = || std::fs::read_dir(&builds).map(|d| d.count()).unwrap_or(0);
+    let WholeCopy { m, src, copy, builds } = whole_copy_store(9);
+    let building = || files_in(&builds);
 
     let fifo = m.dir.path().join("pause");
     assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());

@@ -27,6 +27,18 @@ fn git(dir: &std::path::Path, args: &[&str]) {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 }
 
+/// Makes `repo` a git repository whose one commit holds its files.
+fn commit_all(repo: &std::path::Path, message: &str) {
+    git(repo, &["init", "-q"]);
+    git(repo, &["add", "-A"]);
+    git(repo, &["commit", "-qm", message]);
+}
+
+/// The embedded store at `dir/store`.
+fn store_in(dir: &std::path::Path) -> Arc<Remote> {
+    Arc::new(Remote::open(&format!("file://{}/store", dir.display()), &OpenOptions::default()).unwrap())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn snapshot_fs_answers_like_the_files() {
     let t = tempfile::tempdir().unwrap();
@@ -37,12 +49,9 @@ async fn snapshot_fs_answers_like_the_files() {
     let big: Vec<u8> = (0..(9u32 << 20)).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
     std::fs::write(repo.join("big.bin"), &big).unwrap();
     std::os::unix::fs::symlink("README", repo.join("link")).unwrap();
-    git(&repo, &["init", "-q"]);
-    git(&repo, &["add", "-A"]);
-    git(&repo, &["commit", "-qm", "x"]);
+    commit_all(&repo, "x");
 
-    let remote =
-        Arc::new(Remote::open(&format!("file://{}/store", t.path().display()), &OpenOptions::default()).unwrap());
+    let remote = store_in(t.path());
     let cache = Arc::new(DiskCache::open(t.path().join("cache"), None).unwrap());
     let opts = mado_core::publish::PackOptions {
         mode: mado_core::pack::Mode::Recursive,
@@ -145,11 +154,8 @@ async fn writable_fs_edits_build_the_tree_git_builds() {
     std::fs::write(repo.join("src/sub/a.rs"), b"fn a() {}\n").unwrap();
     std::fs::write(repo.join("src/b.txt"), b"b\n").unwrap();
     std::os::unix::fs::symlink("README", repo.join("link")).unwrap();
-    git(&repo, &["init", "-q"]);
-    git(&repo, &["add", "-A"]);
-    git(&repo, &["commit", "-qm", "base"]);
-    let remote =
-        Arc::new(Remote::open(&format!("file://{}/store", t.path().display()), &OpenOptions::default()).unwrap());
+    commit_all(&repo, "base");
+    let remote = store_in(t.path());
     let cache = Arc::new(DiskCache::open(t.path().join("cache"), None).unwrap());
     let base = import_head(&remote, &cache, &repo).await;
 
@@ -255,11 +261,8 @@ async fn warm_dir_starts_the_pack_of_a_directorys_first_small_file() {
     // Nothing small anywhere below.
     std::fs::create_dir_all(repo.join("bigonly/sub")).unwrap();
     std::fs::write(repo.join("bigonly/sub/a-big.bin"), &big).unwrap();
-    git(&repo, &["init", "-q"]);
-    git(&repo, &["add", "-A"]);
-    git(&repo, &["commit", "-qm", "x"]);
-    let remote =
-        Arc::new(Remote::open(&format!("file://{}/store", t.path().display()), &OpenOptions::default()).unwrap());
+    commit_all(&repo, "x");
+    let remote = store_in(t.path());
     let opts = mado_core::publish::PackOptions {
         mode: mado_core::pack::Mode::Recursive,
         // Under the large file's size: its chunks go into packs of their
@@ -381,11 +384,8 @@ async fn a_large_file_read_in_order_is_kept_whole_past_half_of_it() {
     std::fs::create_dir_all(&repo).unwrap();
     let big: Vec<u8> = (0..(12u32 << 20)).map(|i| (i.wrapping_mul(2246822519) >> 11) as u8).collect();
     std::fs::write(repo.join("big.bin"), &big).unwrap();
-    git(&repo, &["init", "-q"]);
-    git(&repo, &["add", "-A"]);
-    git(&repo, &["commit", "-qm", "x"]);
-    let remote =
-        Arc::new(Remote::open(&format!("file://{}/store", t.path().display()), &OpenOptions::default()).unwrap());
+    commit_all(&repo, "x");
+    let remote = store_in(t.path());
     let cache = Arc::new(DiskCache::open(t.path().join("cache"), None).unwrap());
     let root = import_head(&remote, &cache, &repo).await;
     let content = mado_core::Hash::of(&big);
