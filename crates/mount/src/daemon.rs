@@ -201,6 +201,11 @@ pub fn run(
         unmount(&mp).map_err(Error::io(format!("cleaning up the dead mount at {}", mp.display())))?;
     }
     let started = Instant::now();
+    // The daemon's code, mapped while the snapshot opens (see `resident`).
+    let mapping = std::thread::Builder::new()
+        .name("mado-map-code".into())
+        .spawn(crate::resident::map_executable)
+        .map_err(Error::io("starting a thread"))?;
     let opened = rt.block_on(async {
         let (id, core, attach, ws, warnings) = if opts.workspace {
             let m = mado_core::workspace::open_mount(&fetcher, &opts.spec, &mp, opts.steal).await?;
@@ -499,6 +504,11 @@ pub fn run(
         _ => Some("cold reads are per-file — run mado pack --recursive".to_string()),
     };
 
+    match mapping.join() {
+        Ok(Ok(n)) => tracing::debug!("mapped {} MiB of the daemon's code", n >> 20),
+        Ok(Err(e)) => tracing::debug!("not mapping the daemon's code: {e}"),
+        Err(_) => tracing::warn!("mapping the daemon's code stopped unexpectedly"),
+    }
     ready(Ok(Ready { snapshot: id.to_hex(), attach: attach.clone(), advisory, warnings }));
     // A workspace's state is saved soon after each change (woken by the
     // change; the short sleep gathers a burst into one write), so a killed

@@ -2,11 +2,13 @@
 //! each mount daemon serves ([`control`]) and what it speaks ([`protocol`]), the
 //! virtio-fs transport that serves the same adapter to VM guests
 //! ([`virtiofs`]), and the daemon that ties a snapshot, the adapter, a
-//! transport and the socket together ([`daemon`]). The filesystem logic
+//! transport and the socket together ([`daemon`]), with its code mapped
+//! before it serves ([`resident`]). The filesystem logic
 //! itself is `mado_core::vfs`.
 
 pub mod control;
 pub mod daemon;
 pub mod fs;
 pub mod protocol;
+pub mod resident;
 pub mod virtiofs;
