@@ -47,14 +47,19 @@ pub(super) struct FlightState {
 }
 
 impl PackFlight {
-    fn arrived(&self, i: usize, b: Option<Bytes>) {
+    /// Member `i` is here (`None`: it failed). Returns whether a reader
+    /// was waiting for it.
+    fn arrived(&self, i: usize, b: Option<Bytes>) -> bool {
         let mut s = self.state.lock().expect("flight lock");
         if let Some(b) = b {
             s.data.insert(i, b);
         }
-        for w in s.waiters.remove(&i).unwrap_or_default() {
+        let waiters = s.waiters.remove(&i).unwrap_or_default();
+        let woke = !waiters.is_empty();
+        for w in waiters {
             let _ = w.send(());
         }
+        woke
     }
 
     fn finish(&self) {
@@ -460,10 +465,10 @@ impl Fetcher {
             return;
         }
         let fl = flight.clone();
-        let mut sink = move |i: usize, b: Option<Bytes>| {
-            fl.arrived(i, b);
-            None
-        };
+        // A reader woken here waits in this worker's LIFO slot until the
+        // flight's task yields: it yields then, so the reader's reply goes
+        // out before the members after it are decoded.
+        let mut sink = move |i: usize, b: Option<Bytes>| fl.arrived(i, b).then(|| tokio::task::yield_now().boxed());
         // A permit bounds downloads only: a flight that finds its span
         // cached ended above without one. Taken under the pack's flock, so
         // a permit's holder waits on nothing but its download.
@@ -635,21 +640,19 @@ impl Fetcher {
             if ready > 0 && (next == stop || ready >= DECODE_BATCH_BYTES || !bulk) {
                 let seg = pending.take(ready);
                 let members: Vec<(usize, crate::pack::Member)> = (first..next).map(|i| (i, pack.members[i])).collect();
-                let (seg2, seg_at) = (seg.clone(), at);
-                let decode = move || -> Decoded {
-                    members
-                        .into_iter()
-                        .map(|(i, m)| {
-                            let from = (m.offset - seg_at) as usize;
-                            (i, m, decode_member_owned(&m, seg2.slice(from..from + m.stored_len as usize)))
-                        })
-                        .collect()
-                };
                 if bulk {
-                    decoding.push_back(tokio::task::spawn_blocking(decode));
+                    let (seg, seg_at) = (seg.clone(), at);
+                    decoding.push_back(tokio::task::spawn_blocking(move || -> Decoded {
+                        members.into_iter().map(|(i, m)| decode_in(i, m, &seg, seg_at)).collect()
+                    }));
                 } else {
-                    for w in deliver(decode(), &mut good, &mut bad) {
-                        w.await;
+                    // Each member is handed over as soon as it decodes: a
+                    // segment can hold a thousand small files, and the
+                    // reader of the first waited for all of them.
+                    for (i, m) in members {
+                        for w in deliver(vec![decode_in(i, m, &seg, at)], &mut good, &mut bad) {
+                            w.await;
+                        }
                     }
                 }
                 if let Some(w) = &writer {
@@ -710,6 +713,18 @@ impl Fetcher {
         }
         Ok(if written { good } else { Vec::new() })
     }
+}
+
+/// Member `i` (`m`) decoded and verified from `seg`, the pack's bytes
+/// from offset `seg_at`.
+fn decode_in(
+    i: usize,
+    m: crate::pack::Member,
+    seg: &Bytes,
+    seg_at: u64,
+) -> (usize, crate::pack::Member, std::result::Result<Bytes, String>) {
+    let from = (m.offset - seg_at) as usize;
+    (i, m, decode_member_owned(&m, seg.slice(from..from + m.stored_len as usize)))
 }
 
 /// A pack's bytes as the network delivered them, not yet cut into
@@ -784,5 +799,66 @@ mod pending_tests {
         }
         assert_eq!(at, data.len());
         assert!(p.parts.is_empty());
+    }
+}
+
+#[cfg(test)]
+mod flight_tests {
+    use super::*;
+    use crate::pack::{build_pack, MemberKind};
+    use std::sync::atomic::AtomicUsize;
+
+    #[test]
+    fn an_arrival_says_whether_a_reader_waited_for_it() {
+        let f = PackFlight::default();
+        let (tx, mut rx) = tokio::sync::oneshot::channel();
+        f.state.lock().unwrap().waiters.entry(3).or_default().push(tx);
+        assert!(!f.arrived(2, Some(Bytes::from_static(b"x"))), "nobody waits for member 2");
+        assert!(rx.try_recv().is_err(), "member 3's reader is still waiting");
+        assert!(f.arrived(3, Some(Bytes::from_static(b"y"))));
+        assert!(rx.try_recv().is_ok(), "member 3's reader is woken");
+        assert!(!f.arrived(3, None), "its waiters went with the first arrival");
+        assert_eq!(f.state.lock().unwrap().data.len(), 2);
+    }
+
+    /// A reader's members arrive in one network read of the whole span
+    /// (as a small pack does): each is handed over, and the wait its
+    /// hand-over asks for is run, before the next one is decoded.
+    #[tokio::test]
+    async fn a_reader_gets_each_member_before_the_next_one_decodes() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("file://{}/store", dir.path().display());
+        let remote = Arc::new(crate::store::Remote::open(&url, &Default::default()).unwrap());
+        let cache = Arc::new(crate::cache::DiskCache::open(dir.path().join("cache"), None).unwrap());
+        let f = Fetcher::new(remote, cache);
+        let raws: Vec<Vec<u8>> = (0..40u8).map(|i| vec![i; 300 + i as usize]).collect();
+        let members: Vec<(Hash, MemberKind, &[u8])> =
+            raws.iter().map(|r| (Hash::of(r), MemberKind::Blob, &r[..])).collect();
+        let (bytes, pack) = build_pack(&members);
+        let (lo, hi) = (0, raws.len() - 1);
+        let span = pack.members_range(lo, hi);
+        let body = Bytes::from(bytes).slice(span.start as usize..span.end as usize);
+        let stream = futures::stream::iter([Ok(body)]).boxed();
+        let handed = Arc::new(AtomicUsize::new(0));
+        let at_wait: Arc<Mutex<Vec<usize>>> = Arc::default();
+        let got: Arc<Mutex<Vec<(usize, Bytes)>>> = Arc::default();
+        let mut sink = {
+            let (handed, at_wait, got) = (handed.clone(), at_wait.clone(), got.clone());
+            move |i: usize, b: Option<Bytes>| -> Option<BoxFuture<'static, ()>> {
+                got.lock().unwrap().push((i, b.expect("a good member")));
+                handed.fetch_add(1, Relaxed);
+                let (handed, at_wait) = (handed.clone(), at_wait.clone());
+                Some(async move { at_wait.lock().unwrap().push(handed.load(Relaxed)) }.boxed())
+            }
+        };
+        let r = f.stream_pack(&pack, stream, &mut sink, (lo, hi), None, false).await;
+        assert!(r.is_ok(), "{r:?}");
+        let got = got.lock().unwrap();
+        assert_eq!(got.len(), raws.len());
+        for (k, (i, b)) in got.iter().enumerate() {
+            assert_eq!((*i, &b[..]), (k, &raws[k][..]), "member {k}, in order, whole");
+        }
+        // Member k's wait ran when k + 1 members had been handed over.
+        assert_eq!(*at_wait.lock().unwrap(), (1..=raws.len()).collect::<Vec<_>>());
     }
 }
