@@ -62,6 +62,12 @@ impl PackFlight {
         woke
     }
 
+    /// The members in `range` a reader waits for now.
+    fn waited(&self, range: std::ops::Range<usize>) -> Vec<usize> {
+        let s = self.state.lock().expect("flight lock");
+        s.waiters.keys().copied().filter(|i| range.contains(i)).collect()
+    }
+
     fn finish(&self) {
         let mut s = self.state.lock().expect("flight lock");
         s.finished = true;
@@ -77,6 +83,17 @@ impl PackFlight {
             }
         }
     }
+}
+
+/// Who takes the members of a span as they arrive.
+#[derive(Clone, Copy)]
+enum Taker<'a> {
+    /// A consumer of every member once, in pack order (a checkout):
+    /// decoded in batches on blocking threads.
+    Bulk,
+    /// Readers, through their flight: each member decoded here as its
+    /// bytes come in, the ones a reader waits for first.
+    Readers(&'a PackFlight),
 }
 
 /// Where [`Fetcher::stream_members`] hands each member (its index in the
@@ -476,7 +493,7 @@ impl Fetcher {
             true => self.run_flights.clone().acquire_owned().await.ok(),
             false => None,
         };
-        self.fetch_span(&pack, lo, hi, &mut sink, false).await;
+        self.fetch_span(&pack, lo, hi, &mut sink, Taker::Readers(&flight)).await;
         self.end_flight(&pack.id, &flight);
     }
 
@@ -512,7 +529,7 @@ impl Fetcher {
         let lock = crate::fsutil::lock_file(lock_path).await.ok();
         let ran = !self.cache.pack_recorded(&pack.id);
         if ran {
-            let n = self.fetch_span(pack, lo, hi, sink, true).await;
+            let n = self.fetch_span(pack, lo, hi, sink, Taker::Bulk).await;
             self.counters.members_streamed.fetch_add(n as u64, Relaxed);
         }
         drop(lock);
@@ -524,7 +541,7 @@ impl Fetcher {
     /// handing each to `sink`; a failure marks the pack bad (warned). The
     /// caller holds the pack's flock.
     /// Returns how many members verified and were handed over.
-    async fn fetch_span(&self, pack: &PackEntry, lo: usize, hi: usize, sink: Sink<'_>, bulk: bool) -> usize {
+    async fn fetch_span(&self, pack: &PackEntry, lo: usize, hi: usize, sink: Sink<'_>, taker: Taker<'_>) -> usize {
         // The GET goes out first; the cache file is made on a blocking
         // thread while it is on its way (a cold cache's directories cost
         // disk reads: a first read waited for them before its round trip
@@ -542,7 +559,7 @@ impl Fetcher {
             sink(i, b)
         };
         let streamed = match stream {
-            Ok(stream) => self.stream_pack(pack, stream, &mut counting, (lo, hi), writer.clone(), bulk).await,
+            Ok(stream) => self.stream_pack(pack, stream, &mut counting, (lo, hi), writer.clone(), taker).await,
             Err(Error::NotFound(_)) => Err("missing from the store (swept?)".to_string()),
             Err(e) => Err(format!("GET failed: {e}")),
         };
@@ -577,8 +594,9 @@ impl Fetcher {
         sink: Sink<'_>,
         (lo, hi): (usize, usize),
         writer: Option<Arc<crate::cache::PackWriter>>,
-        bulk: bool,
+        taker: Taker<'_>,
     ) -> std::result::Result<Vec<crate::pack::Member>, String> {
+        let bulk = matches!(taker, Taker::Bulk);
         let std::ops::Range { start: base, end } = pack.members_range(lo, hi);
         // `pending` holds the pack's bytes from offset `at`, as the network
         // delivered them. Complete members leave it as one segment, decoded
@@ -645,11 +663,14 @@ impl Fetcher {
                     decoding.push_back(tokio::task::spawn_blocking(move || -> Decoded {
                         members.into_iter().map(|(i, m)| decode_in(i, m, &seg, seg_at)).collect()
                     }));
-                } else {
-                    // Each member is handed over as soon as it decodes: a
-                    // segment can hold a thousand small files, and the
-                    // reader of the first waited for all of them.
-                    for (i, m) in members {
+                } else if let Taker::Readers(flight) = taker {
+                    // Each member is handed over as soon as it decodes, the
+                    // ones readers wait for first: one network read can
+                    // bring a thousand small files, and a walk's first file
+                    // sat behind hundreds of other directories' members.
+                    let waited = flight.waited(first..next);
+                    let (now, later): (Vec<_>, Vec<_>) = members.into_iter().partition(|(i, _)| waited.contains(i));
+                    for (i, m) in now.into_iter().chain(later) {
                         for w in deliver(vec![decode_in(i, m, &seg, at)], &mut good, &mut bad) {
                             w.await;
                         }
@@ -851,14 +872,42 @@ mod flight_tests {
                 Some(async move { at_wait.lock().unwrap().push(handed.load(Relaxed)) }.boxed())
             }
         };
-        let r = f.stream_pack(&pack, stream, &mut sink, (lo, hi), None, false).await;
+        let flight = PackFlight::default();
+        let r = f.stream_pack(&pack, stream, &mut sink, (lo, hi), None, Taker::Readers(&flight)).await;
         assert!(r.is_ok(), "{r:?}");
-        let got = got.lock().unwrap();
-        assert_eq!(got.len(), raws.len());
-        for (k, (i, b)) in got.iter().enumerate() {
-            assert_eq!((*i, &b[..]), (k, &raws[k][..]), "member {k}, in order, whole");
+        {
+            let got = got.lock().unwrap();
+            assert_eq!(got.len(), raws.len());
+            for (k, (i, b)) in got.iter().enumerate() {
+                assert_eq!((*i, &b[..]), (k, &raws[k][..]), "member {k}, in order, whole");
+            }
         }
         // Member k's wait ran when k + 1 members had been handed over.
         assert_eq!(*at_wait.lock().unwrap(), (1..=raws.len()).collect::<Vec<_>>());
+
+        // Readers waiting for members 25 and 7 get theirs first (in pack
+        // order), then the rest come in order.
+        let flight = PackFlight::default();
+        let mut parked = Vec::new();
+        for i in [25, 7] {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            flight.state.lock().unwrap().waiters.entry(i).or_default().push(tx);
+            parked.push(rx);
+        }
+        let order: Arc<Mutex<Vec<usize>>> = Arc::default();
+        let mut sink = {
+            let (order, raws) = (order.clone(), raws.clone());
+            move |i: usize, b: Option<Bytes>| -> Option<BoxFuture<'static, ()>> {
+                assert_eq!(&b.expect("a good member")[..], &raws[i][..]);
+                order.lock().unwrap().push(i);
+                None
+            }
+        };
+        let body = Bytes::from(build_pack(&members).0).slice(span.start as usize..span.end as usize);
+        let stream = futures::stream::iter([Ok(body)]).boxed();
+        let r = f.stream_pack(&pack, stream, &mut sink, (lo, hi), None, Taker::Readers(&flight)).await;
+        assert!(r.is_ok(), "{r:?}");
+        let want: Vec<usize> = [7, 25].into_iter().chain((0..raws.len()).filter(|i| ![7, 25].contains(i))).collect();
+        assert_eq!(*order.lock().unwrap(), want);
     }
 }
