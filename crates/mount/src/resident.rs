@@ -95,10 +95,12 @@ mod tests {
 55d0a0900000-55d0a0a00000 rw-p 00900000 fd:01 1234    /usr/bin/mado (deleted)
 55d0a0a00000-55d0a0b00000 ---p 00a00000 fd:01 1234    /usr/bin/mado
 55d0a0b00000-55d0a0c00000 r--p 00000000 fd:01 99      /usr/bin/mado2
+55d0a0c00000-55d0a0c00000 r--p 00000000 fd:01 1234    /usr/bin/mado
 7f0000000000-7f0000001000 r-xp 00000000 fd:01 77      /usr/lib/libc.so.6
 7f0000001000-7f0000002000 rw-p 00000000 00:00 0
 7ffc00000000-7ffc00021000 rw-p 00000000 00:00 0       [stack]
 ";
+        // (The empty range last is dropped: nothing to map.)
         let got = mappings_of(maps, Path::new("/usr/bin/mado"));
         let want = [
             (0x55d0a0000000, 0x55d0a0100000, true),
