@@ -368,6 +368,88 @@ async fn warm_dir_starts_the_pack_of_a_directorys_first_small_file() {
     assert_eq!(remote.stats().since(&before).requests(), 1, "the small files' pack, not the large file's");
 }
 
+/// `warm_dir_waiting` (a FUSE thread's listing) returns once the pack's
+/// GET is with the store's client: the request is counted by then. When
+/// the GET cannot leave (another process holds the pack's lock), it
+/// returns after its limit, and the listing goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listing_waits_until_its_packs_get_is_on_the_way() {
+    let t = tempfile::tempdir().unwrap();
+    let repo = t.path().join("repo");
+    std::fs::create_dir_all(repo.join("d")).unwrap();
+    for i in 0..20 {
+        std::fs::write(repo.join("d").join(format!("f{i:02}")), format!("d {i}\n").repeat(50)).unwrap();
+    }
+    commit_all(&repo, "x");
+    let remote = store_in(t.path());
+    let opts = mado_core::publish::PackOptions {
+        mode: mado_core::pack::Mode::Recursive,
+        cap: 4 << 20,
+        index_check: mado_core::publish::IndexCheck::KnownAbsent,
+        base: None,
+        layers: None,
+        primary: true,
+    };
+    let cache = Arc::new(DiskCache::open(t.path().join("cache"), None).unwrap());
+    mado_core::import::import_git(&remote, cache, &repo, vec!["HEAD".into()], "main", Some(opts), Arc::new(|_, _| {}))
+        .await
+        .unwrap();
+    // A fresh cache each time, as on another machine.
+    let fresh = |name: &str| {
+        let cache = Arc::new(DiskCache::open(t.path().join(name), None).unwrap());
+        let f = Fetcher::new(remote.clone(), cache.clone());
+        async move {
+            let (_, snap, _) = mado_core::resolve::open(&f, "main").await.unwrap();
+            let fs = Arc::new(SnapshotFs::new(f.clone(), snap.root, snap.time));
+            fs.preload_trees().await.unwrap();
+            (f, fs, cache)
+        }
+    };
+    let rt = tokio::runtime::Handle::current();
+    // As a FUSE thread calls it: a thread of its own, in the runtime's context.
+    let waiting = |fs: &Arc<SnapshotFs>, ino: u64, limit: std::time::Duration| {
+        let (fs, rt) = (fs.clone(), rt.clone());
+        std::thread::spawn(move || {
+            let _rt = rt.enter();
+            let t0 = std::time::Instant::now();
+            (fs.warm_dir_waiting(ino, limit), t0.elapsed())
+        })
+        .join()
+        .unwrap()
+    };
+
+    let (f, fs, _) = fresh("c1").await;
+    let d = fs.lookup_now(ROOT_INO, b"d").unwrap().unwrap();
+    let before = remote.stats();
+    let (started, _) = waiting(&fs, d.ino, std::time::Duration::from_secs(30));
+    assert!(started);
+    assert_eq!(remote.stats().since(&before).ranged_gets, 1, "the GET left before the listing went on");
+    f.drain().await;
+    let (started, took) = waiting(&fs, d.ino, std::time::Duration::from_secs(30));
+    assert!(!started && took < std::time::Duration::from_secs(5), "a cached pack: nothing to wait for");
+
+    // Another process holds the pack's lock: no GET can leave, and the
+    // listing waits its limit only.
+    let (f, fs, cache) = fresh("c2").await;
+    let d = fs.lookup_now(ROOT_INO, b"d").unwrap().unwrap();
+    let f00 = fs.lookup_now(d.ino, b"f00").unwrap().unwrap();
+    let pack = f.pack_of(&mado_core::Hash::of("d 0\n".repeat(50).as_bytes())).expect("d/f00 is packed");
+    let lock_path = cache.pack_lock_path(&pack);
+    std::fs::create_dir_all(lock_path.parent().unwrap()).unwrap();
+    let lock = std::fs::File::create(&lock_path).unwrap();
+    rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive).unwrap();
+    let before = remote.stats();
+    let limit = std::time::Duration::from_millis(300);
+    let (started, took) = waiting(&fs, d.ino, limit);
+    assert!(started);
+    assert!(took >= limit && took < limit * 10, "waited {took:?} for a limit of {limit:?}");
+    assert_eq!(remote.stats().since(&before).requests(), 0);
+    drop(lock);
+    let h = fs.open(f00.ino).await.unwrap();
+    assert_eq!(&fs.read(&h, 0, 10).await.unwrap()[..], b"d 0\nd 0\nd ");
+    assert_eq!(remote.stats().since(&before).ranged_gets, 1, "the flight went on once the lock was free");
+}
+
 /// A large file read in order through a mount that asked for whole copies
 /// (`set_assemble`): a read of its first MiB keeps nothing and leaves no
 /// file behind; reads in order past half the file keep a copy at close

@@ -266,7 +266,7 @@ impl MadoFs {
     fn warm(&self, ino: u64, offset: u64) {
         if offset == 0 {
             let _rt = self.rt.enter();
-            self.core.warm_dir(ino);
+            self.core.warm_dir_waiting(ino, std::time::Duration::from_millis(5));
         }
     }
 

@@ -32,6 +32,8 @@ enum Attempt {
 #[derive(Default)]
 pub(super) struct PackFlight {
     pub(super) state: Mutex<FlightState>,
+    /// Signalled when the flight's GET is on its way, or it ended.
+    moved: std::sync::Condvar,
 }
 
 #[derive(Default)]
@@ -44,6 +46,8 @@ pub(super) struct FlightState {
     pub(super) left_out: Option<(usize, usize)>,
     pub(super) data: HashMap<usize, Bytes>,
     pub(super) waiters: HashMap<usize, Vec<tokio::sync::oneshot::Sender<()>>>,
+    /// The GET was handed to the HTTP client.
+    requested: bool,
 }
 
 impl PackFlight {
@@ -68,6 +72,18 @@ impl PackFlight {
         s.waiters.keys().copied().filter(|i| range.contains(i)).collect()
     }
 
+    fn requested(&self) {
+        self.state.lock().expect("flight lock").requested = true;
+        self.moved.notify_all();
+    }
+
+    /// Waits, at most `limit`, until the GET is on its way or the flight
+    /// ended. Blocks the thread: not for an async worker.
+    fn wait_requested(&self, limit: std::time::Duration) {
+        let s = self.state.lock().expect("flight lock");
+        let _ = self.moved.wait_timeout_while(s, limit, |s| !s.requested && !s.finished).expect("flight lock");
+    }
+
     fn finish(&self) {
         let mut s = self.state.lock().expect("flight lock");
         s.finished = true;
@@ -82,6 +98,8 @@ impl PackFlight {
                 let _ = w.send(());
             }
         }
+        drop(s);
+        self.moved.notify_all();
     }
 }
 
@@ -347,6 +365,17 @@ impl Fetcher {
         true
     }
 
+    /// Waits, at most `limit`, until the flight of the pack holding `id`
+    /// (one [`Fetcher::warm`] started) has its GET on the way, or ended.
+    /// Blocks the calling thread: for a FUSE thread, not an async worker.
+    pub fn wait_requested(&self, id: &Hash, limit: std::time::Duration) {
+        let Some(pack) = self.pack_of(id) else { return };
+        let flight = self.pack_flights.lock().expect("pack flights lock").get(&pack).cloned();
+        if let Some(f) = flight {
+            f.wait_requested(limit);
+        }
+    }
+
     /// The pack an attached index places object `id` in.
     pub fn pack_of(&self, id: &Hash) -> Option<Hash> {
         self.packs.read().expect("packs lock").members.get(id).map(|(p, _)| p.id)
@@ -551,7 +580,18 @@ impl Fetcher {
         // unwritable cache) readers are still served.
         let (cache, id) = (self.cache.clone(), pack.id);
         let making = tokio::task::spawn_blocking(move || cache.pack_writer(&id).ok().map(Arc::new));
-        let (stream, writer) = tokio::join!(self.remote.pack_stream(&pack.id, pack.members_range(lo, hi)), making);
+        let mut requesting = std::pin::pin!(async {
+            tokio::join!(self.remote.pack_stream(&pack.id, pack.members_range(lo, hi)), making)
+        });
+        let (stream, writer) = std::future::poll_fn(|cx| {
+            let polled = std::future::Future::poll(requesting.as_mut(), cx);
+            // Polled once, the request is with the HTTP client.
+            if let Taker::Readers(f) = taker {
+                f.requested();
+            }
+            polled
+        })
+        .await;
         let writer = writer.ok().flatten();
         let mut handed = 0;
         let mut counting = |i: usize, b: Option<Bytes>| {
