@@ -418,12 +418,22 @@ async fn a_listing_waits_until_its_packs_get_is_on_the_way() {
         .unwrap()
     };
 
-    let (f, fs, _) = fresh("c1").await;
+    // The same store 500 ms away: the listing goes on once the GET is
+    // sent, long before its answer.
+    let rtt = std::time::Duration::from_millis(500);
+    let slow = Arc::new(
+        Remote::open(&format!("file://{}/store", t.path().display()), &OpenOptions { inject_rtt: Some(rtt) }).unwrap(),
+    );
+    let f = Fetcher::new(slow.clone(), Arc::new(DiskCache::open(t.path().join("c1"), None).unwrap()));
+    let (_, snap, _) = mado_core::resolve::open(&f, "main").await.unwrap();
+    let fs = Arc::new(SnapshotFs::new(f.clone(), snap.root, snap.time));
+    fs.preload_trees().await.unwrap();
     let d = fs.lookup_now(ROOT_INO, b"d").unwrap().unwrap();
-    let before = remote.stats();
-    let (started, _) = waiting(&fs, d.ino, std::time::Duration::from_secs(30));
+    let before = slow.stats();
+    let (started, took) = waiting(&fs, d.ino, std::time::Duration::from_secs(30));
     assert!(started);
-    assert_eq!(remote.stats().since(&before).ranged_gets, 1, "the GET left before the listing went on");
+    assert_eq!(slow.stats().since(&before).ranged_gets, 1, "the GET left before the listing went on");
+    assert!(took < rtt / 2, "the listing waited {took:?}, as if for the pack's answer");
     f.drain().await;
     let (started, took) = waiting(&fs, d.ino, std::time::Duration::from_secs(30));
     assert!(!started && took < std::time::Duration::from_secs(5), "a cached pack: nothing to wait for");
