@@ -231,6 +231,35 @@ async fn writable_fs_edits_build_the_tree_git_builds() {
     assert_eq!(reb.stat, one.stat);
 }
 
+/// `repo` imported into `remote` as `main`, packs-first (recursive, 4 MiB
+/// packs: a larger file's chunks go into packs of their own, run packs),
+/// through a cache at `cache`.
+async fn import_packed(remote: &Arc<Remote>, repo: &std::path::Path, cache: std::path::PathBuf) {
+    let opts = mado_core::publish::PackOptions {
+        mode: mado_core::pack::Mode::Recursive,
+        cap: 4 << 20,
+        index_check: mado_core::publish::IndexCheck::KnownAbsent,
+        base: None,
+        layers: None,
+        primary: true,
+    };
+    let cache = Arc::new(DiskCache::open(cache, None).unwrap());
+    mado_core::import::import_git(remote, cache, repo, vec!["HEAD".into()], "main", Some(opts), Arc::new(|_, _| {}))
+        .await
+        .unwrap();
+}
+
+/// `main` of `remote` opened as on another machine: a fresh cache at
+/// `cache`, its trees loaded.
+async fn fresh_fs(remote: &Arc<Remote>, cache: std::path::PathBuf) -> (Arc<Fetcher>, SnapshotFs, Arc<DiskCache>) {
+    let cache = Arc::new(DiskCache::open(cache, None).unwrap());
+    let f = Fetcher::new(remote.clone(), cache.clone());
+    let (_, snap, _) = mado_core::resolve::open(&f, "main").await.unwrap();
+    let fs = SnapshotFs::new(f.clone(), snap.root, snap.time);
+    fs.preload_trees().await.unwrap();
+    (f, fs, cache)
+}
+
 /// `SnapshotFs::warm_dir` (a mount's first listing of a directory) starts
 /// the pack of the directory's first small file in name order, passing
 /// over a large file (its manifest leads to its own run packs), whether
@@ -263,28 +292,14 @@ async fn warm_dir_starts_the_pack_of_a_directorys_first_small_file() {
     std::fs::write(repo.join("bigonly/sub/a-big.bin"), &big).unwrap();
     commit_all(&repo, "x");
     let remote = store_in(t.path());
-    let opts = mado_core::publish::PackOptions {
-        mode: mado_core::pack::Mode::Recursive,
-        // Under the large file's size: its chunks go into packs of their
-        // own (run packs), which a listing must not start.
-        cap: 4 << 20,
-        index_check: mado_core::publish::IndexCheck::KnownAbsent,
-        base: None,
-        layers: None,
-        primary: true,
-    };
-    let cache = Arc::new(DiskCache::open(t.path().join("cache"), None).unwrap());
-    mado_core::import::import_git(&remote, cache, &repo, vec!["HEAD".into()], "main", Some(opts), Arc::new(|_, _| {}))
-        .await
-        .unwrap();
+    // Packs of 4 MiB, under the large file's size: its chunks go into
+    // packs of their own (run packs), which a listing must not start.
+    import_packed(&remote, &repo, t.path().join("cache")).await;
     // A fresh cache each time, as on another machine.
     let fresh = |name: &str| {
-        let cache = Arc::new(DiskCache::open(t.path().join(name), None).unwrap());
-        let f = Fetcher::new(remote.clone(), cache);
+        let f = fresh_fs(&remote, t.path().join(name));
         async move {
-            let (_, snap, _) = mado_core::resolve::open(&f, "main").await.unwrap();
-            let fs = SnapshotFs::new(f.clone(), snap.root, snap.time);
-            fs.preload_trees().await.unwrap();
+            let (f, fs, _) = f.await;
             (f, fs)
         }
     };
@@ -382,29 +397,7 @@ async fn a_listing_waits_until_its_packs_get_is_on_the_way() {
     }
     commit_all(&repo, "x");
     let remote = store_in(t.path());
-    let opts = mado_core::publish::PackOptions {
-        mode: mado_core::pack::Mode::Recursive,
-        cap: 4 << 20,
-        index_check: mado_core::publish::IndexCheck::KnownAbsent,
-        base: None,
-        layers: None,
-        primary: true,
-    };
-    let cache = Arc::new(DiskCache::open(t.path().join("cache"), None).unwrap());
-    mado_core::import::import_git(&remote, cache, &repo, vec!["HEAD".into()], "main", Some(opts), Arc::new(|_, _| {}))
-        .await
-        .unwrap();
-    // A fresh cache each time, as on another machine.
-    let fresh = |name: &str| {
-        let cache = Arc::new(DiskCache::open(t.path().join(name), None).unwrap());
-        let f = Fetcher::new(remote.clone(), cache.clone());
-        async move {
-            let (_, snap, _) = mado_core::resolve::open(&f, "main").await.unwrap();
-            let fs = Arc::new(SnapshotFs::new(f.clone(), snap.root, snap.time));
-            fs.preload_trees().await.unwrap();
-            (f, fs, cache)
-        }
-    };
+    import_packed(&remote, &repo, t.path().join("cache")).await;
     let rt = tokio::runtime::Handle::current();
     // As a FUSE thread calls it: a thread of its own, in the runtime's context.
     let waiting = |fs: &Arc<SnapshotFs>, ino: u64, limit: std::time::Duration| {
@@ -424,10 +417,8 @@ async fn a_listing_waits_until_its_packs_get_is_on_the_way() {
     let slow = Arc::new(
         Remote::open(&format!("file://{}/store", t.path().display()), &OpenOptions { inject_rtt: Some(rtt) }).unwrap(),
     );
-    let f = Fetcher::new(slow.clone(), Arc::new(DiskCache::open(t.path().join("c1"), None).unwrap()));
-    let (_, snap, _) = mado_core::resolve::open(&f, "main").await.unwrap();
-    let fs = Arc::new(SnapshotFs::new(f.clone(), snap.root, snap.time));
-    fs.preload_trees().await.unwrap();
+    let (f, fs, _) = fresh_fs(&slow, t.path().join("c1")).await;
+    let fs = Arc::new(fs);
     let d = fs.lookup_now(ROOT_INO, b"d").unwrap().unwrap();
     let before = slow.stats();
     let (started, took) = waiting(&fs, d.ino, std::time::Duration::from_secs(30));
@@ -440,7 +431,8 @@ async fn a_listing_waits_until_its_packs_get_is_on_the_way() {
 
     // Another process holds the pack's lock: no GET can leave, and the
     // listing waits its limit only.
-    let (f, fs, cache) = fresh("c2").await;
+    let (f, fs, cache) = fresh_fs(&remote, t.path().join("c2")).await;
+    let fs = Arc::new(fs);
     let d = fs.lookup_now(ROOT_INO, b"d").unwrap().unwrap();
     let f00 = fs.lookup_now(d.ino, b"f00").unwrap().unwrap();
     let pack = f.pack_of(&mado_core::Hash::of("d 0\n".repeat(50).as_bytes())).expect("d/f00 is packed");

@@ -698,21 +698,25 @@ impl Fetcher {
             if ready > 0 && (next == stop || ready >= DECODE_BATCH_BYTES || !bulk) {
                 let seg = pending.take(ready);
                 let members: Vec<(usize, crate::pack::Member)> = (first..next).map(|i| (i, pack.members[i])).collect();
-                if bulk {
-                    let (seg, seg_at) = (seg.clone(), at);
-                    decoding.push_back(tokio::task::spawn_blocking(move || -> Decoded {
-                        members.into_iter().map(|(i, m)| decode_in(i, m, &seg, seg_at)).collect()
-                    }));
-                } else if let Taker::Readers(flight) = taker {
-                    // Each member is handed over as soon as it decodes, the
-                    // ones readers wait for first: one network read can
-                    // bring a thousand small files, and a walk's first file
-                    // sat behind hundreds of other directories' members.
-                    let waited = flight.waited(first..next);
-                    let (now, later): (Vec<_>, Vec<_>) = members.into_iter().partition(|(i, _)| waited.contains(i));
-                    for (i, m) in now.into_iter().chain(later) {
-                        for w in deliver(vec![decode_in(i, m, &seg, at)], &mut good, &mut bad) {
-                            w.await;
+                match taker {
+                    Taker::Bulk => {
+                        let (seg, seg_at) = (seg.clone(), at);
+                        decoding.push_back(tokio::task::spawn_blocking(move || -> Decoded {
+                            members.into_iter().map(|(i, m)| decode_in(i, m, &seg, seg_at)).collect()
+                        }));
+                    }
+                    Taker::Readers(flight) => {
+                        // Each member is handed over as soon as it decodes,
+                        // the ones readers wait for first: one network read
+                        // can bring a thousand small files, and a walk's
+                        // first file sat behind hundreds of other
+                        // directories' members.
+                        let waited = flight.waited(first..next);
+                        let (now, later): (Vec<_>, Vec<_>) = members.into_iter().partition(|(i, _)| waited.contains(i));
+                        for (i, m) in now.into_iter().chain(later) {
+                            for w in deliver(vec![decode_in(i, m, &seg, at)], &mut good, &mut bad) {
+                                w.await;
+                            }
                         }
                     }
                 }

@@ -195,12 +195,20 @@ impl SnapshotFs {
     /// expanded is read from its tree in memory, with no node made, and a
     /// tree not in memory ends the search there.
     pub fn warm_dir(&self, ino: u64) -> bool {
+        self.warm_first(ino).is_some()
+    }
+
+    /// [`Self::warm_dir`]'s work: the file whose pack it started, if any.
+    fn warm_first(&self, ino: u64) -> Option<Hash> {
         let first = {
             let st = self.st();
             let mut budget = WARM_DIRS;
             self.first_small_below(&st, ino, &mut budget)
         };
-        matches!(first, Below::Found(id) if self.fetcher.warm(&id))
+        match first {
+            Below::Found(id) if self.fetcher.warm(&id) => Some(id),
+            _ => None,
+        }
     }
 
     /// [`Self::warm_dir`], then waits (at most `limit`) until the pack's
@@ -210,15 +218,7 @@ impl SnapshotFs {
     /// listing's reply is not needed before that GET's answer anyway.
     /// Blocks the calling thread: for a FUSE thread, not an async worker.
     pub fn warm_dir_waiting(&self, ino: u64, limit: std::time::Duration) -> bool {
-        let first = {
-            let st = self.st();
-            let mut budget = WARM_DIRS;
-            self.first_small_below(&st, ino, &mut budget)
-        };
-        let Below::Found(id) = first else { return false };
-        if !self.fetcher.warm(&id) {
-            return false;
-        }
+        let Some(id) = self.warm_first(ino) else { return false };
         self.fetcher.wait_requested(&id, limit);
         true
     }
