@@ -95,6 +95,20 @@ fn parse(state: &mut Http, mut data: &[u8], c: &Counters) {
                 let mut lines = head.split("\r\n");
                 let method = lines.next().unwrap_or("").split(' ').next().unwrap_or("").to_string();
                 let (mut len, mut chunked, mut ranged) = (0u64, false, false);
+                if std::env::var_os("LATENCY_PROXY_LOG").is_some() {
+                    // One line per request (its request line and range), for
+                    // seeing what a client asks for.
+                    let range = head.lines().find(|l| l.to_ascii_lowercase().starts_with("range:")).unwrap_or("");
+                    eprintln!(
+                        "{:?} {} {range}",
+                        std::time::SystemTime::now()
+                            .duration_since(std::time::UNIX_EPOCH)
+                            .unwrap_or_default()
+                            .as_millis()
+                            % 100_000,
+                        head.lines().next().unwrap_or("")
+                    );
+                }
                 for l in lines {
                     let Some((k, v)) = l.split_once(':') else { continue };
                     let (k, v) = (k.trim().to_ascii_lowercase(), v.trim());

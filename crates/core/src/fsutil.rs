@@ -61,6 +61,50 @@ pub fn read_regular(path: &Path) -> std::io::Result<Vec<u8>> {
     Ok(out)
 }
 
+/// Copies `len` bytes of `from` at `from_at` into `to` at `to_at`, in the
+/// kernel (`copy_file_range`: no pass through this process's memory), or
+/// through a buffer where the kernel or the filesystems refuse. An error if
+/// `from` ends before `len` bytes.
+pub fn copy_range(from: &std::fs::File, from_at: u64, to: &std::fs::File, to_at: u64, len: u64) -> std::io::Result<()> {
+    let short = || std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the source ended early");
+    let (mut src, mut dst, mut left) = (from_at, to_at, len);
+    while left > 0 {
+        let want = left.min(1 << 30) as usize;
+        match rustix::fs::copy_file_range(from, Some(&mut src), to, Some(&mut dst), want) {
+            Ok(0) => return Err(short()),
+            Ok(n) => left -= n as u64,
+            Err(e)
+                if left == len
+                    && matches!(
+                        e,
+                        rustix::io::Errno::XDEV
+                            | rustix::io::Errno::NOSYS
+                            | rustix::io::Errno::INVAL
+                            | rustix::io::Errno::OPNOTSUPP
+                    ) =>
+            {
+                break;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    if left == 0 {
+        return Ok(());
+    }
+    use std::os::unix::fs::FileExt;
+    let mut buf = vec![0u8; (left as usize).min(1 << 20)];
+    while left > 0 {
+        let n = (left as usize).min(buf.len());
+        from.read_exact_at(&mut buf[..n], src).map_err(|e| match e.kind() {
+            std::io::ErrorKind::UnexpectedEof => short(),
+            _ => e,
+        })?;
+        to.write_all_at(&buf[..n], dst)?;
+        (src, dst, left) = (src + n as u64, dst + n as u64, left - n as u64);
+    }
+    Ok(())
+}
+
 /// The BLAKE3 hash of a regular file's bytes (as [`read_regular`] opens
 /// it), read in blocks: memory does not grow with the file.
 pub fn hash_regular(path: &Path) -> std::io::Result<crate::Hash> {
@@ -154,6 +198,36 @@ pub async fn lock_file(path: PathBuf) -> Result<std::fs::File> {
 
 #[cfg(test)]
 mod tests {
+    /// `copy_range` copies a span at any offsets, within one filesystem and
+    /// across two (tmpfs to the test's disk, where the kernel may refuse and
+    /// the buffer copies), and fails when the source ends early.
+    #[test]
+    fn copy_range_copies_a_span_and_refuses_a_short_source() {
+        let t = tempfile::tempdir().unwrap();
+        let bytes: Vec<u8> = (0..3_000_000u32).map(|i| (i * 31 % 251) as u8).collect();
+        let mut froms = vec![t.path().join("from")];
+        if std::path::Path::new("/dev/shm").is_dir() {
+            froms.push(tempfile::tempdir_in("/dev/shm").unwrap().keep().join("from"));
+        }
+        for from in froms {
+            std::fs::create_dir_all(from.parent().unwrap()).unwrap();
+            std::fs::write(&from, &bytes).unwrap();
+            let src = std::fs::File::open(&from).unwrap();
+            let to = t.path().join("to");
+            let dst = std::fs::OpenOptions::new().create(true).truncate(true).write(true).open(&to).unwrap();
+            copy_range(&src, 1000, &dst, 7, 2_000_000).unwrap();
+            let got = std::fs::read(&to).unwrap();
+            assert_eq!(got.len(), 2_000_007, "{}", from.display());
+            assert!(got[..7].iter().all(|b| *b == 0));
+            assert!(got[7..] == bytes[1000..2_001_000], "{}", from.display());
+            let e = copy_range(&src, 2_000_000, &dst, 0, 1_000_001).unwrap_err();
+            assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof, "{}", from.display());
+            if from.starts_with("/dev/shm") {
+                std::fs::remove_dir_all(from.parent().unwrap()).unwrap();
+            }
+        }
+    }
+
     use super::*;
 
     #[test]

@@ -398,6 +398,32 @@ async fn a_chunk_read_at_random_fetches_itself_and_one_in_order_the_rest_of_its_
     assert_eq!(d.gets + d.ranged_gets, 0, "{d:?}");
 }
 
+/// Readers in order of a pack's chunks 7 and 2 asking at once, 7 first
+/// (a read-ahead's later chunk reaching the fetcher before the reader's
+/// own): the one download starts at chunk 2 and brings both, in one GET.
+/// Started at chunk 7 it left chunk 2's reader waiting for the whole
+/// download, then a second GET for chunks 2 to 6.
+#[tokio::test(flavor = "current_thread")]
+async fn a_later_chunk_asked_first_does_not_leave_the_earlier_one_a_second_get() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}/store", dir.path().display());
+    let remote = Arc::new(Remote::open(&url, &OpenOptions { inject_rtt: Some(Duration::from_millis(10)) }).unwrap());
+    let len = 64 << 10;
+    let tree = Hash([8; 32]);
+    let (raws, _) = stored_chunks(&remote, 0x5eed_0f0a_0b0c_0d0e, 12, len, tree).await;
+    let f = Fetcher::new(remote.clone(), Arc::new(DiskCache::open(dir.path().join("cache"), None).unwrap()));
+    f.attach(tree).await.unwrap();
+    let before = remote.stats();
+    // One thread: both reach the fetcher before its download task runs.
+    let (late, early) =
+        tokio::join!(f.get_in_order(Hash::of(&raws[7]), "chunk"), f.get_in_order(Hash::of(&raws[2]), "chunk"));
+    assert_eq!((late.unwrap(), early.unwrap()), (Bytes::from(raws[7].clone()), Bytes::from(raws[2].clone())));
+    f.drain().await;
+    let d = remote.stats().since(&before);
+    assert_eq!(d.ranged_gets + d.gets, 1, "{d:?}");
+    assert_eq!(d.bytes_down, 10 * len as u64, "chunks 2 to 11: {d:?}");
+}
+
 /// Many random readers of different chunks of one pack at once (a pack's
 /// flights run one at a time, each bringing one chunk): every reader gets
 /// its chunk through the pack, however many flights ran before its own.

@@ -229,6 +229,14 @@ impl DiskCache {
         }
     }
 
+    /// Copies loose entry `id` (its bytes are its content) into `to` at
+    /// `at`, in the kernel where it can, if the entry is there and holds
+    /// `len` bytes. Not verified: the caller checks what it builds.
+    pub fn copy_loose(&self, id: &Hash, len: u64, to: &fs::File, at: u64) -> bool {
+        let Ok(f) = crate::fsutil::open_regular(&self.path(id)) else { return false };
+        f.metadata().is_ok_and(|m| m.len() == len) && crate::fsutil::copy_range(&f, 0, to, at, len).is_ok()
+    }
+
     /// Presence without reading (for skipping writes of known content).
     pub fn contains(&self, id: &Hash) -> bool {
         self.path(id).exists()

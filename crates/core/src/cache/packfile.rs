@@ -231,6 +231,16 @@ impl DiskCache {
         self.pack_row(pack, member).is_some()
     }
 
+    /// Copies member `member` of pack `pack` from the cache's copy into `to`
+    /// at `at`, in the kernel ([`crate::fsutil::copy_range`]), when the
+    /// cache lists it and it is stored raw (its stored bytes are its
+    /// content). Not verified: the caller checks what it builds. `false`
+    /// when it cannot.
+    pub fn pack_copy_raw(&self, pack: &Hash, member: &Hash, to: &fs::File, at: u64) -> bool {
+        let Some((p, m)) = self.pack_row(pack, member) else { return false };
+        m.codec == crate::pack::Codec::Raw && crate::fsutil::copy_range(&p.file, m.offset, to, at, m.stored_len).is_ok()
+    }
+
     /// Member `member` of pack `pack` from the cache, verified; a member
     /// that fails is healed (the pack's files go) and reported as a miss.
     pub fn pack_get(&self, pack: &Hash, member: &Hash) -> Option<Vec<u8>> {

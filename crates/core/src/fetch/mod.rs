@@ -226,6 +226,23 @@ impl Fetcher {
         hit.and_then(|(pack, _)| self.cache.pack_get(&pack.id, id)).or_else(|| self.cache.get(id))
     }
 
+    /// Whether the disk cache lists object `id` (loose, or in a cached pack
+    /// this fetcher's indexes name), without reading or verifying it.
+    pub fn is_cached(&self, id: &Hash) -> bool {
+        let hit = self.packs.read().expect("packs lock").members.get(id).cloned();
+        hit.is_some_and(|(pack, _)| self.cache.pack_has(&pack.id, id)) || self.cache.contains(id)
+    }
+
+    /// Copies object `id` (`len` bytes) from the disk cache into `to` at
+    /// `at` without reading it through this process where the kernel can
+    /// (a raw member of a cached pack, or a loose entry). Not verified: the
+    /// caller checks what it builds. `false` when it is not there as such.
+    pub fn copy_cached(&self, id: &Hash, len: u64, to: &std::fs::File, at: u64) -> bool {
+        let hit = self.packs.read().expect("packs lock").members.get(id).cloned();
+        hit.is_some_and(|(pack, _)| self.cache.pack_copy_raw(&pack.id, id, to, at))
+            || self.cache.copy_loose(id, len, to, at)
+    }
+
     async fn get_alone(self: &Arc<Self>, space: Space, id: Hash, what: &'static str) -> Result<Bytes> {
         let flight = {
             let mut map = self.inflight.lock().expect("inflight lock");

@@ -472,7 +472,14 @@ impl Fetcher {
         let (lo, hi) = self.span(&pack);
         let (mut lo, mut hi) = match start {
             Start::One(i) => (i, i),
-            Start::From(i) => (i, hi.max(i)),
+            // Readers in order of earlier members that joined while the
+            // lock was taken (a file's chunks asked for at once, the later
+            // one first) are in this flight too: left out, they would wait
+            // for it to end before their own GET went out.
+            Start::From(i) => {
+                let waited = flight.state.lock().expect("flight lock").waiters.keys().copied().min();
+                (waited.map_or(i, |w| w.min(i)).max(lo.min(i)), hi.max(i))
+            }
             Start::Span(a, b) => (a, b),
             // A reader's own member is always in its flight (the wanted
             // span may leave it out).
