@@ -95,10 +95,8 @@ pub fn copy_range(from: &std::fs::File, from_at: u64, to: &std::fs::File, to_at:
     let mut buf = vec![0u8; (left as usize).min(1 << 20)];
     while left > 0 {
         let n = (left as usize).min(buf.len());
-        from.read_exact_at(&mut buf[..n], src).map_err(|e| match e.kind() {
-            std::io::ErrorKind::UnexpectedEof => short(),
-            _ => e,
-        })?;
+        // A short source is an UnexpectedEof here too.
+        from.read_exact_at(&mut buf[..n], src)?;
         to.write_all_at(&buf[..n], dst)?;
         (src, dst, left) = (src + n as u64, dst + n as u64, left - n as u64);
     }
