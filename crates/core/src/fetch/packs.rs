@@ -426,9 +426,18 @@ impl Fetcher {
         if n == 0 {
             return false;
         }
-        let step = if self.cache.pack_recorded(&pack.id) { 1 } else { n.div_ceil(MOSTLY_CACHED_SAMPLE) };
+        let recorded = self.cache.pack_recorded(&pack.id);
+        let step = if recorded { 1 } else { n.div_ceil(MOSTLY_CACHED_SAMPLE) };
+        // Without a record of the pack, only loose copies can count: its
+        // record is not looked for again per member (a `stat` each, of a
+        // directory a cold cache reads from the disk, before a first
+        // listing's GET went out).
+        let cached = |m: &crate::pack::Member| match recorded {
+            true => self.in_cache(pack, m),
+            false => self.cache.contains(&m.id),
+        };
         let sample = pack.members.iter().step_by(step);
-        let (seen, have) = sample.fold((0, 0), |(s, h), m| (s + 1, h + usize::from(self.in_cache(pack, m))));
+        let (seen, have) = sample.fold((0, 0), |(s, h), m| (s + 1, h + usize::from(cached(m))));
         have * 2 >= seen
     }
 
