@@ -45,9 +45,13 @@ start)
       >"$dir/azurite.log" 2>&1 &
   echo $! >"$dir/azurite.pid"
   # Startup only: wait (bounded) until it answers HTTP at all (an unsigned
-  # request gets 403, which is enough to know it listens).
-  for _ in $(seq 1 150); do
+  # request gets 403, which is enough to know it listens). Node loads
+  # Azurite's modules from the disk: 3 s warm, 14 s with a cold page cache,
+  # and once over 30 s on a busy 2-core machine; so up to 90 s, and no
+  # longer than the process lives.
+  for _ in $(seq 1 450); do
     [ "$(curl -s -o /dev/null -w '%{http_code}' "$url/$account?comp=list" 2>/dev/null)" != 000 ] && break
+    kill -0 "$(cat "$dir/azurite.pid")" 2>/dev/null || break
     sleep 0.2
   done
   # 201 when made, 409 when it already exists (a restart on the same DIR).
