@@ -10,6 +10,9 @@
 //! latency-proxy --upstream 127.0.0.1:9000 [--listen 127.0.0.1:0] [--rtt-ms 20] [--http]
 //! ```
 //!
+//! With `LATENCY_PROXY_LOG` set (and `--http`), it prints each request's
+//! line and range to stderr, prefixed by the time in ms (mod 100 s).
+//!
 //! It prints one JSON line, `{"port":P,"control":C}`, once listening. The
 //! control port takes one command per connection and answers one JSON
 //! line: `stats`, `reset` (answers the counts, then zeroes them), or
