@@ -96,33 +96,30 @@ fn parse(state: &mut Http, mut data: &[u8], c: &Counters) {
                 let rest = buf[end..].to_vec();
                 let head = String::from_utf8_lossy(&buf[..end]).into_owned();
                 let mut lines = head.split("\r\n");
-                let method = lines.next().unwrap_or("").split(' ').next().unwrap_or("").to_string();
-                let (mut len, mut chunked, mut ranged) = (0u64, false, false);
-                if std::env::var_os("LATENCY_PROXY_LOG").is_some() {
-                    // One line per request (its request line and range), for
-                    // seeing what a client asks for.
-                    let range = head.lines().find(|l| l.to_ascii_lowercase().starts_with("range:")).unwrap_or("");
-                    eprintln!(
-                        "{:?} {} {range}",
-                        std::time::SystemTime::now()
-                            .duration_since(std::time::UNIX_EPOCH)
-                            .unwrap_or_default()
-                            .as_millis()
-                            % 100_000,
-                        head.lines().next().unwrap_or("")
-                    );
-                }
+                let request = lines.next().unwrap_or("");
+                let method = request.split(' ').next().unwrap_or("").to_string();
+                let (mut len, mut chunked, mut range) = (0u64, false, None);
                 for l in lines {
                     let Some((k, v)) = l.split_once(':') else { continue };
                     let (k, v) = (k.trim().to_ascii_lowercase(), v.trim());
                     match k.as_str() {
                         "content-length" => len = v.parse().unwrap_or(0),
                         "transfer-encoding" => chunked = v.to_ascii_lowercase().contains("chunked"),
-                        "range" => ranged = true,
+                        "range" => range = Some(v),
                         _ => {}
                     }
                 }
-                if method == "GET" && ranged {
+                if std::env::var_os("LATENCY_PROXY_LOG").is_some() {
+                    // One line per request (its request line and range), for
+                    // seeing what a client asks for.
+                    let ms = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .unwrap_or_default()
+                        .as_millis();
+                    let range = range.map(|r| format!("range: {r}")).unwrap_or_default();
+                    eprintln!("{} {request} {range}", ms % 100_000);
+                }
+                if method == "GET" && range.is_some() {
                     c.ranged_gets.fetch_add(1, Relaxed);
                 }
                 *c.methods.lock().expect("methods lock").entry(method).or_default() += 1;

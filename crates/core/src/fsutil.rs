@@ -196,6 +196,8 @@ pub async fn lock_file(path: PathBuf) -> Result<std::fs::File> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     /// `copy_range` copies a span at any offsets, within one filesystem and
     /// across two (tmpfs to the test's disk, where the kernel may refuse and
     /// the buffer copies), and fails when the source ends early.
@@ -225,8 +227,6 @@ mod tests {
             }
         }
     }
-
-    use super::*;
 
     #[test]
     fn save_atomic_replaces_and_reports_failures_without_leaving_temp_files() {

@@ -222,15 +222,13 @@ impl Fetcher {
     /// Object `id` if the disk cache holds it, loose or in a cached pack
     /// this fetcher's indexes name (no network).
     pub fn cached(&self, id: &Hash) -> Option<Vec<u8>> {
-        let hit = self.packs.read().expect("packs lock").members.get(id).cloned();
-        hit.and_then(|(pack, _)| self.cache.pack_get(&pack.id, id)).or_else(|| self.cache.get(id))
+        self.pack_of(id).and_then(|pack| self.cache.pack_get(&pack, id)).or_else(|| self.cache.get(id))
     }
 
     /// Whether the disk cache lists object `id` (loose, or in a cached pack
     /// this fetcher's indexes name), without reading or verifying it.
     pub fn is_cached(&self, id: &Hash) -> bool {
-        let hit = self.packs.read().expect("packs lock").members.get(id).cloned();
-        hit.is_some_and(|(pack, _)| self.cache.pack_has(&pack.id, id)) || self.cache.contains(id)
+        self.pack_of(id).is_some_and(|pack| self.cache.pack_has(&pack, id)) || self.cache.contains(id)
     }
 
     /// Copies object `id` (`len` bytes) from the disk cache into `to` at
@@ -238,8 +236,7 @@ impl Fetcher {
     /// (a raw member of a cached pack, or a loose entry). Not verified: the
     /// caller checks what it builds. `false` when it is not there as such.
     pub fn copy_cached(&self, id: &Hash, len: u64, to: &std::fs::File, at: u64) -> bool {
-        let hit = self.packs.read().expect("packs lock").members.get(id).cloned();
-        hit.is_some_and(|(pack, _)| self.cache.pack_copy_raw(&pack.id, id, to, at))
+        self.pack_of(id).is_some_and(|pack| self.cache.pack_copy_raw(&pack, id, to, at))
             || self.cache.copy_loose(id, len, to, at)
     }
 
