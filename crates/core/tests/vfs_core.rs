@@ -459,7 +459,8 @@ async fn a_listing_waits_until_its_packs_get_is_on_the_way() {
 /// per pack of its chunks, each from the pack's first chunk. A read-ahead
 /// that asked for a pack's later chunk first had that pack downloaded from
 /// there, and its first chunks in a second GET after the first ended.
-/// Closed, its whole copy is built from the cache alone.
+/// Closed, its whole copy is built from the cache alone, and not kept when
+/// a cached pack rotted in between.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_file_read_in_order_costs_one_get_per_pack() {
     let t = tempfile::tempdir().unwrap();
@@ -513,6 +514,30 @@ async fn a_large_file_read_in_order_costs_one_get_per_pack() {
         assert!(std::fs::read(cache.entry_path(&mado_core::Hash::of(&big))).unwrap() == big, "round {round}");
         assert_eq!(remote.stats().since(&before).requests(), d.requests(), "round {round}");
     }
+    // A byte of a cached pack rots before the copy is built: the kernel
+    // copies it unchecked, the whole file's hash refuses the copy, and
+    // no entry or build file is left.
+    let remote = Arc::new(Remote::open(&url, &opts).unwrap());
+    let (f, fs, cache) = fresh_fs(&remote, t.path().join("cache-rot")).await;
+    fs.set_assemble(true);
+    let ino = fs.lookup(ROOT_INO, b"big.bin").await.unwrap().ino;
+    let h = fs.open(ino).await.unwrap();
+    let step = 128u64 << 10;
+    for off in (0..big.len() as u64).step_by(step as usize) {
+        fs.read(&h, off, step as u32).await.unwrap();
+    }
+    f.drain().await;
+    let OpenFile::Chunked { manifest, .. } = &h else { panic!("not chunked") };
+    let data = cache.pack_data_path(&f.pack_of(&manifest.chunks[3].1).unwrap());
+    let mut bytes = std::fs::read(&data).unwrap();
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0x40;
+    std::fs::write(&data, &bytes).unwrap();
+    fs.close_chunked(&h).await;
+    assert_eq!(fs.wait_assemblies(std::time::Duration::from_secs(20)), 0);
+    assert_eq!(fs.files_assembled(), 0, "a copy with a rotten byte was kept");
+    assert!(!cache.entry_path(&mado_core::Hash::of(&big)).exists());
+    assert_eq!(std::fs::read_dir(cache.build_dir().unwrap()).unwrap().count(), 0, "a build left behind");
 }
 
 /// A large file read in order through a mount that asked for whole copies
