@@ -538,6 +538,19 @@ async fn a_large_file_read_in_order_costs_one_get_per_pack() {
     assert_eq!(fs.files_assembled(), 0, "a copy with a rotten byte was kept");
     assert!(!cache.entry_path(&mado_core::Hash::of(&big)).exists());
     assert_eq!(std::fs::read_dir(cache.build_dir().unwrap()).unwrap().count(), 0, "a build left behind");
+    // The rotten pack was found and healed (its files are gone, the
+    // others kept): the chunk is fetched again when next read.
+    assert!(!data.exists(), "the rotten pack is still in the cache");
+    assert_eq!(cache.stats().healed, 1);
+    assert!(!f.is_cached(&manifest.chunks[3].1));
+    let rotten = f.pack_of(&manifest.chunks[3].1);
+    for (_, id) in manifest.chunks.iter().filter(|(_, id)| f.pack_of(id) != rotten) {
+        assert!(f.is_cached(id), "a sound pack was dropped");
+    }
+    let OpenFile::Chunked { starts, .. } = &h else { panic!("not chunked") };
+    let at = starts[3];
+    let got = fs.read(&h, at, step as u32).await.unwrap();
+    assert!(got[..] == big[at as usize..at as usize + got.len()]);
 }
 
 /// A large file read in order through a mount that asked for whole copies

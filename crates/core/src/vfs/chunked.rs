@@ -197,8 +197,8 @@ impl SnapshotFs {
         // is hashed (`finish`).
         let (fetcher, m, at) = (self.fetcher.clone(), manifest.chunks.clone(), starts.clone());
         let a2 = a.clone();
-        let Ok(missing) = tokio::task::spawn_blocking(move || {
-            (0..m.len()).filter(|&i| !fetcher.copy_cached(&m[i].1, m[i].0, &a2.file, at[i])).collect::<Vec<usize>>()
+        let Ok((copied, missing)) = tokio::task::spawn_blocking(move || {
+            (0..m.len()).partition::<Vec<usize>, _>(|&i| fetcher.copy_cached(&m[i].1, m[i].0, &a2.file, at[i]))
         })
         .await
         else {
@@ -213,7 +213,19 @@ impl SnapshotFs {
                 _ => return,
             }
         }
-        let _ = tokio::task::spawn_blocking(move || a.finish()).await;
+        let (fetcher, m) = (self.fetcher.clone(), manifest.chunks.clone());
+        let _ = tokio::task::spawn_blocking(move || {
+            if !a.finish() {
+                // The kernel copied those chunks unchecked, and the whole
+                // hash cannot say which one rotted: a verified read of
+                // each finds it and heals its pack (the next read
+                // fetches it again).
+                for i in copied {
+                    let _ = fetcher.cached(&m[i].1);
+                }
+            }
+        })
+        .await;
     }
 
     /// Waits, at most `limit`, for the whole copies being built to be kept
@@ -477,8 +489,9 @@ impl Assembly {
     }
 
     /// Every chunk is in the file: hash it whole and keep it if it is the
-    /// content the manifest names.
-    fn finish(&self) {
+    /// content the manifest names. `false` when its bytes are not that
+    /// content (not when the hash could not be read or the copy not kept).
+    fn finish(&self) -> bool {
         // A test changes the file here, as a stray writer into the cache's
         // build folder would: the hash, not the chunks' checks, decides.
         crate::failpoint::pause("assembly-before-hash");
@@ -488,12 +501,19 @@ impl Assembly {
                     self.kept.store(true, Relaxed);
                     self.assembled.fetch_add(1, Relaxed);
                 }
+                true
             }
-            Ok(h) => tracing::warn!(
-                "a large file's chunks make {h}, not the content {} its manifest names; not kept",
-                self.content
-            ),
-            Err(e) => tracing::debug!("whole copy of a large file: hashing {}: {e}", self.path.display()),
+            Ok(h) => {
+                tracing::warn!(
+                    "a large file's chunks make {h}, not the content {} its manifest names; not kept",
+                    self.content
+                );
+                false
+            }
+            Err(e) => {
+                tracing::debug!("whole copy of a large file: hashing {}: {e}", self.path.display());
+                true
+            }
         }
     }
 }
