@@ -510,7 +510,7 @@ async fn upload_loose(
 async fn keep_pack(cache: &Arc<DiskCache>, id: Hash, bytes: Bytes) {
     let Ok((_, members)) = crate::pack::decode_pack_header(&bytes) else { return };
     // Without the lock (an unwritable cache) the write below fails too.
-    let Ok(_lock) = crate::fsutil::lock_file(cache.pack_lock_path(&id)).await else { return };
+    let Ok(_lock) = cache.lock_pack(&id).await else { return };
     let c = cache.clone();
     let _ = tokio::task::spawn_blocking(move || {
         if members.iter().all(|m| c.pack_has(&id, &m.id) || c.contains(&m.id)) {

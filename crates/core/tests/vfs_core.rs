@@ -438,10 +438,7 @@ async fn a_listing_waits_until_its_packs_get_is_on_the_way() {
     let d = fs.lookup_now(ROOT_INO, b"d").unwrap().unwrap();
     let f00 = fs.lookup_now(d.ino, b"f00").unwrap().unwrap();
     let pack = f.pack_of(&mado_core::Hash::of("d 0\n".repeat(50).as_bytes())).expect("d/f00 is packed");
-    let lock_path = cache.pack_lock_path(&pack);
-    std::fs::create_dir_all(lock_path.parent().unwrap()).unwrap();
-    let lock = std::fs::File::create(&lock_path).unwrap();
-    rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive).unwrap();
+    let lock = cache.lock_pack_blocking(&pack).unwrap();
     let before = remote.stats();
     let limit = std::time::Duration::from_millis(300);
     let (started, took) = waiting(&fs, d.ino, limit);

@@ -39,7 +39,9 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::hash::Hash;
 
+mod locks;
 mod packfile;
+pub use locks::PackLock;
 pub use packfile::PackWriter;
 
 /// One write in this many enters the cache as recently used; the others
@@ -71,6 +73,8 @@ pub struct DiskCache {
     scans: AtomicU64,
     /// When this process last marked each cached pack used.
     pack_touched: Mutex<HashMap<Hash, Instant>>,
+    /// The packs' locks (see `locks`).
+    pack_locks: locks::PackLocks,
 }
 
 #[derive(Default, Debug)]
@@ -133,6 +137,7 @@ impl DiskCache {
     pub fn open(root: PathBuf, cap: Option<u64>) -> Result<DiskCache> {
         crate::fsutil::create_private_dir(&root)?;
         fs::create_dir_all(root.join("objects")).map_err(Error::io(format!("creating cache {}", root.display())))?;
+        let pack_locks = locks::PackLocks::open(&root);
         let c = DiskCache {
             root,
             cap,
@@ -144,6 +149,7 @@ impl DiskCache {
             inserts: AtomicU64::new(0),
             scans: AtomicU64::new(0),
             pack_touched: Mutex::new(HashMap::new()),
+            pack_locks,
         };
         // A large file's whole copy left by a killed mount daemon.
         remove_dead_builds(&c.root.join("tmp"));
@@ -162,9 +168,21 @@ impl DiskCache {
         self.root.join("packs").join("index").join(tree.to_hex())
     }
 
-    /// The lock one process holds while it explodes pack `id`.
-    pub fn pack_lock_path(&self, id: &Hash) -> PathBuf {
-        self.root.join("packs").join("locks").join(format!("{}.lock", id.to_hex()))
+    /// The lock one process holds while it fetches pack `id` into the
+    /// cache (or writes one it built), waited for off the async workers.
+    pub async fn lock_pack(&self, id: &Hash) -> Result<PackLock> {
+        if let Some(l) = self.pack_locks.try_lock(id)? {
+            return Ok(l);
+        }
+        let (path, id) = (self.pack_locks.path().to_path_buf(), *id);
+        tokio::task::spawn_blocking(move || locks::wait_for(&path, &id))
+            .await
+            .map_err(|e| Error::Io { context: "pack lock task".into(), source: std::io::Error::other(e) })?
+    }
+
+    /// [`DiskCache::lock_pack`], blocking the thread while another holds it.
+    pub fn lock_pack_blocking(&self, id: &Hash) -> Result<PackLock> {
+        self.pack_locks.lock_blocking(id)
     }
 
     /// Where an older mado kept the state of workspace `name` of remote

@@ -137,7 +137,7 @@ impl DiskCache {
     }
 
     /// Starts (or extends) the cache's copy of pack `id`. The caller holds
-    /// the pack's lock ([`DiskCache::pack_lock_path`]).
+    /// the pack's lock ([`DiskCache::lock_pack`]).
     pub fn pack_writer(&self, id: &Hash) -> Result<PackWriter> {
         let p = self.pack_data_path(id);
         let open = || {

@@ -471,9 +471,8 @@ impl Fetcher {
     /// bytes only, wherever it is in the pack.
     async fn run_pack(self: Arc<Self>, pack: Arc<PackEntry>, flight: Arc<PackFlight>, start: Start) {
         // One process at a time per pack; the loser then finds the cache full.
-        let lock_path = self.cache.pack_lock_path(&pack.id);
         // Without the lock (an unwritable cache) we may fetch twice: still correct.
-        let _lock = crate::fsutil::lock_file(lock_path).await.ok();
+        let _lock = self.cache.lock_pack(&pack.id).await.ok();
         if pack.members.is_empty() {
             self.end_flight(&pack.id, &flight);
             return;
@@ -570,8 +569,7 @@ impl Fetcher {
             map.insert(pack.id, f.clone());
             f
         };
-        let lock_path = self.cache.pack_lock_path(&pack.id);
-        let lock = crate::fsutil::lock_file(lock_path).await.ok();
+        let lock = self.cache.lock_pack(&pack.id).await.ok();
         let ran = !self.cache.pack_recorded(&pack.id);
         if ran {
             let n = self.fetch_span(pack, lo, hi, sink, Taker::Bulk).await;
