@@ -6,7 +6,7 @@
 //! each through a temp file and a rename.
 //!
 //! - The `.have` record is written after the bytes it names, by a rename
-//!   (no fsync), by the one process that holds the pack's flock.
+//!   (no fsync), by the one process that holds the pack's lock.
 //! - Every member read is verified (BLAKE3, through [`decode_member`]), so
 //!   the record is only a hint: a hole, a torn write, a bit flip, a file
 //!   truncated or replaced by a symlink fails verification, and the pack's
@@ -83,7 +83,7 @@ fn stamp_of(m: &fs::Metadata) -> (u64, i64, i64) {
     (m.len(), m.mtime(), m.mtime_nsec())
 }
 
-/// A pack file being filled by the process holding the pack's flock.
+/// A pack file being filled by the process holding the pack's lock.
 /// Writes may run on several threads at once (each at its own offset).
 pub struct PackWriter {
     pack: Hash,

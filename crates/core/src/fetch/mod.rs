@@ -6,7 +6,7 @@
 //!    the members are exploded into the cache as the bytes stream in. Every
 //!    waiter is woken as soon as *its* member has arrived and verified, not
 //!    when the whole pack has. Concurrent requests for members of one pack
-//!    share that GET; across processes, an flock on the pack makes the
+//!    share that GET; across processes, the pack's lock (`cache::locks`) makes the
 //!    second process wait for the first and then read the cache.
 //! 3. Anything else is fetched alone (many in flight), and concurrent
 //!    requests for one id collapse into one GET.

@@ -531,7 +531,7 @@ impl Fetcher {
         // out before the members after it are decoded.
         let mut sink = move |i: usize, b: Option<Bytes>| fl.arrived(i, b).then(|| tokio::task::yield_now().boxed());
         // A permit bounds downloads only: a flight that finds its span
-        // cached ended above without one. Taken under the pack's flock, so
+        // cached ended above without one. Taken under the pack's lock, so
         // a permit's holder waits on nothing but its download.
         let _permit = match crate::pack::is_run_pack(&pack) {
             true => self.run_flights.clone().acquire_owned().await.ok(),
@@ -582,7 +582,7 @@ impl Fetcher {
 
     /// Fetches members `lo..=hi` of `pack` into the cache's copy of it,
     /// handing each to `sink`; a failure marks the pack bad (warned). The
-    /// caller holds the pack's flock.
+    /// caller holds the pack's lock.
     /// Returns how many members verified and were handed over.
     async fn fetch_span(&self, pack: &PackEntry, lo: usize, hi: usize, sink: Sink<'_>, taker: Taker<'_>) -> usize {
         // The GET goes out first; the cache file is made on a blocking
@@ -782,7 +782,7 @@ impl Fetcher {
                 w.await;
             }
         }
-        // The pack's flock is held until the copy is recorded.
+        // The pack's lock is held until the copy is recorded.
         let mut written = writer.is_some();
         for w in writes {
             written &= matches!(w.await, Ok(Ok(())));
