@@ -101,6 +101,44 @@ fn import_checkout_matches_git_clone_on_every_backend() {
     }
 }
 
+/// The tree a ref already holds, imported under another ref from the same
+/// machine (its cache keeps the tree's index): no pack is built or sent,
+/// only the snapshot and the new ref go up (it sent the whole pack again,
+/// for gc to reclaim). The new ref then checks out as git has it.
+#[test]
+fn the_same_tree_under_another_ref_sends_no_pack_on_every_backend() {
+    for (label, m) in Mado::every_backend() {
+        let repo = m.dir.path().join("repo");
+        for d in 0..20 {
+            let dir = repo.join(format!("src/m{d:02}"));
+            std::fs::create_dir_all(&dir).unwrap();
+            for f in 0..10 {
+                std::fs::write(dir.join(format!("f{f}.rs")), format!("// {d}/{f}\n{}", "let y = 2;\n".repeat(40)))
+                    .unwrap();
+            }
+        }
+        git(&repo, &["init", "-q", "-b", "main"]);
+        git(&repo, &["add", "-A"]);
+        git(&repo, &["commit", "-qm", "one"]);
+        let first = m.json(&["import-git", repo.to_str().unwrap()]);
+        let first_up = first["remote"]["bytes_up"].as_u64().unwrap();
+        let v = m.json(&["import-git", repo.to_str().unwrap(), "--ref", "release"]);
+        assert_eq!(v["packs"].as_array().map(Vec::len), Some(0), "{label}: a pack was built: {v}");
+        let up = v["remote"]["bytes_up"].as_u64().unwrap();
+        assert!(up * 20 < first_up, "{label}: {up} bytes up for a known tree, the tree took {first_up}: {v}");
+        assert!(v["remote"]["puts"].as_u64().unwrap() <= 3, "{label}: the lock, the snapshot, the ref: {v}");
+        let out = m.dir.path().join("release-co");
+        m.ok(&["checkout", "release", out.to_str().unwrap()]);
+        let diff = std::process::Command::new("diff")
+            .args(["-r", "-q", "--exclude=.git"])
+            .arg(&repo)
+            .arg(&out)
+            .output()
+            .unwrap();
+        assert!(diff.status.success(), "{label}: {}", String::from_utf8_lossy(&diff.stdout));
+    }
+}
+
 /// The next commit (issue #13): importing a commit that changes a few files
 /// of an imported one makes at most 6 sequential round trips (the ref ‖
 /// the writer's lock PUT; its LIST ‖ the ref's snapshot and index when not

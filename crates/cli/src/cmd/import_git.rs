@@ -121,11 +121,19 @@ pub async fn run(mut a: ImportGitArgs, ctx: &Ctx) -> Result<()> {
     let packs: usize = report.packs.iter().map(|p| p.packs).sum();
     let new_packs: u64 = report.packs.iter().map(|p| p.packs_uploaded).sum();
     let up = &report.upload;
+    // Packs sent for a tree whose index another writer had put up first:
+    // its own packs serve, and these are left for gc.
+    let unused: u64 = report.packs.iter().filter(|p| p.index_existed).map(|p| p.packs_uploaded).sum();
     let sent = if up.snapshots_uploaded == 0 {
         "nothing new to upload".to_string()
     } else {
+        let of = if packs > 0 { format!(" (of {packs})") } else { String::new() };
+        let unused = match unused {
+            0 => String::new(),
+            n => format!(" ({n} not needed: the store had the tree's packs already; gc reclaims them)"),
+        };
         format!(
-            "uploaded {new_packs} new packs (of {packs}), {} objects alone and {} snapshots: {} MB",
+            "uploaded {new_packs} new packs{of}{unused}, {} objects alone and {} snapshots: {} MB",
             up.objects_uploaded,
             up.snapshots_uploaded,
             up.bytes_uploaded >> 20

@@ -69,13 +69,7 @@ fn open_lock_file(path: &Path) -> std::io::Result<File> {
     // A symlink planted there is not followed. A FIFO opened for reading
     // and writing does not wait for a peer; its inode then serves as the
     // lock (it holds no data either way).
-    OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)
+    OpenOptions::new().read(true).write(true).create(true).truncate(false).custom_flags(libc::O_NOFOLLOW).open(path)
 }
 
 /// The byte of the lock file that stands for pack `id`.

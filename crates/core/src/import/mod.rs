@@ -324,9 +324,15 @@ pub async fn publish(
     // whether its index exists is asked alongside its packs, after the
     // writer's lock (IndexCheck::Concurrent), not in a round trip before.
     let single = primary.is_some() && roots.iter().collect::<HashSet<_>>().len() == 1;
+    // A tree this cache holds the index of was packed before (here, or in
+    // another store this cache serves): its index is asked in round trip 1
+    // instead, so that an import of it under another ref builds and sends
+    // no pack when the store has them.
+    let known_here = roots.first().is_some_and(|r| cache.index_path(r).exists());
+    let ask_after = single && !known_here;
     let index_probe = async {
         let mut out = Vec::new();
-        if packs.is_some() && !single {
+        if packs.is_some() && !ask_after {
             let heads = roots.iter().map(|r| async move { remote.has_index(r).await.map(|present| (*r, present)) });
             for r in futures::future::join_all(heads).await {
                 out.push(r?);
@@ -343,7 +349,7 @@ pub async fn publish(
     // The lock goes early only when the tree looks new here (no local copy
     // of its index): an import of what the ref already holds, told apart
     // only once the ref is read, then makes no write at all.
-    let early = single && !roots.first().is_some_and(|r| cache.index_path(r).exists());
+    let early = ask_after;
     let early_lock = async {
         match early {
             true => Some(remote.begin_write().await),
@@ -401,7 +407,7 @@ pub async fn publish(
             let (alongside, packs, indexed) = match primary {
                 Some(opts) => {
                     let base = base?;
-                    let indexed: Vec<(Hash, Option<bool>)> = match single {
+                    let indexed: Vec<(Hash, Option<bool>)> = match ask_after {
                         // Not asked yet: asked alongside the packs.
                         true => roots.iter().take(1).map(|r| (*r, None)).collect(),
                         false => indexed?.into_iter().map(|(r, present)| (r, Some(present))).collect(),
