@@ -127,6 +127,14 @@ fn the_same_tree_under_another_ref_sends_no_pack_on_every_backend() {
         let up = v["remote"]["bytes_up"].as_u64().unwrap();
         assert!(up * 20 < first_up, "{label}: {up} bytes up for a known tree, the tree took {first_up}: {v}");
         assert!(v["remote"]["puts"].as_u64().unwrap() <= 3, "{label}: the lock, the snapshot, the ref: {v}");
+        // Once more: what the ref holds now, one round trip and no probe.
+        let again = m.json(&["import-git", repo.to_str().unwrap(), "--ref", "release"]);
+        let r = &again["remote"];
+        assert_eq!(
+            (r["round_trips"].as_u64(), r["heads"].as_u64(), r["puts"].as_u64()),
+            (Some(1), Some(0), Some(0)),
+            "{label}: {again}"
+        );
         let out = m.dir.path().join("release-co");
         m.ok(&["checkout", "release", out.to_str().unwrap()]);
         let diff = std::process::Command::new("diff")

@@ -325,14 +325,16 @@ pub async fn publish(
     // writer's lock (IndexCheck::Concurrent), not in a round trip before.
     let single = primary.is_some() && roots.iter().collect::<HashSet<_>>().len() == 1;
     // A tree this cache holds the index of was packed before (here, or in
-    // another store this cache serves): its index is asked in round trip 1
-    // instead, so that an import of it under another ref builds and sends
-    // no pack when the store has them.
+    // another store this cache serves): its index is asked beside the
+    // writer's lock instead (no round trip more), so that an import of it
+    // under another ref builds and sends no pack when the store has them.
+    // (An import of what the ref holds stops after the ref: no request.)
     let known_here = roots.first().is_some_and(|r| cache.index_path(r).exists());
     let ask_after = single && !known_here;
+    let ask_with_lock = single && known_here;
     let index_probe = async {
         let mut out = Vec::new();
-        if packs.is_some() && !ask_after {
+        if packs.is_some() && !single {
             let heads = roots.iter().map(|r| async move { remote.has_index(r).await.map(|present| (*r, present)) });
             for r in futures::future::join_all(heads).await {
                 out.push(r?);
@@ -387,8 +389,8 @@ pub async fn publish(
         // object this import finds present and reuses (docs/DESIGN.md).
         // Packs-first: the index of what the ref holds is the base (what
         // the store has), fetched alongside the lock.
-        let (lock, base) = match early_lock {
-            Some(lock) => (lock, early_base),
+        let (lock, base, probed) = match early_lock {
+            Some(lock) => (lock, early_base, None),
             None => {
                 let base = async {
                     match (&primary, &current) {
@@ -396,7 +398,13 @@ pub async fn publish(
                         _ => Ok(None),
                     }
                 };
-                futures::join!(remote.begin_write(), base)
+                let probe = async {
+                    match (ask_with_lock, roots.first()) {
+                        (true, Some(r)) => Some(remote.has_index(r).await.map(|present| (*r, present))),
+                        _ => None,
+                    }
+                };
+                futures::join!(remote.begin_write(), base, probe)
             }
         };
         let lock = lock?;
@@ -407,10 +415,11 @@ pub async fn publish(
             let (alongside, packs, indexed) = match primary {
                 Some(opts) => {
                     let base = base?;
-                    let indexed: Vec<(Hash, Option<bool>)> = match ask_after {
+                    let indexed: Vec<(Hash, Option<bool>)> = match (ask_after, probed) {
                         // Not asked yet: asked alongside the packs.
-                        true => roots.iter().take(1).map(|r| (*r, None)).collect(),
-                        false => indexed?.into_iter().map(|(r, present)| (r, Some(present))).collect(),
+                        (true, _) => roots.iter().take(1).map(|r| (*r, None)).collect(),
+                        (false, Some(p)) => vec![p.map(|(r, present)| (r, Some(present)))?],
+                        (false, None) => indexed?.into_iter().map(|(r, present)| (r, Some(present))).collect(),
                     };
                     let memory = &memory;
                     let f = async move { publish_primary(remote, cache, &indexed, base, &opts, memory).await };
