@@ -131,6 +131,29 @@ fn a_stored_symlink_never_lets_a_later_entry_write_through_it() {
     assert_eq!(std::fs::read(target.join("src/lib.rs")).unwrap(), b"pub fn f() {}\n");
 }
 
+/// A file where the target directory goes is the user's to fix (exit 1,
+/// naming it), with or without --force, and is left as it was; `ls` of a
+/// file says what it is; a ref given to materialize as its path gets a hint.
+#[test]
+fn a_file_where_the_target_directory_goes_is_a_user_error() {
+    let m = Mado::local();
+    let repo = fixture_repo(m.dir.path());
+    m.ok(&["import-git", repo.to_str().unwrap()]);
+    let f = m.dir.path().join("afile");
+    std::fs::write(&f, b"keep").unwrap();
+    let path = f.to_str().unwrap();
+    for args in [vec!["checkout", "main", path], vec!["checkout", "main", path, "--force"]] {
+        let err = m.fails(&args, 1);
+        assert!(err.contains("afile is not a directory"), "{args:?}: {err}");
+        assert_eq!(std::fs::read(&f).unwrap(), b"keep");
+    }
+    let err = m.fails(&["ls", "main", "src/lib.rs"], 1);
+    assert!(err.contains("src/lib.rs is a file, not a directory"), "{err}");
+    // A ref given where materialize takes a path: the hint names -r.
+    let err = m.fails(&["materialize", "main"], 1);
+    assert!(err.contains("no such path: main") && err.contains("mado materialize -r main"), "{err}");
+}
+
 #[test]
 fn corrupt_store_object_is_named_with_its_path() {
     let m = Mado::local();

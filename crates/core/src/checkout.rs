@@ -413,6 +413,11 @@ pub fn is_empty_dir(p: &Path) -> Result<bool> {
     match std::fs::read_dir(p) {
         Ok(mut it) => Ok(it.next().is_none()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(true),
+        // A file where the directory should go (or under it): the user's
+        // to fix, not an I/O failure.
+        Err(e) if e.kind() == std::io::ErrorKind::NotADirectory => {
+            Err(Error::User(format!("{} is not a directory; choose an empty or new directory", p.display())))
+        }
         Err(e) => Err(Error::Io { context: format!("reading {}", p.display()), source: e }),
     }
 }
@@ -502,6 +507,12 @@ pub async fn checkout(
     dest: &Path,
     opts: CheckoutOptions<'_>,
 ) -> Result<CheckoutReport> {
+    if opts.force && std::fs::metadata(dest).is_ok_and(|m| !m.is_dir()) {
+        return Err(Error::User(format!(
+            "{} is not a directory; --force writes over a directory's files, not over a file",
+            dest.display()
+        )));
+    }
     if !opts.force && !is_empty_dir(dest)? {
         return Err(Error::User(format!(
             "{} is not empty; choose an empty or new directory, or pass --force to write over it",

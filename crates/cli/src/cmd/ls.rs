@@ -31,9 +31,9 @@ pub async fn run(a: LsArgs, ctx: &Ctx) -> Result<()> {
         Some(e) if e.kind == Kind::Directory => e.id,
         Some(e) => {
             return Err(mado_core::Error::User(format!(
-                "{} is a {}, not a directory; use `mado cat`",
+                "{} is {}, not a directory; use `mado cat`",
                 a.path,
-                e.kind.label()
+                e.kind.noun()
             ))
             .into())
         }

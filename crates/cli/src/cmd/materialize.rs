@@ -26,7 +26,19 @@ pub async fn run(a: MaterializeArgs, ctx: &Ctx) -> Result<()> {
     let (pb, progress) = ctx.progress_counter("materializing");
     let r = mado_core::materialize::materialize(&fetcher, snap.root, &a.path, &progress).await;
     pb.finish_and_clear();
-    let r = r?;
+    // `mado materialize REF`, as other commands take a ref first: say so.
+    let r = match r {
+        Err(mado_core::Error::NotFound(m))
+            if !a.path.contains('/') && a.spec == "main" && matches!(remote.read_ref(&a.path).await, Ok(Some(_))) =>
+        {
+            return Err(mado_core::Error::User(format!(
+                "{m}\n  hint: {} is a ref; materialize takes a path, and the ref with -r: `mado materialize -r {}`",
+                a.path, a.path
+            ))
+            .into())
+        }
+        r => r?,
+    };
     ctx.step(format!("{} files in the cache", r.files));
     ctx.flush_warnings();
     if ctx.json {

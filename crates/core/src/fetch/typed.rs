@@ -109,7 +109,7 @@ impl Fetcher {
     /// (fetched concurrently) when the entry is chunked.
     pub async fn content(self: &Arc<Self>, e: &Entry, path: &str) -> Result<Bytes> {
         if !e.kind.has_content() {
-            return Err(Error::User(format!("{path} is a {}, not a file", e.kind.label())));
+            return Err(Error::User(format!("{path} is {}, not a file", e.kind.noun())));
         }
         if !e.chunked {
             let b = self.get(Space::Objects, e.id, "blob").await.map_err(|er| er.at_path(path))?;
@@ -254,7 +254,7 @@ impl Fetcher {
         for part in path.split('/').filter(|p| !p.is_empty()) {
             if let Some(e) = &found {
                 if e.kind != Kind::Directory {
-                    return Err(Error::NotFound(format!("{walked} is a {}, not a directory", e.kind.label())));
+                    return Err(Error::NotFound(format!("{walked} is {}, not a directory", e.kind.noun())));
                 }
                 tree_id = e.id;
             }

@@ -52,6 +52,17 @@ impl Kind {
     pub fn has_content(self) -> bool {
         matches!(self, Kind::File | Kind::Executable | Kind::Symlink)
     }
+    /// The kind in a sentence, with its article ("an executable file").
+    pub fn noun(self) -> &'static str {
+        match self {
+            Kind::File => "a file",
+            Kind::Executable => "an executable file",
+            Kind::Symlink => "a symlink",
+            Kind::Directory => "a directory",
+            Kind::Gitlink => "a submodule (gitlink)",
+        }
+    }
+
     pub fn label(self) -> &'static str {
         match self {
             Kind::File => "file",
