@@ -219,6 +219,12 @@ fn usage_errors_exit_1_with_a_hint() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("Usage"));
     m.fails(&["ls", "--no-such-flag"], 1);
     m.fails(&["no-such-command"], 1);
+    // A workspace needs one of its three kinds of working copy: the error
+    // names all three, and refuses two at once.
+    let err = m.fails(&["ws", "create", "w"], 1);
+    assert!(err.contains("--dir") && err.contains("--mount") && err.contains("--no-checkout"), "{err}");
+    m.fails(&["ws", "create", "w", "--dir", "a", "--mount", "b"], 1);
+    m.fails(&["ws", "create", "w", "--no-checkout", "--dir", "a"], 1);
     assert!(m.ok(&["--version"]).contains("mado"));
     for sub in ["init", "import-git", "log", "ls", "cat", "checkout", "cache"] {
         let out = m.ok(&[sub, "--help"]);

@@ -50,21 +50,17 @@ pub enum WsCommand {
 }
 
 #[derive(Args)]
+#[command(group(clap::ArgGroup::new("working_copy").required(true).multiple(false).args(["dir", "mount", "no_checkout"])))]
 pub struct CreateArgs {
     name: String,
     /// Ref name or snapshot id to start from.
     #[arg(long, default_value = "main", value_name = "REF")]
     from: String,
     /// The working copy as a plain directory: a new or empty directory.
-    #[arg(
-        long,
-        value_name = "DIR",
-        required_unless_present_any = ["mount", "no_checkout"],
-        conflicts_with_all = ["mount", "no_checkout"]
-    )]
+    #[arg(long, value_name = "DIR")]
     dir: Option<PathBuf>,
     /// The working copy as a read-write FUSE mount at DIR (an empty directory; created if missing).
-    #[arg(long, value_name = "DIR", conflicts_with = "no_checkout")]
+    #[arg(long, value_name = "DIR")]
     mount: Option<PathBuf>,
     /// Only create the workspace, with no working copy here: to serve it
     /// to a VM guest (`mado serve-virtiofs NAME --workspace`), or to
