@@ -507,13 +507,9 @@ pub async fn checkout(
     dest: &Path,
     opts: CheckoutOptions<'_>,
 ) -> Result<CheckoutReport> {
-    if opts.force && std::fs::metadata(dest).is_ok_and(|m| !m.is_dir()) {
-        return Err(Error::User(format!(
-            "{} is not a directory; --force writes over a directory's files, not over a file",
-            dest.display()
-        )));
-    }
-    if !opts.force && !is_empty_dir(dest)? {
+    // A file where `dest` goes is refused here, with --force too.
+    let empty = is_empty_dir(dest)?;
+    if !opts.force && !empty {
         return Err(Error::User(format!(
             "{} is not empty; choose an empty or new directory, or pass --force to write over it",
             dest.display()
