@@ -108,18 +108,7 @@ fn import_checkout_matches_git_clone_on_every_backend() {
 #[test]
 fn the_same_tree_under_another_ref_sends_no_pack_on_every_backend() {
     for (label, m) in Mado::every_backend() {
-        let repo = m.dir.path().join("repo");
-        for d in 0..20 {
-            let dir = repo.join(format!("src/m{d:02}"));
-            std::fs::create_dir_all(&dir).unwrap();
-            for f in 0..10 {
-                std::fs::write(dir.join(format!("f{f}.rs")), format!("// {d}/{f}\n{}", "let y = 2;\n".repeat(40)))
-                    .unwrap();
-            }
-        }
-        git(&repo, &["init", "-q", "-b", "main"]);
-        git(&repo, &["add", "-A"]);
-        git(&repo, &["commit", "-qm", "one"]);
+        let repo = source_repo(&m, 20, 10, &"let y = 2;\n".repeat(40));
         let first = m.json(&["import-git", repo.to_str().unwrap()]);
         let first_up = first["remote"]["bytes_up"].as_u64().unwrap();
         let v = m.json(&["import-git", repo.to_str().unwrap(), "--ref", "release"]);
@@ -135,16 +124,25 @@ fn the_same_tree_under_another_ref_sends_no_pack_on_every_backend() {
             (Some(1), Some(0), Some(0)),
             "{label}: {again}"
         );
-        let out = m.dir.path().join("release-co");
-        m.ok(&["checkout", "release", out.to_str().unwrap()]);
-        let diff = std::process::Command::new("diff")
-            .args(["-r", "-q", "--exclude=.git"])
-            .arg(&repo)
-            .arg(&out)
-            .output()
-            .unwrap();
-        assert!(diff.status.success(), "{label}: {}", String::from_utf8_lossy(&diff.stdout));
+        assert_cold_checkout_of_equals_clone(&m, &repo, "release");
     }
+}
+
+/// A git repository `repo` in `m`'s folder: `dirs` folders `src/mNN` of
+/// `files` files each (a line naming the file, then `body`), committed once.
+fn source_repo(m: &Mado, dirs: usize, files: usize, body: &str) -> std::path::PathBuf {
+    let repo = m.dir.path().join("repo");
+    for d in 0..dirs {
+        let dir = repo.join(format!("src/m{d:02}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        for f in 0..files {
+            std::fs::write(dir.join(format!("f{f}.rs")), format!("// {d}/{f}\n{body}")).unwrap();
+        }
+    }
+    git(&repo, &["init", "-q", "-b", "main"]);
+    git(&repo, &["add", "-A"]);
+    git(&repo, &["commit", "-qm", "one"]);
+    repo
 }
 
 /// The next commit (issue #13): importing a commit that changes a few files
@@ -157,18 +155,7 @@ fn the_same_tree_under_another_ref_sends_no_pack_on_every_backend() {
 #[test]
 fn the_next_commit_imports_in_six_round_trips_on_every_backend() {
     for (label, m) in Mado::every_backend() {
-        let repo = m.dir.path().join("repo");
-        for d in 0..50 {
-            let dir = repo.join(format!("src/m{d:02}"));
-            std::fs::create_dir_all(&dir).unwrap();
-            for f in 0..20 {
-                std::fs::write(dir.join(format!("f{f}.rs")), format!("// {d}/{f}\n{}", "let x = 1;\n".repeat(50)))
-                    .unwrap();
-            }
-        }
-        git(&repo, &["init", "-q", "-b", "main"]);
-        git(&repo, &["add", "-A"]);
-        git(&repo, &["commit", "-qm", "one"]);
+        let repo = source_repo(&m, 50, 20, &"let x = 1;\n".repeat(50));
         let first = m.json(&["import-git", repo.to_str().unwrap()]);
         let first_up = first["remote"]["bytes_up"].as_u64().unwrap();
         for (round, wipe) in [(1, false), (2, true)] {

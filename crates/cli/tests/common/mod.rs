@@ -467,9 +467,15 @@ pub fn assert_refs_whole(store: &Path) -> usize {
 /// A checkout of `main` from an empty cache equals `git clone` of `repo`
 /// in every byte, mode and symlink target.
 pub fn assert_cold_checkout_equals_clone(m: &Mado, repo: &Path) {
+    assert_cold_checkout_of_equals_clone(m, repo, "main");
+}
+
+/// [`assert_cold_checkout_equals_clone`] of ref `name` (which holds what
+/// `repo`'s HEAD holds).
+pub fn assert_cold_checkout_of_equals_clone(m: &Mado, repo: &Path, name: &str) {
     std::fs::remove_dir_all(m.cache_dir()).unwrap();
     let co = m.dir.path().join("co");
-    m.ok(&["checkout", "main", co.to_str().unwrap()]);
+    m.ok(&["checkout", name, co.to_str().unwrap()]);
     let clone = m.dir.path().join("clone");
     git(m.dir.path(), &["clone", "-q", repo.to_str().unwrap(), clone.to_str().unwrap()]);
     assert_same_tree(&clone, &co);
