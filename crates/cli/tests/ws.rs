@@ -28,10 +28,14 @@ fn checkpoint_resume_round_trip(m: &Mado) {
     std::fs::write(busy.join("x"), "x").unwrap();
     assert!(m.fails(&["ws", "resume", "agent", busy.to_str().unwrap()], 1).contains("not empty"));
     // w1 holds the lease: a resume is refused (exit 1, naming the holder
-    // and what to do) and leaves the target empty.
+    // and what to do) and leaves the target empty. The lease is read in
+    // the ref's round trip, so nothing else was fetched: the cache holds
+    // no snapshot, index or pack.
     let err = m.fails(&["ws", "resume", "agent", w2.to_str().unwrap()], 1);
     assert!(err.contains("leased by") && err.contains("w1") && err.contains("ws release"), "{err}");
     assert!(!w2.exists() || std::fs::read_dir(&w2).unwrap().next().is_none(), "a refused resume left files");
+    let cached = m.json(&["cache", "stats"]);
+    assert_eq!((cached["entries"].as_u64(), cached["packs"].as_u64()), (Some(0), Some(0)), "{cached}");
     // Released on w1, it is free at once (no --steal).
     let rel = m.json(&["ws", "release", "--dir", w1.to_str().unwrap()]);
     assert_eq!(rel["released"], true, "{rel}");

@@ -51,11 +51,14 @@ pub async fn resolve(remote: &Remote, spec: &str) -> Result<Resolved> {
 /// Resolves `spec`, reads its snapshot and attaches the root tree's pack
 /// index. From a ref, the snapshot and the index are fetched together (the
 /// ref names the root), so a cold open costs two round trips.
+///
+/// The index is asked for first, so it takes the connection the ref's GET
+/// left idle; the snapshot's GET opens the second one.
 pub async fn open(fetcher: &Arc<Fetcher>, spec: &str) -> Result<(Hash, Snapshot, Attach)> {
     let r = resolve(&fetcher.remote, spec).await?;
     match r.root {
         Some(root) => {
-            let (snap, attach) = futures::join!(fetcher.snapshot(r.snapshot), fetcher.attach_hinted(root, &r.layers));
+            let (attach, snap) = futures::join!(fetcher.attach_hinted(root, &r.layers), fetcher.snapshot(r.snapshot));
             let snap = snap?;
             if snap.root != root {
                 return Err(Error::Corrupt {
@@ -73,4 +76,64 @@ pub async fn open(fetcher: &Arc<Fetcher>, spec: &str) -> Result<(Hash, Snapshot,
             Ok((r.snapshot, snap, attach))
         }
     }
+}
+
+/// What [`open_tree`] found: the snapshot's id, its root tree, and how the
+/// root's pack index was attached; `check` finishes the snapshot's read.
+pub struct OpenTree {
+    pub snapshot: Hash,
+    pub root: Hash,
+    pub attach: Attach,
+    /// The snapshot object's read, still under way: await it before
+    /// reporting success. It fails if the snapshot cannot be read or names
+    /// another root than the ref did. Dropped, it is abandoned.
+    pub check: SnapshotCheck,
+}
+
+/// See [`OpenTree::check`].
+pub type SnapshotCheck = std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + Send>>;
+
+/// Resolves `spec` to its root tree and attaches that tree's pack index,
+/// for a command that needs the tree only (checkout, materialize, cat,
+/// ls), without waiting for the snapshot object when a ref names the root.
+///
+/// [`open`] waits for both GETs of its second round trip, and the one that
+/// finds no idle connection pays for a new one first (a handshake: one more
+/// round trip on a network). Here the index is asked for first, so it takes
+/// the connection the ref's GET left idle; the snapshot's GET goes on
+/// beside it (it is still fetched: the cache then holds it, so a later open
+/// by snapshot id costs nothing, and the root it names is checked against
+/// the ref's) while the caller goes on with the tree. A snapshot id, or a
+/// ref of version 1 (no root), reads the snapshot first.
+pub async fn open_tree(fetcher: &Arc<Fetcher>, spec: &str) -> Result<OpenTree> {
+    let r = resolve(&fetcher.remote, spec).await?;
+    let Some(root) = r.root else {
+        let root = fetcher.snapshot(r.snapshot).await?.root;
+        let attach = fetcher.attach(root).await?;
+        return Ok(OpenTree { snapshot: r.snapshot, root, attach, check: Box::pin(async { Ok(()) }) });
+    };
+    let attach = fetcher.attach_hinted(root, &r.layers);
+    let (f, id, name) = (fetcher.clone(), r.snapshot, spec.to_string());
+    let snap = Box::pin(async move {
+        let snap = f.snapshot(id).await?;
+        if snap.root != root {
+            return Err(Error::Corrupt {
+                id,
+                what: "snapshot",
+                path: name,
+                detail: "the ref names a different root tree than its snapshot".into(),
+            });
+        }
+        Ok(())
+    });
+    // Polled in this order: the index's GET first.
+    let (attach, check): (Result<Attach>, SnapshotCheck) = match futures::future::select(Box::pin(attach), snap).await {
+        futures::future::Either::Left((attach, snap)) => {
+            // Driven on from here: its connection's handshake needs polling.
+            let task = tokio::spawn(snap);
+            (attach, Box::pin(async move { task.await.map_err(|e| Error::Internal(format!("{e}")))? }))
+        }
+        futures::future::Either::Right((checked, attach)) => (attach.await, Box::pin(async move { checked })),
+    };
+    Ok(OpenTree { snapshot: r.snapshot, root, attach: attach?, check })
 }

@@ -16,15 +16,15 @@ pub struct CatArgs {
 
 pub async fn run(a: CatArgs, ctx: &Ctx) -> Result<()> {
     let fetcher = ctx.fetcher()?;
-    let (_, snap, _) = mado_core::resolve::open(&fetcher, &a.spec).await?;
-    let entry = fetcher.lookup(snap.root, &a.path).await?.ok_or_else(|| {
+    let mado_core::resolve::OpenTree { root, check, .. } = mado_core::resolve::open_tree(&fetcher, &a.spec).await?;
+    let entry = fetcher.lookup(root, &a.path).await?.ok_or_else(|| {
         mado_core::Error::User("give a file path, not the root; use `mado ls` for directories".into())
     })?;
     if entry.kind == mado_core::object::Kind::Symlink || !entry.kind.has_content() {
         // A symlink's target, or the error naming what the entry is.
         let data = fetcher.content(&entry, &a.path).await?;
         std::io::stdout().lock().write_all(&data)?;
-        return Ok(());
+        return Ok(check.await?);
     }
     // A piece at a time: a large file streams through a bounded window.
     let mut pieces = fetcher.pieces(&entry, &a.path).await?;
@@ -33,5 +33,5 @@ pub async fn run(a: CatArgs, ctx: &Ctx) -> Result<()> {
         out.write_all(&piece?.bytes)?;
     }
     out.flush()?;
-    Ok(())
+    Ok(check.await?)
 }

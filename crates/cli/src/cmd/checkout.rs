@@ -32,18 +32,20 @@ pub struct CheckoutArgs {
 pub async fn run(a: CheckoutArgs, ctx: &Ctx) -> Result<()> {
     let remote = ctx.remote()?;
     let fetcher = ctx.fetcher()?;
-    let (id, snap, attach) = mado_core::resolve::open(&fetcher, &a.spec).await?;
+    let mado_core::resolve::OpenTree { snapshot: id, root, attach, check } =
+        mado_core::resolve::open_tree(&fetcher, &a.spec).await?;
     ctx.step(format!("resolved {} to {}; packs: {attach}", a.spec, id.short()));
     let (pb, progress) = ctx.progress_counter("checking out");
     let report = mado_core::checkout::checkout(
         &fetcher,
-        snap.root,
+        root,
         &a.dir,
         mado_core::checkout::CheckoutOptions { force: a.force, paths: &a.paths, progress: &progress },
     )
     .await;
     pb.finish_and_clear();
     let report = report?;
+    check.await?;
     ctx.step(format!("wrote {} files, {} symlinks, {} dirs", report.files, report.symlinks, report.dirs));
     if ctx.json {
         #[derive(serde::Serialize)]

@@ -25,9 +25,9 @@ struct LsEntry {
 
 pub async fn run(a: LsArgs, ctx: &Ctx) -> Result<()> {
     let fetcher = ctx.fetcher()?;
-    let (_, snap, _) = mado_core::resolve::open(&fetcher, &a.spec).await?;
-    let tree_id = match fetcher.lookup(snap.root, &a.path).await? {
-        None => snap.root,
+    let mado_core::resolve::OpenTree { root, check, .. } = mado_core::resolve::open_tree(&fetcher, &a.spec).await?;
+    let tree_id = match fetcher.lookup(root, &a.path).await? {
+        None => root,
         Some(e) if e.kind == Kind::Directory => e.id,
         Some(e) => {
             return Err(mado_core::Error::User(format!(
@@ -39,6 +39,7 @@ pub async fn run(a: LsArgs, ctx: &Ctx) -> Result<()> {
         }
     };
     let tree = fetcher.tree(tree_id, &a.path).await?;
+    check.await?;
     let entries: Vec<LsEntry> = tree
         .entries
         .iter()

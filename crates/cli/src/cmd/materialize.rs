@@ -21,10 +21,11 @@ pub struct MaterializeArgs {
 pub async fn run(a: MaterializeArgs, ctx: &Ctx) -> Result<()> {
     let remote = ctx.remote()?;
     let fetcher = ctx.fetcher()?;
-    let (id, snap, attach) = mado_core::resolve::open(&fetcher, &a.spec).await?;
+    let mado_core::resolve::OpenTree { snapshot: id, root, attach, check } =
+        mado_core::resolve::open_tree(&fetcher, &a.spec).await?;
     ctx.step(format!("opened {} ({}); packs: {attach}", a.spec, id.short()));
     let (pb, progress) = ctx.progress_counter("materializing");
-    let r = mado_core::materialize::materialize(&fetcher, snap.root, &a.path, &progress).await;
+    let r = mado_core::materialize::materialize(&fetcher, root, &a.path, &progress).await;
     pb.finish_and_clear();
     // `mado materialize REF`, as other commands take a ref first: say so.
     let r = match r {
@@ -39,6 +40,7 @@ pub async fn run(a: MaterializeArgs, ctx: &Ctx) -> Result<()> {
         }
         r => r?,
     };
+    check.await?;
     ctx.step(format!("{} files in the cache", r.files));
     ctx.flush_warnings();
     if ctx.json {

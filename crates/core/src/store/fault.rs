@@ -40,6 +40,10 @@ pub enum Failure {
     LoseAnswer,
     /// A GET answers with these bytes instead of the object's.
     Garbage(Vec<u8>),
+    /// A GET waits, unanswered, until [`FaultStore::release`] (a slow
+    /// server, or a request held up behind a connection's handshake), then
+    /// is served: what a caller does meanwhile shows what it waits for.
+    Hold,
 }
 
 #[derive(Clone, Debug)]
@@ -56,11 +60,18 @@ pub struct Fault {
 pub struct FaultStore {
     inner: Arc<dyn ObjectStore>,
     faults: Mutex<Vec<Fault>>,
+    /// Open once released: held GETs wait on it.
+    released: tokio::sync::Semaphore,
 }
 
 impl FaultStore {
     pub fn new(inner: Arc<dyn ObjectStore>) -> FaultStore {
-        FaultStore { inner, faults: Mutex::new(Vec::new()) }
+        FaultStore { inner, faults: Mutex::new(Vec::new()), released: tokio::sync::Semaphore::new(0) }
+    }
+
+    /// Lets every GET held by [`Failure::Hold`] go on, now and later.
+    pub fn release(&self) {
+        self.released.close();
     }
 
     pub fn add(&self, f: Fault) {
@@ -131,6 +142,11 @@ impl ObjectStore for FaultStore {
                 Err(broken(location))
             }
             Some(Failure::Error) => Err(broken(location)),
+            Some(Failure::Hold) => {
+                // A closed semaphore answers every wait at once.
+                let _ = self.released.acquire().await;
+                self.inner.get_opts(location, options).await
+            }
         }
     }
 

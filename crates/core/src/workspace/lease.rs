@@ -2,30 +2,39 @@
 //! compare-and-swap, released so another working copy can take it.
 
 use super::*;
+use crate::store::RefVersion;
+
+/// The lease object of workspace `name` as stored, with its version (one
+/// GET; `None`: no lease was ever taken). Read in a command's first round
+/// trip beside the workspace's ref, it is [`take_lease_seen`]'s first read:
+/// a held lease is refused before any work, and the second connection this
+/// GET opens is ready for the next round trip's two GETs.
+pub async fn read_lease(remote: &Remote, name: &str) -> Result<Seen> {
+    remote.read_versioned(&remote.key(&crate::store::layout::lease(&ws_ref(name)?))).await
+}
+
+/// A lease object as read: its bytes and version, or `None` if absent.
+pub type Seen = Option<(Bytes, RefVersion)>;
 
 /// Takes or renews the lease of workspace `name` for `holder`. A lease
 /// another holder keeps is refused with [`Error::LeaseHeld`]; an expired
 /// one is taken only with `steal`; a released one is free.
 pub async fn take_lease(remote: &Remote, name: &str, holder: &str, steal: bool) -> Result<()> {
+    take_lease_seen(remote, name, holder, steal, None).await
+}
+
+/// [`take_lease`], starting from `seen` (a [`read_lease`] made earlier)
+/// instead of its own first GET: one conditional PUT when nobody moved the
+/// lease since. A lost race reads it again.
+pub async fn take_lease_seen(remote: &Remote, name: &str, holder: &str, steal: bool, seen: Option<Seen>) -> Result<()> {
     let key = remote.key(&crate::store::layout::lease(&ws_ref(name)?));
+    let mut seen = seen;
     for _ in 0..3 {
-        let cur = remote.read_versioned(&key).await?;
-        let expected = match &cur {
-            None => None,
-            Some((bytes, ver)) => match Lease::decode(bytes).ok() {
-                Some(l) if l.holder == holder || l.holder.is_empty() => Some(ver.clone()),
-                Some(l) if l.expires > now() || !steal => {
-                    return Err(Error::LeaseHeld {
-                        name: name.to_string(),
-                        holder: l.holder,
-                        expires: l.expires,
-                        expired: l.expires <= now(),
-                    })
-                }
-                // Expired and stolen, or undecodable (overwritten).
-                _ => Some(ver.clone()),
-            },
+        let cur = match seen.take() {
+            Some(cur) => cur,
+            None => remote.read_versioned(&key).await?,
         };
+        let expected = lease_expected(name, holder, steal, &cur)?;
         let lease = Lease { holder: holder.to_string(), expires: now() + LEASE_SECS };
         if remote.cas_put(&key, expected.as_ref(), lease.encode()).await?.is_ok() {
             return Ok(());
@@ -34,6 +43,29 @@ pub async fn take_lease(remote: &Remote, name: &str, holder: &str, steal: bool) 
     Err(Error::User(format!(
         "workspace {name}: the lease kept changing under us (another working copy is taking it); try again"
     )))
+}
+
+/// Whether `holder` may take the lease as read in `cur`: the version its
+/// conditional PUT must replace (`None`: there is no lease object yet), or
+/// [`Error::LeaseHeld`] when another holder keeps it (an expired one
+/// only without `steal`).
+pub fn lease_expected(name: &str, holder: &str, steal: bool, cur: &Seen) -> Result<Option<RefVersion>> {
+    Ok(match cur {
+        None => None,
+        Some((bytes, ver)) => match Lease::decode(bytes).ok() {
+            Some(l) if l.holder == holder || l.holder.is_empty() => Some(ver.clone()),
+            Some(l) if l.expires > now() || !steal => {
+                return Err(Error::LeaseHeld {
+                    name: name.to_string(),
+                    holder: l.holder,
+                    expires: l.expires,
+                    expired: l.expires <= now(),
+                })
+            }
+            // Expired and stolen, or undecodable (overwritten).
+            _ => Some(ver.clone()),
+        },
+    })
 }
 
 /// Gives up `holder`'s lease of workspace `name`, so another working copy

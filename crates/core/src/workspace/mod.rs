@@ -48,6 +48,7 @@ mod status;
 mod working_copy;
 
 use commit::*;
+use lease::{lease_expected, read_lease, take_lease_seen, Seen};
 pub use lease::{release, release_lease, take_lease};
 pub use mounted::{
     checkpoint_mount, forget_unused_mount_state, open_mount, save_mount_state, MountedWorkspace, StateSaver,
@@ -157,7 +158,7 @@ pub async fn create(
         return Err(Error::User(format!("{} is not empty; create into a new or empty directory", dir.display())));
     }
     let v = create_ref(fetcher, name, spec).await?;
-    materialize_into(fetcher, name, &v, dir, ResumeLease::Take { steal: false }, progress).await
+    materialize_into(fetcher, name, &v, dir, ResumeLease::Take { steal: false }, None, progress).await
 }
 
 /// The ref of workspace `name` (an error naming it when there is none).
@@ -190,6 +191,11 @@ pub async fn create_ref(fetcher: &Arc<Fetcher>, name: &str, spec: &str) -> Resul
 }
 
 /// `ws resume`: the workspace's latest checkpoint into `dir`, byte for byte.
+///
+/// Round trips: the ref and the lease together (two connections opened at
+/// once); then the snapshot and the pack index, one on each; then the
+/// packs, the stat object and the lease's conditional PUT. A lease another
+/// holder keeps is refused after the first, before anything is written.
 pub async fn resume(
     fetcher: &Arc<Fetcher>,
     name: &str,
@@ -197,8 +203,14 @@ pub async fn resume(
     lease: ResumeLease,
     progress: &(dyn Fn(u64, u64) + Sync),
 ) -> Result<ResumeReport> {
-    let v = read_ws_ref(fetcher, name).await?;
-    materialize_into(fetcher, name, &v, dir, lease, progress).await
+    let (v, seen) = match lease {
+        ResumeLease::Take { .. } => {
+            let (v, seen) = futures::join!(read_ws_ref(fetcher, name), read_lease(&fetcher.remote, name));
+            (v?, Some(seen?))
+        }
+        ResumeLease::ReadOnly => (read_ws_ref(fetcher, name).await?, None),
+    };
+    materialize_into(fetcher, name, &v, dir, lease, seen, progress).await
 }
 
 #[derive(Clone, Debug, Serialize)]

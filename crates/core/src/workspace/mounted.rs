@@ -186,8 +186,9 @@ pub struct MountedWorkspace {
 }
 
 /// Opens workspace `name` for a read-write mount at `mountpoint`. Round
-/// trips: the ref; the snapshot and the pack index together; the stat
-/// object and the lease together. Changes left by an earlier mount of the
+/// trips: the ref and the lease together (two connections opened at once);
+/// the snapshot and the pack index together, one on each; the stat object
+/// and the lease's conditional PUT together. Changes left by an earlier mount of the
 /// same checkpoint on this machine are picked up; changes on top of an
 /// older checkpoint are set aside (and named in a warning).
 pub async fn open_mount(
@@ -196,8 +197,9 @@ pub async fn open_mount(
     mountpoint: &Path,
     steal: bool,
 ) -> Result<MountedWorkspace> {
-    let v = read_ws_ref(fetcher, name).await?;
-    let (snap, attach) = futures::join!(fetcher.snapshot(v.snapshot), fetcher.attach_hinted(v.root, &v.layers));
+    let (v, seen) = futures::join!(read_ws_ref(fetcher, name), read_lease(&fetcher.remote, name));
+    let (v, seen) = (v?, seen?);
+    let (attach, snap) = futures::join!(fetcher.attach_hinted(v.root, &v.layers), fetcher.snapshot(v.snapshot));
     let snap = snap?;
     let attach = attach?;
     let mut warnings = Vec::new();
@@ -251,7 +253,7 @@ pub async fn open_mount(
             None => Ok(None),
         }
     };
-    let (stat, lease) = futures::join!(stat_fut, take_lease(&fetcher.remote, name, &holder, steal));
+    let (stat, lease) = futures::join!(stat_fut, take_lease_seen(&fetcher.remote, name, &holder, steal, Some(seen)));
     let stat = stat?;
     // A read-write mount without the lease could never checkpoint.
     lease?;

@@ -419,12 +419,18 @@ pub(super) async fn materialize_into(
     at: &RefValue,
     dir: &Path,
     lease_mode: ResumeLease,
+    seen: Option<Seen>,
     progress: &(dyn Fn(u64, u64) + Sync),
 ) -> Result<ResumeReport> {
     // The lease is taken alongside the checkout: refuse a non-empty target
     // first, so a failed resume does not hold the lease for nothing.
     if !crate::checkout::is_empty_dir(dir)? {
         return Err(Error::User(format!("{} is not empty; resume into a new or empty directory", dir.display())));
+    }
+    let holder = holder_id(dir);
+    // A lease already seen held by another is refused before any work.
+    if let (ResumeLease::Take { steal }, Some(cur)) = (lease_mode, &seen) {
+        lease_expected(name, &holder, steal, cur)?;
     }
     // Round trips: the snapshot and the pack index together (the ref named
     // the root); then the packs, the stat object and the lease together.
@@ -440,7 +446,6 @@ pub(super) async fn materialize_into(
             detail: "the workspace ref names a different root tree than its snapshot".into(),
         });
     }
-    let holder = holder_id(dir);
     let stat_fut = async {
         match snap.stat {
             Some(id) => fetcher.stat(id, &snap.stat_layers).await.map(Some),
@@ -455,7 +460,7 @@ pub(super) async fn materialize_into(
     );
     let lease_fut = async {
         match lease_mode {
-            ResumeLease::Take { steal } => take_lease(&fetcher.remote, name, &holder, steal).await,
+            ResumeLease::Take { steal } => take_lease_seen(&fetcher.remote, name, &holder, steal, seen).await,
             ResumeLease::ReadOnly => Ok(()),
         }
     };
