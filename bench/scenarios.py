@@ -75,7 +75,7 @@ class Resume:
         dst = os.path.join(h.work, "resumed")
 
         def setup():
-            shutil.rmtree(dst, ignore_errors=True)
+            h.discard(dst)
             return h.fresh_cache()
 
         def run(cache):
@@ -236,7 +236,7 @@ def capped_cache(h: Harness, rtt: int) -> Iterator[Result]:
         cache = os.path.join(h.work, "capped")
 
         def setup(layout=layout):
-            shutil.rmtree(cache, ignore_errors=True)
+            h.discard(cache)
             e = dict(h.env(layout.value, cache), MADO_DISK_CACHE_MAX_BYTES=str(total // 2))
             h.mado_run(e, "materialize", DENSE)  # first pass, not timed
             return e
@@ -262,7 +262,7 @@ class Peers:
             dst = os.path.join(h.work, "clone")
 
             def clean():
-                shutil.rmtree(dst, ignore_errors=True)
+                h.discard(dst)
 
             def sparse(_, sub=sub):
                 sh("git", "clone", "-q", "--depth", "1", "--filter=blob:none", "--sparse", url, dst)
@@ -319,7 +319,7 @@ class Real:
             sh(*args)
 
         def clean(_=None):
-            shutil.rmtree(dst, ignore_errors=True)
+            h.discard(dst)
 
         def empty_dst():
             clean()
