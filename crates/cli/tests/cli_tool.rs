@@ -354,8 +354,17 @@ fn quiet_prints_nothing_and_json_errors_are_json() {
     assert!(out.join("README.md").is_file());
     // What a command is asked to show still prints.
     assert!(m.ok(&["ls", "main", "-q"]).contains("README.md"));
+    // The working copy at w holds the lease: `ws rm` is refused (it could
+    // no longer checkpoint), naming the holder and both ways on.
+    let err = m.fails(&["ws", "rm", "w"], 1);
+    assert!(err.contains("leased by") && err.contains("ws release") && err.contains("--force"), "{err}");
+    m.ok(&["ws", "release", "--dir", m.dir.path().join("w").to_str().unwrap()]);
     let rm = m.json(&["ws", "rm", "w"]);
     assert_eq!(rm["removed"], "w", "{rm}");
+    m.ok(&["ws", "create", "w2", "--dir", m.dir.path().join("w2").to_str().unwrap()]);
+    let rm = m.json(&["ws", "rm", "w2", "--force"]);
+    assert_eq!(rm["removed"], "w2", "{rm}");
+    assert!(!m.ok(&["ws", "list"]).contains("w2"));
     let o = m.run(&["ws", "resume", "nope", m.dir.path().join("x").to_str().unwrap(), "--json"]);
     assert_eq!(o.status.code(), Some(1));
     assert!(o.stdout.is_empty());

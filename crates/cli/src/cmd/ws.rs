@@ -46,7 +46,7 @@ pub enum WsCommand {
     /// Delete a workspace's ref and lease (working copies are left alone;
     /// `mado gc` reclaims what nothing else reaches).
     #[command(after_help = EX_RM)]
-    Rm(NameArg),
+    Rm(RmArgs),
 }
 
 #[derive(Args)]
@@ -146,8 +146,12 @@ pub struct LogArgs {
 }
 
 #[derive(Args)]
-pub struct NameArg {
+pub struct RmArgs {
     name: String,
+    /// Remove it even while a working copy holds its lease (that copy can
+    /// then no longer checkpoint).
+    #[arg(long)]
+    force: bool,
 }
 
 fn print_resume(ctx: &Ctx, verb: &str, r: &workspace::ResumeReport) -> Result<()> {
@@ -210,7 +214,7 @@ pub async fn run(c: WsCommand, ctx: &Ctx) -> Result<()> {
                 // Never mounted, so never changed: take the new ref back,
                 // so that fixing the cause and running the same command
                 // again works (rather than "already exists").
-                let _ = workspace::remove(&fetcher.remote, &name).await;
+                let _ = workspace::remove(&fetcher.remote, &name, true).await;
                 // Nor its state folder, if the daemon made one.
                 let _ = workspace::forget_unused_mount_state(&fetcher, &name);
             }
@@ -353,7 +357,7 @@ pub async fn run(c: WsCommand, ctx: &Ctx) -> Result<()> {
             Ok(())
         }
         WsCommand::Rm(a) => {
-            workspace::remove(&fetcher.remote, &a.name).await?;
+            workspace::remove(&fetcher.remote, &a.name, a.force).await?;
             if ctx.json {
                 return ctx.print_json(&serde_json::json!({ "removed": a.name }));
             }
@@ -491,4 +495,5 @@ const EX_RELEASE: &str = "Examples:
   mado ws release agent-2 --dir ~/work/agent-2";
 
 const EX_RM: &str = "Examples:
-  mado ws rm agent-1                          # the ref and lease; then `mado gc` reclaims the rest";
+  mado ws rm agent-1                          # the ref and lease; then `mado gc` reclaims the rest
+  mado ws rm --force agent-1                  # even while a working copy holds its lease";

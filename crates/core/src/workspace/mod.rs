@@ -233,10 +233,27 @@ pub async fn list(fetcher: &Arc<Fetcher>) -> Result<Vec<WsInfo>> {
 }
 
 /// Deletes the workspace's ref and lease (working copies are left alone).
-pub async fn remove(remote: &Remote, name: &str) -> Result<()> {
+/// A lease some working copy holds (not released, not expired) refuses it
+/// unless `force`: that copy could no longer checkpoint, and its changes
+/// since its last checkpoint would have nowhere to go. One round trip (the
+/// ref and the lease together) before the deletes.
+pub async fn remove(remote: &Remote, name: &str, force: bool) -> Result<()> {
     let refname = ws_ref(name)?;
-    if remote.read_ref(&refname).await?.is_none() {
+    let (cur, lease) = futures::join!(remote.read_ref(&refname), read_lease(remote, name));
+    if cur?.is_none() {
         return Err(Error::NotFound(format!("no workspace named {name}")));
+    }
+    if let Some((bytes, _)) = lease? {
+        match Lease::decode(&bytes) {
+            Ok(l) if !force && !l.holder.is_empty() && l.expires > now() => {
+                return Err(Error::User(format!(
+                    "{}\n  hint: `mado ws release` in that working copy first (its changes since its last \
+                     checkpoint could not be checkpointed after this), or `mado ws rm --force {name}`",
+                    Error::LeaseHeld { name: name.to_string(), holder: l.holder, expires: l.expires, expired: false }
+                )));
+            }
+            _ => {}
+        }
     }
     remote.delete_ref(&refname).await?;
     remote.delete_lease(&refname).await;
