@@ -451,6 +451,62 @@ async fn a_listing_waits_until_its_packs_get_is_on_the_way() {
     assert_eq!(remote.stats().since(&before).ranged_gets, 1, "the flight went on once the lock was free");
 }
 
+/// A first listing of a subdirectory starts the download of its own
+/// stretch of the pack only (a pack is in path order): a walk of `a/` in a
+/// tree where `b/` comes after it brings `a/`'s bytes, not `b/`'s. A walk
+/// of the root still brings the whole pack. Random content, so the bytes
+/// down follow the files' sizes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_listing_brings_its_own_subtree_not_the_pack_after_it() {
+    let t = tempfile::tempdir().unwrap();
+    let repo = t.path().join("repo");
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    for (dir, n) in [("a/x", 40), ("a/y", 40), ("b", 400)] {
+        std::fs::create_dir_all(repo.join(dir)).unwrap();
+        for i in 0..n {
+            let data: Vec<u8> = (0..4096)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x as u8
+                })
+                .collect();
+            std::fs::write(repo.join(dir).join(format!("f{i:03}")), data).unwrap();
+        }
+    }
+    commit_all(&repo, "x");
+    let remote = store_in(t.path());
+    import_packed(&remote, &repo, t.path().join("cache")).await;
+
+    let (f, fs, _) = fresh_fs(&remote, t.path().join("c1")).await;
+    let a = fs.lookup_now(ROOT_INO, b"a").unwrap().unwrap();
+    let before = remote.stats();
+    assert!(fs.warm_dir(a.ino));
+    f.drain().await;
+    let got = remote.stats().since(&before);
+    assert_eq!(got.ranged_gets, 1, "{got:?}");
+    // a/ holds 80 × 4 KiB; the pack after it 400 × 4 KiB more.
+    assert!(got.bytes_down < 100 * 4096, "a walk of a/ brought {} bytes", got.bytes_down);
+    assert!(got.bytes_down >= 80 * 4096, "a walk of a/ brought {} bytes", got.bytes_down);
+    // Every file of a/ is then read with no request; b/ is not cached.
+    let before = remote.stats();
+    for sub in [&b"x"[..], b"y"] {
+        let d = fs.lookup_now(a.ino, sub).unwrap().unwrap();
+        let last = fs.lookup_now(d.ino, b"f039").unwrap().unwrap();
+        let h = fs.open(last.ino).await.unwrap();
+        assert_eq!(fs.read(&h, 0, 8192).await.unwrap().len(), 4096);
+    }
+    assert_eq!(remote.stats().since(&before).requests(), 0, "a/ was not all there");
+
+    // From the root, the whole pack.
+    let (f, fs, _) = fresh_fs(&remote, t.path().join("c2")).await;
+    let before = remote.stats();
+    assert!(fs.warm_dir(ROOT_INO));
+    f.drain().await;
+    assert!(remote.stats().since(&before).bytes_down >= 480 * 4096);
+}
+
 /// A large file read from start to end as the kernel reads it (several
 /// 128 KiB reads in flight, each growing the read-ahead): one ranged GET
 /// per pack of its chunks, each from the pack's first chunk. A read-ahead

@@ -127,6 +127,9 @@ pub(super) enum Start {
     /// A reader of member `i`: the span, from `i` on when `i` is far into
     /// it (see [`SPLIT_AHEAD_BYTES`]).
     Reader(usize),
+    /// A walk of a directory whose first file is member `i` and whose
+    /// subtree ends with member `j`: as `Reader(i)`, ending at `j`.
+    Walk(usize, usize),
     /// A random reader of a large file's chunk `i`: that member alone.
     One(usize),
     /// A sequential reader of a large file from chunk `i`: from `i` to the
@@ -348,8 +351,22 @@ impl Fetcher {
     /// a `find` over a large tree (listings, no reads) brings one pack at a
     /// time, never every pack of the tree at once.
     pub fn warm(self: &Arc<Self>, id: &Hash) -> bool {
-        let Some((pack, i)) = self.packs.read().expect("packs lock").members.get(id).cloned() else {
-            return false;
+        self.warm_until(id, None)
+    }
+
+    /// [`Fetcher::warm`], with the download ending at member `last` when
+    /// that is in the same pack, after `id` (a directory's listing: its
+    /// subtree is one stretch of a pack, and a walk of it reads nothing
+    /// past its end). Otherwise, to the end of the span, as `warm`.
+    pub fn warm_until(self: &Arc<Self>, id: &Hash, last: Option<&Hash>) -> bool {
+        let (pack, i, end) = {
+            let set = self.packs.read().expect("packs lock");
+            let Some((pack, i)) = set.members.get(id).cloned() else {
+                return false;
+            };
+            let end =
+                last.and_then(|l| set.members.get(l)).filter(|(p, j)| p.id == pack.id && *j >= i).map(|(_, j)| *j);
+            (pack, i, end)
         };
         let m = &pack.members[i];
         if m.kind == crate::pack::MemberKind::Chunk
@@ -360,7 +377,7 @@ impl Fetcher {
         {
             return false;
         }
-        self.flight(&pack, Start::Reader(i));
+        self.flight(&pack, end.map_or(Start::Reader(i), |j| Start::Walk(i, j)));
         self.counters.warmed_packs.fetch_add(1, Relaxed);
         true
     }
@@ -492,6 +509,7 @@ impl Fetcher {
             // A reader's own member is always in its flight (the wanted
             // span may leave it out).
             Start::Reader(i) => (lo.min(i), hi.max(i)),
+            Start::Walk(i, j) => (lo.min(i), hi.min(j).max(i)),
             Start::Whole => (lo, hi),
         };
         // The ends the cache holds already are not fetched again.
@@ -504,7 +522,7 @@ impl Fetcher {
         // A first reader far into the span: the fetch starts at its member,
         // so it waits for its own bytes only.
         let first = match start {
-            Start::Reader(i) => Some(i),
+            Start::Reader(i) | Start::Walk(i, _) => Some(i),
             _ => None,
         };
         if let Some(f) = first
