@@ -272,6 +272,27 @@ def parse_sizes(text: str) -> List[int]:
     return out
 
 
+def read_file(path) -> int:
+    """Reads the file at `path` whole, as `cat` does (open, read in 128 KiB
+    pieces, close); returns its length. Not Python's `open()`: this
+    machine's (3.11) asks every file it opens whether it is a terminal (an
+    ioctl, TCGETS), which the local disk answers in the kernel but a FUSE
+    filesystem must answer itself: one request more per file, 2,781 of a
+    cold walk's 6,713 requests in scenario i's subtree (the kernel's
+    `fuse:fuse_request_send` tracepoint). cat, grep, tar and compilers ask
+    no such thing."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        n = 0
+        while True:
+            piece = os.read(fd, 128 << 10)
+            if not piece:
+                return n
+            n += len(piece)
+    finally:
+        os.close(fd)
+
+
 def walk_read(root):
     """Walks `root` in sorted order reading every file; returns (files,
     bytes, seconds to the first file's content)."""
@@ -282,12 +303,11 @@ def walk_read(root):
             p = os.path.join(d, f)
             if os.path.islink(p):
                 continue
-            with open(p, "rb") as fh:
-                data = fh.read()
+            size = read_file(p)
             if ttff is None:
                 ttff = time.perf_counter() - t0
             n += 1
-            b += len(data)
+            b += size
     return n, b, ttff
 
 

@@ -11,7 +11,7 @@ from dataclasses import replace
 from typing import Callable, Dict, Iterator, List
 
 from harness import (BUCKET, GIT_ENV, REAL, ROOT, WS, Cell, Harness, Sample, log, log_result, median_counts, run_rss,
-                     sh, unmount, vm_hwm_mib, walk_read)
+                     read_file, sh, unmount, vm_hwm_mib, walk_read)
 from results import (FLOOR_ROW, GIT_CLONE_ROW, GIT_PUSH_ROW, GIT_SPARSE_ROW, IMPORT_ROW, J_CHECKOUT_COLD,
                      J_CHECKOUT_COLD_LOCAL, J_CHECKOUT_WARM, J_CHECKPOINT, J_CP, J_DISK_READ, J_GET1, J_GET8,
                      J_IMPORT_LOCAL, J_IMPORT_S3, J_MOUNT_COLD, J_MOUNT_RANDOM, J_MOUNT_WARM, J_ROWS, J_RTT, J_WRITE,
@@ -159,8 +159,7 @@ def concurrency(h: Harness, rtt: int) -> Iterator[Result]:
             def reader(i):
                 start = i * len(files) // 8
                 for j in range(span):
-                    with open(os.path.join(m, DENSE, files[(start + j) % len(files)]), "rb") as f:
-                        f.read()
+                    read_file(os.path.join(m, DENSE, files[(start + j) % len(files)]))
             ts = [threading.Thread(target=reader, args=(i,)) for i in range(readers)]
             t0 = time.perf_counter()
             [t.start() for t in ts]
@@ -209,8 +208,7 @@ def foreground(h: Harness, rtt: int, agents: int, files, mnt) -> Result:
         t0 = time.perf_counter()
         for name in files:
             s = time.perf_counter()
-            with open(os.path.join(m, DENSE, name), "rb") as f:
-                f.read()
+            read_file(os.path.join(m, DENSE, name))
             lat.append(time.perf_counter() - s)
         return Sample(wall=time.perf_counter() - t0)
 
