@@ -157,8 +157,12 @@ pub async fn create(
     if !crate::checkout::is_empty_dir(dir)? {
         return Err(Error::User(format!("{} is not empty; create into a new or empty directory", dir.display())));
     }
-    let v = create_ref(fetcher, name, spec).await?;
-    materialize_into(fetcher, name, &v, dir, ResumeLease::Take { steal: false }, None, progress).await
+    // The lease (normally absent) is read beside the ref's creation: its
+    // GET opens the second connection that the snapshot ‖ index round trip
+    // then finds ready.
+    let (v, seen) = futures::join!(create_ref(fetcher, name, spec), read_lease(&fetcher.remote, name));
+    let (v, seen) = (v?, seen?);
+    materialize_into(fetcher, name, &v, dir, ResumeLease::Take { steal: false }, Some(seen), progress).await
 }
 
 /// The ref of workspace `name` (an error naming it when there is none).
