@@ -403,8 +403,12 @@ pub fn set_mtimes(dest: &Path, items: &[(Vec<u8>, i64, u32)]) -> Result<()> {
         let pfd = open_dir_beneath(&root, parent)?;
         let t = rustix::fs::Timespec { tv_sec: *secs, tv_nsec: *nanos as _ };
         let times = rustix::fs::Timestamps { last_access: t, last_modification: t };
-        rustix::fs::utimensat(&pfd, OsStr::from_bytes(name), &times, AtFlags::SYMLINK_NOFOLLOW)
-            .map_err(io_at(path, "setting the mtime of"))?;
+        match rustix::fs::utimensat(&pfd, OsStr::from_bytes(name), &times, AtFlags::SYMLINK_NOFOLLOW) {
+            // Named by the stat object but not in the tree: a FIFO or socket
+            // an older mado recorded the mtime of while leaving it out.
+            Err(rustix::io::Errno::NOENT) => {}
+            r => r.map_err(io_at(path, "setting the mtime of"))?,
+        }
     }
     Ok(())
 }

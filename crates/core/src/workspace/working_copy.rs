@@ -253,6 +253,14 @@ impl Stager<'_> {
             let r = if rel.is_empty() { name.clone() } else { [rel, b"/", &name].concat() };
             let p = || self.dir.join(std::ffi::OsStr::from_bytes(&r));
             let ft = m.file_type();
+            if !(ft.is_dir() || ft.is_symlink() || ft.is_file()) {
+                // Sockets, FIFOs, devices: not source. Left out, and counted
+                // with the ignored paths; no mtime is recorded for them (a
+                // resume would have nothing to set it on).
+                self.w.ignored += 1;
+                as_recorded = false;
+                continue;
+            }
             self.w.stat.entries.push((r.clone(), m.mtime(), m.mtime_nsec() as u32));
             let gitlink = self.sc.rows.get(&r).filter(|row| row.gitlink && ft.is_dir());
             let empty = || self.listings.get(&r).is_some_and(|l| l.on_disk == 0);
@@ -304,7 +312,7 @@ impl Stager<'_> {
                 self.rows.push((r, StatRow { id, chunked, ..now }));
                 Entry { name, kind, chunked, size, id }
             } else {
-                // Sockets, FIFOs, devices: not source. Skipped.
+                // Left out above.
                 continue;
             };
             entries.push(entry);
