@@ -1206,10 +1206,18 @@ fn a_mounted_checkpoint_leaves_out_what_ignore_rules_name() {
     mnt.checkpoint("rule changed");
     assert!(names("").contains(&"target".to_string()), "{:?}", names(""));
     assert_eq!(m.ok(&["cat", "ws/ig", "target/debug/more.o"]), "more\n");
-    // --no-ignore keeps everything.
+    // A .git directory is left out by default...
+    std::fs::create_dir_all(d.join("sub/.git")).unwrap();
+    std::fs::write(d.join("sub/.git/HEAD"), "ref: refs/heads/main\n").unwrap();
+    std::fs::write(d.join("sub/kept.rs"), "kept\n").unwrap();
+    let cp = mnt.checkpoint("a git repository inside");
+    assert_eq!(cp["paths_ignored"], 4, "secret.txt, src/gen_a.rs, build.log and sub/.git: {cp}");
+    assert_eq!(names("sub"), vec!["kept.rs".to_string()]);
+    // ...and --no-ignore keeps everything, .git included (it was dropped).
     let cp = m.json(&["ws", "checkpoint", "--dir", mnt.path(), "-m", "all", "--no-ignore"]);
     assert_eq!(cp["paths_ignored"], 0, "{cp}");
     assert!(names("").contains(&"secret.txt".to_string()) && names("src").contains(&"gen_a.rs".to_string()));
+    assert_eq!(m.ok(&["cat", "ws/ig", "sub/.git/HEAD"]), "ref: refs/heads/main\n");
 }
 
 /// `ws status` inside a workspace mount: what the next checkpoint would

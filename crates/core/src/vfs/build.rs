@@ -35,6 +35,9 @@ pub struct Skips {
     /// id recorded by a build whose objects go nowhere would let the next
     /// checkpoint name objects it never uploads.)
     pub dry: bool,
+    /// Keep `.git` directories (`--no-ignore`: keep everything), which a
+    /// build leaves out by default.
+    pub keep_git: bool,
 }
 
 /// A changed directory as the ignore pass sees it.
@@ -316,19 +319,20 @@ impl SnapshotFs {
         b: &mut Built,
     ) -> Result<Entry> {
         enum Step {
-            Enter(u64, Vec<u8>),
+            /// A node, its path, its parent directory.
+            Enter(u64, Vec<u8>, u64),
             /// Every child's entry is in `out[from..]`.
-            Exit {
-                ino: u64,
-                path: Vec<u8>,
-                from: usize,
-            },
+            Exit { ino: u64, path: Vec<u8>, from: usize, parent: u64 },
         }
+        // Directories that left a `.git` out, and those above them: not
+        // marked clean, so a later `--no-ignore` build looks again (a clean
+        // directory's tree is reused as it is).
+        let mut held: std::collections::HashSet<u64> = std::collections::HashSet::new();
         let mut out: Vec<Entry> = Vec::new();
-        let mut stack = vec![Step::Enter(ROOT_INO, Vec::new())];
+        let mut stack = vec![Step::Enter(ROOT_INO, Vec::new(), 0)];
         while let Some(step) = stack.pop() {
             match step {
-                Step::Enter(ino, path) => {
+                Step::Enter(ino, path, parent) => {
                     if skips.skip.contains(&ino) {
                         b.ignored += 1;
                         continue;
@@ -342,22 +346,26 @@ impl SnapshotFs {
                     }
                     // Named by the entry it was reached through (a hard-linked
                     // file has several names; the node keeps one).
-                    if ino != ROOT_INO && last_name(&path) == b".git" {
+                    if !skips.keep_git && ino != ROOT_INO && last_name(&path) == b".git" {
                         b.ignored += 1;
+                        held.insert(parent);
                         continue;
                     }
                     if let Body::Dir { children: Some(ch), .. } = &n.body {
                         b.stat.entries.push((path.clone(), n.mtime.0, n.mtime.1));
                         let kids: Vec<(Vec<u8>, u64)> = ch.iter().map(|(k, v)| (k.clone(), *v)).collect();
-                        stack.push(Step::Exit { ino, path: path.clone(), from: out.len() });
-                        stack.extend(kids.into_iter().rev().map(|(name, c)| Step::Enter(c, join(&path, &name))));
+                        stack.push(Step::Exit { ino, path: path.clone(), from: out.len(), parent });
+                        stack.extend(kids.into_iter().rev().map(|(name, c)| Step::Enter(c, join(&path, &name), ino)));
                     } else {
                         let e =
                             self.build_leaf(st, ino, &path, cache, staged, upper_dir, fresh, (skips.dry, dry_ids), b)?;
                         out.push(e);
                     }
                 }
-                Step::Exit { ino, path, from } => {
+                Step::Exit { ino, path, from, parent } => {
+                    if held.contains(&ino) {
+                        held.insert(parent);
+                    }
                     let entries = out.split_off(from);
                     let n = st.get(ino)?;
                     let (name, clean) = match &n.body {
@@ -373,7 +381,7 @@ impl SnapshotFs {
                             })?;
                             b.trees_built += 1;
                             let id = staged.tree(cache, &tree)?;
-                            if !skips.dry && !skips.keep_dirty.contains(&ino) {
+                            if !skips.dry && !skips.keep_dirty.contains(&ino) && !held.contains(&ino) {
                                 if let Body::Dir { clean, .. } = &mut st.get_mut(ino)?.body {
                                     *clean = Some(id);
                                 }

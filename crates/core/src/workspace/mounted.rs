@@ -70,7 +70,7 @@ pub(super) async fn prepare_build(fs: &Arc<SnapshotFs>, no_ignore: bool) -> Resu
         fs.preload_trees().await?;
     }
     if no_ignore {
-        return Ok(Default::default());
+        return Ok(crate::vfs::Skips { keep_git: true, ..Default::default() });
     }
     fs.ignored_new_entries().await
 }
