@@ -358,6 +358,7 @@ fn quiet_prints_nothing_and_json_errors_are_json() {
     // no longer checkpoint), naming the holder and both ways on.
     let err = m.fails(&["ws", "rm", "w"], 1);
     assert!(err.contains("leased by") && err.contains("ws release") && err.contains("--force"), "{err}");
+    assert!(!err.contains("--steal") && !err.contains("--read-only"), "hints of other commands: {err}");
     m.ok(&["ws", "release", "--dir", m.dir.path().join("w").to_str().unwrap()]);
     let rm = m.json(&["ws", "rm", "w"]);
     assert_eq!(rm["removed"], "w", "{rm}");

@@ -99,7 +99,7 @@ fn lease_message(name: &str, holder: &str, expires: i64, expired: bool) -> Strin
 }
 
 /// `user@host:/path:nonce` as "user on host (working copy /path)".
-fn describe_holder(h: &str) -> String {
+pub fn describe_holder(h: &str) -> String {
     let parsed = h.split_once('@').and_then(|(user, rest)| {
         let (host, rest) = rest.split_once(':')?;
         let (path, _nonce) = rest.rsplit_once(':')?;

@@ -251,9 +251,10 @@ pub async fn remove(remote: &Remote, name: &str, force: bool) -> Result<()> {
         match Lease::decode(&bytes) {
             Ok(l) if !force && !l.holder.is_empty() && l.expires > now() => {
                 return Err(Error::User(format!(
-                    "{}\n  hint: `mado ws release` in that working copy first (its changes since its last \
-                     checkpoint could not be checkpointed after this), or `mado ws rm --force {name}`",
-                    Error::LeaseHeld { name: name.to_string(), holder: l.holder, expires: l.expires, expired: false }
+                    "workspace {name} is leased by {} until {}: that working copy could not checkpoint \
+                     after this\n  hint: `mado ws release` in it first (or unmount it), or `mado ws rm --force {name}`",
+                    crate::error::describe_holder(&l.holder),
+                    crate::error::local_time(l.expires)
                 )));
             }
             _ => {}
