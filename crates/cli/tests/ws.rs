@@ -257,6 +257,10 @@ fn a_stale_working_copy_does_not_overwrite_newer_checkpoints() {
     }
     let head = m.json(&["ws", "list"])[0]["snapshot"].clone();
     assert_eq!(head, c2["snapshot"], "the refused checkpoint moved the head");
+    // Nor did it keep the lease it took for nothing: B resumes at once.
+    let b2 = m.dir.path().join("b2");
+    m.ok(&["ws", "resume", "st", b2.to_str().unwrap()]);
+    m.ok(&["ws", "release", "--dir", b2.to_str().unwrap()]);
     // --force replaces the head with A's tree (c2 stays in the log).
     m.ok(&["ws", "checkpoint", "--dir", a.to_str().unwrap(), "--force", "-m", "c3"]);
     let log = m.json(&["ws", "log", "st"]);

@@ -69,7 +69,7 @@ pub(super) async fn commit(
         walk,
         async {
             futures::join!(
-                take_lease(remote, &st.name, &st.holder, opts.steal),
+                take_lease_was(remote, &st.name, &st.holder, opts.steal, None),
                 remote.read_ref(&refname),
                 remote.begin_write()
             )
@@ -148,14 +148,14 @@ pub(super) async fn commit_locked(
     message: &str,
     opts: CheckpointLease,
     walked: Result<(Staged, Walked)>,
-    lease: Result<()>,
+    lease: Result<bool>,
     cur: Result<Option<(RefValue, crate::store::RefVersion)>>,
     early: Option<Parent>,
 ) -> Result<(CheckpointReport, Walked, Hash)> {
     let remote = &fetcher.remote;
     let cache = fetcher.cache.clone();
     let refname = ws_ref(&st.name)?;
-    lease?;
+    let lease_was_ours = lease?;
     let (cur, ver) = cur?.ok_or_else(|| Error::NotFound(format!("workspace {} has no ref {refname}", st.name)))?;
     // Like a push that is not a fast-forward: the workspace moved on since
     // this working copy's base (another copy checkpointed), and a
@@ -165,6 +165,11 @@ pub(super) async fn commit_locked(
         let moved = fetcher.snapshot(cur.snapshot).await.ok();
         let by =
             moved.map(|s| format!(" (by {} at {})", s.author, crate::error::local_time(s.time))).unwrap_or_default();
+        // Taken only for this refused checkpoint: given back, so that the
+        // copy that moved the workspace (or a resume) is not locked out.
+        if !lease_was_ours {
+            let _ = release_lease(remote, &st.name, &st.holder).await;
+        }
         return Err(Error::User(format!(
             "workspace {} moved to {}{by} since this working copy's base {}; \
              resume it elsewhere to continue from there, or `mado ws checkpoint --force` to replace it with this copy",

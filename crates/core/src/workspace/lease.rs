@@ -27,6 +27,18 @@ pub async fn take_lease(remote: &Remote, name: &str, holder: &str, steal: bool) 
 /// instead of its own first GET: one conditional PUT when nobody moved the
 /// lease since. A lost race reads it again.
 pub async fn take_lease_seen(remote: &Remote, name: &str, holder: &str, steal: bool, seen: Option<Seen>) -> Result<()> {
+    take_lease_was(remote, name, holder, steal, seen).await.map(|_| ())
+}
+
+/// [`take_lease_seen`], saying whether `holder` already held the lease
+/// (a renewal) rather than taking it now.
+pub async fn take_lease_was(
+    remote: &Remote,
+    name: &str,
+    holder: &str,
+    steal: bool,
+    seen: Option<Seen>,
+) -> Result<bool> {
     let key = remote.key(&crate::store::layout::lease(&ws_ref(name)?));
     let mut seen = seen;
     for _ in 0..3 {
@@ -35,9 +47,10 @@ pub async fn take_lease_seen(remote: &Remote, name: &str, holder: &str, steal: b
             None => remote.read_versioned(&key).await?,
         };
         let expected = lease_expected(name, holder, steal, &cur)?;
+        let was_ours = cur.as_ref().and_then(|(b, _)| Lease::decode(b).ok()).is_some_and(|l| l.holder == holder);
         let lease = Lease { holder: holder.to_string(), expires: now() + LEASE_SECS };
         if remote.cas_put(&key, expected.as_ref(), lease.encode()).await?.is_ok() {
-            return Ok(());
+            return Ok(was_ours);
         }
     }
     Err(Error::User(format!(

@@ -48,7 +48,7 @@ mod status;
 mod working_copy;
 
 use commit::*;
-use lease::{lease_expected, read_lease, take_lease_seen, Seen};
+use lease::{lease_expected, read_lease, take_lease_seen, take_lease_was, Seen};
 pub use lease::{release, release_lease, take_lease};
 pub use mounted::{
     checkpoint_mount, forget_unused_mount_state, open_mount, save_mount_state, MountedWorkspace, StateSaver,
