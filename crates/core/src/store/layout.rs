@@ -53,9 +53,13 @@ pub fn lease(ws_ref: &str) -> String {
     format!("leases/{ws_ref}")
 }
 
-/// A lock: `<label>.<expires>.<nonce>` (its name is all there is to it).
-pub fn lock(label: &str, expires: i64, nonce: u64) -> String {
-    format!("{LOCKS}/{label}.{expires}.{nonce:016x}")
+/// A lock: `<label>.<expires>.<nonce>` (its name is all there is to it),
+/// then `.<holder>` when the holder can be named (see `store::holder_tag`).
+pub fn lock(label: &str, expires: i64, nonce: u64, holder: Option<&str>) -> String {
+    match holder {
+        Some(h) => format!("{LOCKS}/{label}.{expires}.{nonce:016x}.{h}"),
+        None => format!("{LOCKS}/{label}.{expires}.{nonce:016x}"),
+    }
 }
 
 #[cfg(test)]
@@ -74,6 +78,7 @@ mod tests {
         assert_eq!(index(&id), format!("packs/index/{hex}"));
         assert_eq!(reference("main"), "refs/main");
         assert_eq!(lease("ws/x"), "leases/ws/x");
-        assert_eq!(lock("gc", 17, 1), "locks/gc/gc.17.0000000000000001");
+        assert_eq!(lock("gc", 17, 1, None), "locks/gc/gc.17.0000000000000001");
+        assert_eq!(lock("writer", 17, 1, Some("b00t-42-7")), "locks/gc/writer.17.0000000000000001.b00t-42-7");
     }
 }

@@ -101,6 +101,50 @@ pub struct StoreLock {
 /// holding it longer than this (a huge import) is not protected past it.
 pub const LOCK_TTL: Duration = Duration::from_secs(3600);
 
+/// This process as a store lock names its holder: `<boot>-<pid>-<start>`,
+/// the first 16 hex digits of BLAKE3 over the kernel's boot id (unique to
+/// this machine and this boot) and the pid namespace (a container on the
+/// same machine has pids of its own, which this one's `/proc` cannot
+/// check), the pid, and the process's start time in clock ticks since
+/// boot (`/proc/<pid>/stat`, field 22: a pid reused by another process
+/// starts later). `None` without `/proc`.
+fn holder_tag() -> Option<String> {
+    let boot = boot_tag()?;
+    let pid = std::process::id();
+    Some(format!("{boot}-{pid}-{}", start_ticks(pid)?))
+}
+
+fn boot_tag() -> Option<String> {
+    let id = std::fs::read("/proc/sys/kernel/random/boot_id").ok()?;
+    let ns = std::fs::read_link("/proc/self/ns/pid").ok()?;
+    let both = [id.trim_ascii(), b"\n", ns.as_os_str().as_encoded_bytes()].concat();
+    Some(Hash::of(&both).to_hex()[..16].to_string())
+}
+
+/// Field 22 of `/proc/<pid>/stat` (after the command name, which may hold
+/// spaces and parentheses: the fields start after its last `)`); `None`
+/// for no such process, or one that has exited and not been reaped yet
+/// (state `Z` or `X`, field 3).
+fn start_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let mut fields = stat.rsplit_once(')')?.1.split_whitespace();
+    if matches!(fields.next()?, "Z" | "X") {
+        return None;
+    }
+    fields.nth(18)?.parse().ok()
+}
+
+/// Whether the lock holder `tag` names is known to be gone: it ran on
+/// this machine in this boot, and no process with its pid and start time
+/// is alive (killed with SIGKILL, or its machine lost power before it
+/// could delete the lock). A holder elsewhere, or not named, is not known.
+fn holder_gone(tag: &str) -> bool {
+    let mut parts = tag.splitn(3, '-');
+    let (Some(boot), Some(pid), Some(start)) = (parts.next(), parts.next(), parts.next()) else { return false };
+    let (Ok(pid), Ok(start)) = (pid.parse::<u32>(), start.parse::<u64>()) else { return false };
+    boot_tag().is_some_and(|b| b == boot) && start_ticks(pid) != Some(start)
+}
+
 fn unix_now() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
 }
@@ -554,28 +598,40 @@ impl Remote {
     /// holder dies. One PUT.
     pub async fn put_lock(&self, kind: LockKind) -> Result<StoreLock> {
         let expires = unix_now() + LOCK_TTL.as_secs() as i64;
-        let key = self.key(&layout::lock(kind.label(), expires, rand::random::<u64>()));
+        let holder = holder_tag();
+        let key = self.key(&layout::lock(kind.label(), expires, rand::random::<u64>(), holder.as_deref()));
         self.store.put(&key, PutPayload::from(Bytes::new())).await.map_err(|e| self.remote_err("PUT", &key, e))?;
         Ok(StoreLock { key, kind, expires })
     }
 
     /// The live locks other than `mine` (expired ones are ignored). One LIST.
+    /// A lock whose holder ran on this machine and is gone (a `kill -9`
+    /// of an import, a checkpoint or a gc) is not live either: it is
+    /// deleted (best effort), rather than block the other side until it
+    /// expires, an hour later.
     pub async fn other_locks(&self, mine: &StoreLock) -> Result<Vec<StoreLock>> {
         let base = self.key(layout::LOCKS);
         let metas: Vec<_> =
             self.store.list(Some(&base)).try_collect().await.map_err(|e| self.remote_err("LIST", &base, e))?;
         let now = unix_now();
-        Ok(metas
-            .into_iter()
-            .filter(|m| m.location != mine.key)
-            .filter_map(|m| {
-                let name = m.location.filename()?.to_string();
-                let mut parts = name.split('.');
-                let kind = LockKind::from_label(parts.next()?)?;
-                let expires: i64 = parts.next()?.parse().ok()?;
-                (expires > now).then_some(StoreLock { key: m.location.clone(), kind, expires })
-            })
-            .collect())
+        let mut live = Vec::new();
+        for m in metas.into_iter().filter(|m| m.location != mine.key) {
+            let Some(name) = m.location.filename().map(str::to_string) else { continue };
+            let mut parts = name.split('.');
+            let Some(kind) = parts.next().and_then(LockKind::from_label) else { continue };
+            let Some(expires) = parts.next().and_then(|e| e.parse::<i64>().ok()) else { continue };
+            if expires <= now {
+                continue;
+            }
+            // parts: the nonce, then the holder (absent from older mados).
+            if parts.nth(1).is_some_and(holder_gone) {
+                tracing::info!(lock = %m.location, "deleting a lock whose holder on this machine is gone");
+                let _ = self.store.delete(&m.location).await;
+                continue;
+            }
+            live.push(StoreLock { key: m.location.clone(), kind, expires });
+        }
+        Ok(live)
     }
 
     /// Removes a lock (best effort: one that stays expires by itself).
@@ -763,6 +819,58 @@ mod tests {
         std::fs::OpenOptions::new().write(true).open(&file).unwrap().set_len(FILE_STREAM_BLOCK as u64 + 5).unwrap();
         let e = stream.try_collect::<Vec<Bytes>>().await.unwrap_err().to_string();
         assert!(e.contains(&id.to_string()), "{e}");
+    }
+
+    /// A lock left by a process of this machine that is gone (killed with
+    /// SIGKILL) blocks nobody and is deleted; a live holder's lock, one of
+    /// another machine and one of an older mado (no holder) still count.
+    #[tokio::test]
+    async fn a_lock_whose_holder_here_is_gone_is_not_live() {
+        let r = Remote::from_store("memory://locks", Arc::new(InMemory::new()));
+        let mine = r.put_lock(LockKind::Gc).await.unwrap();
+        let me = holder_tag().expect("this test needs /proc");
+        let boot = me.split('-').next().unwrap().to_string();
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        let expires = unix_now() + 600;
+        let r = &r;
+        let put = |holder: Option<String>, n: u64| {
+            let key = r.key(&layout::lock("writer", expires, n, holder.as_deref()));
+            async move {
+                r.store.put(&key, PutPayload::from(Bytes::new())).await.unwrap();
+                key
+            }
+        };
+        let gone = put(Some(format!("{boot}-{dead}-1")), 1).await;
+        let reused = put(Some(format!("{boot}-{}-1", std::process::id())), 2).await;
+        let live = put(Some(me.clone()), 3).await;
+        let elsewhere = put(Some(format!("0123456789abcdef-{dead}-1")), 4).await;
+        let older = put(None, 5).await;
+        // Killed, not yet reaped by its parent (a zombie): gone as well.
+        let mut z = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let z_tag = format!("{boot}-{}-{}", z.id(), start_ticks(z.id()).unwrap());
+        z.kill().unwrap();
+        let stat = format!("/proc/{}/stat", z.id());
+        for _ in 0..500 {
+            if std::fs::read_to_string(&stat).is_ok_and(|s| s.rsplit_once(')').unwrap().1.trim_start().starts_with('Z'))
+            {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let zombie = put(Some(z_tag), 6).await;
+        let mut keys: Vec<_> = r.other_locks(&mine).await.unwrap().into_iter().map(|l| l.key).collect();
+        keys.sort();
+        let mut want = vec![live, elsewhere, older];
+        want.sort();
+        assert_eq!(keys, want);
+        // The dead holder's lock, the zombie's, and the one naming this pid
+        // with another start time (a reused pid), are deleted.
+        z.wait().unwrap();
+        for k in [gone, reused, zombie] {
+            assert!(r.store.head(&k).await.is_err(), "{k} is still there");
+        }
     }
 
     #[tokio::test]
