@@ -899,3 +899,16 @@ fn a_fifo_in_a_working_copy_is_left_out_and_the_workspace_resumes() {
     std::fs::File::open(&w1).unwrap().set_modified(root_mtime).unwrap();
     assert_same_state(&w1, &w2);
 }
+
+/// A working copy given as a relative path is recorded, as the lease's
+/// holder, by its absolute path: a lease error elsewhere says where it is.
+#[test]
+fn a_relative_working_copy_is_named_by_its_absolute_path() {
+    let m = Mado::local();
+    setup(&m);
+    let o = m.cmd(&["ws", "create", "rel", "--dir", "relcopy"]).current_dir(m.dir.path()).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let err = m.fails(&["ws", "resume", "rel", m.dir.path().join("other").to_str().unwrap()], 1);
+    let abs = m.dir.path().join("relcopy");
+    assert!(err.contains(&format!("working copy {})", abs.display())), "{err}");
+}

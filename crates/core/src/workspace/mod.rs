@@ -121,7 +121,8 @@ fn holder_id(dir: &Path) -> String {
     format!(
         "{}@{host}:{}:{:08x}",
         std::env::var("USER").unwrap_or_else(|_| "mado".into()),
-        dir.display(),
+        // Absolute: a lease error elsewhere names where the copy is.
+        std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf()).display(),
         rand::random::<u32>()
     )
 }
