@@ -76,6 +76,26 @@ fn a_cache_at_a_long_path_still_mounts() {
     assert!(serving.starts_with("20") && serving.contains("Z ") && serving.contains(" INFO "), "{serving}");
 }
 
+/// A mount that fails (no such ref) leaves no mount point it made behind;
+/// one that was there stays.
+#[test]
+fn a_failed_mount_removes_the_mount_point_it_made() {
+    if !fuse_usable() {
+        return;
+    }
+    let m = Mado::local();
+    let repo = fixture_repo(m.dir.path());
+    m.ok(&["import-git", repo.to_str().unwrap()]);
+    let made = m.dir.path().join("new-mnt");
+    let err = m.fails(&["mount", "nope", made.to_str().unwrap()], 1);
+    assert!(err.contains("nope"), "{err}");
+    assert!(!made.exists(), "the failed mount left {} behind", made.display());
+    let there = m.dir.path().join("old-mnt");
+    std::fs::create_dir(&there).unwrap();
+    m.fails(&["mount", "nope", there.to_str().unwrap()], 1);
+    assert!(there.is_dir());
+}
+
 /// mado called as `mount.fuse.mado` (what mount(8) runs for an fstab
 /// line of type fuse.mado) takes mount(8)'s arguments and options.
 #[test]

@@ -84,11 +84,21 @@ pub fn workspace_args(name: &str, dir: PathBuf, steal: bool, allow_other: bool) 
 
 pub async fn run(a: MountArgs, ctx: &Ctx) -> Result<()> {
     // A missing mount point is made, as `checkout` and `ws create` make
-    // their directory.
-    if !a.dir.exists() && !daemon::is_disconnected(&a.dir) {
+    // their directory; and removed again (while empty) if the mount fails.
+    let made = !a.dir.exists() && !daemon::is_disconnected(&a.dir);
+    if made {
         std::fs::create_dir_all(&a.dir)
             .map_err(|e| mado_core::Error::User(format!("cannot create {}: {e}", a.dir.display())))?;
     }
+    let dir = a.dir.clone();
+    let r = mount(a, ctx).await;
+    if r.is_err() && made {
+        let _ = std::fs::remove_dir(&dir);
+    }
+    r
+}
+
+async fn mount(a: MountArgs, ctx: &Ctx) -> Result<()> {
     if !a.dir.is_dir() && !daemon::is_disconnected(&a.dir) {
         return Err(mado_core::Error::User(format!("{} is not a directory; create it first", a.dir.display())).into());
     }
