@@ -912,3 +912,24 @@ fn a_relative_working_copy_is_named_by_its_absolute_path() {
     let abs = m.dir.path().join("relcopy");
     assert!(err.contains(&format!("working copy {})", abs.display())), "{err}");
 }
+
+/// A working copy inside another: the outer one's checkpoint is refused
+/// (a `.mado` inside would name another workspace), with a hint that says
+/// how to leave the inner one out; following it, the checkpoint works.
+#[test]
+fn a_working_copy_inside_another_is_refused_with_the_ignore_line_to_add() {
+    let m = Mado::local();
+    setup(&m);
+    let outer = m.dir.path().join("outer");
+    m.ok(&["ws", "create", "outer", "--dir", outer.to_str().unwrap()]);
+    m.ok(&["ws", "create", "inner", "--dir", outer.join("nested").to_str().unwrap()]);
+    let err = m.fails(&["ws", "checkpoint", "--dir", outer.to_str().unwrap()], 1);
+    assert!(
+        err.contains("working copy of its own") && err.contains("/nested/") && err.contains(".madoignore"),
+        "{err}"
+    );
+    std::fs::write(outer.join(".madoignore"), "/nested/\n").unwrap();
+    let cp = m.json(&["ws", "checkpoint", "--dir", outer.to_str().unwrap()]);
+    assert_eq!(cp["unchanged"], false, "{cp}");
+    assert!(!m.ok(&["ls", "ws/outer"]).contains("nested"));
+}

@@ -323,9 +323,18 @@ impl Stager<'_> {
             // Unchanged since the base: its tree is the base's.
             Some(row) => row.id,
             None => {
-                let tree = Tree::normalized(entries).map_err(|e| Error::UnsafePath {
-                    path: String::from_utf8_lossy(rel).into_owned(),
-                    reason: e.to_string(),
+                let tree = Tree::normalized(entries).map_err(|e| {
+                    let mut reason = e.to_string();
+                    if reason.contains("reserved for mado's working-copy state") {
+                        // Another working copy inside this one.
+                        let dir = String::from_utf8_lossy(rel);
+                        reason.push_str(&format!(
+                            "\n  hint: {dir:?} is a working copy of its own; to checkpoint this one, \
+                             leave it out with a line `/{dir}/` in {}",
+                            self.dir.join(".madoignore").display()
+                        ));
+                    }
+                    Error::UnsafePath { path: String::from_utf8_lossy(rel).into_owned(), reason }
                 })?;
                 self.staged.tree(self.cache, &tree)?
             }
