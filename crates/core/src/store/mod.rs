@@ -830,6 +830,12 @@ mod tests {
         let mine = r.put_lock(LockKind::Gc).await.unwrap();
         let me = holder_tag().expect("this test needs /proc");
         let boot = me.split('-').next().unwrap().to_string();
+        // The boot part is a hash of this boot and pid namespace, not a
+        // constant that every machine would share.
+        let ns = std::fs::read_link("/proc/self/ns/pid").unwrap();
+        let id = std::fs::read("/proc/sys/kernel/random/boot_id").unwrap();
+        let want = Hash::of(&[id.trim_ascii(), b"\n", ns.as_os_str().as_encoded_bytes()].concat()).to_hex();
+        assert_eq!(boot, want[..16]);
         let mut child = std::process::Command::new("true").spawn().unwrap();
         let dead = child.id();
         child.wait().unwrap();
