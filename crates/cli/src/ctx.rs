@@ -117,14 +117,27 @@ impl Ctx {
         }
     }
 
+    /// The configured store, which must exist (a `file://` store's
+    /// directory is not made here: see [`Ctx::remote_creating`]).
     pub fn remote(&self) -> Result<Arc<Remote>> {
+        self.remote_with(false)
+    }
+
+    /// The configured store, a `file://` one made if missing: for commands
+    /// that put the first snapshot in a store (`import-git`).
+    pub fn remote_creating(&self) -> Result<Arc<Remote>> {
+        self.remote_with(true)
+    }
+
+    fn remote_with(&self, create: bool) -> Result<Arc<Remote>> {
         if let Some(r) = self.remote.get() {
             return Ok(r.clone());
         }
         let url = self.remote_url()?;
         let inject_rtt =
             std::env::var("MADO_INJECT_RTT_MS").ok().and_then(|v| v.parse().ok()).map(Duration::from_millis);
-        let r = Arc::new(Remote::open(&url, &OpenOptions { inject_rtt })?);
+        let opts = OpenOptions { inject_rtt };
+        let r = Arc::new(if create { Remote::open(&url, &opts)? } else { Remote::open_existing(&url, &opts)? });
         self.step(format!("opened remote {url}"));
         Ok(self.remote.get_or_init(|| r).clone())
     }

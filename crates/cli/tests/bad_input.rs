@@ -475,6 +475,48 @@ fn a_relative_local_store_is_saved_absolute() {
     }
 }
 
+/// A mistyped local store is named, not made: a command that only reads
+/// or cleans a store refuses one whose directory does not exist (it used
+/// to make it, empty, and answer "no refs yet"). `import-git` still makes
+/// it.
+#[test]
+fn a_local_store_that_does_not_exist_is_named_and_not_made() {
+    let m = Mado::local();
+    let store = m.store_dir();
+    for args in [&["refs"][..], &["gc"], &["ls", "main"], &["log", "main"]] {
+        let o = m.cmd(args).output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains("no store at") && err.contains(store.to_str().unwrap()), "{args:?}: {err}");
+        assert!(!store.exists(), "{args:?} made the store directory");
+    }
+    let repo = fixture_repo(m.dir.path());
+    let o = m.cmd(&["import-git", repo.to_str().unwrap()]).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(store.is_dir());
+    let o = m.cmd(&["refs"]).output().unwrap();
+    assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("main"));
+}
+
+/// `mado init` with no --remote and MADO_REMOTE_ADDR set saves the store
+/// the variable names (the one every later command would use), not the
+/// embedded default the variable would hide.
+#[test]
+fn init_saves_the_store_mado_remote_addr_names() {
+    let m = Mado::local();
+    let o = m.cmd(&["init", "--json"]).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["remote"], m.remote.as_str());
+    assert!(m.store_dir().is_dir());
+    let cfg = std::fs::read_to_string(m.home().join(".config/mado/config.toml")).unwrap();
+    assert!(cfg.contains(&m.remote), "{cfg}");
+    // Without the variable, the embedded default, as before.
+    let o = m.cmd(&["init", "--json"]).env_remove("MADO_REMOTE_ADDR").output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(v["remote"].as_str().unwrap().ends_with("/.local/share/mado/store"), "{v}");
+}
+
 /// A git repository whose only file sits `depth` directories deep.
 fn deep_repo(parent: &std::path::Path, depth: usize) -> std::path::PathBuf {
     use std::io::Write;
@@ -501,8 +543,13 @@ fn deep_trees_work_to_gits_limit_and_are_refused_beyond() {
     std::fs::remove_dir_all(m.cache_dir()).unwrap();
     m.ok(&["materialize", "-r", "main"]);
     m.ok(&["gc", "--grace", "0"]);
-    // A checkout is bound by the kernel's PATH_MAX, not by mado: 1,500
-    // levels of "d/" fit.
+    // A checkout is bound by the kernel's PATH_MAX, not by mado: 4,000
+    // levels do not fit, and the error says so in a line a person can
+    // read (it printed the whole 8,000-byte path, as an internal error).
+    let err = m.fails(&["checkout", "main", m.dir.path().join("too-long").to_str().unwrap()], 1);
+    assert!(err.contains("PATH_MAX") && err.contains("bytes …]"), "{err}");
+    assert!(err.len() < 600, "{} bytes: {err}", err.len());
+    // 1,500 levels of "d/" fit.
     let shallow = deep_repo(m.dir.path(), 1500);
     m.ok(&["import-git", shallow.to_str().unwrap(), "--ref", "shallow"]);
     let co = m.dir.path().join("co");

@@ -88,7 +88,8 @@ fn man_page_is_roff_and_per_command_pages_go_into_a_directory() {
 #[test]
 fn refs_lists_imports_and_workspaces() {
     let m = Mado::local();
-    // No refs yet: an empty list, not an error.
+    // A store with no refs yet: an empty list, not an error.
+    std::fs::create_dir_all(m.store_dir()).unwrap();
     assert_eq!(m.json(&["refs"]), serde_json::json!([]));
     setup(&m);
     let w = m.dir.path().join("w");

@@ -56,7 +56,7 @@ pub struct CheckoutOptions<'a> {
 }
 
 fn lossy(p: &[u8]) -> String {
-    String::from_utf8_lossy(p).into_owned()
+    crate::fsutil::show_path(p)
 }
 
 fn io_at(path: &[u8], what: &str) -> impl FnOnce(rustix::io::Errno) -> Error {
@@ -80,6 +80,12 @@ fn open_dir_beneath(root: &OwnedFd, rel: &[u8]) -> Result<OwnedFd> {
             path: lossy(rel),
             reason: "a symlink or non-directory is in the way of a directory".into(),
         },
+        rustix::io::Errno::NAMETOOLONG => Error::User(format!(
+            "cannot check out directory {:?}: its path ({} bytes) is longer than this system allows (PATH_MAX, 4096 bytes); \
+             check out a subtree below it, or use `mado mount`, which has no such limit",
+            lossy(rel),
+            rel.len()
+        )),
         e => Error::Io { context: format!("opening directory {:?}", lossy(rel)), source: e.into() },
     })
 }

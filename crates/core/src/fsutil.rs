@@ -154,6 +154,23 @@ pub fn create_private_dir(dir: &Path) -> Result<()> {
         .map_err(Error::io(format!("making {} private", dir.display())))
 }
 
+/// `p` for an error message: as it is up to 160 bytes, else its first and
+/// last 64 bytes around its length (a path 4,000 levels deep is 8,000
+/// bytes, and would bury the sentence it is in).
+pub fn show_path(p: &[u8]) -> String {
+    const MAX: usize = 160;
+    const KEEP: usize = 64;
+    if p.len() <= MAX {
+        return String::from_utf8_lossy(p).into_owned();
+    }
+    format!(
+        "{}[… {} bytes …]{}",
+        String::from_utf8_lossy(&p[..KEEP]),
+        p.len(),
+        String::from_utf8_lossy(&p[p.len() - KEEP..])
+    )
+}
+
 /// How deep a tree may be: git's own limit (`core.maxTreeDepth`, 4096).
 pub const MAX_TREE_DEPTH: usize = 4096;
 
@@ -196,6 +213,20 @@ pub async fn lock_file(path: PathBuf) -> Result<std::fs::File> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_long_path_is_shown_by_its_ends_and_length() {
+        let short = b"a/b/c.txt";
+        assert_eq!(super::show_path(short), "a/b/c.txt");
+        let at_limit = vec![b'x'; 160];
+        assert_eq!(super::show_path(&at_limit), "x".repeat(160));
+        let mut long = b"head/".repeat(40);
+        long.extend_from_slice(b"tail.rs");
+        let shown = super::show_path(&long);
+        assert!(shown.starts_with("head/head/") && shown.ends_with("/tail.rs"), "{shown}");
+        assert!(shown.contains("[… 207 bytes …]"), "{shown}");
+        assert_eq!(shown.len(), 64 + 64 + "[… 207 bytes …]".len());
+    }
+
     use super::*;
 
     /// `copy_range` copies a span at any offsets, within one filesystem and

@@ -39,7 +39,7 @@ pub async fn run(mut a: ImportGitArgs, ctx: &Ctx) -> Result<()> {
         note!(ctx, "note: importing the whole repository at {} ({} is inside it)", root.display(), a.repo.display());
         a.repo = root;
     }
-    let remote = ctx.remote()?;
+    let remote = ctx.remote_creating()?;
     let cache = ctx.cache()?;
     let revs = if a.revs.is_empty() { vec!["HEAD".to_string()] } else { a.revs };
     // Uncommitted changes are not imported: ask git beside the import.

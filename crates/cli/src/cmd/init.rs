@@ -7,7 +7,8 @@ use crate::ctx::{config_path, default_store_dir, Ctx};
 ///
 /// With no flag, the store is an embedded local directory under your data
 /// directory ($XDG_DATA_HOME/mado/store or ~/.local/share/mado/store): no
-/// server needed. Checks that the store answers before saving.
+/// server needed; with MADO_REMOTE_ADDR set, the store it names. Checks
+/// that the store answers before saving.
 #[derive(Args)]
 pub struct InitArgs {
     /// Store URL: file:///absolute/path, s3://bucket/prefix (S3 settings
@@ -26,8 +27,13 @@ struct InitOut {
 }
 
 pub async fn run(a: InitArgs, ctx: &Ctx) -> Result<()> {
-    let url = match a.remote {
-        Some(u) => local_url(&u)?,
+    // MADO_REMOTE_ADDR overrides the config for every later command: with
+    // no --remote, init saves that store rather than one the variable
+    // would hide.
+    let from_env =
+        std::env::var("MADO_REMOTE_ADDR").ok().filter(|u| !u.is_empty()).map(|u| local_url(&u)).transpose()?;
+    let url = match a.remote.map(|u| local_url(&u)).transpose()?.or(from_env.clone()) {
+        Some(u) => u,
         None => {
             let dir = default_store_dir()?;
             format!("file://{}", dir.display())
@@ -53,7 +59,15 @@ pub async fn run(a: InitArgs, ctx: &Ctx) -> Result<()> {
     if ctx.json {
         return ctx.print_json(&out);
     }
-    say!(ctx, "remote: {}", out.remote);
+    match from_env {
+        Some(e) if e == out.remote => say!(ctx, "remote: {} (from MADO_REMOTE_ADDR)", out.remote),
+        Some(e) => say!(
+            ctx,
+            "remote: {}\nnote: MADO_REMOTE_ADDR ({e}) is set and overrides this for every command",
+            out.remote
+        ),
+        None => say!(ctx, "remote: {}", out.remote),
+    }
     say!(ctx, "config: {}", out.config);
     if let Some(p) = out.previous_remote.filter(|p| *p != out.remote) {
         say!(ctx, "(was: {p})");

@@ -140,7 +140,7 @@ impl Walker<'_, '_> {
     fn walk(&mut self, id: gix::ObjectId, path: &str, check_only: bool) -> Result<Hash> {
         if check_only && !path.is_empty() && path.matches('/').count() + 1 > crate::fsutil::MAX_TREE_DEPTH {
             return Err(Error::UnsafePath {
-                path: format!("{}...", &path[..path.len().min(64)]),
+                path: crate::fsutil::show_path(path.as_bytes()),
                 reason: format!(
                     "the tree is more than {} levels deep (git's core.maxTreeDepth)",
                     crate::fsutil::MAX_TREE_DEPTH

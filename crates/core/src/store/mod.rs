@@ -211,6 +211,27 @@ fn file_stream(
 }
 
 impl Remote {
+    /// [`Remote::open`] for a command that only uses a store: a `file://`
+    /// store whose directory does not exist is an error naming it (a
+    /// mistyped path would otherwise be made, empty, and every read would
+    /// answer "no refs" or "no such ref" instead).
+    pub fn open_existing(url: &str, opts: &OpenOptions) -> Result<Remote> {
+        if let Ok(parsed) = url::Url::parse(url) {
+            if parsed.scheme() == "file" {
+                if let Ok(root) = parsed.to_file_path() {
+                    if !root.exists() {
+                        return Err(Error::User(format!(
+                            "no store at {}: the directory does not exist; check the path, or make a store there \
+                             with `mado init --remote {url}` (or `mado import-git REPO`, which makes it)",
+                            root.display()
+                        )));
+                    }
+                }
+            }
+        }
+        Remote::open(url, opts)
+    }
+
     /// Opens `file:///abs/path` or `s3://bucket[/prefix]`. S3 settings come
     /// from the standard AWS environment variables (`AWS_ENDPOINT_URL`,
     /// `AWS_REGION`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`), then from
