@@ -193,6 +193,72 @@ fn uncheckpointed_changes_survive_an_unmount_and_a_killed_daemon() {
     assert_eq!(cp["unchanged"], false, "{cp}");
 }
 
+/// Work a mount saved and never checkpointed is never dropped in silence:
+/// a resume into a directory refuses (it would not have that work) unless
+/// told to go on; a mount refused for the lease leaves the work where it
+/// is (it used to set it aside, and say nothing); a mount of a workspace
+/// that moved on sets it aside with a warning naming `ws recover`, which
+/// makes it a workspace whose mount shows it.
+#[test]
+fn uncheckpointed_work_of_a_mount_is_named_set_aside_and_recovered() {
+    if !fuse_usable() {
+        return;
+    }
+    let m = Mado::local();
+    setup(&m);
+    let base = m.json(&["log", "main"])[0]["snapshot"].as_str().unwrap().to_string();
+    let mnt = create(&m, "left");
+    std::fs::write(mnt.dir.join("unsaved.txt"), "only in the mount\n").unwrap();
+    mnt.umount();
+
+    let w = m.dir.path().join("w");
+    let err = m.fails(&["ws", "resume", "left", w.to_str().unwrap()], 1);
+    assert!(err.contains("no checkpoint holds") && err.contains("--ignore-mount-changes"), "{err}");
+    assert!(!w.exists() || std::fs::read_dir(&w).unwrap().next().is_none(), "a refused resume wrote files");
+    let o = m.cmd(&["ws", "resume", "left", w.to_str().unwrap(), "--ignore-mount-changes"]).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("are not in"), "{}", String::from_utf8_lossy(&o.stderr));
+    std::fs::write(w.join("elsewhere.txt"), "checkpointed from a directory\n").unwrap();
+    let cp = m.json(&["ws", "checkpoint", "--dir", w.to_str().unwrap()]);
+    assert_eq!(cp["unchanged"], false, "{cp}");
+
+    // Refused for the lease (the directory holds it): nothing set aside.
+    let err = m.fails(&["ws", "resume", "left", mnt.path(), "--mount"], 1);
+    assert!(err.contains("leased by"), "{err}");
+    assert_eq!(m.json(&["ws", "recover"]), serde_json::json!([]));
+
+    m.ok(&["ws", "release", "--dir", w.to_str().unwrap()]);
+    let o = m.cmd(&["ws", "resume", "left", mnt.path(), "--mount"]).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("set aside") && err.contains("mado ws recover"), "{err}");
+    assert!(mnt.dir.join("elsewhere.txt").is_file() && !mnt.dir.join("unsaved.txt").exists());
+    mnt.umount();
+
+    let aside = m.json(&["ws", "recover"]);
+    let aside = aside.as_array().unwrap();
+    assert_eq!(aside.len(), 1, "{aside:?}");
+    assert_eq!(aside[0]["workspace"], "left");
+    assert_eq!(aside[0]["checkpoint"], base.as_str());
+    let dir = aside[0]["dir"].as_str().unwrap();
+    let r = m.json(&["ws", "recover", dir, "--as", "back"]);
+    assert_eq!(r["workspace"], "back", "{r}");
+    assert_eq!(m.json(&["ws", "recover"]), serde_json::json!([]));
+    let back = WsMount { m: &m, dir: m.dir.path().join("mnt-back") };
+    m.ok(&["ws", "resume", "back", back.path(), "--mount"]);
+    assert_eq!(std::fs::read(back.dir.join("unsaved.txt")).unwrap(), b"only in the mount\n");
+    assert!(!back.dir.join("elsewhere.txt").exists());
+    back.checkpoint("recovered");
+    back.umount();
+    assert_eq!(m.ok(&["cat", "ws/back", "unsaved.txt"]), "only in the mount\n");
+    // Checkpointed, then unmounted: nothing left to warn of.
+    let w2 = m.dir.path().join("w2");
+    m.ok(&["ws", "resume", "back", w2.to_str().unwrap()]);
+    // The same name twice, or a folder that holds nothing, is refused.
+    let err = m.fails(&["ws", "recover", dir, "--as", "again"], 1);
+    assert!(err.contains("no set-aside changes"), "{err}");
+}
+
 #[test]
 fn a_read_only_snapshot_mount_refuses_writes_and_checkpoints() {
     if !fuse_usable() {

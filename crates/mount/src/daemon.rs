@@ -594,6 +594,9 @@ pub fn run(
         mado_core::workspace::save_mount_state(&core, &ws.state_dir)?;
         // The state just saved names no spare upper file.
         core.drop_spares();
+        if let Err(e) = mado_core::workspace::record_unmounted(&ws.state_dir, core.uncheckpointed()) {
+            tracing::warn!("recording whether workspace {} holds uncheckpointed changes: {e}", ws.name);
+        }
         match rt.block_on(mado_core::workspace::release_lease(&fetcher.remote, &ws.name, &ws.holder)) {
             Ok(_) => {}
             Err(e) => tracing::error!("releasing the lease of workspace {}: {e}", ws.name),

@@ -47,6 +47,23 @@ pub enum WsCommand {
     /// `mado gc` reclaims what nothing else reaches).
     #[command(after_help = EX_RM)]
     Rm(RmArgs),
+    /// Get back changes a workspace mount set aside: with no argument, list
+    /// them; with one, make them a new workspace (created at the checkpoint
+    /// they were made on) whose next mount shows them, to checkpoint there.
+    /// A mount sets changes aside when the workspace moved on elsewhere
+    /// since they were made.
+    #[command(after_help = EX_RECOVER)]
+    Recover(RecoverArgs),
+}
+
+#[derive(Args)]
+pub struct RecoverArgs {
+    /// The set-aside folder (as the mount's warning or the listing names
+    /// it, or its last component).
+    aside: Option<PathBuf>,
+    /// The new workspace's name (default: NAME-recovered).
+    #[arg(long = "as", value_name = "NEW", requires = "aside")]
+    as_name: Option<String>,
 }
 
 #[derive(Args)]
@@ -135,6 +152,11 @@ pub struct ResumeArgs {
     /// but never checkpointed (for looking at a workspace someone else holds).
     #[arg(long, conflicts_with_all = ["mount", "steal"])]
     read_only: bool,
+    /// Resume into DIR even though a mount of the workspace on this machine
+    /// saved changes no checkpoint holds (they stay saved; the next mount
+    /// sets them aside, and `mado ws recover` gets them back).
+    #[arg(long, conflicts_with = "mount")]
+    ignore_mount_changes: bool,
 }
 
 #[derive(Args)]
@@ -239,6 +261,35 @@ pub async fn run(c: WsCommand, ctx: &Ctx) -> Result<()> {
             super::mount::run(super::mount::workspace_args(&a.name, a.dir, a.steal, a.allow_other), ctx).await
         }
         WsCommand::Resume(a) => {
+            // Work a mount here saved and never checkpointed would not be
+            // in this copy, and a checkpoint from it would leave that work
+            // behind: said before anything is fetched or written.
+            if let Some((sd, head)) = workspace::uncheckpointed_mount_state(&fetcher, &a.name)? {
+                let on =
+                    if head.len() >= 12 { format!(" on top of checkpoint {}", &head[..12]) } else { String::new() };
+                let what = format!(
+                    "workspace {} has changes{on} that a mount on this machine saved and no checkpoint holds \
+                     (in {})",
+                    a.name,
+                    sd.display()
+                );
+                if a.read_only {
+                    note!(ctx, "note: {what}; this copy does not have them");
+                } else if !a.ignore_mount_changes {
+                    // A live mount holds the lease: that refusal says more.
+                    workspace::check_lease_free(&fetcher.remote, &a.name, a.steal).await?;
+                    return Err(mado_core::Error::User(format!(
+                        "{what}; a copy resumed into a directory would not have them\n  hint: mount it to see and \
+                         checkpoint them (`mado ws resume {} --mount DIR`, then `mado ws checkpoint` in it), or \
+                         resume anyway with --ignore-mount-changes (they stay saved: the next mount sets them \
+                         aside, and `mado ws recover` gets them back)",
+                        a.name
+                    ))
+                    .into());
+                } else {
+                    note!(ctx, "note: {what}; they stay saved, and are not in {}", a.dir.display());
+                }
+            }
             let (pb, p) = ctx.progress_counter("restoring");
             let lease = if a.read_only {
                 workspace::ResumeLease::ReadOnly
@@ -354,6 +405,51 @@ pub async fn run(c: WsCommand, ctx: &Ctx) -> Result<()> {
             } else {
                 say!(ctx, "this working copy did not hold the lease of workspace {name}; nothing to release");
             }
+            Ok(())
+        }
+        WsCommand::Recover(RecoverArgs { aside: None, .. }) => {
+            let all = workspace::list_set_aside(&fetcher)?;
+            if ctx.json {
+                return ctx.print_json(&all);
+            }
+            if all.is_empty() {
+                note!(ctx, "no changes set aside for this store on this machine");
+                return Ok(());
+            }
+            println!("{:<20}  {:<12}  {:<26}  SET-ASIDE FOLDER", "WORKSPACE", "CHECKPOINT", "SET ASIDE");
+            for a in &all {
+                println!(
+                    "{:<20}  {:<12}  {:<26}  {}",
+                    a.workspace,
+                    &a.checkpoint[..12.min(a.checkpoint.len())],
+                    mado_core::error::local_time(a.time),
+                    a.dir
+                );
+            }
+            Ok(())
+        }
+        WsCommand::Recover(RecoverArgs { aside: Some(aside), as_name }) => {
+            // A bare folder name is looked up beside the workspaces' states.
+            let path = if aside.components().count() == 1 && !aside.exists() {
+                workspace::workspaces_root()?.join(&aside)
+            } else {
+                aside
+            };
+            let from = workspace::load_state_at(&path).map(|s| s.name).unwrap_or_default();
+            let new = as_name.unwrap_or_else(|| format!("{from}-recovered"));
+            let r = workspace::recover_set_aside(&fetcher, &path, &new).await?;
+            if ctx.json {
+                return ctx.print_json(&serde_json::json!({
+                    "workspace": new, "from": r.workspace, "snapshot": r.checkpoint, "state": r.dir,
+                }));
+            }
+            say!(
+                ctx,
+                "recovered the changes set aside from workspace {} (made on checkpoint {}) as workspace {new}\n\
+                 next: `mado ws resume {new} --mount DIR` shows them; `mado ws checkpoint` there saves them",
+                r.workspace,
+                &r.checkpoint[..12]
+            );
             Ok(())
         }
         WsCommand::Rm(a) => {
@@ -493,6 +589,12 @@ const EX_WS_LOG: &str = "Examples:
 const EX_RELEASE: &str = "Examples:
   mado ws release                             # inside a plain working copy
   mado ws release agent-2 --dir ~/work/agent-2";
+
+const EX_RECOVER: &str = "Examples:
+  mado ws recover                       # list the changes mounts set aside here
+  mado ws recover ~/.local/share/mado/workspaces/3f2a….old-1795782237 --as fix-retry
+  mado ws resume fix-retry --mount ~/w  # the changes, on the checkpoint they were made on
+  cd ~/w && mado ws checkpoint -m 'recovered'";
 
 const EX_RM: &str = "Examples:
   mado ws rm agent-1                          # the ref and lease; then `mado gc` reclaims the rest

@@ -147,6 +147,11 @@ pub struct SnapshotFs {
     /// `changes()` as of the newest state saved durably (`note_saved`):
     /// a spare upper file freed before it is named by no saved state.
     saved_changes: AtomicU64,
+    /// `changes()` as of the start of the last checkpoint that succeeded.
+    checkpointed_changes: AtomicU64,
+    /// Changes from before this mount (a saved state picked up) that no
+    /// checkpoint holds yet.
+    uncheckpointed_before: std::sync::atomic::AtomicBool,
     /// Held while the state is serialized and written (`save_guard`).
     save_lock: std::sync::Mutex<()>,
     /// Large files: recent chunks and read-ahead.
@@ -259,6 +264,8 @@ impl SnapshotFs {
             reads: AtomicU64::new(0),
             untracked_opens: AtomicBool::new(false),
             saved_changes: AtomicU64::new(0),
+            checkpointed_changes: AtomicU64::new(0),
+            uncheckpointed_before: std::sync::atomic::AtomicBool::new(false),
             save_lock: std::sync::Mutex::new(()),
             chunks: chunked::Chunks::default(),
         }
@@ -308,6 +315,24 @@ impl SnapshotFs {
     /// had just made, and a kill -9 then lost the fsynced bytes).
     pub fn save_guard(&self) -> std::sync::MutexGuard<'_, ()> {
         self.save_lock.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The state this mount started from held changes no checkpoint has
+    /// (a saved state picked up, not known to be clean).
+    pub fn set_uncheckpointed_before(&self, v: bool) {
+        self.uncheckpointed_before.store(v, Relaxed);
+    }
+
+    /// A checkpoint that began when `changes()` was `at` succeeded.
+    pub fn note_checkpointed(&self, at: u64) {
+        self.checkpointed_changes.fetch_max(at, Relaxed);
+        self.uncheckpointed_before.store(false, Relaxed);
+    }
+
+    /// Whether the workspace may hold changes no checkpoint has: any change
+    /// since the last checkpoint began, or from before this mount.
+    pub fn uncheckpointed(&self) -> bool {
+        self.uncheckpointed_before.load(Relaxed) || self.changes() > self.checkpointed_changes.load(Relaxed)
     }
 
     pub fn changes(&self) -> u64 {

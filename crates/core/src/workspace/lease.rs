@@ -13,6 +13,14 @@ pub async fn read_lease(remote: &Remote, name: &str) -> Result<Seen> {
     remote.read_versioned(&remote.key(&crate::store::layout::lease(&ws_ref(name)?))).await
 }
 
+/// `Err(`[`Error::LeaseHeld`]`)` when another working copy keeps the lease
+/// of workspace `name` (one GET): for a refusal that must come after the
+/// lease's, which says more.
+pub async fn check_lease_free(remote: &Remote, name: &str, steal: bool) -> Result<()> {
+    let cur = read_lease(remote, name).await?;
+    lease_expected(name, "", steal, &cur).map(|_| ())
+}
+
 /// A lease object as read: its bytes and version, or `None` if absent.
 pub type Seen = Option<(Bytes, RefVersion)>;
 

@@ -48,10 +48,11 @@ mod status;
 mod working_copy;
 
 use commit::*;
+pub use lease::{check_lease_free, release, release_lease, take_lease};
 use lease::{lease_expected, read_lease, take_lease_seen, take_lease_was, Seen};
-pub use lease::{release, release_lease, take_lease};
 pub use mounted::{
-    checkpoint_mount, forget_unused_mount_state, open_mount, save_mount_state, MountedWorkspace, StateSaver,
+    checkpoint_mount, forget_unused_mount_state, list_set_aside, open_mount, record_unmounted, recover_set_aside,
+    save_mount_state, uncheckpointed_mount_state, workspaces_root, MountedWorkspace, SetAside, StateSaver,
 };
 pub use status::{mount_status, status, Status};
 use working_copy::*;

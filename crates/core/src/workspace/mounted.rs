@@ -14,6 +14,8 @@ pub async fn checkpoint_mount(
     lease: CheckpointLease,
 ) -> Result<CheckpointReport> {
     let mut st = load_state_at(state_dir)?;
+    // Every change counted so far is in the build below.
+    let at = fs.changes();
     // A checkpoint is refused while the overlay cannot be saved: after a
     // crash, what it would report as checkpointed could not be found again.
     save_mount_state(fs, state_dir).map_err(|e| {
@@ -58,7 +60,32 @@ pub async fn checkpoint_mount(
     })();
     unlock.done().await;
     saved?;
+    fs.note_checkpointed(at);
     Ok(report)
+}
+
+/// Records, at a clean unmount, whether a workspace mount's state holds
+/// changes no checkpoint has (`ws resume` into a directory warns of them).
+pub fn record_unmounted(state_dir: &Path, uncheckpointed: bool) -> Result<()> {
+    let mut st = load_state_at(state_dir)?;
+    st.uncheckpointed = Some(uncheckpointed);
+    save_state_at(state_dir, &st)
+}
+
+/// The saved state of a mount of workspace `name` on this machine that may
+/// hold changes no checkpoint has: its folder, and the checkpoint those
+/// changes were made on (`None` when there is none).
+pub fn uncheckpointed_mount_state(fetcher: &Fetcher, name: &str) -> Result<Option<(PathBuf, String)>> {
+    let sd = workspaces_root()?.join(DiskCache::workspace_key(fetcher.remote.url(), name));
+    if !sd.join(OVERLAY_FILE).exists() {
+        return Ok(None);
+    }
+    Ok(match load_state_at(&sd) {
+        Ok(st) if st.uncheckpointed == Some(false) => None,
+        Ok(st) => Some((sd, st.head)),
+        // Saved changes beside a record that cannot be read: as changes.
+        Err(_) => Some((sd, String::new())),
+    })
 }
 
 /// What a build of a mounted workspace needs before it runs (shared by a
@@ -219,20 +246,13 @@ pub async fn open_mount(
         Err(e) if saved.is_some() => return Err(e),
         Err(_) => None,
     };
-    let reopen = match (&prev, &saved) {
-        (Some(p), Some(_)) if p.head == v.snapshot.to_hex() || p.pending == Some(v.snapshot.to_hex()) => true,
-        (Some(p), _) => {
-            let aside = sd.with_extension(format!("old-{}", now()));
-            let _ = std::fs::rename(&sd, &aside);
-            warnings.push(format!(
-                "local changes made on top of checkpoint {} were set aside in {} (the workspace is now at {})",
-                &p.head[..12.min(p.head.len())],
-                aside.display(),
-                &v.snapshot.to_hex()[..12]
-            ));
-            false
-        }
-        _ => false,
+    // Changes made on top of an older checkpoint are set aside, but only
+    // once the lease is ours: a mount refused for the lease leaves them
+    // where they are (it once moved them, and said nothing).
+    let (reopen, set_aside) = match (&prev, &saved) {
+        (Some(p), Some(_)) if p.head == v.snapshot.to_hex() || p.pending == Some(v.snapshot.to_hex()) => (true, None),
+        (Some(p), _) => (false, Some(p.head.clone())),
+        _ => (false, None),
     };
     let holder = match (&prev, reopen) {
         (Some(p), true) => p.holder.clone(),
@@ -257,6 +277,23 @@ pub async fn open_mount(
     let stat = stat?;
     // A read-write mount without the lease could never checkpoint.
     lease?;
+    if let Some(head) = set_aside {
+        let aside = sd.with_extension(format!("old-{}", now()));
+        match std::fs::rename(&sd, &aside) {
+            Ok(()) => warnings.push(format!(
+                "local changes made on top of checkpoint {} were set aside in {} (the workspace is now at {}); \
+                 `mado ws recover {}` makes them a workspace of their own",
+                &head[..12.min(head.len())],
+                aside.display(),
+                &v.snapshot.to_hex()[..12],
+                aside.display()
+            )),
+            Err(e) => {
+                let _ = release_lease(&fetcher.remote, name, &holder).await;
+                return Err(Error::io(format!("setting aside {}", sd.display()))(e));
+            }
+        }
+    }
     // The saved nodes name trees of the snapshot they were last rebased
     // on. When that is not the ref's (a checkpoint moved the ref and died
     // before the overlay was rebased: `pending`), those trees live in that
@@ -287,8 +324,100 @@ pub async fn open_mount(
             holder: holder.clone(),
             read_only: false,
             pending: None,
+            // While mounted, unknown; a clean unmount records it.
+            uncheckpointed: Some(true),
         },
     )?;
+    fs.set_uncheckpointed_before(reopen && prev.as_ref().is_none_or(|p| p.uncheckpointed != Some(false)));
     save_mount_state(&fs, &sd)?;
     Ok(MountedWorkspace { fs, state_dir: sd, snapshot: v.snapshot, attach, reopened: reopen, holder, warnings })
+}
+
+/// Changes a workspace mount set aside (made on a checkpoint older than
+/// the workspace's head when it was mounted again).
+#[derive(Clone, Debug, Serialize)]
+pub struct SetAside {
+    /// Its folder, beside the workspaces' states.
+    pub dir: String,
+    pub workspace: String,
+    /// The checkpoint the changes were made on.
+    pub checkpoint: String,
+    /// When they were set aside, seconds since the epoch.
+    pub time: i64,
+}
+
+/// Every set-aside state of this fetcher's remote on this machine, oldest
+/// first.
+pub fn list_set_aside(fetcher: &Fetcher) -> Result<Vec<SetAside>> {
+    let root = workspaces_root()?;
+    let Ok(rd) = std::fs::read_dir(&root) else { return Ok(Vec::new()) };
+    let mut out = Vec::new();
+    for e in rd.flatten() {
+        let name = e.file_name();
+        let Some(time) = name.to_str().and_then(|n| n.split_once(".old-")).and_then(|(_, t)| t.parse::<i64>().ok())
+        else {
+            continue;
+        };
+        let dir = e.path();
+        if !dir.join(OVERLAY_FILE).is_file() {
+            continue;
+        }
+        let Ok(st) = load_state_at(&dir) else { continue };
+        if st.remote != fetcher.remote.url() {
+            continue;
+        }
+        out.push(SetAside { dir: dir.display().to_string(), workspace: st.name, checkpoint: st.head, time });
+    }
+    out.sort_by_key(|a| (a.time, a.dir.clone()));
+    Ok(out)
+}
+
+/// `ws recover`: makes the set-aside state in `aside` the state of a new
+/// workspace `new_name`, created at the checkpoint those changes were made
+/// on, so that its next mount (`ws resume NEW --mount DIR`) shows them and
+/// can checkpoint them. Nothing is uploaded here.
+pub async fn recover_set_aside(fetcher: &Arc<Fetcher>, aside: &Path, new_name: &str) -> Result<SetAside> {
+    if !aside.join(OVERLAY_FILE).is_file() {
+        return Err(Error::User(format!(
+            "{} holds no set-aside changes (no {OVERLAY_FILE}); `mado ws recover` lists those there are",
+            aside.display()
+        )));
+    }
+    let mut st = load_state_at(aside)?;
+    if st.remote != fetcher.remote.url() {
+        return Err(Error::User(format!(
+            "{} holds changes to workspace {} of the store {}, not of {}; recover it with MADO_REMOTE_ADDR={}",
+            aside.display(),
+            st.name,
+            st.remote,
+            fetcher.remote.url(),
+            st.remote
+        )));
+    }
+    let head: Hash = st.head.parse().map_err(|_| {
+        Error::local_state(aside, format!("names no checkpoint its changes were made on ({:?})", st.head))
+    })?;
+    let target = workspaces_root()?.join(DiskCache::workspace_key(fetcher.remote.url(), new_name));
+    if target.exists() {
+        return Err(Error::User(format!(
+            "a mount of workspace {new_name} already keeps its state on this machine ({}); choose another name with --as",
+            target.display()
+        )));
+    }
+    create_ref(fetcher, new_name, &head.to_hex()).await?;
+    if let Err(e) = std::fs::rename(aside, &target) {
+        let _ = remove(&fetcher.remote, new_name, true).await;
+        return Err(Error::io(format!("moving {} to {}", aside.display(), target.display()))(e));
+    }
+    let from = std::mem::replace(&mut st.name, new_name.to_string());
+    st.pending = None;
+    st.uncheckpointed = Some(true);
+    save_state_at(&target, &st)?;
+    let time = aside
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.split_once(".old-"))
+        .and_then(|(_, t)| t.parse().ok())
+        .unwrap_or(0);
+    Ok(SetAside { dir: target.display().to_string(), workspace: from, checkpoint: head.to_hex(), time })
 }

@@ -24,6 +24,12 @@ pub struct LocalState {
     /// was saved, the next checkpoint knows the ref's new value is its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pending: Option<String>,
+    /// A workspace mount's state only: whether it may hold changes no
+    /// checkpoint has. Set while mounted (a daemon killed -9 leaves it so),
+    /// and to what is known at a clean unmount; absent (older mado): not
+    /// known, taken as yes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uncheckpointed: Option<bool>,
 }
 
 pub(super) use super::statcache::{StatCache, StatRow};
@@ -516,6 +522,7 @@ pub(super) async fn materialize_into(
             holder,
             read_only: matches!(lease_mode, ResumeLease::ReadOnly),
             pending: None,
+            uncheckpointed: None,
         },
     )?;
     if let Some(stat) = &stat {
