@@ -433,3 +433,38 @@ fn log_level_shows_each_request_and_refuses_a_misspelt_level() {
     assert!(m.run(&["log", "main", "-n", "1"]).stderr.is_empty());
     assert!(m.fails(&["log", "main", "--log-level", "degub"], 1).contains("not a level"));
 }
+
+/// A name with a newline (or a quote, a tab, an escape) is printed quoted
+/// with escapes, one line per entry, so that it cannot pass for another
+/// line in `ls`, `diff` or `ws status`; `--json` gives it as it is.
+#[test]
+fn names_with_control_characters_are_quoted_one_per_line() {
+    use std::io::Write;
+    let m = Mado::local();
+    let repo = m.dir.path().join("odd");
+    std::fs::create_dir_all(&repo).unwrap();
+    git(&repo, &["init", "-q", "-b", "main"]);
+    let stream = b"commit refs/heads/main\ncommitter a <a@b> 0 +0000\ndata 2\nx\n\
+M 100644 inline \"new\\nline.txt\"\ndata 2\nn\n\
+M 100644 inline \"D fake\\tpath\"\ndata 2\nt\n\
+M 100644 inline plain.txt\ndata 2\np\n\n";
+    let mut c = git_cmd(&repo).args(["fast-import", "--quiet"]).stdin(std::process::Stdio::piped()).spawn().unwrap();
+    c.stdin.take().unwrap().write_all(stream).unwrap();
+    assert!(c.wait().unwrap().success());
+    m.ok(&["import-git", repo.to_str().unwrap()]);
+    let ls = m.ok(&["ls", "main"]);
+    assert_eq!(ls.lines().count(), 3, "{ls}");
+    assert!(ls.contains("\"new\\nline.txt\"") && ls.contains("\"D fake\\tpath\"") && ls.contains(" plain.txt"), "{ls}");
+    let names: Vec<String> =
+        m.json(&["ls", "main"]).as_array().unwrap().iter().map(|e| e["name"].as_str().unwrap().to_string()).collect();
+    assert!(names.contains(&"new\nline.txt".to_string()), "{names:?}");
+    // A working copy that deletes them: `ws status` and `diff` quote too.
+    let w = m.dir.path().join("w");
+    m.ok(&["ws", "create", "odd", "--dir", w.to_str().unwrap()]);
+    std::fs::remove_file(w.join("new\nline.txt")).unwrap();
+    let st = m.ok(&["ws", "status", "--dir", w.to_str().unwrap()]);
+    assert_eq!(st.trim_end(), "D \"new\\nline.txt\"", "{st}");
+    m.ok(&["ws", "checkpoint", "--dir", w.to_str().unwrap()]);
+    let d = m.ok(&["diff", "main", "ws/odd"]);
+    assert_eq!(d.trim_end(), "D \"new\\nline.txt\"", "{d}");
+}

@@ -211,7 +211,7 @@ pub async fn run(a: DiffArgs, ctx: &Ctx) -> Result<()> {
                     "-".repeat(s.lines_removed.min(40) as usize)
                 )
             };
-            writeln!(out, " {} {:<width$} | {what}", s.status, s.path)?;
+            writeln!(out, " {} {:<width$} | {what}", s.status, super::shown(&s.path))?;
         }
         writeln!(out, " {} files changed, {ta} insertions(+), {tr} deletions(-)", stats.len())?;
     }
@@ -222,7 +222,7 @@ pub async fn run(a: DiffArgs, ctx: &Ctx) -> Result<()> {
     }
     if !a.stat && !a.patch {
         for (p, c) in lines {
-            writeln!(out, "{c} {p}")?;
+            writeln!(out, "{c} {}", super::shown(&p))?;
         }
     }
     Ok(())

@@ -56,7 +56,7 @@ pub async fn run(a: LsArgs, ctx: &Ctx) -> Result<()> {
     }
     for e in entries {
         let suffix = if e.kind == "dir" { "/" } else { "" };
-        println!("{:<7} {:>10}  {}{suffix}", e.kind, e.size, e.name);
+        println!("{:<7} {:>10}  {}{suffix}", e.kind, e.size, super::shown(&e.name));
     }
     Ok(())
 }

@@ -348,7 +348,7 @@ pub async fn run(c: WsCommand, ctx: &Ctx) -> Result<()> {
             }
             for (tag, paths) in [("A", &s.added), ("M", &s.modified), ("D", &s.deleted)] {
                 for p in paths {
-                    println!("{tag} {p}");
+                    println!("{tag} {}", super::shown(p));
                 }
             }
             if s.paths_ignored > 0 {
