@@ -483,19 +483,29 @@ fn a_relative_local_store_is_saved_absolute() {
 fn a_local_store_that_does_not_exist_is_named_and_not_made() {
     let m = Mado::local();
     let store = m.store_dir();
-    for args in [&["refs"][..], &["gc"], &["ls", "main"], &["log", "main"]] {
+    let mnt = m.dir.path().join("mnt");
+    for args in [&["refs"][..], &["gc"], &["ls", "main"], &["log", "main"], &["mount", "main", mnt.to_str().unwrap()]] {
         let o = m.cmd(args).output().unwrap();
         let err = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
         assert!(err.contains("no store at") && err.contains(store.to_str().unwrap()), "{args:?}: {err}");
         assert!(!store.exists(), "{args:?} made the store directory");
     }
+    assert!(!mnt.exists(), "a refused mount left the mount point it made");
+    // A file where the store should be: the same, saying so.
+    std::fs::write(&store, b"not a store").unwrap();
+    let err = m.fails(&["refs"], 1);
+    assert!(err.contains("it is a file, not a directory"), "{err}");
+    std::fs::remove_file(&store).unwrap();
     let repo = fixture_repo(m.dir.path());
     let o = m.cmd(&["import-git", repo.to_str().unwrap()]).output().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(store.is_dir());
     let o = m.cmd(&["refs"]).output().unwrap();
     assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("main"));
+    // A workspace that does not exist is named as one.
+    let err = m.fails(&["ws", "log", "nosuch"], 1);
+    assert!(err.contains("no workspace named nosuch") && err.contains("ws list"), "{err}");
 }
 
 /// `mado init` with no --remote and MADO_REMOTE_ADDR set saves the store

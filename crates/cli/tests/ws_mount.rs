@@ -259,6 +259,71 @@ fn uncheckpointed_work_of_a_mount_is_named_set_aside_and_recovered() {
     assert!(err.contains("no set-aside changes"), "{err}");
 }
 
+/// One mount of a workspace per machine: a second one (which would share
+/// the first's saved state and lease holder, each overwriting the other's
+/// changes) is refused naming the first, until the first is unmounted or
+/// its daemon dies. `ws recover` never takes a live state folder; `ws rm`
+/// sets uncheckpointed work aside (so a new workspace of the same name
+/// does not start from it); and work whose checkpoint gc deleted is
+/// refused by `ws recover`, not made into a workspace the store cannot
+/// serve.
+#[test]
+fn a_workspace_is_mounted_once_per_machine_and_rm_sets_its_work_aside() {
+    if !fuse_usable() {
+        return;
+    }
+    let m = Mado::local();
+    setup(&m);
+    let a = create(&m, "once");
+    std::fs::write(a.dir.join("from-a.txt"), "a\n").unwrap();
+    let b = WsMount { m: &m, dir: m.dir.path().join("mnt-b") };
+    let err = m.fails(&["ws", "resume", "once", b.path(), "--mount"], 1);
+    assert!(err.contains("already mounted on this machine") && err.contains("mnt-once"), "{err}");
+    // The live state folder is not a set-aside one.
+    let states = m.home().join(".local/share/mado/workspaces");
+    let live = std::fs::read_dir(&states)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.is_dir())
+        .expect("the mount's state folder");
+    let err = m.fails(&["ws", "recover", live.to_str().unwrap(), "--as", "stolen"], 1);
+    assert!(err.contains("not a folder of set-aside changes"), "{err}");
+    // Its daemon killed, the lock goes with it: a remount here works and
+    // has what was saved.
+    std::thread::sleep(Duration::from_millis(1500));
+    let pid = m.json(&["stats", a.path()])["pid"].as_u64().unwrap();
+    std::process::Command::new("kill").arg("-9").arg(pid.to_string()).status().unwrap();
+    wait_gone(pid);
+    m.ok(&["umount", a.path()]);
+    m.ok(&["ws", "resume", "once", b.path(), "--mount"]);
+    assert_eq!(std::fs::read(b.dir.join("from-a.txt")).unwrap(), b"a\n");
+    // A checkpoint only this workspace reaches, then work on top of it.
+    b.checkpoint("a's work");
+    std::fs::write(b.dir.join("from-b.txt"), "b\n").unwrap();
+    b.umount();
+
+    let o = m.cmd(&["ws", "rm", "once"]).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("set aside") && err.contains("ws recover"), "{err}");
+    let aside = m.json(&["ws", "recover"]);
+    assert_eq!(aside.as_array().unwrap().len(), 1, "{aside}");
+    // A new workspace of the same name starts clean.
+    let c = WsMount { m: &m, dir: m.dir.path().join("mnt-c") };
+    m.ok(&["ws", "create", "once", "--from", "main", "--mount", c.path()]);
+    assert!(!c.dir.join("from-b.txt").exists(), "a new workspace started from the removed one's work");
+    c.umount();
+    m.ok(&["ws", "rm", "once"]);
+    assert_eq!(m.json(&["ws", "recover"]).as_array().unwrap().len(), 1, "a clean state is not set aside");
+    // gc deletes the checkpoint the work was made on: recover refuses.
+    m.ok(&["gc", "--grace", "0"]);
+    let dir = aside[0]["dir"].as_str().unwrap();
+    let err = m.fails(&["ws", "recover", dir, "--as", "late"], 1);
+    assert!(err.contains("no longer in the store"), "{err}");
+    assert!(Path::new(dir).join("overlay.state").is_file(), "the refused recover kept the work");
+    assert!(m.json(&["ws", "list"]).as_array().unwrap().is_empty());
+}
+
 #[test]
 fn a_read_only_snapshot_mount_refuses_writes_and_checkpoints() {
     if !fuse_usable() {

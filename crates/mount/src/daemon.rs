@@ -78,6 +78,8 @@ struct Ws {
     reopened: bool,
     /// The lease holder id; the lease is released when the mount ends.
     holder: String,
+    /// This machine's one mount of the workspace, held to the end.
+    _lock: mado_core::workspace::MountLock,
 }
 
 /// Is `p` a mount point whose daemon is gone?
@@ -210,7 +212,13 @@ pub fn run(
         let (id, core, attach, ws, warnings) = if opts.workspace {
             let m = mado_core::workspace::open_mount(&fetcher, &opts.spec, &mp, opts.steal).await?;
             let warnings = m.warnings;
-            let ws = Ws { name: opts.spec.clone(), state_dir: m.state_dir, reopened: m.reopened, holder: m.holder };
+            let ws = Ws {
+                name: opts.spec.clone(),
+                state_dir: m.state_dir,
+                reopened: m.reopened,
+                holder: m.holder,
+                _lock: m.lock,
+            };
             (m.snapshot, m.fs, m.attach, Some(ws), warnings)
         } else {
             let (id, snap, attach) = mado_core::resolve::open(&fetcher, &opts.spec).await?;

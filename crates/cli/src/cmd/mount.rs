@@ -105,6 +105,9 @@ async fn mount(a: MountArgs, ctx: &Ctx) -> Result<()> {
     if !daemon::is_disconnected(&a.dir) {
         check_mount_point(&a.dir)?;
     }
+    // The store is opened here first: a store that is not there is the
+    // user's to fix (exit 1), said before a daemon starts.
+    ctx.remote()?;
     if a.foreground {
         return run_daemon(a, ctx);
     }

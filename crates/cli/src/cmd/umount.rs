@@ -25,7 +25,8 @@ pub async fn run(a: UmountArgs, ctx: &Ctx) -> Result<()> {
         ))
     })?;
     if ctx.json {
-        return ctx.print_json(&serde_json::json!({ "unmounted": a.dir.display().to_string() }));
+        let abs = std::path::absolute(&a.dir).unwrap_or_else(|_| a.dir.clone());
+        return ctx.print_json(&serde_json::json!({ "unmounted": abs.display().to_string() }));
     }
     say!(ctx, "unmounted {}", a.dir.display());
     Ok(())

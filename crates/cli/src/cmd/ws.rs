@@ -374,7 +374,15 @@ pub async fn run(c: WsCommand, ctx: &Ctx) -> Result<()> {
         }
         WsCommand::Log(a) => {
             let args = super::log::LogArgs::for_ref(format!("ws/{}", a.name), a.max);
-            super::log::run(args, ctx).await
+            super::log::run(args, ctx).await.map_err(|e| {
+                // "no ref named ws/x" would point at import-git.
+                match e.downcast_ref::<mado_core::Error>() {
+                    Some(mado_core::Error::NotFound(_)) => {
+                        mado_core::Error::NotFound(format!("no workspace named {}; see `mado ws list`", a.name)).into()
+                    }
+                    _ => e,
+                }
+            })
         }
         WsCommand::Release(a) => {
             let start = match a.dir {
@@ -454,6 +462,19 @@ pub async fn run(c: WsCommand, ctx: &Ctx) -> Result<()> {
         }
         WsCommand::Rm(a) => {
             workspace::remove(&fetcher.remote, &a.name, a.force).await?;
+            match workspace::set_aside_removed(&fetcher, &a.name) {
+                Ok(Some(aside)) => note!(
+                    ctx,
+                    "note: changes a mount of {} on this machine saved and never checkpointed were set aside in {}; \
+                     `mado ws recover {}` makes them a workspace (before `mado gc` deletes the checkpoint they \
+                     were made on)",
+                    a.name,
+                    aside.display(),
+                    aside.display()
+                ),
+                Ok(None) => {}
+                Err(e) => note!(ctx, "warning: the saved state of a mount of {} here: {e}", a.name),
+            }
             if ctx.json {
                 return ctx.print_json(&serde_json::json!({ "removed": a.name }));
             }

@@ -219,6 +219,12 @@ impl Remote {
         if let Ok(parsed) = url::Url::parse(url) {
             if parsed.scheme() == "file" {
                 if let Ok(root) = parsed.to_file_path() {
+                    if root.exists() && !root.is_dir() {
+                        return Err(Error::User(format!(
+                            "no store at {}: it is a file, not a directory; check MADO_REMOTE_ADDR or the config",
+                            root.display()
+                        )));
+                    }
                     if !root.exists() {
                         return Err(Error::User(format!(
                             "no store at {}: the directory does not exist; check the path, or make a store there \

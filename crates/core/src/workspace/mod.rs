@@ -52,7 +52,8 @@ pub use lease::{check_lease_free, release, release_lease, take_lease};
 use lease::{lease_expected, read_lease, take_lease_seen, take_lease_was, Seen};
 pub use mounted::{
     checkpoint_mount, forget_unused_mount_state, list_set_aside, open_mount, record_unmounted, recover_set_aside,
-    save_mount_state, uncheckpointed_mount_state, workspaces_root, MountedWorkspace, SetAside, StateSaver,
+    save_mount_state, set_aside_removed, uncheckpointed_mount_state, workspaces_root, MountLock, MountedWorkspace,
+    SetAside, StateSaver,
 };
 pub use status::{mount_status, status, Status};
 use working_copy::*;
@@ -184,7 +185,20 @@ pub async fn create_ref(fetcher: &Arc<Fetcher>, name: &str, spec: &str) -> Resul
     let r = crate::resolve::resolve(&fetcher.remote, spec).await?;
     let root = match r.root {
         Some(root) => root,
-        None => fetcher.snapshot(r.snapshot).await?.root,
+        None => {
+            // A snapshot named by id may be in this machine's cache only
+            // (gc deleted it from the store): a ref to it would name what
+            // the store cannot serve. Asked beside the snapshot's read.
+            let (snap, there) =
+                futures::join!(fetcher.snapshot(r.snapshot), fetcher.remote.has_object(Space::Snapshots, &r.snapshot));
+            if !there? {
+                return Err(Error::NotFound(format!(
+                    "snapshot {} is not in the store (gc deleted it once no ref reached it)",
+                    r.snapshot.short()
+                )));
+            }
+            snap?.root
+        }
     };
     let v = RefValue { snapshot: r.snapshot, root, layers: r.layers.clone() };
     fetcher.remote.cas_ref(&refname, None, v.clone()).await.map_err(|e| match e {

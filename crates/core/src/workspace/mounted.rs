@@ -160,6 +160,27 @@ pub fn forget_unused_mount_state(fetcher: &Fetcher, name: &str) -> Result<()> {
     Ok(())
 }
 
+/// After `ws rm NAME`: the saved state of a mount of it on this machine is
+/// set aside when it may hold changes no checkpoint has (returned: `ws
+/// recover` lists it), and deleted when it holds none, so that a new
+/// workspace of the same name never starts from it. A state a live mount
+/// uses (`rm --force` of a mounted workspace) is left to that mount.
+pub fn set_aside_removed(fetcher: &Fetcher, name: &str) -> Result<Option<PathBuf>> {
+    let root = workspaces_root()?;
+    let key = DiskCache::workspace_key(fetcher.remote.url(), name);
+    let sd = root.join(&key);
+    if !sd.is_dir() || mount_lock_held(&root, &key) {
+        return Ok(None);
+    }
+    if uncheckpointed_mount_state(fetcher, name)?.is_none() {
+        std::fs::remove_dir_all(&sd).map_err(Error::io(format!("removing {}", sd.display())))?;
+        return Ok(None);
+    }
+    let aside = set_aside_path(&sd);
+    std::fs::rename(&sd, &aside).map_err(Error::io(format!("setting aside {}", sd.display())))?;
+    Ok(Some(aside))
+}
+
 /// Saves a mounted workspace's state when it changed since the last save:
 /// shared by the saver that runs after each burst of changes and by
 /// fsync, so concurrent and repeated requests cost one save.
@@ -196,8 +217,59 @@ pub fn save_mount_state(fs: &SnapshotFs, state_dir: &Path) -> Result<()> {
     crate::fsutil::save_atomic(&state_dir.join(OVERLAY_FILE), &bytes)
 }
 
+/// One mount of a workspace per machine: held (an flock on
+/// `<workspaces>/<key>.lock`) for as long as a daemon serves it. A second
+/// mount here would share the first's state folder and lease holder, and
+/// each would overwrite the other's saved changes. The kernel lets go of
+/// it when the daemon dies, so a remount after `kill -9` is not refused.
+pub struct MountLock(#[allow(dead_code)] std::fs::File);
+
+/// Takes workspace `key`'s mount lock for `mountpoint`, or says where it is
+/// mounted already.
+fn lock_mount(root: &Path, key: &str, mountpoint: &Path, name: &str) -> Result<MountLock> {
+    use std::io::{Read, Seek, Write};
+    let path = root.join(format!("{key}.lock"));
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .map_err(Error::io(format!("opening {}", path.display())))?;
+    match rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => {}
+        Err(rustix::io::Errno::WOULDBLOCK) => {
+            let mut at = String::new();
+            let _ = f.read_to_string(&mut at);
+            let at = if at.trim().is_empty() { String::new() } else { format!(" at {}", at.trim()) };
+            return Err(Error::User(format!(
+                "workspace {name} is already mounted on this machine{at}; work in that mount, \
+                 or `mado umount` it first (two mounts of one workspace would overwrite each other's changes)"
+            )));
+        }
+        Err(e) => return Err(Error::Io { context: format!("locking {}", path.display()), source: e.into() }),
+    }
+    let abs = std::path::absolute(mountpoint).unwrap_or_else(|_| mountpoint.to_path_buf());
+    let _ = f.set_len(0).and_then(|()| f.rewind()).and_then(|()| f.write_all(abs.as_os_str().as_encoded_bytes()));
+    Ok(MountLock(f))
+}
+
+/// Whether a daemon on this machine serves the workspace whose state key
+/// is `key` (its mount lock is held).
+fn mount_lock_held(root: &Path, key: &str) -> bool {
+    let Ok(f) = std::fs::OpenOptions::new().read(true).write(true).open(root.join(format!("{key}.lock"))) else {
+        return false;
+    };
+    matches!(
+        rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive),
+        Err(rustix::io::Errno::WOULDBLOCK)
+    )
+}
+
 /// A workspace opened for a read-write mount.
 pub struct MountedWorkspace {
+    /// This machine's one mount of the workspace: keep it while serving.
+    pub lock: MountLock,
     pub fs: Arc<SnapshotFs>,
     /// Where its state lives: `<cache>/workspaces/<key>/` (`workspace.json`,
     /// `overlay.json` and the upper layer in `upper/`).
@@ -224,6 +296,10 @@ pub async fn open_mount(
     mountpoint: &Path,
     steal: bool,
 ) -> Result<MountedWorkspace> {
+    // Before any request: a second mount of the workspace here is refused.
+    let root = workspaces_root()?;
+    crate::fsutil::create_private_dir(&root)?;
+    let lock = lock_mount(&root, &DiskCache::workspace_key(fetcher.remote.url(), name), mountpoint, name)?;
     let (v, seen) = futures::join!(read_ws_ref(fetcher, name), read_lease(&fetcher.remote, name));
     let (v, seen) = (v?, seen?);
     let (attach, snap) = futures::join!(fetcher.attach_hinted(v.root, &v.layers), fetcher.snapshot(v.snapshot));
@@ -278,7 +354,7 @@ pub async fn open_mount(
     // A read-write mount without the lease could never checkpoint.
     lease?;
     if let Some(head) = set_aside {
-        let aside = sd.with_extension(format!("old-{}", now()));
+        let aside = set_aside_path(&sd);
         match std::fs::rename(&sd, &aside) {
             Ok(()) => warnings.push(format!(
                 "local changes made on top of checkpoint {} were set aside in {} (the workspace is now at {}); \
@@ -330,7 +406,7 @@ pub async fn open_mount(
     )?;
     fs.set_uncheckpointed_before(reopen && prev.as_ref().is_none_or(|p| p.uncheckpointed != Some(false)));
     save_mount_state(&fs, &sd)?;
-    Ok(MountedWorkspace { fs, state_dir: sd, snapshot: v.snapshot, attach, reopened: reopen, holder, warnings })
+    Ok(MountedWorkspace { lock, fs, state_dir: sd, snapshot: v.snapshot, attach, reopened: reopen, holder, warnings })
 }
 
 /// Changes a workspace mount set aside (made on a checkpoint older than
@@ -346,6 +422,29 @@ pub struct SetAside {
     pub time: i64,
 }
 
+/// When the folder `dir` was set aside, from its name
+/// (`<key>.old-<seconds>`, or `<key>.old-<seconds>.<n>` when several were
+/// set aside in one second); `None` for any other folder.
+fn set_aside_time(dir: &Path) -> Option<i64> {
+    let name = dir.file_name()?.to_str()?;
+    let (_, t) = name.split_once(".old-")?;
+    let secs = t.split_once('.').map_or(t, |(s, _)| s);
+    secs.parse().ok()
+}
+
+/// A new name for state folder `sd` set aside now: `<key>.old-<seconds>`,
+/// with `.<n>` added when that is taken (two in one second).
+fn set_aside_path(sd: &Path) -> PathBuf {
+    let base = format!("{}.old-{}", sd.file_name().map(|n| n.to_string_lossy()).unwrap_or_default(), now());
+    let mut p = sd.with_file_name(&base);
+    let mut n = 1;
+    while p.exists() {
+        p = sd.with_file_name(format!("{base}.{n}"));
+        n += 1;
+    }
+    p
+}
+
 /// Every set-aside state of this fetcher's remote on this machine, oldest
 /// first.
 pub fn list_set_aside(fetcher: &Fetcher) -> Result<Vec<SetAside>> {
@@ -353,12 +452,8 @@ pub fn list_set_aside(fetcher: &Fetcher) -> Result<Vec<SetAside>> {
     let Ok(rd) = std::fs::read_dir(&root) else { return Ok(Vec::new()) };
     let mut out = Vec::new();
     for e in rd.flatten() {
-        let name = e.file_name();
-        let Some(time) = name.to_str().and_then(|n| n.split_once(".old-")).and_then(|(_, t)| t.parse::<i64>().ok())
-        else {
-            continue;
-        };
         let dir = e.path();
+        let Some(time) = set_aside_time(&dir) else { continue };
         if !dir.join(OVERLAY_FILE).is_file() {
             continue;
         }
@@ -377,6 +472,15 @@ pub fn list_set_aside(fetcher: &Fetcher) -> Result<Vec<SetAside>> {
 /// on, so that its next mount (`ws resume NEW --mount DIR`) shows them and
 /// can checkpoint them. Nothing is uploaded here.
 pub async fn recover_set_aside(fetcher: &Arc<Fetcher>, aside: &Path, new_name: &str) -> Result<SetAside> {
+    // Only a set-aside folder: a live workspace's own state (which a
+    // refused resume names) moved away would lose its mount's changes.
+    if set_aside_time(aside).is_none() {
+        return Err(Error::User(format!(
+            "{} is not a folder of set-aside changes (those end in .old-<time>; `mado ws recover` lists them); \
+             a workspace's own saved changes come back with `mado ws resume NAME DIR --mount`",
+            aside.display()
+        )));
+    }
     if !aside.join(OVERLAY_FILE).is_file() {
         return Err(Error::User(format!(
             "{} holds no set-aside changes (no {OVERLAY_FILE}); `mado ws recover` lists those there are",
@@ -404,7 +508,15 @@ pub async fn recover_set_aside(fetcher: &Arc<Fetcher>, aside: &Path, new_name: &
             target.display()
         )));
     }
-    create_ref(fetcher, new_name, &head.to_hex()).await?;
+    create_ref(fetcher, new_name, &head.to_hex()).await.map_err(|e| match e {
+        Error::NotFound(_) => Error::User(format!(
+            "the checkpoint {} these changes were made on is no longer in the store (its workspace was \
+             removed and gc ran), so they cannot become a workspace; {} keeps them",
+            head.short(),
+            aside.display()
+        )),
+        e => e,
+    })?;
     if let Err(e) = std::fs::rename(aside, &target) {
         let _ = remove(&fetcher.remote, new_name, true).await;
         return Err(Error::io(format!("moving {} to {}", aside.display(), target.display()))(e));
@@ -413,11 +525,37 @@ pub async fn recover_set_aside(fetcher: &Arc<Fetcher>, aside: &Path, new_name: &
     st.pending = None;
     st.uncheckpointed = Some(true);
     save_state_at(&target, &st)?;
-    let time = aside
-        .file_name()
-        .and_then(|n| n.to_str())
-        .and_then(|n| n.split_once(".old-"))
-        .and_then(|(_, t)| t.parse().ok())
-        .unwrap_or(0);
+    let time = set_aside_time(aside).unwrap_or(0);
     Ok(SetAside { dir: target.display().to_string(), workspace: from, checkpoint: head.to_hex(), time })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two set-asides of one state in one second get two folders (the
+    /// second used to fail with "Directory not empty"), both listed.
+    #[test]
+    fn set_aside_folders_are_unique_and_dated() {
+        let d = tempfile::tempdir().unwrap();
+        let sd = d.path().join("0123abcd");
+        let mut made = Vec::new();
+        for _ in 0..3 {
+            std::fs::create_dir(&sd).unwrap();
+            let aside = set_aside_path(&sd);
+            std::fs::rename(&sd, &aside).unwrap();
+            made.push(aside);
+        }
+        made.dedup();
+        assert_eq!(made.len(), 3);
+        for a in &made {
+            let t = set_aside_time(a).unwrap();
+            assert!((t - now()).abs() < 60, "{}", a.display());
+        }
+        assert_eq!(set_aside_time(&sd), None);
+        assert_eq!(set_aside_time(Path::new("/x/abc.old-12")), Some(12));
+        assert_eq!(set_aside_time(Path::new("/x/abc.old-12.3")), Some(12));
+        assert_eq!(set_aside_time(Path::new("/x/abc.old-x")), None);
+        assert_eq!(set_aside_time(Path::new("/x/abc.lock")), None);
+    }
 }

@@ -506,7 +506,8 @@ pub(super) async fn materialize_into(
     let mut report = ResumeReport {
         workspace: name.to_string(),
         snapshot: snapshot.to_hex(),
-        dir: dir.display().to_string(),
+        // Absolute: a script reading --json may run elsewhere.
+        dir: std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf()).display().to_string(),
         files: co.files + co.symlinks,
         read_only: matches!(lease_mode, ResumeLease::ReadOnly),
         ..Default::default()
