@@ -295,6 +295,11 @@ fn a_workspace_is_mounted_once_per_machine_and_rm_sets_its_work_aside() {
     std::process::Command::new("kill").arg("-9").arg(pid.to_string()).status().unwrap();
     wait_gone(pid);
     m.ok(&["umount", a.path()]);
+    // Its lease, still held in the store, is not what a plain resume here
+    // is refused for: the dead mount's saved work is.
+    let plain = m.dir.path().join("plain");
+    let err = m.fails(&["ws", "resume", "once", plain.to_str().unwrap()], 1);
+    assert!(err.contains("its daemon died") && !err.contains("leased by"), "{err}");
     m.ok(&["ws", "resume", "once", b.path(), "--mount"]);
     assert_eq!(std::fs::read(b.dir.join("from-a.txt")).unwrap(), b"a\n");
     // A checkpoint only this workspace reaches, then work on top of it.

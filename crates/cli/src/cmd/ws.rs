@@ -264,31 +264,8 @@ pub async fn run(c: WsCommand, ctx: &Ctx) -> Result<()> {
             // Work a mount here saved and never checkpointed would not be
             // in this copy, and a checkpoint from it would leave that work
             // behind: said before anything is fetched or written.
-            if let Some((sd, head)) = workspace::uncheckpointed_mount_state(&fetcher, &a.name)? {
-                let on =
-                    if head.len() >= 12 { format!(" on top of checkpoint {}", &head[..12]) } else { String::new() };
-                let what = format!(
-                    "workspace {} has changes{on} that a mount on this machine saved and no checkpoint holds \
-                     (in {})",
-                    a.name,
-                    sd.display()
-                );
-                if a.read_only {
-                    note!(ctx, "note: {what}; this copy does not have them");
-                } else if !a.ignore_mount_changes {
-                    // A live mount holds the lease: that refusal says more.
-                    workspace::check_lease_free(&fetcher.remote, &a.name, a.steal).await?;
-                    return Err(mado_core::Error::User(format!(
-                        "{what}; a copy resumed into a directory would not have them\n  hint: mount it to see and \
-                         checkpoint them (`mado ws resume {} --mount DIR`, then `mado ws checkpoint` in it), or \
-                         resume anyway with --ignore-mount-changes (they stay saved: the next mount sets them \
-                         aside, and `mado ws recover` gets them back)",
-                        a.name
-                    ))
-                    .into());
-                } else {
-                    note!(ctx, "note: {what}; they stay saved, and are not in {}", a.dir.display());
-                }
+            if let Some(st) = workspace::uncheckpointed_mount_state(&fetcher, &a.name)? {
+                check_mount_changes(ctx, &fetcher, &a, &st).await?;
             }
             let (pb, p) = ctx.progress_counter("restoring");
             let lease = if a.read_only {
@@ -482,6 +459,58 @@ pub async fn run(c: WsCommand, ctx: &Ctx) -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// Before `ws resume NAME DIR`: work a mount here saved and never
+/// checkpointed (`st`) would not be in the copy, and a checkpoint from it
+/// would leave that work behind: refused (said before anything is fetched
+/// or written) unless --ignore-mount-changes or --read-only.
+async fn check_mount_changes(
+    ctx: &Ctx,
+    fetcher: &std::sync::Arc<mado_core::fetch::Fetcher>,
+    a: &ResumeArgs,
+    st: &workspace::MountState,
+) -> Result<()> {
+    let on = match st.head.get(..12) {
+        Some(h) => format!(" on top of checkpoint {h}"),
+        None => String::new(),
+    };
+    let what = format!(
+        "workspace {} has changes{on} that a mount on this machine saved and no checkpoint holds (in {})",
+        a.name,
+        st.dir.display()
+    );
+    if a.read_only {
+        note!(ctx, "note: {what}; this copy does not have them");
+        return Ok(());
+    }
+    // The lease a live mount holds: that refusal says more. The lease a
+    // dead one took (its daemon killed) is known here to be held by no
+    // one: no reason to wait for it to expire.
+    let dead = match workspace::check_lease_free(&fetcher.remote, &a.name, a.steal).await {
+        Ok(()) => false,
+        Err(mado_core::Error::LeaseHeld { holder, .. }) if !st.live && !st.holder.is_empty() && holder == st.holder => {
+            true
+        }
+        Err(e) => return Err(e.into()),
+    };
+    if !a.ignore_mount_changes {
+        let died = if dead { " (its daemon died; mounting it again here picks them up)" } else { "" };
+        return Err(mado_core::Error::User(format!(
+            "{what}{died}; a copy resumed into a directory would not have them\n  hint: mount it to see and \
+             checkpoint them (`mado ws resume {} --mount DIR`, then `mado ws checkpoint` in it), or resume \
+             anyway with --ignore-mount-changes (they stay saved: the next mount sets them aside, and \
+             `mado ws recover` gets them back)",
+            a.name
+        ))
+        .into());
+    }
+    if dead {
+        workspace::release_lease(&fetcher.remote, &a.name, &st.holder).await?;
+        note!(ctx, "note: released the lease the dead mount of {} held", a.name);
+    }
+    note!(ctx, "note: {what}; they stay saved, and are not in {}", a.dir.display());
+    Ok(())
 }
 
 /// Checkpoints a plain-directory working copy.

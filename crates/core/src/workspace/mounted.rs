@@ -75,17 +75,33 @@ pub fn record_unmounted(state_dir: &Path, uncheckpointed: bool) -> Result<()> {
 /// The saved state of a mount of workspace `name` on this machine that may
 /// hold changes no checkpoint has: its folder, and the checkpoint those
 /// changes were made on (`None` when there is none).
-pub fn uncheckpointed_mount_state(fetcher: &Fetcher, name: &str) -> Result<Option<(PathBuf, String)>> {
-    let sd = workspaces_root()?.join(DiskCache::workspace_key(fetcher.remote.url(), name));
+pub fn uncheckpointed_mount_state(fetcher: &Fetcher, name: &str) -> Result<Option<MountState>> {
+    let root = workspaces_root()?;
+    let key = DiskCache::workspace_key(fetcher.remote.url(), name);
+    let sd = root.join(&key);
     if !sd.join(OVERLAY_FILE).exists() {
         return Ok(None);
     }
+    let live = mount_lock_held(&root, &key);
     Ok(match load_state_at(&sd) {
         Ok(st) if st.uncheckpointed == Some(false) => None,
-        Ok(st) => Some((sd, st.head)),
+        Ok(st) => Some(MountState { dir: sd, head: st.head, holder: st.holder, live }),
         // Saved changes beside a record that cannot be read: as changes.
-        Err(_) => Some((sd, String::new())),
+        Err(_) => Some(MountState { dir: sd, head: String::new(), holder: String::new(), live }),
     })
+}
+
+/// A workspace mount's saved state on this machine, as
+/// [`uncheckpointed_mount_state`] finds it.
+#[derive(Clone, Debug)]
+pub struct MountState {
+    pub dir: PathBuf,
+    /// The checkpoint its changes were made on ("" if unreadable).
+    pub head: String,
+    /// The lease holder id the mount took the lease as.
+    pub holder: String,
+    /// A daemon serves it now (else: unmounted, or its daemon died).
+    pub live: bool,
 }
 
 /// What a build of a mounted workspace needs before it runs (shared by a
