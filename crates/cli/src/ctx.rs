@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use anyhow::Result;
+use anyhow::{Context as _, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use mado_core::cache::DiskCache;
 use mado_core::fetch::Fetcher;
@@ -107,7 +107,9 @@ impl Ctx {
 
     pub fn remote_url(&self) -> Result<String> {
         if let Some(u) = std::env::var("MADO_REMOTE_ADDR").ok().filter(|u| !u.is_empty()) {
-            return Ok(u);
+            // `file:store` or `./store` is the current directory's (a mount
+            // daemon keeps the directory it was started in).
+            return local_url(&u);
         }
         match read_config_remote()? {
             Some(u) => Ok(u),
@@ -312,4 +314,25 @@ fn json_progress(len: Option<u64>, what: &str) -> ProgressBar {
         }
     });
     pb
+}
+
+/// A local store named by a relative path (`file:store`, `file://store`,
+/// `./store`, `~/store`) is resolved against the current directory (or the
+/// home directory) and saved absolute, so it does not depend on where mado
+/// runs later. Other URLs are kept as given.
+pub fn local_url(given: &str) -> Result<String> {
+    let path = match given.strip_prefix("file:") {
+        Some(rest) if rest.starts_with("///") => return Ok(given.to_string()),
+        Some(rest) => rest.strip_prefix("//").unwrap_or(rest).to_string(),
+        None if given.contains("://") => return Ok(given.to_string()),
+        None => given.to_string(),
+    };
+    let p = std::path::PathBuf::from(&path);
+    let abs = if let Some(rest) = path.strip_prefix("~/") {
+        std::path::PathBuf::from(std::env::var("HOME").context("expanding ~: HOME is not set")?).join(rest)
+    } else {
+        // Relative to the current directory, `.` components dropped.
+        std::path::absolute(&p)?
+    };
+    Ok(format!("file://{}", abs.display()))
 }

@@ -473,6 +473,18 @@ fn a_relative_local_store_is_saved_absolute() {
         assert_eq!(v["remote"], format!("file://{}", cwd.join(want).display()), "{given}");
         assert!(cwd.join(want).is_dir(), "{given}: the store was not created under the current directory");
     }
+    // MADO_REMOTE_ADDR names one the same way (it was read as /envrel).
+    let repo = fixture_repo(m.dir.path());
+    let o = m
+        .cmd(&["import-git", repo.to_str().unwrap()])
+        .env("MADO_REMOTE_ADDR", "file:envrel")
+        .current_dir(&cwd)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(cwd.join("envrel/refs").is_dir(), "the store is not under the current directory");
+    let o = m.cmd(&["refs"]).env("MADO_REMOTE_ADDR", "./envrel").current_dir(&cwd).output().unwrap();
+    assert!(String::from_utf8_lossy(&o.stdout).contains("main"), "{}", String::from_utf8_lossy(&o.stderr));
 }
 
 /// A mistyped local store is named, not made: a command that only reads

@@ -1,4 +1,4 @@
-use anyhow::{Context as _, Result};
+use anyhow::Result;
 use clap::Args;
 
 use crate::ctx::{config_path, default_store_dir, Ctx};
@@ -30,9 +30,12 @@ pub async fn run(a: InitArgs, ctx: &Ctx) -> Result<()> {
     // MADO_REMOTE_ADDR overrides the config for every later command: with
     // no --remote, init saves that store rather than one the variable
     // would hide.
-    let from_env =
-        std::env::var("MADO_REMOTE_ADDR").ok().filter(|u| !u.is_empty()).map(|u| local_url(&u)).transpose()?;
-    let url = match a.remote.map(|u| local_url(&u)).transpose()?.or(from_env.clone()) {
+    let from_env = std::env::var("MADO_REMOTE_ADDR")
+        .ok()
+        .filter(|u| !u.is_empty())
+        .map(|u| crate::ctx::local_url(&u))
+        .transpose()?;
+    let url = match a.remote.map(|u| crate::ctx::local_url(&u)).transpose()?.or(from_env.clone()) {
         Some(u) => u,
         None => {
             let dir = default_store_dir()?;
@@ -73,25 +76,4 @@ pub async fn run(a: InitArgs, ctx: &Ctx) -> Result<()> {
         say!(ctx, "(was: {p})");
     }
     Ok(())
-}
-
-/// A local store named by a relative path (`file:store`, `file://store`,
-/// `./store`, `~/store`) is resolved against the current directory (or the
-/// home directory) and saved absolute, so it does not depend on where mado
-/// runs later. Other URLs are kept as given.
-fn local_url(given: &str) -> Result<String> {
-    let path = match given.strip_prefix("file:") {
-        Some(rest) if rest.starts_with("///") => return Ok(given.to_string()),
-        Some(rest) => rest.strip_prefix("//").unwrap_or(rest).to_string(),
-        None if given.contains("://") => return Ok(given.to_string()),
-        None => given.to_string(),
-    };
-    let p = std::path::PathBuf::from(&path);
-    let abs = if let Some(rest) = path.strip_prefix("~/") {
-        std::path::PathBuf::from(std::env::var("HOME").context("expanding ~: HOME is not set")?).join(rest)
-    } else {
-        // Relative to the current directory, `.` components dropped.
-        std::path::absolute(&p)?
-    };
-    Ok(format!("file://{}", abs.display()))
 }
