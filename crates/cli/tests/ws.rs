@@ -933,3 +933,41 @@ fn a_working_copy_inside_another_is_refused_with_the_ignore_line_to_add() {
     assert_eq!(cp["unchanged"], false, "{cp}");
     assert!(!m.ok(&["ls", "ws/outer"]).contains("nested"));
 }
+
+/// A resume that fails partway (a pack gone from the store) leaves neither
+/// half a copy nor a held lease: the directory is empty again, and once
+/// the store is whole the same resume works, without --steal.
+#[test]
+fn a_resume_that_fails_partway_leaves_an_empty_directory_and_a_free_lease() {
+    let m = Mado::local();
+    setup(&m);
+    let w = m.dir.path().join("w");
+    m.ok(&["ws", "create", "half", "--dir", w.to_str().unwrap()]);
+    std::fs::write(w.join("new.txt"), "new\n").unwrap();
+    m.ok(&["ws", "checkpoint", "--dir", w.to_str().unwrap()]);
+    m.ok(&["ws", "release", "--dir", w.to_str().unwrap()]);
+    // Every pack moved away, and a fresh cache: the checkout cannot finish.
+    let packs = m.store_dir().join("packs");
+    let away = m.dir.path().join("packs-away");
+    let mut moved = Vec::new();
+    for e in std::fs::read_dir(&packs).unwrap() {
+        let p = e.unwrap().path();
+        let name = p.file_name().unwrap().to_str().unwrap().to_string();
+        if name.len() == 2 {
+            std::fs::create_dir_all(&away).unwrap();
+            std::fs::rename(&p, away.join(&name)).unwrap();
+            moved.push(name);
+        }
+    }
+    assert!(!moved.is_empty(), "no pack folder in {}", packs.display());
+    std::fs::remove_dir_all(m.cache_dir()).unwrap();
+    let r = m.dir.path().join("r");
+    let o = m.run(&["ws", "resume", "half", r.to_str().unwrap()]);
+    assert!(!o.status.success(), "resumed without its packs");
+    assert!(r.is_dir() && std::fs::read_dir(&r).unwrap().next().is_none(), "a failed resume left files");
+    for name in moved {
+        std::fs::rename(away.join(&name), packs.join(&name)).unwrap();
+    }
+    m.ok(&["ws", "resume", "half", r.to_str().unwrap()]);
+    assert_eq!(std::fs::read(r.join("new.txt")).unwrap(), b"new\n");
+}

@@ -500,6 +500,8 @@ pub(super) async fn materialize_into(
             if let ResumeLease::Take { .. } = lease_mode {
                 let _ = release_lease(&fetcher.remote, name, &holder).await;
             }
+            // Nor half a copy: the directory was empty, so it is again.
+            let _ = empty_dir(dir);
             return Err(e);
         }
     };
