@@ -322,9 +322,15 @@ mod tests {
         assert_eq!(&enc[..5], b"MADF\x03");
         assert!(enc.len() * 4 < plain.len(), "{} bytes from {}", enc.len(), plain.len());
         assert_eq!(StatObject::decode(&enc).unwrap(), s);
-        // Small ones stay plain (and are read as before).
+        // Small ones stay plain (and are read as before): up to 4,095
+        // bytes; from 4,096, compressed.
         let small = StatObject::whole(vec![(b"a".to_vec(), 1, 0)]);
         assert_eq!(small.encode(), small.encode_plain());
+        let of_len = |n: usize| StatObject::whole(vec![(vec![b'a'; n - 17], 1, 0)]);
+        assert_eq!(of_len(4095).encode_plain().len(), 4095);
+        assert_eq!(of_len(4095).encode(), of_len(4095).encode_plain());
+        assert_eq!(of_len(4096).encode_plain().len(), 4096);
+        assert_eq!(&of_len(4096).encode()[..5], b"MADF\x03");
         // A layer too.
         let layer = StatObject { base: vec![Hash::of(b"x")], ..s.clone() };
         assert_eq!(StatObject::decode(&layer.encode()).unwrap(), layer);
