@@ -143,8 +143,9 @@ impl StatObject {
         for _ in 0..n {
             let p = r.bytes()?.to_vec();
             check_path(&p)?;
-            // Sorted, as every writer writes them (readers search them).
-            if entries.last().is_some_and(|(q, _, _): &(Vec<u8>, i64, u32)| *q > p) {
+            // Sorted, each path once, as every writer writes them (readers
+            // search them).
+            if entries.last().is_some_and(|(q, _, _): &(Vec<u8>, i64, u32)| *q >= p) {
                 return Err(DecodeError::Invalid("stat entries out of order".into()));
             }
             let s = r.i64_le()?;
@@ -355,6 +356,33 @@ mod tests {
         for cut in 0..enc.len() {
             assert!(StatObject::decode(&enc[..cut]).is_err(), "cut at {cut}");
         }
+        // The bound on the declared size is checked before anything is
+        // allocated: past it, refused for that; at it, read (and refused
+        // for what it holds).
+        let err = |b: Vec<u8>| StatObject::decode(&b).unwrap_err().to_string();
+        assert!(err(wrap(STAT_MAX_PLAIN + 1, &z)).contains("says it holds"));
+        let at = err(wrap(STAT_MAX_PLAIN, &z));
+        assert!(!at.contains("says it holds") && at.contains("holds"), "{at}");
+    }
+
+    /// Entries sorted, each path once; a layer names 1 to 32 layers below.
+    #[test]
+    fn stat_entries_are_unique_and_layers_bounded() {
+        let whole = |e: &[&[u8]]| StatObject::whole(e.iter().map(|p| (p.to_vec(), 1, 0)).collect());
+        assert!(StatObject::decode(&whole(&[b"a", b"b"]).encode_plain()).is_ok());
+        assert!(StatObject::decode(&whole(&[b"b", b"a"]).encode_plain()).is_err());
+        assert!(StatObject::decode(&whole(&[b"a", b"a"]).encode_plain()).is_err(), "a path twice");
+        let layer =
+            |n: usize| StatObject { base: (0..n).map(|i| Hash::of(&i.to_le_bytes())).collect(), ..whole(&[b"a"]) };
+        assert!(StatObject::decode(&layer(1).encode_plain()).is_ok());
+        assert!(StatObject::decode(&layer(MAX_STAT_LAYERS * 4).encode_plain()).is_ok());
+        assert!(StatObject::decode(&layer(MAX_STAT_LAYERS * 4 + 1).encode_plain()).is_err());
+        // A layer that names none below it (the encoder never writes one).
+        let mut none = b"MADF\x02".to_vec();
+        put_varint(&mut none, 0);
+        put_varint(&mut none, 0);
+        put_varint(&mut none, 0);
+        assert!(StatObject::decode(&none).is_err());
     }
 
     /// 300 checkpoints of random edits, adds and removals, each placed by
