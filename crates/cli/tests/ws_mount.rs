@@ -329,6 +329,49 @@ fn a_workspace_is_mounted_once_per_machine_and_rm_sets_its_work_aside() {
     assert!(m.json(&["ws", "list"]).as_array().unwrap().is_empty());
 }
 
+/// `ws rm` of a workspace mounted here is refused naming the mount; with
+/// --force it goes, and the mount's work is set aside when the mount ends
+/// (nothing listed it before). The lease of a mount whose daemon died
+/// does not refuse `ws rm` (no daemon holds it), and its work is set aside.
+#[test]
+fn ws_rm_of_a_mounted_or_dead_workspace_sets_its_work_aside() {
+    if !fuse_usable() {
+        return;
+    }
+    let m = Mado::local();
+    setup(&m);
+    let a = create(&m, "live");
+    std::fs::write(a.dir.join("w.txt"), "live work\n").unwrap();
+    let err = m.fails(&["ws", "rm", "live"], 1);
+    assert!(err.contains("already mounted") && err.contains("--force"), "{err}");
+    m.ok(&["ws", "rm", "--force", "live"]);
+    a.umount();
+    let aside = m.json(&["ws", "recover"]);
+    assert_eq!(aside.as_array().unwrap().len(), 1, "{aside}");
+    assert_eq!(aside[0]["workspace"], "live");
+
+    let b = create(&m, "dead");
+    std::fs::write(b.dir.join("w.txt"), "dead work\n").unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let pid = m.json(&["stats", b.path()])["pid"].as_u64().unwrap();
+    std::process::Command::new("kill").arg("-9").arg(pid.to_string()).status().unwrap();
+    wait_gone(pid);
+    m.ok(&["umount", b.path()]);
+    let o = m.cmd(&["ws", "rm", "dead"]).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let aside = m.json(&["ws", "recover"]);
+    let names: Vec<&str> = aside.as_array().unwrap().iter().map(|a| a["workspace"].as_str().unwrap()).collect();
+    assert_eq!(names.len(), 2, "{aside}");
+    assert!(names.contains(&"dead"), "{aside}");
+    // And it comes back.
+    let dir = aside.as_array().unwrap().iter().find(|a| a["workspace"] == "dead").unwrap()["dir"].as_str().unwrap();
+    m.ok(&["ws", "recover", dir, "--as", "dead2"]);
+    let c = WsMount { m: &m, dir: m.dir.path().join("mnt-dead2") };
+    m.ok(&["ws", "resume", "dead2", c.path(), "--mount"]);
+    assert_eq!(std::fs::read(c.dir.join("w.txt")).unwrap(), b"dead work\n");
+    c.umount();
+}
+
 #[test]
 fn a_read_only_snapshot_mount_refuses_writes_and_checkpoints() {
     if !fuse_usable() {

@@ -605,6 +605,18 @@ pub fn run(
         if let Err(e) = mado_core::workspace::record_unmounted(&ws.state_dir, core.uncheckpointed()) {
             tracing::warn!("recording whether workspace {} holds uncheckpointed changes: {e}", ws.name);
         }
+        if core.uncheckpointed() {
+            match rt.block_on(mado_core::workspace::set_aside_if_removed(&fetcher, &ws.name, &ws.state_dir)) {
+                Ok(Some(aside)) => tracing::warn!(
+                    "workspace {} was removed while mounted; its uncheckpointed work was set aside in {} \
+                     (`mado ws recover` lists it)",
+                    ws.name,
+                    aside.display()
+                ),
+                Ok(None) => {}
+                Err(e) => tracing::warn!("checking whether workspace {} still exists: {e}", ws.name),
+            }
+        }
         match rt.block_on(mado_core::workspace::release_lease(&fetcher.remote, &ws.name, &ws.holder)) {
             Ok(_) => {}
             Err(e) => tracing::error!("releasing the lease of workspace {}: {e}", ws.name),

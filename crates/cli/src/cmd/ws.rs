@@ -236,7 +236,7 @@ pub async fn run(c: WsCommand, ctx: &Ctx) -> Result<()> {
                 // Never mounted, so never changed: take the new ref back,
                 // so that fixing the cause and running the same command
                 // again works (rather than "already exists").
-                let _ = workspace::remove(&fetcher.remote, &name, true).await;
+                let _ = workspace::remove(&fetcher.remote, &name, true, None).await;
                 // Nor its state folder, if the daemon made one.
                 let _ = workspace::forget_unused_mount_state(&fetcher, &name);
             }
@@ -438,8 +438,26 @@ pub async fn run(c: WsCommand, ctx: &Ctx) -> Result<()> {
             Ok(())
         }
         WsCommand::Rm(a) => {
-            workspace::remove(&fetcher.remote, &a.name, a.force).await?;
-            match workspace::set_aside_removed(&fetcher, &a.name) {
+            // No mount of it starts here meanwhile; one running now keeps
+            // its state (with --force: set aside when it ends).
+            let held = workspace::lock_for_removal(&fetcher, &a.name);
+            if let (Err(e), false) = (&held, a.force) {
+                return Err(mado_core::Error::User(format!(
+                    "{e}\n  hint: unmount it first; with --force the workspace goes now, and that mount's \
+                     work is set aside when it ends (`mado ws recover` lists it)"
+                ))
+                .into());
+            }
+            // A lease held by a mount of it here whose daemon died (the
+            // state lock is ours, so no daemon serves it) refuses nothing.
+            let dead = held.as_ref().ok().and_then(|_| workspace::local_mount_holder(&fetcher, &a.name));
+            workspace::remove(&fetcher.remote, &a.name, a.force, dead.as_deref()).await?;
+            let aside = match &held {
+                Ok(lock) => workspace::set_aside_removed(&fetcher, &a.name, lock),
+                Err(_) => Ok(None),
+            };
+            drop(held);
+            match aside {
                 Ok(Some(aside)) => note!(
                     ctx,
                     "note: changes a mount of {} on this machine saved and never checkpointed were set aside in {}; \

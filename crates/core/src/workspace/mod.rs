@@ -51,9 +51,9 @@ use commit::*;
 pub use lease::{check_lease_free, release, release_lease, take_lease};
 use lease::{lease_expected, read_lease, take_lease_seen, take_lease_was, Seen};
 pub use mounted::{
-    checkpoint_mount, forget_unused_mount_state, list_set_aside, open_mount, record_unmounted, recover_set_aside,
-    save_mount_state, set_aside_removed, uncheckpointed_mount_state, workspaces_root, MountLock, MountState,
-    MountedWorkspace, SetAside, StateSaver,
+    checkpoint_mount, forget_unused_mount_state, list_set_aside, local_mount_holder, lock_for_removal, open_mount,
+    record_unmounted, recover_set_aside, save_mount_state, set_aside_if_removed, set_aside_removed,
+    uncheckpointed_mount_state, workspaces_root, MountLock, MountState, MountedWorkspace, SetAside, StateSaver,
 };
 pub use status::{mount_status, status, Status};
 use working_copy::*;
@@ -257,7 +257,10 @@ pub async fn list(fetcher: &Arc<Fetcher>) -> Result<Vec<WsInfo>> {
 /// unless `force`: that copy could no longer checkpoint, and its changes
 /// since its last checkpoint would have nowhere to go. One round trip (the
 /// ref and the lease together) before the deletes.
-pub async fn remove(remote: &Remote, name: &str, force: bool) -> Result<()> {
+///
+/// `dead`: a holder known to be gone (a mount here whose daemon died),
+/// whose lease refuses nothing.
+pub async fn remove(remote: &Remote, name: &str, force: bool, dead: Option<&str>) -> Result<()> {
     let refname = ws_ref(name)?;
     let (cur, lease) = futures::join!(remote.read_ref(&refname), read_lease(remote, name));
     if cur?.is_none() {
@@ -265,7 +268,7 @@ pub async fn remove(remote: &Remote, name: &str, force: bool) -> Result<()> {
     }
     if let Some((bytes, _)) = lease? {
         match Lease::decode(&bytes) {
-            Ok(l) if !force && !l.holder.is_empty() && l.expires > now() => {
+            Ok(l) if !force && !l.holder.is_empty() && l.expires > now() && dead != Some(l.holder.as_str()) => {
                 return Err(Error::User(format!(
                     "workspace {name} is leased by {} until {}: that working copy could not checkpoint \
                      after this\n  hint: `mado ws release` in it first (or unmount it), or `mado ws rm --force {name}`",

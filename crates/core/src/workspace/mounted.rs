@@ -181,11 +181,11 @@ pub fn forget_unused_mount_state(fetcher: &Fetcher, name: &str) -> Result<()> {
 /// recover` lists it), and deleted when it holds none, so that a new
 /// workspace of the same name never starts from it. A state a live mount
 /// uses (`rm --force` of a mounted workspace) is left to that mount.
-pub fn set_aside_removed(fetcher: &Fetcher, name: &str) -> Result<Option<PathBuf>> {
+pub fn set_aside_removed(fetcher: &Fetcher, name: &str, _held: &MountLock) -> Result<Option<PathBuf>> {
     let root = workspaces_root()?;
     let key = DiskCache::workspace_key(fetcher.remote.url(), name);
     let sd = root.join(&key);
-    if !sd.is_dir() || mount_lock_held(&root, &key) {
+    if !sd.is_dir() {
         return Ok(None);
     }
     if uncheckpointed_mount_state(fetcher, name)?.is_none() {
@@ -243,6 +243,13 @@ pub struct MountLock(#[allow(dead_code)] std::fs::File);
 /// Takes workspace `key`'s mount lock for `mountpoint`, or says where it is
 /// mounted already.
 fn lock_mount(root: &Path, key: &str, mountpoint: &Path, name: &str) -> Result<MountLock> {
+    let abs = std::path::absolute(mountpoint).unwrap_or_else(|_| mountpoint.to_path_buf());
+    lock_state(root, key, &abs.display().to_string(), name)
+}
+
+/// Takes the lock of workspace `key`'s state for `by` (a mount point, or
+/// what else holds it), or says who holds it.
+fn lock_state(root: &Path, key: &str, by: &str, name: &str) -> Result<MountLock> {
     use std::io::{Read, Seek, Write};
     let path = root.join(format!("{key}.lock"));
     let mut f = std::fs::OpenOptions::new()
@@ -257,17 +264,55 @@ fn lock_mount(root: &Path, key: &str, mountpoint: &Path, name: &str) -> Result<M
         Err(rustix::io::Errno::WOULDBLOCK) => {
             let mut at = String::new();
             let _ = f.read_to_string(&mut at);
-            let at = if at.trim().is_empty() { String::new() } else { format!(" at {}", at.trim()) };
+            let at = at.trim();
+            if !at.starts_with('/') {
+                return Err(Error::User(format!(
+                    "workspace {name} is busy on this machine ({}); try again",
+                    if at.is_empty() { "another mado holds its state" } else { at }
+                )));
+            }
             return Err(Error::User(format!(
-                "workspace {name} is already mounted on this machine{at}; work in that mount, \
+                "workspace {name} is already mounted on this machine at {at}; work in that mount, \
                  or `mado umount` it first (two mounts of one workspace would overwrite each other's changes)"
             )));
         }
         Err(e) => return Err(Error::Io { context: format!("locking {}", path.display()), source: e.into() }),
     }
-    let abs = std::path::absolute(mountpoint).unwrap_or_else(|_| mountpoint.to_path_buf());
-    let _ = f.set_len(0).and_then(|()| f.rewind()).and_then(|()| f.write_all(abs.as_os_str().as_encoded_bytes()));
+    let _ = f.set_len(0).and_then(|()| f.rewind()).and_then(|()| f.write_all(by.as_bytes()));
     Ok(MountLock(f))
+}
+
+/// For `ws rm NAME`: holds workspace `name`'s state on this machine so no
+/// mount starts while the workspace is removed (a mount that won that race
+/// served a workspace that no longer existed, and its work was then set
+/// aside by no one). `Err` names where it is mounted now.
+pub fn lock_for_removal(fetcher: &Fetcher, name: &str) -> Result<MountLock> {
+    let root = workspaces_root()?;
+    crate::fsutil::create_private_dir(&root)?;
+    lock_state(&root, &DiskCache::workspace_key(fetcher.remote.url(), name), "being removed by `mado ws rm`", name)
+}
+
+/// The lease holder id a mount of workspace `name` on this machine took
+/// (from its saved state), if there is one.
+pub fn local_mount_holder(fetcher: &Fetcher, name: &str) -> Option<String> {
+    let sd = workspaces_root().ok()?.join(DiskCache::workspace_key(fetcher.remote.url(), name));
+    load_state_at(&sd).ok().map(|st| st.holder).filter(|h| !h.is_empty())
+}
+
+/// At a mount's end: when its workspace was removed meanwhile (`ws rm
+/// --force` of a mounted workspace), the state it leaves may hold work no
+/// checkpoint has, and nothing would ever list it: set aside, like the
+/// state `ws rm` finds (returned). One GET (the ref).
+pub async fn set_aside_if_removed(fetcher: &Fetcher, name: &str, state_dir: &Path) -> Result<Option<PathBuf>> {
+    match read_ws_ref(fetcher, name).await {
+        Ok(_) => Ok(None),
+        Err(Error::NotFound(_)) => {
+            let aside = set_aside_path(state_dir);
+            std::fs::rename(state_dir, &aside).map_err(Error::io(format!("setting aside {}", state_dir.display())))?;
+            Ok(Some(aside))
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// Whether a daemon on this machine serves the workspace whose state key
@@ -534,7 +579,7 @@ pub async fn recover_set_aside(fetcher: &Arc<Fetcher>, aside: &Path, new_name: &
         e => e,
     })?;
     if let Err(e) = std::fs::rename(aside, &target) {
-        let _ = remove(&fetcher.remote, new_name, true).await;
+        let _ = remove(&fetcher.remote, new_name, true, None).await;
         return Err(Error::io(format!("moving {} to {}", aside.display(), target.display()))(e));
     }
     let from = std::mem::replace(&mut st.name, new_name.to_string());
