@@ -356,6 +356,9 @@ fn ws_rm_of_a_mounted_or_dead_workspace_sets_its_work_aside() {
     let pid = m.json(&["stats", b.path()])["pid"].as_u64().unwrap();
     std::process::Command::new("kill").arg("-9").arg(pid.to_string()).status().unwrap();
     wait_gone(pid);
+    // A resume into the dead mount's directory says to unmount it first.
+    let err = m.fails(&["ws", "resume", "dead", b.path(), "--ignore-mount-changes"], 1);
+    assert!(err.contains("daemon is gone") && err.contains("mado umount"), "{err}");
     m.ok(&["umount", b.path()]);
     let o = m.cmd(&["ws", "rm", "dead"]).output().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));

@@ -428,6 +428,12 @@ pub fn is_empty_dir(p: &Path) -> Result<bool> {
         Err(e) if e.kind() == std::io::ErrorKind::NotADirectory => {
             Err(Error::User(format!("{} is not a directory; choose an empty or new directory", p.display())))
         }
+        // A mount whose daemon died (kill -9): the mount is still there.
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => Err(Error::User(format!(
+            "{} is a mount whose daemon is gone; `mado umount {}` first (a workspace's saved changes stay)",
+            p.display(),
+            p.display()
+        ))),
         Err(e) => Err(Error::Io { context: format!("reading {}", p.display()), source: e }),
     }
 }
