@@ -971,3 +971,33 @@ fn a_resume_that_fails_partway_leaves_an_empty_directory_and_a_free_lease() {
     m.ok(&["ws", "resume", "half", r.to_str().unwrap()]);
     assert_eq!(std::fs::read(r.join("new.txt")).unwrap(), b"new\n");
 }
+
+/// A resume into DIR killed before it finished leaves the lease held for
+/// DIR on this machine (the lease is taken beside the checkout) and no
+/// working copy there: a resume into the same, empty DIR takes it over at
+/// once (it waited 15 minutes, then needed --steal). A resume into any
+/// other directory is still refused.
+#[test]
+fn a_lease_left_by_a_killed_resume_into_the_same_directory_is_taken_over() {
+    let m = Mado::local();
+    setup(&m);
+    let w = m.dir.path().join("w");
+    m.ok(&["ws", "create", "ab", "--dir", w.to_str().unwrap()]);
+    m.ok(&["ws", "release", "--dir", w.to_str().unwrap()]);
+    // The lease as a resume into `r` takes it, its process then killed.
+    let r = m.dir.path().join("r");
+    let host = std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_string()).unwrap_or_default();
+    let user = std::env::var("USER").unwrap_or_else(|_| "mado".into());
+    let holder = format!("{user}@{host}:{}:{:08x}", r.display(), 0x5eed_1234u32);
+    let expires = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64 + 900;
+    let lease = mado_core::object::Lease { holder, expires };
+    std::fs::write(m.store_dir().join("leases/ws/ab"), lease.encode()).unwrap();
+    std::fs::create_dir(&r).unwrap();
+    let other = m.dir.path().join("other");
+    let err = m.fails(&["ws", "resume", "ab", other.to_str().unwrap()], 1);
+    assert!(err.contains("leased by"), "{err}");
+    m.ok(&["ws", "resume", "ab", r.to_str().unwrap()]);
+    std::fs::write(r.join("after.txt"), "x\n").unwrap();
+    let cp = m.json(&["ws", "checkpoint", "--dir", r.to_str().unwrap()]);
+    assert_eq!(cp["unchanged"], false, "{cp}");
+}

@@ -435,6 +435,17 @@ pub(super) fn empty_dir(dir: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
+/// The holder of lease `cur` when it names directory `dir` on this machine
+/// (`user@host:DIR:nonce`, as [`holder_id`] makes for `dir`).
+fn abandoned_here(cur: &Seen, dir: &Path) -> Option<String> {
+    let (bytes, _) = cur.as_ref()?;
+    let l = Lease::decode(bytes).ok()?;
+    let mine = holder_id(dir);
+    let prefix = &mine[..mine.rfind(':')? + 1];
+    let nonce = l.holder.strip_prefix(prefix)?;
+    (nonce.len() == 8 && nonce.bytes().all(|b| b.is_ascii_hexdigit())).then_some(l.holder)
+}
+
 /// Checks out `snapshot` into `dir` and records the working copy.
 pub(super) async fn materialize_into(
     fetcher: &Arc<Fetcher>,
@@ -450,7 +461,12 @@ pub(super) async fn materialize_into(
     if !crate::checkout::is_empty_dir(dir)? {
         return Err(Error::User(format!("{} is not empty; resume into a new or empty directory", dir.display())));
     }
-    let holder = holder_id(dir);
+    // A lease held for this same directory on this machine, now empty, is
+    // one whose copy is gone (a resume into it killed or interrupted before
+    // it finished, or a copy deleted without `ws release`): taken over as
+    // that holder, rather than waiting for it to expire.
+    let held_here = seen.as_ref().and_then(|cur| abandoned_here(cur, dir));
+    let holder = held_here.unwrap_or_else(|| holder_id(dir));
     // A lease already seen held by another is refused before any work.
     if let (ResumeLease::Take { steal }, Some(cur)) = (lease_mode, &seen) {
         lease_expected(name, &holder, steal, cur)?;
