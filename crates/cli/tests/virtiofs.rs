@@ -265,3 +265,21 @@ fn a_guests_cold_walk_of_a_packed_subtree_costs_the_gets_a_mount_does() {
     assert_eq!(guest_gets, host_gets, "the guest's walk and the mount's cost the same GETs");
     assert_eq!(guest_gets, 1, "one ranged GET for the packed subtree");
 }
+
+/// A workspace served to a guest is one writer on this machine too: a
+/// mount of it here is refused naming the server (not `mado umount`,
+/// which cannot stop a server). No guest needed.
+#[test]
+fn a_served_workspace_cannot_also_be_mounted_here() {
+    if !fuse_usable() {
+        return;
+    }
+    let m = Mado::local();
+    setup(&m);
+    m.ok(&["ws", "create", "served", "--no-checkout"]);
+    let s = serve(&m, "served", &["served", "--workspace"]);
+    let mnt = m.dir.path().join("mnt");
+    let err = m.fails(&["ws", "resume", "served", mnt.to_str().unwrap(), "--mount"], 1);
+    assert!(err.contains("serve-virtiofs") && err.contains(s.sock()), "{err}");
+    assert!(s.stop().success());
+}

@@ -271,6 +271,14 @@ fn lock_state(root: &Path, key: &str, by: &str, name: &str) -> Result<MountLock>
                     if at.is_empty() { "another mado holds its state" } else { at }
                 )));
             }
+            use std::os::unix::fs::FileTypeExt;
+            if std::fs::metadata(at).is_ok_and(|m| m.file_type().is_socket()) {
+                return Err(Error::User(format!(
+                    "workspace {name} is already served on this machine by `mado serve-virtiofs` at {at}; \
+                     stop that server first (SIGTERM; two servers of one workspace would overwrite each \
+                     other's changes)"
+                )));
+            }
             return Err(Error::User(format!(
                 "workspace {name} is already mounted on this machine at {at}; work in that mount, \
                  or `mado umount` it first (two mounts of one workspace would overwrite each other's changes)"
