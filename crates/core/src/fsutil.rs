@@ -213,21 +213,21 @@ pub async fn lock_file(path: PathBuf) -> Result<std::fs::File> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn a_long_path_is_shown_by_its_ends_and_length() {
         let short = b"a/b/c.txt";
-        assert_eq!(super::show_path(short), "a/b/c.txt");
+        assert_eq!(show_path(short), "a/b/c.txt");
         let at_limit = vec![b'x'; 160];
-        assert_eq!(super::show_path(&at_limit), "x".repeat(160));
+        assert_eq!(show_path(&at_limit), "x".repeat(160));
         let mut long = b"head/".repeat(40);
         long.extend_from_slice(b"tail.rs");
-        let shown = super::show_path(&long);
+        let shown = show_path(&long);
         assert!(shown.starts_with("head/head/") && shown.ends_with("/tail.rs"), "{shown}");
         assert!(shown.contains("[… 207 bytes …]"), "{shown}");
         assert_eq!(shown.len(), 64 + 64 + "[… 207 bytes …]".len());
     }
-
-    use super::*;
 
     /// `copy_range` copies a span at any offsets, within one filesystem and
     /// across two (tmpfs to the test's disk, where the kernel may refuse and

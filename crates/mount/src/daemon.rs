@@ -602,10 +602,11 @@ pub fn run(
         mado_core::workspace::save_mount_state(&core, &ws.state_dir)?;
         // The state just saved names no spare upper file.
         core.drop_spares();
-        if let Err(e) = mado_core::workspace::record_unmounted(&ws.state_dir, core.uncheckpointed()) {
+        let uncheckpointed = core.uncheckpointed();
+        if let Err(e) = mado_core::workspace::record_unmounted(&ws.state_dir, uncheckpointed) {
             tracing::warn!("recording whether workspace {} holds uncheckpointed changes: {e}", ws.name);
         }
-        if core.uncheckpointed() {
+        if uncheckpointed {
             match rt.block_on(mado_core::workspace::set_aside_if_removed(&fetcher, &ws.name, &ws.state_dir)) {
                 Ok(Some(aside)) => tracing::warn!(
                     "workspace {} was removed while mounted; its uncheckpointed work was set aside in {} \

@@ -121,26 +121,22 @@ async fn dispatch(cmd: Command, ctx: &Ctx) -> Result<()> {
     }
 }
 
-/// Sends `op` to the daemon of the mount holding `dir` (default: the
-/// current directory) and waits up to `wait` for its reply; an error reply
-/// becomes an error (the user's when the daemon says so).
 /// A path (or name) for a line of human output: as it is, or quoted with
 /// escapes (`"a\nb"`, as `{:?}` writes it) when it holds a control
 /// character, a quote or a backslash, so that a newline in a name cannot
 /// pass for another line (git quotes such paths too). `--json` gives them
 /// as they are.
 pub(crate) fn shown(p: &str) -> std::borrow::Cow<'_, str> {
-    if needs_quotes(p) {
+    if p.chars().any(|c| c.is_control() || c == '"' || c == '\\') {
         std::borrow::Cow::Owned(format!("{p:?}"))
     } else {
         std::borrow::Cow::Borrowed(p)
     }
 }
 
-fn needs_quotes(p: &str) -> bool {
-    p.chars().any(|c| c.is_control() || c == '"' || c == '\\')
-}
-
+/// Sends `op` to the daemon of the mount holding `dir` (default: the
+/// current directory) and waits up to `wait` for its reply; an error reply
+/// becomes an error (the user's when the daemon says so).
 fn ask_daemon(dir: Option<&std::path::Path>, op: Op, wait: std::time::Duration) -> Result<Reply> {
     let dir = match dir {
         Some(d) => d.to_path_buf(),

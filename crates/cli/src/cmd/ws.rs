@@ -420,9 +420,7 @@ pub async fn run(c: WsCommand, ctx: &Ctx) -> Result<()> {
             } else {
                 aside
             };
-            let from = workspace::load_state_at(&path).map(|s| s.name).unwrap_or_default();
-            let new = as_name.unwrap_or_else(|| format!("{from}-recovered"));
-            let r = workspace::recover_set_aside(&fetcher, &path, &new).await?;
+            let (r, new) = workspace::recover_set_aside(&fetcher, &path, as_name.as_deref()).await?;
             if ctx.json {
                 return ctx.print_json(&serde_json::json!({
                     "workspace": new, "from": r.workspace, "snapshot": r.checkpoint, "state": r.dir,

@@ -119,13 +119,18 @@ pub struct CheckpointLease {
 }
 
 fn holder_id(dir: &Path) -> String {
+    format!("{}{:08x}", holder_prefix(dir), rand::random::<u32>())
+}
+
+/// What every lease holder id of a working copy at `dir` on this machine
+/// starts with: `user@host:DIR:` (the id then ends with an 8-digit nonce).
+fn holder_prefix(dir: &Path) -> String {
     let host = std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_string()).unwrap_or_default();
     format!(
-        "{}@{host}:{}:{:08x}",
+        "{}@{host}:{}:",
         std::env::var("USER").unwrap_or_else(|_| "mado".into()),
         // Absolute: a lease error elsewhere names where the copy is.
-        std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf()).display(),
-        rand::random::<u32>()
+        std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf()).display()
     )
 }
 

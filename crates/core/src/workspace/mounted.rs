@@ -76,19 +76,23 @@ pub fn record_unmounted(state_dir: &Path, uncheckpointed: bool) -> Result<()> {
 /// hold changes no checkpoint has: its folder, and the checkpoint those
 /// changes were made on (`None` when there is none).
 pub fn uncheckpointed_mount_state(fetcher: &Fetcher, name: &str) -> Result<Option<MountState>> {
-    let root = workspaces_root()?;
-    let key = DiskCache::workspace_key(fetcher.remote.url(), name);
-    let sd = root.join(&key);
+    let (root, key) = state_key(fetcher, name)?;
+    Ok(uncheckpointed_at(&root, &key))
+}
+
+/// [`uncheckpointed_mount_state`] of the state `key` in `root`.
+fn uncheckpointed_at(root: &Path, key: &str) -> Option<MountState> {
+    let sd = root.join(key);
     if !sd.join(OVERLAY_FILE).exists() {
-        return Ok(None);
+        return None;
     }
-    let live = mount_lock_held(&root, &key);
-    Ok(match load_state_at(&sd) {
+    let live = mount_lock_held(root, key);
+    match load_state_at(&sd) {
         Ok(st) if st.uncheckpointed == Some(false) => None,
         Ok(st) => Some(MountState { dir: sd, head: st.head, holder: st.holder, live }),
         // Saved changes beside a record that cannot be read: as changes.
         Err(_) => Some(MountState { dir: sd, head: String::new(), holder: String::new(), live }),
-    })
+    }
 }
 
 /// A workspace mount's saved state on this machine, as
@@ -118,6 +122,13 @@ pub(super) async fn prepare_build(fs: &Arc<SnapshotFs>, no_ignore: bool) -> Resu
     fs.ignored_new_entries().await
 }
 
+/// Where the state of a mount of workspace `name` of this fetcher's remote
+/// lives on this machine: the workspaces' root, and the folder's name in it
+/// (also the name of its lock, `<key>.lock`).
+fn state_key(fetcher: &Fetcher, name: &str) -> Result<(PathBuf, String)> {
+    Ok((workspaces_root()?, DiskCache::workspace_key(fetcher.remote.url(), name)))
+}
+
 /// The root of mounted workspaces' states: `$MADO_WORKSPACES_DIR`, else
 /// `$XDG_DATA_HOME/mado/workspaces`, else `~/.local/share/mado/workspaces`.
 /// Not the cache: an upper layer holds work no checkpoint has saved yet,
@@ -143,10 +154,10 @@ pub fn workspaces_root() -> Result<PathBuf> {
 /// is mounted. A state an older mado left in the cache is moved here first
 /// (kept where it is, with a warning, if it cannot be moved).
 fn mount_state_dir(fetcher: &Fetcher, name: &str, warnings: &mut Vec<String>) -> Result<PathBuf> {
-    let root = workspaces_root()?;
+    let (root, key) = state_key(fetcher, name)?;
     // Private: the upper layers hold copies of the user's files.
     crate::fsutil::create_private_dir(&root)?;
-    let sd = root.join(DiskCache::workspace_key(fetcher.remote.url(), name));
+    let sd = root.join(key);
     let old = fetcher.cache.legacy_workspace_dir(fetcher.remote.url(), name);
     if old.is_dir() && !sd.exists() {
         if let Err(e) = std::fs::rename(&old, &sd) {
@@ -166,7 +177,8 @@ fn mount_state_dir(fetcher: &Fetcher, name: &str, warnings: &mut Vec<String>) ->
 /// saved overlay): after a mount that failed before serving, so nothing is
 /// left behind. A folder with an overlay is kept.
 pub fn forget_unused_mount_state(fetcher: &Fetcher, name: &str) -> Result<()> {
-    let sd = workspaces_root()?.join(DiskCache::workspace_key(fetcher.remote.url(), name));
+    let (root, key) = state_key(fetcher, name)?;
+    let sd = root.join(key);
     if sd.is_dir()
         && !sd.join(super::OVERLAY_FILE).exists()
         && !sd.join("upper").read_dir().is_ok_and(|mut d| d.next().is_some())
@@ -182,19 +194,16 @@ pub fn forget_unused_mount_state(fetcher: &Fetcher, name: &str) -> Result<()> {
 /// workspace of the same name never starts from it. A state a live mount
 /// uses (`rm --force` of a mounted workspace) is left to that mount.
 pub fn set_aside_removed(fetcher: &Fetcher, name: &str, _held: &MountLock) -> Result<Option<PathBuf>> {
-    let root = workspaces_root()?;
-    let key = DiskCache::workspace_key(fetcher.remote.url(), name);
+    let (root, key) = state_key(fetcher, name)?;
     let sd = root.join(&key);
     if !sd.is_dir() {
         return Ok(None);
     }
-    if uncheckpointed_mount_state(fetcher, name)?.is_none() {
+    if uncheckpointed_at(&root, &key).is_none() {
         std::fs::remove_dir_all(&sd).map_err(Error::io(format!("removing {}", sd.display())))?;
         return Ok(None);
     }
-    let aside = set_aside_path(&sd);
-    std::fs::rename(&sd, &aside).map_err(Error::io(format!("setting aside {}", sd.display())))?;
-    Ok(Some(aside))
+    set_aside(&sd).map(Some)
 }
 
 /// Saves a mounted workspace's state when it changed since the last save:
@@ -295,16 +304,16 @@ fn lock_state(root: &Path, key: &str, by: &str, name: &str) -> Result<MountLock>
 /// served a workspace that no longer existed, and its work was then set
 /// aside by no one). `Err` names where it is mounted now.
 pub fn lock_for_removal(fetcher: &Fetcher, name: &str) -> Result<MountLock> {
-    let root = workspaces_root()?;
+    let (root, key) = state_key(fetcher, name)?;
     crate::fsutil::create_private_dir(&root)?;
-    lock_state(&root, &DiskCache::workspace_key(fetcher.remote.url(), name), "being removed by `mado ws rm`", name)
+    lock_state(&root, &key, "being removed by `mado ws rm`", name)
 }
 
 /// The lease holder id a mount of workspace `name` on this machine took
 /// (from its saved state), if there is one.
 pub fn local_mount_holder(fetcher: &Fetcher, name: &str) -> Option<String> {
-    let sd = workspaces_root().ok()?.join(DiskCache::workspace_key(fetcher.remote.url(), name));
-    load_state_at(&sd).ok().map(|st| st.holder).filter(|h| !h.is_empty())
+    let (root, key) = state_key(fetcher, name).ok()?;
+    load_state_at(&root.join(key)).ok().map(|st| st.holder).filter(|h| !h.is_empty())
 }
 
 /// At a mount's end: when its workspace was removed meanwhile (`ws rm
@@ -314,11 +323,7 @@ pub fn local_mount_holder(fetcher: &Fetcher, name: &str) -> Option<String> {
 pub async fn set_aside_if_removed(fetcher: &Fetcher, name: &str, state_dir: &Path) -> Result<Option<PathBuf>> {
     match read_ws_ref(fetcher, name).await {
         Ok(_) => Ok(None),
-        Err(Error::NotFound(_)) => {
-            let aside = set_aside_path(state_dir);
-            std::fs::rename(state_dir, &aside).map_err(Error::io(format!("setting aside {}", state_dir.display())))?;
-            Ok(Some(aside))
-        }
+        Err(Error::NotFound(_)) => set_aside(state_dir).map(Some),
         Err(e) => Err(e),
     }
 }
@@ -366,9 +371,9 @@ pub async fn open_mount(
     steal: bool,
 ) -> Result<MountedWorkspace> {
     // Before any request: a second mount of the workspace here is refused.
-    let root = workspaces_root()?;
+    let (root, key) = state_key(fetcher, name)?;
     crate::fsutil::create_private_dir(&root)?;
-    let lock = lock_mount(&root, &DiskCache::workspace_key(fetcher.remote.url(), name), mountpoint, name)?;
+    let lock = lock_mount(&root, &key, mountpoint, name)?;
     let (v, seen) = futures::join!(read_ws_ref(fetcher, name), read_lease(&fetcher.remote, name));
     let (v, seen) = (v?, seen?);
     let (attach, snap) = futures::join!(fetcher.attach_hinted(v.root, &v.layers), fetcher.snapshot(v.snapshot));
@@ -394,7 +399,7 @@ pub async fn open_mount(
     // Changes made on top of an older checkpoint are set aside, but only
     // once the lease is ours: a mount refused for the lease leaves them
     // where they are (it once moved them, and said nothing).
-    let (reopen, set_aside) = match (&prev, &saved) {
+    let (reopen, set_aside_head) = match (&prev, &saved) {
         (Some(p), Some(_)) if p.head == v.snapshot.to_hex() || p.pending == Some(v.snapshot.to_hex()) => (true, None),
         (Some(p), _) => (false, Some(p.head.clone())),
         _ => (false, None),
@@ -422,10 +427,9 @@ pub async fn open_mount(
     let stat = stat?;
     // A read-write mount without the lease could never checkpoint.
     lease?;
-    if let Some(head) = set_aside {
-        let aside = set_aside_path(&sd);
-        match std::fs::rename(&sd, &aside) {
-            Ok(()) => warnings.push(format!(
+    if let Some(head) = set_aside_head {
+        match set_aside(&sd) {
+            Ok(aside) => warnings.push(format!(
                 "local changes made on top of checkpoint {} were set aside in {} (the workspace is now at {}); \
                  `mado ws recover {}` makes them a workspace of their own",
                 &head[..12.min(head.len())],
@@ -435,7 +439,7 @@ pub async fn open_mount(
             )),
             Err(e) => {
                 let _ = release_lease(&fetcher.remote, name, &holder).await;
-                return Err(Error::io(format!("setting aside {}", sd.display()))(e));
+                return Err(e);
             }
         }
     }
@@ -514,6 +518,14 @@ fn set_aside_path(sd: &Path) -> PathBuf {
     p
 }
 
+/// Sets state folder `sd` aside now (renamed to [`set_aside_path`]), and
+/// says where it went.
+fn set_aside(sd: &Path) -> Result<PathBuf> {
+    let aside = set_aside_path(sd);
+    std::fs::rename(sd, &aside).map_err(Error::io(format!("setting aside {}", sd.display())))?;
+    Ok(aside)
+}
+
 /// Every set-aside state of this fetcher's remote on this machine, oldest
 /// first.
 pub fn list_set_aside(fetcher: &Fetcher) -> Result<Vec<SetAside>> {
@@ -540,7 +552,13 @@ pub fn list_set_aside(fetcher: &Fetcher) -> Result<Vec<SetAside>> {
 /// workspace `new_name`, created at the checkpoint those changes were made
 /// on, so that its next mount (`ws resume NEW --mount DIR`) shows them and
 /// can checkpoint them. Nothing is uploaded here.
-pub async fn recover_set_aside(fetcher: &Arc<Fetcher>, aside: &Path, new_name: &str) -> Result<SetAside> {
+/// `new_name` defaults to `<workspace>-recovered`; the name used is
+/// returned beside what was recovered.
+pub async fn recover_set_aside(
+    fetcher: &Arc<Fetcher>,
+    aside: &Path,
+    new_name: Option<&str>,
+) -> Result<(SetAside, String)> {
     // Only a set-aside folder: a live workspace's own state (which a
     // refused resume names) moved away would lose its mount's changes.
     if set_aside_time(aside).is_none() {
@@ -567,10 +585,13 @@ pub async fn recover_set_aside(fetcher: &Arc<Fetcher>, aside: &Path, new_name: &
             st.remote
         )));
     }
+    let new_name = new_name.map_or_else(|| format!("{}-recovered", st.name), str::to_string);
+    let new_name = new_name.as_str();
     let head: Hash = st.head.parse().map_err(|_| {
         Error::local_state(aside, format!("names no checkpoint its changes were made on ({:?})", st.head))
     })?;
-    let target = workspaces_root()?.join(DiskCache::workspace_key(fetcher.remote.url(), new_name));
+    let (root, key) = state_key(fetcher, new_name)?;
+    let target = root.join(key);
     if target.exists() {
         return Err(Error::User(format!(
             "a mount of workspace {new_name} already keeps its state on this machine ({}); choose another name with --as",
@@ -595,7 +616,8 @@ pub async fn recover_set_aside(fetcher: &Arc<Fetcher>, aside: &Path, new_name: &
     st.uncheckpointed = Some(true);
     save_state_at(&target, &st)?;
     let time = set_aside_time(aside).unwrap_or(0);
-    Ok(SetAside { dir: target.display().to_string(), workspace: from, checkpoint: head.to_hex(), time })
+    let recovered = SetAside { dir: target.display().to_string(), workspace: from, checkpoint: head.to_hex(), time };
+    Ok((recovered, new_name.to_string()))
 }
 
 #[cfg(test)]

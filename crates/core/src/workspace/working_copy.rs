@@ -440,9 +440,7 @@ pub(super) fn empty_dir(dir: &Path) -> std::io::Result<()> {
 fn abandoned_here(cur: &Seen, dir: &Path) -> Option<String> {
     let (bytes, _) = cur.as_ref()?;
     let l = Lease::decode(bytes).ok()?;
-    let mine = holder_id(dir);
-    let prefix = &mine[..mine.rfind(':')? + 1];
-    let nonce = l.holder.strip_prefix(prefix)?;
+    let nonce = l.holder.strip_prefix(&holder_prefix(dir))?;
     (nonce.len() == 8 && nonce.bytes().all(|b| b.is_ascii_hexdigit())).then_some(l.holder)
 }
 
