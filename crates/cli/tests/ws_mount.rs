@@ -36,6 +36,13 @@ impl WsMount<'_> {
     fn umount(&self) {
         self.m.ok(&["umount", self.path()]);
     }
+
+    /// `kill -9` of its daemon, returning once the process is gone.
+    fn kill_daemon(&self) {
+        let pid = self.m.json(&["stats", self.path()])["pid"].as_u64().expect("the daemon reports its pid");
+        std::process::Command::new("kill").arg("-9").arg(pid.to_string()).status().unwrap();
+        wait_gone(pid);
+    }
 }
 
 /// `ws create --mount` into a directory that does not exist yet: it is
@@ -143,9 +150,7 @@ fn uncheckpointed_changes_survive_an_unmount_and_a_killed_daemon() {
     // Killed: the state saved after the last change is picked up.
     std::fs::write(mnt.dir.join("b.txt"), "b\n").unwrap();
     std::thread::sleep(Duration::from_millis(1500));
-    let pid = m.json(&["stats", mnt.path()])["pid"].as_u64().expect("the daemon reports its pid");
-    std::process::Command::new("kill").arg("-9").arg(pid.to_string()).status().unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    mnt.kill_daemon();
     m.ok(&["ws", "resume", "keep", mnt.path(), "--mount"]);
     assert_eq!(std::fs::read(mnt.dir.join("b.txt")).unwrap(), b"b\n");
 
@@ -291,9 +296,7 @@ fn a_workspace_is_mounted_once_per_machine_and_rm_sets_its_work_aside() {
     // Its daemon killed, the lock goes with it: a remount here works and
     // has what was saved.
     std::thread::sleep(Duration::from_millis(1500));
-    let pid = m.json(&["stats", a.path()])["pid"].as_u64().unwrap();
-    std::process::Command::new("kill").arg("-9").arg(pid.to_string()).status().unwrap();
-    wait_gone(pid);
+    a.kill_daemon();
     m.ok(&["umount", a.path()]);
     // Its lease, still held in the store, is not what a plain resume here
     // is refused for: the dead mount's saved work is.
@@ -353,9 +356,7 @@ fn ws_rm_of_a_mounted_or_dead_workspace_sets_its_work_aside() {
     let b = create(&m, "dead");
     std::fs::write(b.dir.join("w.txt"), "dead work\n").unwrap();
     std::thread::sleep(Duration::from_millis(1500));
-    let pid = m.json(&["stats", b.path()])["pid"].as_u64().unwrap();
-    std::process::Command::new("kill").arg("-9").arg(pid.to_string()).status().unwrap();
-    wait_gone(pid);
+    b.kill_daemon();
     // A resume into the dead mount's directory says to unmount it first.
     let err = m.fails(&["ws", "resume", "dead", b.path(), "--ignore-mount-changes"], 1);
     assert!(err.contains("daemon is gone") && err.contains("mado umount"), "{err}");
@@ -494,9 +495,7 @@ fn an_fsynced_file_survives_a_kill_9_of_the_daemon() {
         f.write_all(b"on disk before fsync returned\n").unwrap();
         f.sync_all().unwrap();
     }
-    let pid = m.json(&["stats", mnt.path()])["pid"].as_u64().unwrap();
-    std::process::Command::new("kill").arg("-9").arg(pid.to_string()).status().unwrap();
-    wait_gone(pid);
+    mnt.kill_daemon();
     m.ok(&["ws", "resume", "durable", mnt.path(), "--mount"]);
     assert_eq!(std::fs::read(&p).unwrap(), b"on disk before fsync returned\n");
 }
