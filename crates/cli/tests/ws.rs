@@ -1001,3 +1001,52 @@ fn a_lease_left_by_a_killed_resume_into_the_same_directory_is_taken_over() {
     let cp = m.json(&["ws", "checkpoint", "--dir", r.to_str().unwrap()]);
     assert_eq!(cp["unchanged"], false, "{cp}");
 }
+
+/// A resume killed after writing files but before its state was saved
+/// (Ctrl-C or kill -9 partway) left a partial copy that every later resume
+/// into the same directory refused as "not empty". Its marker now shows
+/// the files are its own: the next resume removes them and starts over.
+#[test]
+fn a_resume_killed_partway_is_cleaned_up_by_the_next_resume_into_its_directory() {
+    let m = Mado::local();
+    setup(&m);
+    let w = m.dir.path().join("w");
+    m.ok(&["ws", "create", "ab", "--dir", w.to_str().unwrap()]);
+    m.ok(&["ws", "release", "--dir", w.to_str().unwrap()]);
+    let r = m.dir.path().join("r");
+    let o = m
+        .cmd(&["ws", "resume", "ab", r.to_str().unwrap()])
+        .env("MADO_FAILPOINT", "resume-before-state")
+        .output()
+        .unwrap();
+    assert!(!o.status.success(), "the failpoint did not stop the resume");
+    assert!(r.join("src/lib.rs").is_file(), "the killed resume wrote no files");
+    assert!(!r.join(".mado/workspace.json").exists());
+    let o = m.run(&["ws", "resume", "ab", r.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("removed the partial copy"), "{err}");
+    assert!(!r.join(".mado/resuming").exists());
+    let mut copy = snapshot_dir(&r);
+    copy.retain(|k, _| !k.starts_with(b".mado"));
+    let plain = m.dir.path().join("plain");
+    m.ok(&["checkout", "main", plain.to_str().unwrap()]);
+    assert!(copy == snapshot_dir(&plain), "the resumed copy differs from a checkout of the same tree");
+    // A finished working copy with a file of the user's is never emptied.
+    std::fs::write(r.join("mine.txt"), "keep\n").unwrap();
+    m.ok(&["ws", "release", "--dir", r.to_str().unwrap()]);
+    let err = m.fails(&["ws", "resume", "ab", r.to_str().unwrap()], 1);
+    assert!(err.contains("not empty"), "{err}");
+    assert_eq!(std::fs::read_to_string(r.join("mine.txt")).unwrap(), "keep\n");
+    // Nor a directory whose marker has no state folder of its own: a
+    // `.mado` symlink to another killed resume's folder.
+    let s = m.dir.path().join("s");
+    std::fs::create_dir_all(&s).unwrap();
+    std::fs::write(s.join("theirs.txt"), "keep\n").unwrap();
+    std::fs::create_dir_all(m.dir.path().join("elsewhere")).unwrap();
+    std::fs::write(m.dir.path().join("elsewhere/resuming"), "ab\n").unwrap();
+    std::os::unix::fs::symlink(m.dir.path().join("elsewhere"), s.join(".mado")).unwrap();
+    let err = m.fails(&["ws", "resume", "ab", s.to_str().unwrap()], 1);
+    assert!(err.contains("not empty"), "{err}");
+    assert!(s.join("theirs.txt").is_file());
+}

@@ -48,6 +48,9 @@ pub struct CheckoutReport {
 pub struct CheckoutOptions<'a> {
     /// Write into a non-empty directory, replacing what is in the way.
     pub force: bool,
+    /// The target may hold a working copy's state folder (`.mado`, made by
+    /// the resume writing into it) and nothing else.
+    pub marked: bool,
     /// Only these paths of the tree (directories or files), each written at
     /// its own path under the target; empty: the whole tree.
     pub paths: &'a [String],
@@ -420,8 +423,14 @@ pub fn set_mtimes(dest: &Path, items: &[(Vec<u8>, i64, u32)]) -> Result<()> {
 }
 
 pub fn is_empty_dir(p: &Path) -> Result<bool> {
+    is_empty_dir_but(p, "")
+}
+
+/// Whether `p` is missing or an empty directory, or holds only an entry
+/// named `but`.
+fn is_empty_dir_but(p: &Path, but: &str) -> Result<bool> {
     match std::fs::read_dir(p) {
-        Ok(mut it) => Ok(it.next().is_none()),
+        Ok(mut it) => Ok(it.all(|e| e.is_ok_and(|e| !but.is_empty() && e.file_name() == but))),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(true),
         // A file where the directory should go (or under it): the user's
         // to fix, not an I/O failure.
@@ -524,7 +533,10 @@ pub async fn checkout(
     opts: CheckoutOptions<'_>,
 ) -> Result<CheckoutReport> {
     // A file where `dest` goes is refused here, with --force too.
-    let empty = is_empty_dir(dest)?;
+    let empty = match opts.marked {
+        true => is_empty_dir_but(dest, crate::workspace::STATE_DIR)?,
+        false => is_empty_dir(dest)?,
+    };
     if !opts.force && !empty {
         return Err(Error::User(format!(
             "{} is not empty; choose an empty or new directory, or pass --force to write over it",

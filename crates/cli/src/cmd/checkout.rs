@@ -40,7 +40,7 @@ pub async fn run(a: CheckoutArgs, ctx: &Ctx) -> Result<()> {
         &fetcher,
         root,
         &a.dir,
-        mado_core::checkout::CheckoutOptions { force: a.force, paths: &a.paths, progress: &progress },
+        mado_core::checkout::CheckoutOptions { force: a.force, marked: false, paths: &a.paths, progress: &progress },
     )
     .await;
     pb.finish_and_clear();

@@ -180,6 +180,9 @@ fn print_resume(ctx: &Ctx, verb: &str, r: &workspace::ResumeReport) -> Result<()
     if r.read_only {
         note!(ctx, "note: resumed --read-only: this copy holds no lease and cannot checkpoint");
     }
+    if r.removed_partial {
+        note!(ctx, "note: removed the partial copy an interrupted resume had left in {}", r.dir);
+    }
     if ctx.json {
         #[derive(serde::Serialize)]
         struct Out<'a> {

@@ -143,6 +143,9 @@ pub struct ResumeReport {
     pub mtimes_restored: u64,
     /// Resumed without the lease (`--read-only`).
     pub read_only: bool,
+    /// The partial copy an interrupted resume had left in the directory
+    /// was removed first.
+    pub removed_partial: bool,
 }
 
 /// Whether a resume takes the workspace's lease.

@@ -435,6 +435,28 @@ pub(super) fn empty_dir(dir: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
+/// The marker a resume leaves in the working copy's state folder until its
+/// state is saved (FORMAT.md): what is in a directory holding it and no
+/// `workspace.json` was written by a resume that did not finish.
+const RESUMING: &str = "resuming";
+
+/// Makes `dir` (and its state folder) and marks it as being resumed.
+fn mark_resuming(dir: &Path, name: &str) -> Result<()> {
+    let sd = state_dir(dir);
+    std::fs::create_dir_all(&sd).map_err(Error::io(format!("creating {}", sd.display())))?;
+    crate::fsutil::save_atomic(&sd.join(RESUMING), format!("{name}\n").as_bytes())
+}
+
+/// Whether `dir` holds what an interrupted resume left: a real state folder
+/// (not a symlink) with the marker in it and no saved state.
+fn interrupted_resume(dir: &Path) -> bool {
+    let sd = state_dir(dir);
+    let real_dir = std::fs::symlink_metadata(&sd).is_ok_and(|m| m.is_dir());
+    real_dir
+        && std::fs::symlink_metadata(sd.join(RESUMING)).is_ok_and(|m| m.is_file())
+        && std::fs::symlink_metadata(sd.join("workspace.json")).is_err()
+}
+
 /// The holder of lease `cur` when it names directory `dir` on this machine
 /// (`user@host:DIR:nonce`, as [`holder_id`] makes for `dir`).
 fn abandoned_here(cur: &Seen, dir: &Path) -> Option<String> {
@@ -454,6 +476,13 @@ pub(super) async fn materialize_into(
     seen: Option<Seen>,
     progress: &(dyn Fn(u64, u64) + Sync),
 ) -> Result<ResumeReport> {
+    // What a resume into this directory left when it was interrupted
+    // (Ctrl-C, kill -9: its marker, and no state yet) is its own partial
+    // copy: removed, and this resume starts over.
+    let partial = interrupted_resume(dir);
+    if partial {
+        empty_dir(dir).map_err(Error::io(format!("removing the partial copy in {}", dir.display())))?;
+    }
     // The lease is taken alongside the checkout: refuse a non-empty target
     // first, so a failed resume does not hold the lease for nothing.
     if !crate::checkout::is_empty_dir(dir)? {
@@ -489,11 +518,14 @@ pub(super) async fn materialize_into(
             None => Ok(None),
         }
     };
+    // Marked before a file is written, so that an interrupted resume's
+    // files are known to be its own (`interrupted_resume`).
+    mark_resuming(dir, name)?;
     let co_fut = crate::checkout::checkout(
         fetcher,
         snap.root,
         dir,
-        crate::checkout::CheckoutOptions { force: false, paths: &[], progress },
+        crate::checkout::CheckoutOptions { force: false, marked: true, paths: &[], progress },
     );
     let lease_fut = async {
         match lease_mode {
@@ -526,10 +558,12 @@ pub(super) async fn materialize_into(
         dir: std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf()).display().to_string(),
         files: co.files + co.symlinks,
         read_only: matches!(lease_mode, ResumeLease::ReadOnly),
+        removed_partial: partial,
         ..Default::default()
     };
-    // State first: creating `.mado/` touches the root's mtime, which is
-    // restored next.
+    crate::failpoint::hit("resume-before-state");
+    // State first: writing into `.mado/` touches the root's mtime, which
+    // is restored next.
     save_state(
         dir,
         &LocalState {
@@ -542,6 +576,8 @@ pub(super) async fn materialize_into(
             uncheckpointed: None,
         },
     )?;
+    // A working copy now: nothing here is a partial copy any more.
+    let _ = std::fs::remove_file(state_dir(dir).join(RESUMING));
     if let Some(stat) = &stat {
         crate::checkout::set_mtimes(dir, &stat.entries)?;
         report.mtimes_restored = stat.entries.len() as u64;
