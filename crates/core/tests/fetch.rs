@@ -620,3 +620,70 @@ async fn warm_starts_one_small_files_pack_at_a_time() {
     }
     assert_eq!(remote.stats().since(&before).ranged_gets, 2, "read with no request");
 }
+
+/// A large file from two packs, the first pack's GET held (a slow server,
+/// or a request queued behind a connection's handshake): `write_content`
+/// writes the second pack's chunks at their offsets meanwhile. It used to
+/// take the chunks in file order only, so a chunk that came early waited
+/// behind the ones before it, and the window of chunks asked for stood
+/// still while it waited (issue #19). Once the first pack is let go the
+/// file is whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_large_file_is_written_as_its_chunks_arrive_whatever_their_order() {
+    use mado_core::object::{ChunkManifest, Entry, Kind};
+    use mado_core::pack::{build_pack, MemberKind, Mode, PackIndex};
+    use mado_core::store::fault::{Failure, Fault, FaultStore, Op};
+    let dir = tempfile::tempdir().unwrap();
+    let faults = Arc::new(FaultStore::new(Arc::new(object_store::memory::InMemory::new())));
+    let remote = Arc::new(Remote::from_store("memory://held", faults.clone()));
+    let len = 64 << 10;
+    let raws = noise(0x7777_1234_abcd_0001, 16, len);
+    let whole = raws.concat();
+    let manifest = ChunkManifest {
+        size: whole.len() as u64,
+        content: Hash::of(&whole),
+        chunks: raws.iter().map(|r| (len as u64, Hash::of(r))).collect(),
+    }
+    .encode();
+    let mid = Hash::of(&manifest);
+    remote.put_object(Space::Objects, &mid, Bytes::from(manifest)).await.unwrap();
+    let mut packs = Vec::new();
+    for half in [&raws[..8], &raws[8..]] {
+        let members: Vec<(Hash, MemberKind, &[u8])> =
+            half.iter().map(|r| (Hash::of(r), MemberKind::Chunk, &r[..])).collect();
+        let (bytes, entry) = build_pack(&members);
+        remote.put_pack(&entry.id, Bytes::from(bytes)).await.unwrap();
+        packs.push(entry);
+    }
+    let tree = Hash([7; 32]);
+    let idx = PackIndex { tree, mode: Mode::Recursive, dirs: 1, packs: packs.clone(), trees: vec![], base: vec![] };
+    remote.put_index(&tree, Bytes::from(idx.encode())).await.unwrap();
+    faults.add(Fault { op: Op::Get, key_contains: packs[0].id.to_hex(), times: 1, failure: Failure::Hold });
+    let cache = Arc::new(DiskCache::open(dir.path().join("cache"), None).unwrap());
+    let f = Fetcher::new(remote.clone(), cache);
+    f.attach(tree).await.unwrap();
+
+    let e = Entry { name: b"big".to_vec(), kind: Kind::File, chunked: true, size: whole.len() as u64, id: mid };
+    let out = dir.path().join("big");
+    let file = Arc::new(std::fs::File::create(&out).unwrap());
+    let writing = tokio::spawn({
+        let f = f.clone();
+        async move { f.write_content(&e, "big", file).await }
+    });
+    // No event says a write landed: the file is looked at until the second
+    // pack's bytes are in it (bounded).
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let got = std::fs::read(&out).unwrap();
+        if got.len() == whole.len() && got[8 * len..] == whole[8 * len..] {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the second pack's chunks waited for the first pack's GET");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(!writing.is_finished(), "the file was finished with its first pack held");
+    faults.release();
+    assert_eq!(writing.await.unwrap().unwrap(), whole.len() as u64);
+    assert!(std::fs::read(&out).unwrap() == whole, "the file's bytes differ");
+    assert_eq!(faults.pending(), 0);
+}

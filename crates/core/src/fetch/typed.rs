@@ -168,6 +168,19 @@ impl Fetcher {
         e: &Entry,
         path: &str,
     ) -> Result<futures::stream::BoxStream<'static, Result<Piece>>> {
+        self.pieces_in(e, path, true).await
+    }
+
+    /// As [`Fetcher::pieces`], `ordered` or each piece as soon as it is here
+    /// (for a writer at offsets: a chunk of a later pack that came first
+    /// does not wait for an earlier one, so the window of chunks asked for
+    /// keeps moving and the GETs ahead keep going out).
+    async fn pieces_in(
+        self: &Arc<Self>,
+        e: &Entry,
+        path: &str,
+        ordered: bool,
+    ) -> Result<futures::stream::BoxStream<'static, Result<Piece>>> {
         if !e.chunked {
             let piece = self.whole(e, path).await?;
             return Ok(futures::stream::iter([Ok(piece)]).boxed());
@@ -184,27 +197,28 @@ impl Fetcher {
             .collect();
         let me = self.clone();
         let path = path.to_string();
-        Ok(futures::stream::iter(spans)
-            .map(move |(offset, len, id)| {
-                let me = me.clone();
-                let path = path.clone();
-                async move {
-                    let permit = me.piece_permits.clone().acquire_many_owned(permits_for(len)).await;
-                    let permit = permit.expect("the semaphore is never closed");
-                    let bytes = me.get_in_order(id, "chunk").await.map_err(|er| er.at_path(&path))?;
-                    if bytes.len() as u64 != len {
-                        return Err(Error::Corrupt {
-                            id,
-                            what: "chunk",
-                            path,
-                            detail: format!("{} bytes, its manifest says {len}", bytes.len()),
-                        });
-                    }
-                    Ok(Piece { offset, bytes, _permit: permit })
+        let each = futures::stream::iter(spans).map(move |(offset, len, id)| {
+            let me = me.clone();
+            let path = path.clone();
+            async move {
+                let permit = me.piece_permits.clone().acquire_many_owned(permits_for(len)).await;
+                let permit = permit.expect("the semaphore is never closed");
+                let bytes = me.get_in_order(id, "chunk").await.map_err(|er| er.at_path(&path))?;
+                if bytes.len() as u64 != len {
+                    return Err(Error::Corrupt {
+                        id,
+                        what: "chunk",
+                        path,
+                        detail: format!("{} bytes, its manifest says {len}", bytes.len()),
+                    });
                 }
-            })
-            .buffered(CHUNK_WINDOW)
-            .boxed())
+                Ok(Piece { offset, bytes, _permit: permit })
+            }
+        });
+        Ok(match ordered {
+            true => each.buffered(CHUNK_WINDOW).boxed(),
+            false => each.buffer_unordered(CHUNK_WINDOW).boxed(),
+        })
     }
 
     /// The content of a file stored whole (at most 4 MiB), holding its
@@ -225,10 +239,11 @@ impl Fetcher {
         Ok(Piece { offset: 0, bytes, _permit: permit })
     }
 
-    /// Writes a file entry's content into `file` at offset 0 as its pieces
-    /// arrive (see [`Fetcher::pieces`]); returns the bytes written.
+    /// Writes a file entry's content into `file` as its pieces arrive, each
+    /// at its own offset and in whatever order they come (see
+    /// [`Fetcher::pieces`]); returns the bytes written.
     pub async fn write_content(self: &Arc<Self>, e: &Entry, path: &str, file: Arc<std::fs::File>) -> Result<u64> {
-        let mut pieces = self.pieces(e, path).await?;
+        let mut pieces = self.pieces_in(e, path, false).await?;
         let mut n = 0;
         while let Some(piece) = pieces.next().await {
             let piece = piece?;
