@@ -173,6 +173,20 @@ fn reason_text(a: &Attach) -> String {
     }
 }
 
+/// The index's state, or `Swept` once a read found packs it names gone
+/// from the store. Found by the reads themselves (a GET that finds no pack
+/// marks it bad, and its objects are read one by one): a HEAD of every
+/// pack at each mount cost as many requests as the index has packs, all
+/// at once beside the first reads, to spare one failed GET in the rare
+/// case of a gc that swept them.
+fn swept_or(attach: &Attach, fetcher: &Fetcher) -> Attach {
+    let missing = fetcher.stats().packs_missing as usize;
+    match attach {
+        Attach::Attached { packs, .. } if missing > 0 => Attach::Swept { missing, packs: *packs },
+        a => a.clone(),
+    }
+}
+
 /// A packed snapshot keeps FUSE's OPEN (for passthrough of large files'
 /// whole copies) when at least one entry in this many is a large file.
 const LARGE_FILES_SHARE: usize = 100;
@@ -242,7 +256,7 @@ pub fn run(
             return Err(e);
         }
     };
-    let status = Arc::new(Mutex::new(attach.clone()));
+    let status = Arc::new(attach.clone());
     // The last failed save of a workspace's state (cleared by a good one).
     let save_error: Arc<Mutex<Option<String>>> = Arc::default();
     let sock = control::socket_path(&mp).map_err(Error::io("placing the control socket"))?;
@@ -302,7 +316,7 @@ pub fn run(
             let (message, steal, force, name, no_ignore) = match req.op {
                 Op::Checkpoint { message, steal, force, name, no_ignore } => (message, steal, force, name, no_ignore),
                 Op::PackStatus => {
-                    let s = status.lock().expect("status lock").clone();
+                    let s = swept_or(&status, &fetcher);
                     let reply = Reply::PackStatus(PackStatus {
                         mountpoint: mp.clone(),
                         spec: spec.clone(),
@@ -539,17 +553,6 @@ pub fn run(
                     tracing::error!("saving the state of workspace {} failed: {msg}", ws.name);
                 }
                 *save_error.lock().expect("save error lock") = failed;
-            }
-        });
-    }
-    // After the mount is up: are the index's packs still there?
-    if matches!(attach, Attach::Attached { .. }) {
-        let (status, fetcher) = (status.clone(), fetcher.clone());
-        rt.spawn(async move {
-            if let Ok((missing, packs)) = fetcher.check_packs().await {
-                if missing > 0 {
-                    *status.lock().expect("status lock") = Attach::Swept { missing, packs };
-                }
             }
         });
     }

@@ -51,30 +51,6 @@ impl Fetcher {
         self.cache.index_path(tree)
     }
 
-    /// HEADs every attached pack (one round trip); those missing are marked
-    /// bad, so reads go per object without trying them. Returns (missing, total).
-    pub async fn check_packs(&self) -> Result<(usize, usize)> {
-        let packs: Vec<Hash> = {
-            let set = self.packs.read().expect("packs lock");
-            let mut v: Vec<Hash> = set.members.values().map(|(p, _)| p.id).collect();
-            v.sort();
-            v.dedup();
-            v
-        };
-        let heads = packs.iter().map(|id| async move {
-            let present = self.remote.has_pack(id).await?;
-            Ok::<_, Error>((!present).then_some(*id))
-        });
-        let mut missing = 0;
-        for r in futures::future::join_all(heads).await {
-            if let Some(id) = r? {
-                missing += 1;
-                self.bad_packs.lock().expect("bad packs lock").insert(id);
-            }
-        }
-        Ok((missing, packs.len()))
-    }
-
     /// A tree that came inline with an attached index, if any.
     pub fn inline_tree(&self, id: &Hash) -> Option<Arc<Vec<u8>>> {
         self.packs.read().expect("packs lock").trees.get(id).cloned()

@@ -56,6 +56,9 @@ pub struct FetchCounters {
     /// Members handed to a waiter before their pack finished arriving.
     pub members_early: AtomicU64,
     pub pack_failures: AtomicU64,
+    /// Packs the store no longer has (a GET of one found nothing: swept by
+    /// a gc while an index still named them).
+    pub packs_missing: AtomicU64,
     /// Pack spans fetched as two ranged GETs (a first reader far into one).
     pub split_fetches: AtomicU64,
     /// Members handed straight from a pack's stream to one consumer
@@ -71,6 +74,8 @@ pub struct FetchStats {
     pub members_from_packs: u64,
     pub members_early: u64,
     pub pack_failures: u64,
+    #[serde(default)]
+    pub packs_missing: u64,
     pub split_fetches: u64,
     pub members_streamed: u64,
     #[serde(default)]
@@ -156,6 +161,7 @@ impl Fetcher {
             members_from_packs: c.members_from_packs.load(Relaxed),
             members_early: c.members_early.load(Relaxed),
             pack_failures: c.pack_failures.load(Relaxed),
+            packs_missing: c.packs_missing.load(Relaxed),
             split_fetches: c.split_fetches.load(Relaxed),
             members_streamed: c.members_streamed.load(Relaxed),
             warmed_packs: c.warmed_packs.load(Relaxed),

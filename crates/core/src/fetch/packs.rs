@@ -632,7 +632,10 @@ impl Fetcher {
         };
         let streamed = match stream {
             Ok(stream) => self.stream_pack(pack, stream, &mut counting, (lo, hi), writer.clone(), taker).await,
-            Err(Error::NotFound(_)) => Err("missing from the store (swept?)".to_string()),
+            Err(Error::NotFound(_)) => {
+                self.counters.packs_missing.fetch_add(1, Relaxed);
+                Err("missing from the store (swept?)".to_string())
+            }
             Err(e) => Err(format!("GET failed: {e}")),
         };
         if let (Some(w), Ok(good)) = (&writer, &streamed) {
