@@ -323,8 +323,11 @@ fn a_workspace_is_mounted_once_per_machine_and_rm_sets_its_work_aside() {
     c.umount();
     m.ok(&["ws", "rm", "once"]);
     assert_eq!(m.json(&["ws", "recover"]).as_array().unwrap().len(), 1, "a clean state is not set aside");
-    // gc deletes the checkpoint the work was made on: recover refuses.
-    m.ok(&["gc", "--grace", "0"]);
+    // A gc on another machine (which knows nothing of the work set aside
+    // here) deletes the checkpoint the work was made on: recover refuses.
+    let elsewhere = m.dir.path().join("other-machine-workspaces");
+    let o = m.cmd(&["gc", "--grace", "0"]).env("MADO_WORKSPACES_DIR", &elsewhere).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let dir = aside[0]["dir"].as_str().unwrap();
     let err = m.fails(&["ws", "recover", dir, "--as", "late"], 1);
     assert!(err.contains("no longer in the store"), "{err}");
@@ -1444,4 +1447,37 @@ fn ws_status_in_a_mount_shows_the_next_checkpoint_and_changes_nothing() {
     assert_eq!(std::fs::read_to_string(copy.join("README.md")).unwrap(), "changed in the mount\n");
     assert_eq!(std::fs::read_to_string(copy.join("newdir/inner.txt")).unwrap(), "inner\n");
     assert!(!copy.join("empty").exists() && !copy.join("scratch.tmp").exists());
+}
+
+/// Work that `ws rm` set aside was made on a checkpoint only the removed
+/// workspace named: a gc deleted it, and `ws recover` then refused the
+/// work. gc on this machine keeps the checkpoints its set-aside work was
+/// made on, and says so; the work comes back whole after it.
+#[test]
+fn gc_keeps_the_checkpoint_that_set_aside_work_was_made_on() {
+    if !fuse_usable() {
+        return;
+    }
+    let m = Mado::local();
+    setup(&m);
+    let a = create(&m, "gone");
+    std::fs::write(a.dir.join("first.txt"), "checkpointed\n").unwrap();
+    let cp = a.checkpoint("only this workspace names it");
+    std::fs::write(a.dir.join("later.txt"), "not checkpointed\n").unwrap();
+    m.ok(&["ws", "rm", "--force", "gone"]);
+    a.umount();
+    let aside = m.json(&["ws", "recover"]);
+    assert_eq!(aside[0]["checkpoint"], cp["snapshot"], "{aside} {cp}");
+    let r = m.json(&["gc", "--grace", "0"]);
+    assert_eq!(r["kept_for_set_aside"], 1, "{r}");
+    let dir = aside[0]["dir"].as_str().unwrap();
+    m.ok(&["ws", "recover", dir, "--as", "back"]);
+    let b = WsMount { m: &m, dir: m.dir.path().join("mnt-back") };
+    m.ok(&["ws", "resume", "back", b.path(), "--mount"]);
+    assert_eq!(std::fs::read(b.dir.join("first.txt")).unwrap(), b"checkpointed\n");
+    assert_eq!(std::fs::read(b.dir.join("later.txt")).unwrap(), b"not checkpointed\n");
+    // A checkpoint of it goes on from there, its base still in the store.
+    let again = b.checkpoint("recovered");
+    assert_eq!(again["unchanged"], false, "{again}");
+    b.umount();
 }

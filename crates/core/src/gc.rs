@@ -38,6 +38,9 @@ pub struct GcReport {
     pub bytes_freed: u64,
     /// Unreachable but younger than the grace period.
     pub spared_young: u64,
+    /// Snapshots no ref reaches, kept because work set aside on this
+    /// machine was made on them (`mado ws recover` lists it).
+    pub kept_for_set_aside: usize,
     pub dry_run: bool,
 }
 
@@ -109,20 +112,51 @@ async fn gc_locked(f: &Arc<Fetcher>, grace: Duration, dry_run: bool) -> Result<G
     let mut roots: HashSet<Hash> = HashSet::new();
     let mut stats: HashSet<Hash> = HashSet::new();
     let mut todo: Vec<Hash> = refs.iter().map(|(_, v)| v.snapshot).collect();
-    while let Some(id) = todo.pop() {
-        if !snaps.insert(id) {
-            continue;
+    // Then the checkpoints that work set aside on this machine was made
+    // on (a workspace removed while it had uncheckpointed changes): kept
+    // as if a ref named them, or `ws recover` could no longer bring the
+    // work back. Other machines' are not known here.
+    let mut aside: Vec<Hash> = crate::workspace::list_set_aside(f)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|a| a.checkpoint.parse().ok())
+        .collect();
+    let mut from_refs = true;
+    loop {
+        while let Some(id) = todo.pop() {
+            if !snaps.insert(id) {
+                continue;
+            }
+            let s = match f.snapshot(id).await {
+                Ok(s) => s,
+                // One gone already (an older gc) keeps nothing.
+                Err(Error::NotFound(_)) if !from_refs => {
+                    snaps.remove(&id);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            if !from_refs {
+                report.kept_for_set_aside += 1;
+            }
+            roots.insert(s.root);
+            if let Some(stat) = s.stat {
+                stats.insert(stat);
+            }
+            // The layers below a stat layer (a parent's, already reached
+            // through `parents`; marked here too, so no history edit can
+            // orphan them).
+            stats.extend(s.stat_layers.iter().copied());
+            todo.extend(s.parents);
         }
-        let s = f.snapshot(id).await?;
-        roots.insert(s.root);
-        if let Some(stat) = s.stat {
-            stats.insert(stat);
+        if !from_refs {
+            break;
         }
-        // The layers below a stat layer (a parent's, already reached
-        // through `parents`; marked here too, so no history edit can
-        // orphan them).
-        stats.extend(s.stat_layers.iter().copied());
-        todo.extend(s.parents);
+        from_refs = false;
+        aside.retain(|id| !snaps.contains(id));
+        aside.sort();
+        aside.dedup();
+        todo = aside.clone();
     }
     // Mark objects: stat objects directly (they are leaves), trees level
     // by level (the roots' indexes carry the trees inline), manifests to

@@ -13,7 +13,9 @@ use crate::ctx::Ctx;
 /// reachable or a kept index stands on it as a layer. gc stops, deleting
 /// nothing, when something reachable cannot be read. Deletion runs in
 /// reverse closure order, so the store is consistent at every instant, and
-/// spares anything younger than --grace (an upload in progress).
+/// spares anything younger than --grace (an upload in progress). The
+/// checkpoints that work set aside on this machine was made on (`mado ws
+/// recover`) are kept as if a ref named them.
 #[derive(Args)]
 pub struct GcArgs {
     /// Only count what would be deleted.
@@ -45,5 +47,12 @@ pub async fn run(a: GcArgs, ctx: &Ctx) -> Result<()> {
         r.spared_young,
         a.grace
     );
+    if r.kept_for_set_aside > 0 {
+        say!(
+            ctx,
+            "kept {} snapshots no ref reaches: work set aside on this machine was made on them (`mado ws recover` lists it)",
+            r.kept_for_set_aside
+        );
+    }
     Ok(())
 }
