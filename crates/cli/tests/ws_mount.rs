@@ -1481,3 +1481,37 @@ fn gc_keeps_the_checkpoint_that_set_aside_work_was_made_on() {
     assert_eq!(again["unchanged"], false, "{again}");
     b.umount();
 }
+
+/// A workspace mounted again at another path, its old mount's lease still
+/// held (its daemon killed): the lease now names the new mount point. It
+/// named the old one, so errors pointed at a directory that was no longer
+/// this copy, and a resume into that empty directory could pass for it.
+#[test]
+fn a_workspace_mounted_again_elsewhere_takes_its_lease_under_the_new_path() {
+    if !fuse_usable() {
+        return;
+    }
+    let m = Mado::local();
+    setup(&m);
+    let a = create(&m, "moved");
+    std::fs::write(a.dir.join("w.txt"), "work\n").unwrap();
+    a.checkpoint("before the move");
+    a.kill_daemon();
+    m.ok(&["umount", a.path()]);
+    let b = WsMount { m: &m, dir: m.dir.path().join("mnt-moved-b") };
+    m.ok(&["ws", "resume", "moved", b.path(), "--mount"]);
+    assert_eq!(std::fs::read(b.dir.join("w.txt")).unwrap(), b"work\n");
+    let lease = std::fs::read(m.store_dir().join("leases/ws/moved")).unwrap();
+    let holder = mado_core::object::Lease::decode(&lease).unwrap().holder;
+    assert!(holder.contains(&format!(":{}:", b.path())), "{holder}");
+    // Elsewhere, and in the old mount point, a resume is refused naming
+    // the new mount point.
+    std::fs::create_dir_all(&a.dir).unwrap();
+    for dir in [m.dir.path().join("plain"), a.dir.clone()] {
+        let err = m.fails(&["ws", "resume", "moved", dir.to_str().unwrap(), "--ignore-mount-changes"], 1);
+        assert!(err.contains(b.path()), "{err}");
+    }
+    let cp = b.checkpoint("after the move");
+    assert_eq!(cp["unchanged"], true, "{cp}");
+    b.umount();
+}

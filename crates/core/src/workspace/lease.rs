@@ -47,6 +47,19 @@ pub async fn take_lease_was(
     steal: bool,
     seen: Option<Seen>,
 ) -> Result<bool> {
+    take_lease_from(remote, name, holder, None, steal, seen).await
+}
+
+/// [`take_lease_was`], where a lease `from` holds is ours too: the same
+/// copy under its new name (a workspace mounted again at another path).
+pub async fn take_lease_from(
+    remote: &Remote,
+    name: &str,
+    holder: &str,
+    from: Option<&str>,
+    steal: bool,
+    seen: Option<Seen>,
+) -> Result<bool> {
     let key = remote.key(&crate::store::layout::lease(&ws_ref(name)?));
     let mut seen = seen;
     for _ in 0..3 {
@@ -54,7 +67,7 @@ pub async fn take_lease_was(
             Some(cur) => cur,
             None => remote.read_versioned(&key).await?,
         };
-        let expected = lease_expected(name, holder, steal, &cur)?;
+        let expected = lease_expected_from(name, holder, from, steal, &cur)?;
         let was_ours = cur.as_ref().and_then(|(b, _)| Lease::decode(b).ok()).is_some_and(|l| l.holder == holder);
         let lease = Lease { holder: holder.to_string(), expires: now() + LEASE_SECS };
         if remote.cas_put(&key, expected.as_ref(), lease.encode()).await?.is_ok() {
@@ -71,10 +84,23 @@ pub async fn take_lease_was(
 /// [`Error::LeaseHeld`] when another holder keeps it (an expired one
 /// only without `steal`).
 pub fn lease_expected(name: &str, holder: &str, steal: bool, cur: &Seen) -> Result<Option<RefVersion>> {
+    lease_expected_from(name, holder, None, steal, cur)
+}
+
+/// [`lease_expected`], a lease held by `from` counting as `holder`'s.
+fn lease_expected_from(
+    name: &str,
+    holder: &str,
+    from: Option<&str>,
+    steal: bool,
+    cur: &Seen,
+) -> Result<Option<RefVersion>> {
     Ok(match cur {
         None => None,
         Some((bytes, ver)) => match Lease::decode(bytes).ok() {
-            Some(l) if l.holder == holder || l.holder.is_empty() => Some(ver.clone()),
+            Some(l) if l.holder == holder || l.holder.is_empty() || from == Some(l.holder.as_str()) => {
+                Some(ver.clone())
+            }
             Some(l) if l.expires > now() || !steal => {
                 return Err(Error::LeaseHeld {
                     name: name.to_string(),

@@ -404,9 +404,14 @@ pub async fn open_mount(
         (Some(p), _) => (false, Some(p.head.clone())),
         _ => (false, None),
     };
-    let holder = match (&prev, reopen) {
-        (Some(p), true) => p.holder.clone(),
-        _ => holder_id(mountpoint),
+    // The holder id names the mount point: mounted again elsewhere, the
+    // same state takes its lease under a new id naming the new place (the
+    // old one named a directory that is no longer this copy: errors
+    // pointed there, and a resume into it could pass for this copy).
+    let (holder, moved_from) = match (&prev, reopen) {
+        (Some(p), true) if p.holder.starts_with(&holder_prefix(mountpoint)) => (p.holder.clone(), None),
+        (Some(p), true) => (holder_id(mountpoint), Some(p.holder.as_str()).filter(|h| !h.is_empty())),
+        _ => (holder_id(mountpoint), None),
     };
     // The base stat object: the snapshot's, or the one the saved state
     // was rebased on.
@@ -423,7 +428,8 @@ pub async fn open_mount(
             None => Ok(None),
         }
     };
-    let (stat, lease) = futures::join!(stat_fut, take_lease_seen(&fetcher.remote, name, &holder, steal, Some(seen)));
+    let (stat, lease) =
+        futures::join!(stat_fut, take_lease_from(&fetcher.remote, name, &holder, moved_from, steal, Some(seen)));
     let stat = stat?;
     // A read-write mount without the lease could never checkpoint.
     lease?;
