@@ -329,10 +329,12 @@ impl Stager<'_> {
             // Unchanged since the base: its tree is the base's.
             Some(row) => row.id,
             None => {
+                // A state folder below the root: another working copy
+                // inside this one (the tree would refuse the name).
+                let nested = entries.iter().any(|e| e.name.eq_ignore_ascii_case(STATE_DIR.as_bytes()));
                 let tree = Tree::normalized(entries).map_err(|e| {
                     let mut reason = e.to_string();
-                    if reason.contains("reserved for mado's working-copy state") {
-                        // Another working copy inside this one.
+                    if nested {
                         let dir = String::from_utf8_lossy(rel);
                         reason.push_str(&format!(
                             "\n  hint: {dir:?} is a working copy of its own; to checkpoint this one, \
