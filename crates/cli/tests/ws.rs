@@ -1050,3 +1050,40 @@ fn a_resume_killed_partway_is_cleaned_up_by_the_next_resume_into_its_directory()
     assert!(err.contains("not empty"), "{err}");
     assert!(s.join("theirs.txt").is_file());
 }
+
+/// A large file a workspace added beside a few small ones: later
+/// checkpoints of small edits anywhere send the edits, not the file. A
+/// new layer folded in the packs of the layers it absorbed, small or not,
+/// so every other checkpoint of a 2-byte edit uploaded the file again.
+#[test]
+fn small_checkpoints_after_a_large_addition_do_not_send_it_again() {
+    let m = Mado::local();
+    setup(&m);
+    let w = m.dir.path().join("w");
+    m.ok(&["ws", "create", "big", "--dir", w.to_str().unwrap()]);
+    std::fs::create_dir_all(w.join("data")).unwrap();
+    // A whole blob (under the chunking threshold) and a chunked file.
+    std::fs::write(w.join("data/whole.bin"), pseudo_random(3 << 20, 11)).unwrap();
+    std::fs::write(w.join("data/chunked.bin"), pseudo_random(6 << 20, 12)).unwrap();
+    for i in 0..10 {
+        std::fs::write(w.join(format!("data/m-{i}.txt")), format!("{i}\n")).unwrap();
+    }
+    let first = m.json(&["ws", "checkpoint", "--dir", w.to_str().unwrap()]);
+    assert!(first["remote"]["bytes_up"].as_u64().unwrap() > 9 << 20, "{first}");
+    for k in 0..8 {
+        std::fs::write(w.join(format!("t{k}")), format!("{k}\n")).unwrap();
+        let cp = m.json(&["ws", "checkpoint", "--dir", w.to_str().unwrap()]);
+        let up = cp["remote"]["bytes_up"].as_u64().unwrap();
+        assert!(up < 64 << 10, "checkpoint {k} of a 2-byte file sent {up} bytes: {cp}");
+    }
+    // And it all comes back.
+    let r = m.dir.path().join("r");
+    empty_cache(&m);
+    m.ok(&["ws", "release", "--dir", w.to_str().unwrap()]);
+    m.ok(&["ws", "resume", "big", r.to_str().unwrap()]);
+    let mut a = snapshot_dir(&w);
+    let mut b = snapshot_dir(&r);
+    a.retain(|k, _| !k.starts_with(b".mado"));
+    b.retain(|k, _| !k.starts_with(b".mado"));
+    assert!(a == b, "the resumed copy differs");
+}

@@ -43,6 +43,11 @@ pub struct Built {
     pub partial: bool,
 }
 
+/// Packs at least this large are never folded into a new layer's pack
+/// (see [`build_delta`]): one is worth its own GET, and the number of such
+/// packs grows with the bytes stored, not with the checkpoints made.
+pub const ABSORB_MAX_PACK_BYTES: u64 = 1 << 20;
+
 /// What a delta build may fold in: the base's chain, layer by layer (its
 /// top first, the whole bottom last), so that the new layer can absorb the
 /// small layers at the top (crate::object::compaction_point) and the new
@@ -373,11 +378,16 @@ pub fn build_delta(
             (all, at)
         }
     };
-    // A large file's packs are never absorbed: folding them would upload
-    // the whole file again for a small layer's sake.
-    let runs_in_base: HashSet<Hash> = base.packs.iter().filter(|p| is_run_pack(p)).map(|p| p.id).collect();
+    // Only small packs are absorbed (a cold reader's GET each is what
+    // folding saves). A large file's packs, and any pack of at least
+    // ABSORB_MAX_PACK_BYTES, stay as they are: folding one uploaded its
+    // bytes again for a small layer's sake, at every other checkpoint (a
+    // 20 MB file beside a few small ones went up again with each 2-byte
+    // edit anywhere in the tree).
+    let kept_whole: HashSet<Hash> =
+        base.packs.iter().filter(|p| is_run_pack(p) || p.size >= ABSORB_MAX_PACK_BYTES).map(|p| p.id).collect();
     let absorbed: HashSet<Hash> = absorb
-        .map(|a| a.packs[..placed_at].iter().flatten().filter(|p| !runs_in_base.contains(p)).copied().collect())
+        .map(|a| a.packs[..placed_at].iter().flatten().filter(|p| !kept_whole.contains(p)).copied().collect())
         .unwrap_or_default();
     // A member of an absorbed pack goes in the new pack, unless a pack
     // that stays holds it too.
