@@ -1076,6 +1076,20 @@ fn small_checkpoints_after_a_large_addition_do_not_send_it_again() {
         let up = cp["remote"]["bytes_up"].as_u64().unwrap();
         assert!(up < 64 << 10, "checkpoint {k} of a 2-byte file sent {up} bytes: {cp}");
     }
+    // Many small files (a pack under 1 MiB, which layers may fold): sent
+    // again now and then as the chain compacts, not every other time.
+    for i in 0..300 {
+        std::fs::write(w.join(format!("data/s-{i}.txt")), pseudo_random(3000, 100 + i)).unwrap();
+    }
+    m.json(&["ws", "checkpoint", "--dir", w.to_str().unwrap()]);
+    let mut sent = 0;
+    for k in 0..16 {
+        std::fs::write(w.join(format!("u{k}")), format!("{k}\n")).unwrap();
+        let cp = m.json(&["ws", "checkpoint", "--dir", w.to_str().unwrap()]);
+        sent += cp["remote"]["bytes_up"].as_u64().unwrap();
+    }
+    // 900 KB of small files: every other checkpoint sending them was 7 MB.
+    assert!(sent < 2 << 20, "16 checkpoints of 2-byte files sent {sent} bytes");
     // And it all comes back.
     let r = m.dir.path().join("r");
     empty_cache(&m);

@@ -48,6 +48,11 @@ pub struct Built {
 /// packs grows with the bytes stored, not with the checkpoints made.
 pub const ABSORB_MAX_PACK_BYTES: u64 = 1 << 20;
 
+/// Whether pack `p` stays as it is when its layer is absorbed.
+fn kept_whole(p: &PackEntry) -> bool {
+    is_run_pack(p) || p.size >= ABSORB_MAX_PACK_BYTES
+}
+
 /// What a delta build may fold in: the base's chain, layer by layer (its
 /// top first, the whole bottom last), so that the new layer can absorb the
 /// small layers at the top (crate::object::compaction_point) and the new
@@ -64,10 +69,22 @@ pub struct Absorb {
     pub bottom_trees: HashSet<Hash>,
 }
 
+/// The bytes of a foldable pack (see [`ABSORB_MAX_PACK_BYTES`]) that count
+/// as one entry of its layer's size: a layer whose small packs hold much
+/// weighs as much, so the layers above it must add up before a new one
+/// absorbs it (and sends those bytes again). Counted by trees and packs
+/// alone, a layer of a few trees and one pack of 900 KB was absorbed by
+/// every other checkpoint.
+const ABSORB_BYTES_PER_ENTRY: u64 = 4 << 10;
+
 impl Absorb {
     pub fn of(layers: &[PackIndex]) -> Absorb {
+        let folded_bytes = |l: &PackIndex| {
+            let b: u64 = l.packs.iter().filter(|p| !kept_whole(p)).map(|p| p.size).sum();
+            (b / ABSORB_BYTES_PER_ENTRY) as usize
+        };
         Absorb {
-            sizes: layers.iter().map(|l| l.trees.len() + l.packs.len()).collect(),
+            sizes: layers.iter().map(|l| l.trees.len() + l.packs.len() + folded_bytes(l)).collect(),
             packs: layers.iter().map(|l| l.packs.iter().map(|p| p.id).collect()).collect(),
             bottom_trees: layers.last().map(|b| b.trees.iter().map(|t| t.0).collect()).unwrap_or_default(),
         }
@@ -384,10 +401,9 @@ pub fn build_delta(
     // bytes again for a small layer's sake, at every other checkpoint (a
     // 20 MB file beside a few small ones went up again with each 2-byte
     // edit anywhere in the tree).
-    let kept_whole: HashSet<Hash> =
-        base.packs.iter().filter(|p| is_run_pack(p) || p.size >= ABSORB_MAX_PACK_BYTES).map(|p| p.id).collect();
+    let whole: HashSet<Hash> = base.packs.iter().filter(|p| kept_whole(p)).map(|p| p.id).collect();
     let absorbed: HashSet<Hash> = absorb
-        .map(|a| a.packs[..placed_at].iter().flatten().filter(|p| !kept_whole.contains(p)).copied().collect())
+        .map(|a| a.packs[..placed_at].iter().flatten().filter(|p| !whole.contains(p)).copied().collect())
         .unwrap_or_default();
     // A member of an absorbed pack goes in the new pack, unless a pack
     // that stays holds it too.
