@@ -327,6 +327,18 @@ pub fn local_url(given: &str) -> Result<String> {
         None if given.contains("://") => return Ok(given.to_string()),
         None => given.to_string(),
     };
+    // `s3:/bucket` or `s3:bucket` is a mistyped URL, not a folder named
+    // `s3:` in the current directory.
+    if let Some((scheme, _)) = path.split_once(':') {
+        const REMOTE: [&str; 11] =
+            ["s3", "s3a", "gs", "gcs", "az", "azure", "abfs", "abfss", "http", "https", "memory"];
+        if REMOTE.contains(&scheme.to_ascii_lowercase().as_str()) {
+            return Err(mado_core::Error::User(format!(
+                "{given:?} is not a store address: write `{scheme}://BUCKET/PREFIX` (two slashes after the scheme)"
+            ))
+            .into());
+        }
+    }
     let p = std::path::PathBuf::from(&path);
     let abs = if let Some(rest) = path.strip_prefix("~/") {
         std::path::PathBuf::from(std::env::var("HOME").context("expanding ~: HOME is not set")?).join(rest)

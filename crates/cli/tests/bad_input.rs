@@ -515,6 +515,13 @@ fn a_local_store_that_does_not_exist_is_named_and_not_made() {
     assert!(store.is_dir());
     let o = m.cmd(&["refs"]).output().unwrap();
     assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("main"));
+    // A URL missing a slash is not taken for a folder named `s3:`.
+    for addr in ["s3:/bucket/x", "s3:bucket", "gs:/b"] {
+        let o = m.cmd(&["refs"]).env("MADO_REMOTE_ADDR", addr).current_dir(m.dir.path()).output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{addr}: {err}");
+        assert!(err.contains("is not a store address") && err.contains("://"), "{addr}: {err}");
+    }
     // A workspace that does not exist is named as one.
     let err = m.fails(&["ws", "log", "nosuch"], 1);
     assert!(err.contains("no workspace named nosuch") && err.contains("ws list"), "{err}");

@@ -1101,3 +1101,65 @@ fn small_checkpoints_after_a_large_addition_do_not_send_it_again() {
     b.retain(|k, _| !k.starts_with(b".mado"));
     assert!(a == b, "the resumed copy differs");
 }
+
+/// A resume killed partway holds the workspace's lease (for 15 minutes):
+/// a resume elsewhere is refused naming the interrupted resume and both
+/// ways out, and `ws release --dir` of its directory frees the lease (it
+/// said "not inside a plain working copy; pass --dir", with --dir given).
+/// A `ws create` killed partway and run again says to resume instead.
+#[test]
+fn an_interrupted_resume_is_named_and_its_lease_released() {
+    let m = Mado::local();
+    setup(&m);
+    let w = m.dir.path().join("w");
+    m.ok(&["ws", "create", "ab", "--dir", w.to_str().unwrap()]);
+    m.ok(&["ws", "release", "--dir", w.to_str().unwrap()]);
+    let r = m.dir.path().join("r");
+    let o = m
+        .cmd(&["ws", "resume", "ab", r.to_str().unwrap()])
+        .env("MADO_FAILPOINT", "resume-before-state")
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let other = m.dir.path().join("other");
+    let err = m.fails(&["ws", "resume", "ab", other.to_str().unwrap()], 1);
+    assert!(err.contains("interrupted") && err.contains("ws release --dir"), "{err}");
+    let out = m.ok(&["ws", "release", "--dir", r.to_str().unwrap()]);
+    assert!(out.contains("released"), "{out}");
+    m.ok(&["ws", "resume", "ab", other.to_str().unwrap()]);
+
+    let c = m.dir.path().join("c");
+    let o = m
+        .cmd(&["ws", "create", "cd", "--dir", c.to_str().unwrap()])
+        .env("MADO_FAILPOINT", "resume-before-state")
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let err = m.fails(&["ws", "create", "cd", "--dir", c.to_str().unwrap()], 1);
+    assert!(err.contains(&format!("mado ws resume cd {}", c.display())), "{err}");
+    m.ok(&["ws", "resume", "cd", c.to_str().unwrap()]);
+    assert!(c.join(".mado/workspace.json").is_file());
+}
+
+/// A working copy whose workspace was removed (`ws rm --force`) cannot
+/// checkpoint: the error says so and how to go on, and that way works.
+#[test]
+fn a_copy_of_a_removed_workspace_is_told_how_to_checkpoint_again() {
+    let m = Mado::local();
+    setup(&m);
+    let w = m.dir.path().join("w");
+    m.ok(&["ws", "create", "gone", "--dir", w.to_str().unwrap()]);
+    m.ok(&["ws", "rm", "--force", "gone"]);
+    std::fs::write(w.join("kept.txt"), "keep\n").unwrap();
+    let err = m.fails(&["ws", "checkpoint", "--dir", w.to_str().unwrap()], 1);
+    assert!(err.contains("no longer in the store"), "{err}");
+    let hint = err.lines().find_map(|l| l.split('`').nth(1).filter(|c| c.starts_with("mado ws create"))).unwrap();
+    let args: Vec<&str> = hint.split_whitespace().skip(1).collect();
+    m.ok(&args);
+    let cp = m.json(&["ws", "checkpoint", "--dir", w.to_str().unwrap()]);
+    assert_eq!(cp["unchanged"], false, "{cp}");
+    let r = m.dir.path().join("r");
+    m.ok(&["ws", "release", "--dir", w.to_str().unwrap()]);
+    m.ok(&["ws", "resume", "gone", r.to_str().unwrap()]);
+    assert_eq!(std::fs::read(r.join("kept.txt")).unwrap(), b"keep\n");
+}

@@ -369,6 +369,32 @@ pub async fn run(c: WsCommand, ctx: &Ctx) -> Result<()> {
                 Some(d) => d,
                 None => std::env::current_dir()?,
             };
+            // The partial copy of an interrupted resume: its lease.
+            if let Some((name, released)) = workspace::release_interrupted(&fetcher, &start).await? {
+                if ctx.json {
+                    return ctx.print_json(&serde_json::json!({ "workspace": name, "released": released }));
+                }
+                if released {
+                    say!(
+                        ctx,
+                        "released the lease of workspace {name} that an interrupted resume into {} held",
+                        start.display()
+                    );
+                } else {
+                    say!(
+                        ctx,
+                        "the interrupted resume into {} did not hold the lease of workspace {name}; nothing to release",
+                        start.display()
+                    );
+                }
+                note!(
+                    ctx,
+                    "note: {} holds that resume's partial copy: remove it, or `mado ws resume {name} {}` (which removes it and finishes)",
+                    start.display(),
+                    start.display()
+                );
+                return Ok(());
+            }
             let dir = workspace::find_working_copy(&start).ok_or_else(|| {
                 mado_core::Error::User(format!(
                     "{} is not inside a plain working copy; pass --dir (a mount releases its lease with `mado umount`)",

@@ -156,7 +156,14 @@ pub(super) async fn commit_locked(
     let cache = fetcher.cache.clone();
     let refname = ws_ref(&st.name)?;
     let lease_was_ours = lease?;
-    let (cur, ver) = cur?.ok_or_else(|| Error::NotFound(format!("workspace {} has no ref {refname}", st.name)))?;
+    let (cur, ver) = cur?.ok_or_else(|| {
+        Error::NotFound(format!(
+            "workspace {} is no longer in the store (no ref {refname}: removed with `mado ws rm`?)\n  \
+             hint: `mado ws create {} --from {} --no-checkout` makes it again at this copy's last checkpoint; \
+             then checkpoint here again",
+            st.name, st.name, st.head
+        ))
+    })?;
     // Like a push that is not a fast-forward: the workspace moved on since
     // this working copy's base (another copy checkpointed), and a
     // checkpoint here would drop those changes from its head.

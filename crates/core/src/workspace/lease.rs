@@ -134,6 +134,18 @@ pub async fn release_lease(remote: &Remote, name: &str, holder: &str) -> Result<
     Err(Error::User(format!("workspace {name}: the lease kept changing under us; try again")))
 }
 
+/// Releases the lease that the interrupted resume whose partial copy `dir`
+/// holds took (see [`super::interrupted_resume_of`]); its files stay.
+/// `None` when `dir` holds no such copy.
+pub async fn release_interrupted(fetcher: &Arc<Fetcher>, dir: &Path) -> Result<Option<(String, bool)>> {
+    let Some((name, holder)) = super::interrupted_resume_of(dir) else { return Ok(None) };
+    if holder.is_empty() {
+        return Ok(Some((name, false)));
+    }
+    let released = release_lease(&fetcher.remote, &name, &holder).await?;
+    Ok(Some((name, released)))
+}
+
 /// Releases the lease a plain working copy at `dir` holds.
 pub async fn release(fetcher: &Arc<Fetcher>, dir: &Path) -> Result<(String, bool)> {
     let st = load_state(dir)?;

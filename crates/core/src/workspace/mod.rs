@@ -48,7 +48,7 @@ mod status;
 mod working_copy;
 
 use commit::*;
-pub use lease::{check_lease_free, release, release_lease, take_lease};
+pub use lease::{check_lease_free, release, release_interrupted, release_lease, take_lease};
 use lease::{lease_expected, read_lease, take_lease_from, take_lease_seen, take_lease_was, Seen};
 pub use mounted::{
     checkpoint_mount, forget_unused_mount_state, list_set_aside, local_mount_holder, lock_for_removal, open_mount,
@@ -57,7 +57,7 @@ pub use mounted::{
 };
 pub use status::{mount_status, status, Status};
 use working_copy::*;
-pub use working_copy::{checkpoint, find_working_copy, load_state, load_state_at, LocalState};
+pub use working_copy::{checkpoint, find_working_copy, interrupted_resume_of, load_state, load_state_at, LocalState};
 
 /// The folder inside a working copy that holds mado's state for it.
 pub const STATE_DIR: &str = ".mado";
@@ -166,6 +166,14 @@ pub async fn create(
     progress: &(dyn Fn(u64, u64) + Sync),
 ) -> Result<ResumeReport> {
     if !crate::checkout::is_empty_dir(dir)? {
+        if let Some((ws, _)) = interrupted_resume_of(dir) {
+            return Err(Error::User(format!(
+                "{} holds the partial copy of workspace {ws}, whose creation or resume was interrupted\n  \
+                 hint: `mado ws resume {ws} {}` finishes it (the workspace exists)",
+                dir.display(),
+                dir.display()
+            )));
+        }
         return Err(Error::User(format!("{} is not empty; create into a new or empty directory", dir.display())));
     }
     // The lease (normally absent) is read beside the ref's creation: its

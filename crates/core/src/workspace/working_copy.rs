@@ -442,11 +442,12 @@ pub(super) fn empty_dir(dir: &Path) -> std::io::Result<()> {
 /// `workspace.json` was written by a resume that did not finish.
 const RESUMING: &str = "resuming";
 
-/// Makes `dir` (and its state folder) and marks it as being resumed.
-fn mark_resuming(dir: &Path, name: &str) -> Result<()> {
+/// Makes `dir` (and its state folder) and marks it as being resumed, by
+/// lease holder `holder` of workspace `name`.
+fn mark_resuming(dir: &Path, name: &str, holder: &str) -> Result<()> {
     let sd = state_dir(dir);
     std::fs::create_dir_all(&sd).map_err(Error::io(format!("creating {}", sd.display())))?;
-    crate::fsutil::save_atomic(&sd.join(RESUMING), format!("{name}\n").as_bytes())
+    crate::fsutil::save_atomic(&sd.join(RESUMING), format!("{name}\n{holder}\n").as_bytes())
 }
 
 /// Whether `dir` holds what an interrupted resume left: a real state folder
@@ -457,6 +458,47 @@ fn interrupted_resume(dir: &Path) -> bool {
     real_dir
         && std::fs::symlink_metadata(sd.join(RESUMING)).is_ok_and(|m| m.is_file())
         && std::fs::symlink_metadata(sd.join("workspace.json")).is_err()
+}
+
+/// The workspace and lease holder of the interrupted resume whose partial
+/// copy `dir` holds, if it holds one.
+pub fn interrupted_resume_of(dir: &Path) -> Option<(String, String)> {
+    if !interrupted_resume(dir) {
+        return None;
+    }
+    let text = std::fs::read_to_string(state_dir(dir).join(RESUMING)).ok()?;
+    let mut lines = text.lines();
+    let name = lines.next()?.to_string();
+    // A marker of the first form holds the name only.
+    Some((name, lines.next().unwrap_or_default().to_string()))
+}
+
+/// A held lease, with the way out when its holder is an interrupted
+/// resume on this machine (Ctrl-C, kill -9: the lease stays for 15 minutes,
+/// and the usual hint, `ws release` in the holder, found no working copy).
+fn explain_held(e: Error) -> Error {
+    let Error::LeaseHeld { name, holder, .. } = &e else { return e };
+    let Some(dir) = holder_dir_here(holder) else { return e };
+    match interrupted_resume_of(&dir) {
+        Some((_, h)) if h == *holder => Error::User(format!(
+            "workspace {name} is leased by a resume into {} that was interrupted\n  \
+             hint: run it again (`mado ws resume {name} {}`: it removes the partial copy and finishes), \
+             or `mado ws release --dir {}` to free the lease",
+            dir.display(),
+            dir.display(),
+            dir.display()
+        )),
+        _ => e,
+    }
+}
+
+/// The directory lease holder `holder` names, when it is of this machine
+/// (`user@host:DIR:nonce`).
+fn holder_dir_here(holder: &str) -> Option<PathBuf> {
+    let (dir_part, _nonce) = holder.rsplit_once(':')?;
+    let dir = dir_part.split_once(':').map(|(_, d)| d)?;
+    let dir = Path::new(dir);
+    holder.starts_with(&holder_prefix(dir)).then(|| dir.to_path_buf())
 }
 
 /// The holder of lease `cur` when it names directory `dir` on this machine
@@ -498,7 +540,7 @@ pub(super) async fn materialize_into(
     let holder = held_here.unwrap_or_else(|| holder_id(dir));
     // A lease already seen held by another is refused before any work.
     if let (ResumeLease::Take { steal }, Some(cur)) = (lease_mode, &seen) {
-        lease_expected(name, &holder, steal, cur)?;
+        lease_expected(name, &holder, steal, cur).map_err(explain_held)?;
     }
     // Round trips: the snapshot and the pack index together (the ref named
     // the root); then the packs, the stat object and the lease together.
@@ -522,7 +564,7 @@ pub(super) async fn materialize_into(
     };
     // Marked before a file is written, so that an interrupted resume's
     // files are known to be its own (`interrupted_resume`).
-    mark_resuming(dir, name)?;
+    mark_resuming(dir, name, &holder)?;
     let co_fut = crate::checkout::checkout(
         fetcher,
         snap.root,
