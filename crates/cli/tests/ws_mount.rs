@@ -1515,3 +1515,33 @@ fn a_workspace_mounted_again_elsewhere_takes_its_lease_under_the_new_path() {
     assert_eq!(cp["unchanged"], true, "{cp}");
     b.umount();
 }
+
+/// `ws checkpoint NAME` from outside the mount (as the README shows for a
+/// served workspace) checkpoints that workspace's mount on this machine;
+/// it said the current directory was not inside a workspace.
+#[test]
+fn a_mount_is_checkpointed_by_its_workspace_name_from_anywhere() {
+    if !fuse_usable() {
+        return;
+    }
+    let m = Mado::local();
+    setup(&m);
+    let a = create(&m, "named");
+    std::fs::write(a.dir.join("n.txt"), "by name\n").unwrap();
+    let o = m
+        .cmd(&["ws", "checkpoint", "named", "-m", "from outside", "--json"])
+        .current_dir(m.dir.path())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let cp: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(cp["unchanged"], false, "{cp}");
+    // Another name is not this mount's.
+    let o = m.cmd(&["ws", "checkpoint", "other"]).current_dir(m.dir.path()).output().unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", String::from_utf8_lossy(&o.stderr));
+    a.umount();
+    // Unmounted, the name finds no mount: the usual error.
+    let o = m.cmd(&["ws", "checkpoint", "named"]).current_dir(m.dir.path()).output().unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("not inside a workspace"));
+}

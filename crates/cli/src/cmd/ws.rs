@@ -92,7 +92,9 @@ pub struct CreateArgs {
 
 #[derive(Args)]
 pub struct CheckpointArgs {
-    /// Workspace name (default: the working copy around the current directory).
+    /// Workspace name: outside any copy of it, its mount on this machine or
+    /// the copy `serve-virtiofs` serves (default: the working copy or mount
+    /// around the current directory).
     name: Option<String>,
     #[arg(short, long, default_value = "checkpoint")]
     message: String,
@@ -296,9 +298,20 @@ pub async fn run(c: WsCommand, ctx: &Ctx) -> Result<()> {
                 }
                 _ => None,
             };
+            // Named, from outside any copy of it: its mount on this machine
+            // (the daemon checks the name is its workspace's).
+            let mounted_here = match (&a.name, mounted, a.dir.is_some(), &served) {
+                (Some(n), false, false, None) if workspace::find_working_copy(&start).is_none() => {
+                    workspace::last_mounted_at(&fetcher, n)
+                        .filter(|at| mado_mount::control::find_mount(at).is_ok_and(|m| m.is_some()))
+                }
+                _ => None,
+            };
             let (r, remote) = if mounted {
                 // The daemon did the work: its counts.
                 checkpoint_mount(&start, &a)?
+            } else if let Some(at) = mounted_here {
+                checkpoint_mount(&at, &a)?
             } else if let Some(sock) = served {
                 checkpoint_served(&sock, &a)?
             } else {

@@ -299,6 +299,16 @@ fn lock_state(root: &Path, key: &str, by: &str, name: &str) -> Result<MountLock>
     Ok(MountLock(f))
 }
 
+/// Where workspace `name` was last mounted on this machine (what its mount
+/// lock names), without taking the lock: the caller checks that a mount
+/// of it is there now (the file outlives the mount).
+pub fn last_mounted_at(fetcher: &Fetcher, name: &str) -> Option<PathBuf> {
+    let (root, key) = state_key(fetcher, name).ok()?;
+    let at = std::fs::read_to_string(root.join(format!("{key}.lock"))).ok()?;
+    let at = at.trim();
+    at.starts_with('/').then(|| PathBuf::from(at))
+}
+
 /// For `ws rm NAME`: holds workspace `name`'s state on this machine so no
 /// mount starts while the workspace is removed (a mount that won that race
 /// served a workspace that no longer existed, and its work was then set
