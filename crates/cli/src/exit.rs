@@ -4,6 +4,9 @@
 //! - 1: the user's to fix (bad input, a usage error, a lease held
 //!   elsewhere, a local state to repair); the message says what to do.
 //! - 2: mado's or the remote's (an internal error, a store that failed).
+//! - 130: interrupted (Ctrl-C) while writing a tree: `checkout`,
+//!   `materialize`, `ws create`, `ws resume` (128 + SIGINT, as a shell
+//!   reports a command SIGINT killed).
 //!
 //! A closed stdout (`mado log | head -1`) ends the command quietly, as it
 //! does for git and cat.
@@ -13,6 +16,7 @@ use mado_core::Error;
 pub const OK: i32 = 0;
 pub const USER: i32 = 1;
 pub const INTERNAL: i32 = 2;
+pub const INTERRUPTED: i32 = 130;
 
 /// The code for a command's error: 1 if any cause is the user's to fix.
 pub fn code_of(e: &anyhow::Error) -> i32 {

@@ -235,8 +235,28 @@ fn main() {
     };
     let cli_json = cli.json;
     let ctx = ctx::Ctx::new(cli.verbose, cli.json, cli.quiet);
-    let result = rt.block_on(cmd::run(cli.cmd, &ctx));
+    let interruptible = cli.cmd.writes_a_tree();
+    let result = rt.block_on(async {
+        if !interruptible {
+            return Some(cmd::run(cli.cmd, &ctx).await);
+        }
+        // Ctrl-C drops the command's work here (a temp file being written
+        // is removed as its write is dropped) instead of killing the
+        // process where it stands.
+        tokio::select! {
+            r = cmd::run(cli.cmd, &ctx) => Some(r),
+            _ = tokio::signal::ctrl_c() => None,
+        }
+    });
     ctx::stop_progress();
+    let Some(result) = result else {
+        // The writers still running are dropped with the runtime (and
+        // their temp names with them); a blocking write in progress gets a
+        // moment to end.
+        rt.shutdown_timeout(std::time::Duration::from_secs(2));
+        eprintln!("interrupted");
+        std::process::exit(exit::INTERRUPTED);
+    };
     ctx.finish();
     let code = match result {
         Ok(()) => exit::OK,

@@ -431,3 +431,46 @@ fn a_whole_copy_changed_before_its_hash_is_not_kept() {
     assert_eq!(stats()["files_assembled"], 0);
     let _ = m.run(&["umount", mnt.to_str().unwrap()]);
 }
+
+/// Ctrl-C during a checkout, a large file half written under its temp
+/// name: the checkout ends with 130 and removes the temp file. It stayed
+/// (`.mado-tmp-*`, tens of MB), and `checkout --force` kept it.
+#[test]
+fn an_interrupted_checkout_leaves_no_temp_file() {
+    let m = Mado::local();
+    let repo = m.dir.path().join("repo");
+    std::fs::create_dir_all(&repo).unwrap();
+    write_random(&repo.join("big.bin"), 6 << 20, 77);
+    std::fs::write(repo.join("small.txt"), "small\n").unwrap();
+    git(&repo, &["init", "-q", "-b", "main"]);
+    git(&repo, &["add", "-A"]);
+    git(&repo, &["commit", "-qm", "big"]);
+    m.ok(&["import-git", repo.to_str().unwrap()]);
+    let fifo = m.dir.path().join("pause");
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let out = m.dir.path().join("out");
+    let child = m
+        .cmd(&["checkout", "main", out.to_str().unwrap()])
+        .env("MADO_PAUSE", "content-write")
+        .env("MADO_PAUSE_FIFO", &fifo)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    eventually("the checkout reaches its pause point", || m.dir.path().join("pause.paused").exists());
+    let temps = |d: &Path| -> Vec<String> {
+        std::fs::read_dir(d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with(".mado-tmp-"))
+            .collect()
+    };
+    assert_eq!(temps(&out).len(), 1, "no temp file while the large file is written");
+    assert!(Command::new("kill").arg("-INT").arg(child.id().to_string()).status().unwrap().success());
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(130), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(temps(&out).is_empty(), "the interrupted checkout left {:?}", temps(&out));
+    // And a checkout over what it left completes the tree, nothing more.
+    m.ok(&["checkout", "--force", "main", out.to_str().unwrap()]);
+    assert!(temps(&out).is_empty());
+    assert!(same_bytes(&repo.join("big.bin"), &out.join("big.bin")));
+}

@@ -152,6 +152,19 @@ struct Target {
     parent: Arc<OwnedFd>,
     name: std::ffi::OsString,
     final_name: std::ffi::OsString,
+    /// Placed or discarded: nothing is left to remove when dropped.
+    settled: bool,
+}
+
+/// A temp name neither placed nor discarded (the write's future dropped:
+/// an interrupted checkout) is removed, so no partial file stays under a
+/// name nothing will clean.
+impl Drop for Target {
+    fn drop(&mut self) {
+        if !self.settled {
+            self.discard();
+        }
+    }
 }
 
 impl Target {
@@ -174,7 +187,7 @@ impl Target {
         } else {
             final_name.clone()
         };
-        Target { parent, name, final_name }
+        Target { parent, name, final_name, settled: false }
     }
 
     fn create_file(&self, path: &[u8], kind: Kind) -> Result<std::fs::File> {
@@ -191,7 +204,8 @@ impl Target {
 
     /// Moves a temp name into place: over what is there with `force`,
     /// never over anything without it.
-    fn place(self, path: &[u8], force: bool) -> Result<()> {
+    fn place(mut self, path: &[u8], force: bool) -> Result<()> {
+        self.settled = true;
         if self.name == self.final_name {
             return Ok(());
         }

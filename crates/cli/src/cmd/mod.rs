@@ -83,6 +83,14 @@ impl Command {
     }
 
     /// Whether this process is a mount daemon (`mado mount --foreground`).
+    /// Writes files into a directory the user named: on Ctrl-C (SIGINT)
+    /// its work is dropped, so that temp names are removed, before the
+    /// process exits (see `main`).
+    pub fn writes_a_tree(&self) -> bool {
+        matches!(self, Command::Checkout(_) | Command::Materialize(_))
+            || matches!(self, Command::Ws(ws::WsCommand::Create(_) | ws::WsCommand::Resume(_)))
+    }
+
     pub fn is_mount_daemon(&self) -> bool {
         matches!(self, Command::Mount(a) if a.foreground) || matches!(self, Command::ServeVirtiofs(_))
     }

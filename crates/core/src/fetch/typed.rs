@@ -252,6 +252,8 @@ impl Fetcher {
             n += piece.bytes.len() as u64;
             tokio::task::spawn_blocking(move || {
                 use std::os::unix::fs::FileExt;
+                // A test interrupts a checkout here, its temp file half written.
+                crate::failpoint::pause("content-write");
                 f.write_all_at(&piece.bytes, piece.offset).map_err(Error::io(format!("writing {at:?}")))
             })
             .await
