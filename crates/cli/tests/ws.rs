@@ -1163,3 +1163,32 @@ fn a_copy_of_a_removed_workspace_is_told_how_to_checkpoint_again() {
     m.ok(&["ws", "resume", "gone", r.to_str().unwrap()]);
     assert_eq!(std::fs::read(r.join("kept.txt")).unwrap(), b"keep\n");
 }
+
+/// `checkout` of a workspace's snapshot shows the mtimes its checkpoint
+/// recorded, as `ws resume` does (README: a path shows the mtime its
+/// snapshot recorded); a subtree checkout too. They showed the time the
+/// checkout wrote them.
+#[test]
+fn a_checkout_of_a_workspace_snapshot_restores_its_mtimes() {
+    let m = Mado::local();
+    setup(&m);
+    let w = m.dir.path().join("w");
+    m.ok(&["ws", "create", "times", "--dir", w.to_str().unwrap()]);
+    set_mtime(&w.join("src/lib.rs"), 1_000_000_000);
+    set_mtime(&w.join("README.md"), 1_100_000_000);
+    m.ok(&["ws", "checkpoint", "--dir", w.to_str().unwrap()]);
+    let mtime = |p: &Path| std::fs::symlink_metadata(p).unwrap().modified().unwrap();
+    let out = m.dir.path().join("out");
+    m.ok(&["checkout", "ws/times", out.to_str().unwrap()]);
+    assert_eq!(mtime(&out.join("src/lib.rs")), mtime(&w.join("src/lib.rs")));
+    assert_eq!(mtime(&out.join("README.md")), mtime(&w.join("README.md")));
+    let sub = m.dir.path().join("sub");
+    m.ok(&["checkout", "ws/times", sub.to_str().unwrap(), "src"]);
+    assert_eq!(mtime(&sub.join("src/lib.rs")), mtime(&w.join("src/lib.rs")));
+    assert!(!sub.join("README.md").exists());
+    // An imported snapshot records none: files keep the time they were written.
+    let fresh = m.dir.path().join("fresh");
+    m.ok(&["checkout", "main", fresh.to_str().unwrap()]);
+    let age = SystemTime::now().duration_since(mtime(&fresh.join("src/lib.rs"))).unwrap_or_default();
+    assert!(age < Duration::from_secs(600), "{age:?}");
+}

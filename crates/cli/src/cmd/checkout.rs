@@ -36,16 +36,43 @@ pub async fn run(a: CheckoutArgs, ctx: &Ctx) -> Result<()> {
         mado_core::resolve::open_tree(&fetcher, &a.spec).await?;
     ctx.step(format!("resolved {} to {}; packs: {attach}", a.spec, id.short()));
     let (pb, progress) = ctx.progress_counter("checking out");
-    let report = mado_core::checkout::checkout(
-        &fetcher,
-        root,
-        &a.dir,
-        mado_core::checkout::CheckoutOptions { force: a.force, marked: false, paths: &a.paths, progress: &progress },
-    )
-    .await;
+    // A workspace checkpoint recorded every path's mtime (its stat object):
+    // read beside the checkout, and set once the files are written, as a
+    // resume does. An imported snapshot records none: files keep the time
+    // they were written (README, "Modification times").
+    let stat = async {
+        let s = fetcher.snapshot(id).await?;
+        match s.stat {
+            Some(st) => fetcher.stat(st, &s.stat_layers).await.map(Some),
+            None => Ok(None),
+        }
+    };
+    let (report, stat) = futures::join!(
+        mado_core::checkout::checkout(
+            &fetcher,
+            root,
+            &a.dir,
+            mado_core::checkout::CheckoutOptions {
+                force: a.force,
+                marked: false,
+                paths: &a.paths,
+                progress: &progress
+            },
+        ),
+        stat
+    );
     pb.finish_and_clear();
     let report = report?;
     check.await?;
+    if let Some(stat) = stat? {
+        let roots: Vec<Vec<u8>> = a.paths.iter().map(|p| p.trim_matches('/').as_bytes().to_vec()).collect();
+        let under = |p: &[u8]| {
+            roots.is_empty() || roots.iter().any(|r| p == &r[..] || (p.starts_with(r) && p.get(r.len()) == Some(&b'/')))
+        };
+        let items: Vec<_> = stat.entries.into_iter().filter(|(p, _, _)| under(p)).collect();
+        mado_core::checkout::set_mtimes(&a.dir, &items)?;
+        ctx.step(format!("restored {} mtimes", items.len()));
+    }
     ctx.step(format!("wrote {} files, {} symlinks, {} dirs", report.files, report.symlinks, report.dirs));
     if ctx.json {
         #[derive(serde::Serialize)]
