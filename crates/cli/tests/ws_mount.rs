@@ -1545,3 +1545,27 @@ fn a_mount_is_checkpointed_by_its_workspace_name_from_anywhere() {
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("not inside a workspace"));
 }
+
+/// A read-only mount of a workspace's snapshot shows the mtimes its
+/// checkpoint recorded (it showed the snapshot's time for every path).
+#[test]
+fn a_read_only_mount_of_a_workspace_snapshot_shows_its_mtimes() {
+    if !fuse_usable() {
+        return;
+    }
+    let m = Mado::local();
+    setup(&m);
+    let w = m.dir.path().join("w");
+    m.ok(&["ws", "create", "ro-times", "--dir", w.to_str().unwrap()]);
+    set_mtime(&w.join("src/lib.rs"), 1_000_000_000);
+    m.ok(&["ws", "checkpoint", "--dir", w.to_str().unwrap()]);
+    let dir = m.dir.path().join("ro");
+    std::fs::create_dir_all(&dir).unwrap();
+    m.ok(&["mount", "ws/ro-times", dir.to_str().unwrap()]);
+    let g = WsMount { m: &m, dir: dir.clone() };
+    let mtime = |p: &Path| std::fs::symlink_metadata(p).unwrap().modified().unwrap();
+    assert_eq!(mtime(&dir.join("src/lib.rs")), mtime(&w.join("src/lib.rs")));
+    assert_eq!(mtime(&dir.join("README.md")), mtime(&w.join("README.md")));
+    assert_eq!(mtime(&dir.join("src")), mtime(&w.join("src")));
+    g.umount();
+}

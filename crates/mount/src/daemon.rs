@@ -236,7 +236,16 @@ pub fn run(
             (m.snapshot, m.fs, m.attach, Some(ws), warnings)
         } else {
             let (id, snap, attach) = mado_core::resolve::open(&fetcher, &opts.spec).await?;
-            (id, Arc::new(SnapshotFs::new(fetcher.clone(), snap.root, snap.time)), attach, None, Vec::new())
+            // A workspace checkpoint's mtimes (its stat object); an
+            // imported snapshot has none and shows its own time.
+            let fs = match snap.stat {
+                Some(st) => {
+                    let stat = fetcher.stat(st, &snap.stat_layers).await?;
+                    SnapshotFs::with_mtimes(fetcher.clone(), snap.root, snap.time, stat)
+                }
+                None => SnapshotFs::new(fetcher.clone(), snap.root, snap.time),
+            };
+            (id, Arc::new(fs), attach, None, Vec::new())
         };
         core.set_read_timeout(opts.read_timeout);
         if matches!(attach, Attach::Attached { .. }) {

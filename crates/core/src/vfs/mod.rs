@@ -136,6 +136,8 @@ pub struct SnapshotFs {
     state: RwLock<State>,
     trees: RwLock<HashMap<Hash, Arc<Tree>>>,
     upper: Option<RwLock<Upper>>,
+    /// A read-only mount's mtimes by path (its snapshot's stat object).
+    ro_mtimes: BTreeMap<Vec<u8>, (i64, u32)>,
     /// Bound on one read's wait for the network, in milliseconds.
     read_timeout_ms: AtomicU64,
     /// Reads served (for stats).
@@ -222,6 +224,16 @@ impl SnapshotFs {
         Self::with_state(fetcher, root, time, None, Self::fresh(root, (time, 0), 0o555))
     }
 
+    /// The read-only filesystem of tree `root`, showing the mtimes of `stat`
+    /// (its snapshot's stat object: a workspace checkpoint's).
+    pub fn with_mtimes(fetcher: Arc<Fetcher>, root: Hash, time: i64, stat: StatObject) -> SnapshotFs {
+        let map: BTreeMap<Vec<u8>, (i64, u32)> = stat.entries.into_iter().map(|(p, s, n)| (p, (s, n))).collect();
+        let mtime = map.get(&Vec::new()).copied().unwrap_or((time, 0));
+        let mut fs = Self::with_state(fetcher, root, time, None, Self::fresh(root, mtime, 0o555));
+        fs.ro_mtimes = map;
+        fs
+    }
+
     /// A read-write filesystem over tree `root`, with its upper layer in
     /// `upper_dir` and the mtimes of `base_stat` (the snapshot's stat object).
     pub fn writable(
@@ -260,6 +272,7 @@ impl SnapshotFs {
             state: RwLock::new(st),
             trees: RwLock::new(HashMap::new()),
             upper: upper.map(RwLock::new),
+            ro_mtimes: BTreeMap::new(),
             read_timeout_ms: AtomicU64::new(DEFAULT_READ_TIMEOUT.as_millis() as u64),
             reads: AtomicU64::new(0),
             untracked_opens: AtomicBool::new(false),
@@ -437,10 +450,11 @@ impl SnapshotFs {
     }
 
     fn base_mtime(&self, origin: &[u8]) -> (i64, u32) {
-        self.upper
-            .as_ref()
-            .and_then(|u| u.read().expect("upper lock").base_stat.get(origin).copied())
-            .unwrap_or((self.time, 0))
+        match &self.upper {
+            Some(u) => u.read().expect("upper lock").base_stat.get(origin).copied(),
+            None => self.ro_mtimes.get(origin).copied(),
+        }
+        .unwrap_or((self.time, 0))
     }
 
     async fn timed<T>(&self, what: &str, fut: impl std::future::Future<Output = Result<T>>) -> Result<T> {
