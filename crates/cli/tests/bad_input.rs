@@ -683,3 +683,22 @@ fn workspace_refs_cannot_be_moved_by_an_import() {
     let err = m.fails(&["import-git", repo.to_str().unwrap(), "--ref", "ws/agent"], 1);
     assert!(err.contains("is a workspace's ref") && err.contains("mado ws create"), "{err}");
 }
+
+/// A path given as a shell would complete it, `./src`, names `src` in the
+/// tree (it was refused: "entry name "." is not allowed"); `..` and an
+/// absolute path are still refused.
+#[test]
+fn a_dot_slash_path_names_the_same_tree_path() {
+    let m = Mado::local();
+    setup(&m);
+    assert_eq!(m.ok(&["ls", "main", "./src"]), m.ok(&["ls", "main", "src"]));
+    assert_eq!(m.ok(&["cat", "main", "./src/lib.rs"]), "pub fn f() {}\n");
+    let d = m.dir.path().join("d");
+    m.ok(&["checkout", "main", d.to_str().unwrap(), "./src/"]);
+    assert!(d.join("src/lib.rs").is_file());
+    for bad in ["../src", "/src", "./.."] {
+        let x = m.dir.path().join("x");
+        let err = m.fails(&["checkout", "main", x.to_str().unwrap(), bad], 1);
+        assert!(err.contains("unsafe path"), "{bad}: {err}");
+    }
+}

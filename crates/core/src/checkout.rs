@@ -470,20 +470,21 @@ fn join(dir: &[u8], name: &[u8]) -> Vec<u8> {
 }
 
 /// A path the user named inside a tree, as `/`-separated names: relative,
-/// no `.` or `..`, no empty names (a trailing `/` is allowed).
+/// no `..`, no empty names (a trailing `/` is allowed, and `.` names, as in
+/// `./src`, are dropped). Returned as the tree names it (`src`).
 pub fn check_tree_path(p: &str) -> Result<Vec<u8>> {
-    let trimmed = p.trim_end_matches('/');
     let bad = |reason: &str| Error::UnsafePath { path: p.to_string(), reason: reason.to_string() };
-    if trimmed.is_empty() {
-        return Err(bad("an empty path names no entry (omit it for the whole tree)"));
-    }
     if p.starts_with('/') {
         return Err(bad("an absolute path; name a path inside the snapshot, relative to its root"));
     }
-    for name in trimmed.split('/') {
+    let names: Vec<&str> = p.trim_end_matches('/').split('/').filter(|n| *n != ".").collect();
+    if names.is_empty() || names == [""] {
+        return Err(bad("an empty path names no entry (omit it for the whole tree)"));
+    }
+    for name in &names {
         crate::object::check_name(name.as_bytes()).map_err(|reason| bad(&reason))?;
     }
-    Ok(trimmed.as_bytes().to_vec())
+    Ok(names.join("/").into_bytes())
 }
 
 /// The named paths, checked, with any path below another one dropped
@@ -801,7 +802,10 @@ mod tests {
         let ok = |p: &str| check_tree_path(p).unwrap();
         assert_eq!(ok("a/b/"), b"a/b");
         assert_eq!(ok("a"), b"a");
-        for bad in ["", "/", "/etc", "a/../b", "..", "./a", "a//b", "a/./b"] {
+        // `.` names go, as a shell's `./a` would.
+        assert_eq!(ok("./a"), b"a");
+        assert_eq!(ok("a/./b/."), b"a/b");
+        for bad in ["", "/", "/etc", "a/../b", "..", "./..", ".", "./", "a//b"] {
             assert!(matches!(check_tree_path(bad), Err(Error::UnsafePath { .. })), "{bad:?}");
         }
         let paths = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();

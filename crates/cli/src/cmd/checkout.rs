@@ -65,7 +65,8 @@ pub async fn run(a: CheckoutArgs, ctx: &Ctx) -> Result<()> {
     let report = report?;
     check.await?;
     if let Some(stat) = stat? {
-        let roots: Vec<Vec<u8>> = a.paths.iter().map(|p| p.trim_matches('/').as_bytes().to_vec()).collect();
+        let roots: Vec<Vec<u8>> =
+            a.paths.iter().map(|p| mado_core::checkout::check_tree_path(p)).collect::<mado_core::Result<_>>()?;
         let under = |p: &[u8]| {
             roots.is_empty() || roots.iter().any(|r| p == &r[..] || (p.starts_with(r) && p.get(r.len()) == Some(&b'/')))
         };

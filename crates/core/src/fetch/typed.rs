@@ -268,7 +268,8 @@ impl Fetcher {
         let mut tree_id = root;
         let mut found: Option<Entry> = None;
         let mut walked = String::new();
-        for part in path.split('/').filter(|p| !p.is_empty()) {
+        // `./src` and `src/.` name `src`, as a shell's paths would.
+        for part in path.split('/').filter(|p| !p.is_empty() && *p != ".") {
             if let Some(e) = &found {
                 if e.kind != Kind::Directory {
                     return Err(Error::NotFound(format!("{walked} is {}, not a directory", e.kind.noun())));

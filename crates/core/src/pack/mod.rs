@@ -957,6 +957,27 @@ mod tests {
         assert_eq!(a.bottom_trees, [Hash::of(b"t1"), Hash::of(b"t2")].into_iter().collect());
     }
 
+    /// A layer's size also counts its foldable packs' bytes (one entry per
+    /// 4 KiB), but not a pack kept whole when absorbed (1 MiB or more):
+    /// folding a layer costs its small packs' bytes again, never the large
+    /// ones'.
+    #[test]
+    fn absorb_weighs_a_layer_by_the_bytes_its_small_packs_would_send_again() {
+        let sized = |mut l: PackIndex, sizes: &[u64]| {
+            for (p, s) in l.packs.iter_mut().zip(sizes) {
+                p.size = *s;
+            }
+            l
+        };
+        let small = sized(index_with(3, &[12], &[b"t4"], &[2, 1]), &[40 << 10]);
+        let large = sized(index_with(2, &[11], &[b"t3"], &[1]), &[build::ABSORB_MAX_PACK_BYTES]);
+        let just_under = sized(index_with(4, &[14], &[b"t7"], &[1]), &[build::ABSORB_MAX_PACK_BYTES - 1]);
+        let bottom = index_with(1, &[10], &[b"t1", b"t2"], &[]);
+        let a = build::Absorb::of(&[small, large, just_under, bottom]);
+        let under = ((build::ABSORB_MAX_PACK_BYTES - 1) >> 12) as usize;
+        assert_eq!(a.sizes, vec![2 + 10, 2, 2 + under, 3]);
+    }
+
     /// A delta build over a layered base walks only what changed and what
     /// lies above the bottom layer; it must produce what the whole walk
     /// does: the same packs, placement, layer, and directory count. Edits:
