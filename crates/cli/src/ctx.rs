@@ -139,7 +139,8 @@ impl Ctx {
         let inject_rtt =
             std::env::var("MADO_INJECT_RTT_MS").ok().and_then(|v| v.parse().ok()).map(Duration::from_millis);
         let opts = OpenOptions { inject_rtt };
-        let r = Arc::new(if create { Remote::open(&url, &opts)? } else { Remote::open_existing(&url, &opts)? });
+        let r =
+            Arc::new(if create { Remote::open_creating(&url, &opts)? } else { Remote::open_existing(&url, &opts)? });
         self.step(format!("opened remote {url}"));
         Ok(self.remote.get_or_init(|| r).clone())
     }

@@ -515,6 +515,16 @@ fn a_local_store_that_does_not_exist_is_named_and_not_made() {
     assert!(store.is_dir());
     let o = m.cmd(&["refs"]).output().unwrap();
     assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("main"));
+    // A directory of other things is not made a store.
+    let unrelated = m.dir.path().join("unrelated");
+    std::fs::create_dir_all(&unrelated).unwrap();
+    std::fs::write(unrelated.join("notes.txt"), "mine\n").unwrap();
+    let addr = format!("file://{}", unrelated.display());
+    let o = m.cmd(&["import-git", repo.to_str().unwrap()]).env("MADO_REMOTE_ADDR", &addr).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("holds no mado store"), "{err}");
+    assert_eq!(std::fs::read_dir(&unrelated).unwrap().count(), 1, "the import wrote into it");
     // A URL missing a slash is not taken for a folder named `s3:`.
     for addr in ["s3:/bucket/x", "s3:bucket", "gs:/b"] {
         let o = m.cmd(&["refs"]).env("MADO_REMOTE_ADDR", addr).current_dir(m.dir.path()).output().unwrap();

@@ -211,6 +211,30 @@ fn file_stream(
 }
 
 impl Remote {
+    /// [`Remote::open`] for a command that makes the store if it is not
+    /// there (`import-git`): a `file://` directory that holds other things
+    /// and nothing of a store's is refused, so that a mistyped path does
+    /// not get `objects/`, `refs/` and the rest written among unrelated
+    /// files.
+    pub fn open_creating(url: &str, opts: &OpenOptions) -> Result<Remote> {
+        if let Some(root) =
+            url::Url::parse(url).ok().filter(|u| u.scheme() == "file").and_then(|u| u.to_file_path().ok())
+        {
+            if let Ok(rd) = std::fs::read_dir(&root) {
+                const STORE: [&str; 6] = ["objects", "snapshots", "packs", "refs", "leases", "locks"];
+                let names: Vec<String> = rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+                if !names.is_empty() && !names.iter().any(|n| STORE.contains(&n.as_str())) {
+                    return Err(Error::User(format!(
+                        "{} is not empty and holds no mado store (no objects/, refs/, packs/ …); \
+                         choose an empty or new directory for the store, or check MADO_REMOTE_ADDR and the config",
+                        root.display()
+                    )));
+                }
+            }
+        }
+        Remote::open(url, opts)
+    }
+
     /// [`Remote::open`] for a command that only uses a store: a `file://`
     /// store whose directory does not exist is an error naming it (a
     /// mistyped path would otherwise be made, empty, and every read would
