@@ -653,15 +653,18 @@ fn print_checkpoint(ctx: &Ctx, r: &workspace::CheckpointReport, remote: Stats) -
     if r.unchanged {
         say!(ctx, "workspace {}: nothing changed since {}", r.workspace, &r.snapshot[..12]);
     } else {
+        // Trees travel inline in the index layer (packs-first), not as
+        // objects: the line counts what went up by what it went up as.
         say!(
             ctx,
-            "workspace {} -> {}: uploaded {} objects ({} trees, {} bytes), {} packs",
+            "workspace {} -> {}: {} bytes up ({} packs, an index layer of {} bytes, {} objects alone); {} files read",
             r.workspace,
             &r.snapshot[..12],
+            remote.bytes_up,
+            r.packs_uploaded,
+            r.index_bytes,
             r.upload.objects_uploaded,
-            r.upload.trees_uploaded,
-            r.upload.bytes_uploaded,
-            r.packs_uploaded
+            r.files_read
         );
     }
     Ok(())
