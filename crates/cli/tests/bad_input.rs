@@ -147,8 +147,11 @@ fn a_file_where_the_target_directory_goes_is_a_user_error() {
         assert!(err.contains("afile is not a directory"), "{args:?}: {err}");
         assert_eq!(std::fs::read(&f).unwrap(), b"keep");
     }
-    let err = m.fails(&["ls", "main", "src/lib.rs"], 1);
-    assert!(err.contains("src/lib.rs is a file, not a directory"), "{err}");
+    // A file path lists that file, as `ls FILE` does.
+    let out = m.ok(&["ls", "main", "src/lib.rs"]);
+    assert!(out.starts_with("file") && out.trim_end().ends_with("src/lib.rs"), "{out}");
+    let j = m.json(&["ls", "main", "./src/lib.rs"]);
+    assert_eq!((j[0]["name"].as_str(), j[0]["size"].as_u64()), (Some("./src/lib.rs"), Some(14)), "{j}");
     // A ref given where materialize takes a path: the hint names -r.
     let err = m.fails(&["materialize", "main"], 1);
     assert!(err.contains("no such path: main") && err.contains("mado materialize -r main"), "{err}");

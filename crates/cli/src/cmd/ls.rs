@@ -4,12 +4,13 @@ use mado_core::object::Kind;
 
 use crate::ctx::Ctx;
 
-/// List a directory of a snapshot: kind, size and name of each entry.
+/// List a directory of a snapshot: kind, size and name of each entry (a
+/// file path lists that file).
 #[derive(Args)]
 pub struct LsArgs {
     /// Ref name or snapshot id.
     spec: String,
-    /// Directory inside the snapshot (default: the root).
+    /// Directory (or file) inside the snapshot (default: the root).
     #[arg(default_value = "")]
     path: String,
 }
@@ -26,22 +27,17 @@ struct LsEntry {
 pub async fn run(a: LsArgs, ctx: &Ctx) -> Result<()> {
     let fetcher = ctx.fetcher()?;
     let mado_core::resolve::OpenTree { root, check, .. } = mado_core::resolve::open_tree(&fetcher, &a.spec).await?;
-    let tree_id = match fetcher.lookup(root, &a.path).await? {
-        None => root,
-        Some(e) if e.kind == Kind::Directory => e.id,
+    // A file lists itself, as `ls FILE` does: its kind, size and path.
+    let entries = match fetcher.lookup(root, &a.path).await? {
+        None => fetcher.tree(root, &a.path).await?.entries,
+        Some(e) if e.kind == Kind::Directory => fetcher.tree(e.id, &a.path).await?.entries,
         Some(e) => {
-            return Err(mado_core::Error::User(format!(
-                "{} is {}, not a directory; use `mado cat`",
-                a.path,
-                e.kind.noun()
-            ))
-            .into())
+            let name = a.path.trim_end_matches('/').as_bytes().to_vec();
+            vec![mado_core::object::Entry { name, ..e }]
         }
     };
-    let tree = fetcher.tree(tree_id, &a.path).await?;
     check.await?;
-    let entries: Vec<LsEntry> = tree
-        .entries
+    let entries: Vec<LsEntry> = entries
         .iter()
         .map(|e| LsEntry {
             name: String::from_utf8_lossy(&e.name).into_owned(),
