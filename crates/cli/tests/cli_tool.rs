@@ -243,6 +243,8 @@ fn diff_lists_what_changed_between_two_snapshots() {
     assert!(patch.contains("--- a/edit.txt\n+++ b/edit.txt\n@@ -1 +1 @@\n-edit.txt\n+edited\n"), "{patch}");
     assert!(patch.contains("--- /dev/null\n+++ b/keep/deep/new.txt\n"), "{patch}");
     assert!(patch.contains("--- a/gone.txt\n+++ /dev/null\n"), "{patch}");
+    // chmod +x shows as git shows it.
+    assert!(patch.contains("old mode 100644\nnew mode 100755\n"), "{patch}");
     let j = m.json(&["diff", &one, "main", "--stat", "-p"]);
     let edit = j["stat"].as_array().unwrap().iter().find(|s| s["path"] == "edit.txt").unwrap().clone();
     assert_eq!(

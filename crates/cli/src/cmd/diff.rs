@@ -70,25 +70,40 @@ struct Side {
     data: bytes::Bytes,
     size: u64,
     present: bool,
+    /// git's mode of the entry (100644, 100755, 120000, …), when present.
+    mode: Option<&'static str>,
+}
+
+/// The mode git shows for an entry of kind `k`.
+fn git_mode(k: mado_core::object::Kind) -> &'static str {
+    use mado_core::object::Kind;
+    match k {
+        Kind::File => "100644",
+        Kind::Executable => "100755",
+        Kind::Symlink => "120000",
+        Kind::Directory => "040000",
+        Kind::Gitlink => "160000",
+    }
 }
 
 async fn side(fetcher: &std::sync::Arc<mado_core::fetch::Fetcher>, root: mado_core::Hash, path: &str) -> Result<Side> {
     let e = match fetcher.lookup(root, path).await {
         Ok(Some(e)) => e,
         Ok(None) | Err(mado_core::Error::NotFound(_)) => {
-            return Ok(Side { data: Default::default(), size: 0, present: false })
+            return Ok(Side { data: Default::default(), size: 0, present: false, mode: None })
         }
         Err(e) => return Err(e.into()),
     };
+    let mode = Some(git_mode(e.kind));
     if !e.kind.has_content() {
-        return Ok(Side { data: Default::default(), size: 0, present: true });
+        return Ok(Side { data: Default::default(), size: 0, present: true, mode });
     }
     let size = e.size;
     if size > MAX_DIFF_BYTES {
-        return Ok(Side { data: Default::default(), size, present: true });
+        return Ok(Side { data: Default::default(), size, present: true, mode });
     }
     let data = fetcher.content(&e, path).await?;
-    Ok(Side { size: data.len() as u64, data, present: true })
+    Ok(Side { size: data.len() as u64, data, present: true, mode })
 }
 
 /// Text as git judges it: no NUL in the first 8,000 bytes, and UTF-8.
@@ -171,6 +186,13 @@ pub async fn run(a: DiffArgs, ctx: &Ctx) -> Result<()> {
                     text = d.unified_diff().context_radius(3).header(&ha, &hb).to_string();
                 }
             }
+            // A mode change (chmod +x), with or without new content, as git
+            // shows it.
+            if let (true, Some(om), Some(nm)) = (a.patch, old.mode, new.mode) {
+                if om != nm {
+                    text = format!("old mode {om}\nnew mode {nm}\n{text}");
+                }
+            }
             stats.push(FileStat {
                 path: path.clone(),
                 status: *status,
@@ -213,7 +235,9 @@ pub async fn run(a: DiffArgs, ctx: &Ctx) -> Result<()> {
             };
             writeln!(out, " {} {:<width$} | {what}", s.status, super::shown(&s.path))?;
         }
-        writeln!(out, " {} files changed, {ta} insertions(+), {tr} deletions(-)", stats.len())?;
+        let n = stats.len();
+        let files = if n == 1 { "file" } else { "files" };
+        writeln!(out, " {n} {files} changed, {ta} insertions(+), {tr} deletions(-)")?;
     }
     if a.patch {
         for p in &patches {
