@@ -98,12 +98,14 @@ pub async fn run(mut a: ImportGitArgs, ctx: &Ctx) -> Result<()> {
             p.build_ms
         ));
     }
+    // Packs-first, trees travel inline in the index: none go up alone.
+    let trees = match report.upload.trees_uploaded {
+        0 => String::new(),
+        n => format!(", {n} of them trees"),
+    };
     ctx.step(format!(
-        "uploaded {} objects ({} trees, {} B), {} snapshots",
-        report.upload.objects_uploaded,
-        report.upload.trees_uploaded,
-        report.upload.bytes_uploaded,
-        report.upload.snapshots_uploaded
+        "uploaded {} objects alone ({} B{trees}), {} snapshots",
+        report.upload.objects_uploaded, report.upload.bytes_uploaded, report.upload.snapshots_uploaded
     ));
     if ctx.json {
         #[derive(serde::Serialize)]
