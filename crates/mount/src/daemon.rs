@@ -168,7 +168,7 @@ fn reason_text(a: &Attach) -> String {
             format!("no prefetcher: the pack index is undecodable ({detail}); run `mado pack --recursive`")
         }
         Attach::Swept { missing, packs } => format!(
-            "no prefetcher: the index's packs were swept ({missing} of {packs} missing); run `mado pack --recursive`"
+            "the index's packs were swept: {missing} of its {packs} found missing so far (their files are read one by one); run `mado pack --recursive`"
         ),
     }
 }
