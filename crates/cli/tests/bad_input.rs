@@ -147,6 +147,9 @@ fn a_file_where_the_target_directory_goes_is_a_user_error() {
         assert!(err.contains("afile is not a directory"), "{args:?}: {err}");
         assert_eq!(std::fs::read(&f).unwrap(), b"keep");
     }
+    // A name that is not UTF-8 is listed quoted with its bytes escaped.
+    let listed = m.ok(&["ls", "main"]);
+    assert!(listed.contains("\"caf\\xe9.txt\""), "{listed}");
     // A file path lists that file, as `ls FILE` does.
     let out = m.ok(&["ls", "main", "src/lib.rs"]);
     assert!(out.starts_with("file") && out.trim_end().ends_with("src/lib.rs"), "{out}");

@@ -37,7 +37,7 @@ pub async fn run(a: LsArgs, ctx: &Ctx) -> Result<()> {
         }
     };
     check.await?;
-    let entries: Vec<LsEntry> = entries
+    let listed: Vec<LsEntry> = entries
         .iter()
         .map(|e| LsEntry {
             name: String::from_utf8_lossy(&e.name).into_owned(),
@@ -48,11 +48,11 @@ pub async fn run(a: LsArgs, ctx: &Ctx) -> Result<()> {
         })
         .collect();
     if ctx.json {
-        return ctx.print_json(&entries);
+        return ctx.print_json(&listed);
     }
-    for e in entries {
+    for (e, raw) in listed.iter().zip(&entries) {
         let suffix = if e.kind == "dir" { "/" } else { "" };
-        println!("{:<7} {:>10}  {}{suffix}", e.kind, e.size, super::shown(&e.name));
+        println!("{:<7} {:>10}  {}{suffix}", e.kind, e.size, super::shown_bytes(&raw.name));
     }
     Ok(())
 }

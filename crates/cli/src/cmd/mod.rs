@@ -134,6 +134,16 @@ async fn dispatch(cmd: Command, ctx: &Ctx) -> Result<()> {
 /// character, a quote or a backslash, so that a newline in a name cannot
 /// pass for another line (git quotes such paths too). `--json` gives them
 /// as they are.
+/// [`shown`] of a name as the tree holds it: one that is not UTF-8 is
+/// quoted with its bytes escaped (`"bad\xffname"`), never shown with a
+/// replacement character that names nothing.
+pub(crate) fn shown_bytes(b: &[u8]) -> std::borrow::Cow<'_, str> {
+    match std::str::from_utf8(b) {
+        Ok(s) => shown(s),
+        Err(_) => std::borrow::Cow::Owned(format!("\"{}\"", b.escape_ascii())),
+    }
+}
+
 pub(crate) fn shown(p: &str) -> std::borrow::Cow<'_, str> {
     if p.chars().any(|c| c.is_control() || c == '"' || c == '\\') {
         std::borrow::Cow::Owned(format!("{p:?}"))
@@ -275,3 +285,14 @@ const EX_WS: &str = "Examples:
   mado ws checkpoint -m wip                   # inside the working copy
   mado ws list; mado ws log agent-1 -n 3
   mado ws resume agent-1 ~/elsewhere";
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn names_are_shown_quoted_when_they_would_not_read_back() {
+        assert_eq!(super::shown_bytes(b"plain.txt"), "plain.txt");
+        assert_eq!(super::shown_bytes("café.txt".as_bytes()), "café.txt");
+        assert_eq!(super::shown_bytes(b"new\nline"), "\"new\\nline\"");
+        assert_eq!(super::shown_bytes(b"caf\xe9.txt"), "\"caf\\xe9.txt\"");
+    }
+}
