@@ -30,7 +30,7 @@ use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
 use crate::error::{Error, Result};
 use crate::fetch::Fetcher;
 use crate::hash::Hash;
-use crate::object::{Entry, Kind};
+use crate::object::{Entry, Kind, StatObject};
 use crate::store::CONCURRENCY;
 
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -436,15 +436,34 @@ pub fn set_mtimes(dest: &Path, items: &[(Vec<u8>, i64, u32)]) -> Result<()> {
     Ok(())
 }
 
+/// Sets the mtimes `stat` (a snapshot's stat object) records for what a
+/// checkout of `paths` (empty: the whole tree) wrote under `dest`; returns
+/// how many were set.
+pub fn restore_mtimes(dest: &Path, stat: StatObject, paths: &[String]) -> Result<usize> {
+    let roots = roots_of(paths)?;
+    let items: Vec<_> = stat
+        .entries
+        .into_iter()
+        .filter(|(p, _, _)| roots.is_empty() || roots.iter().any(|r| p == r || is_below(p, r)))
+        .collect();
+    set_mtimes(dest, &items)?;
+    Ok(items.len())
+}
+
+/// Whether tree path `p` lies below directory path `dir`.
+fn is_below(p: &[u8], dir: &[u8]) -> bool {
+    p.starts_with(dir) && p.get(dir.len()) == Some(&b'/')
+}
+
 pub fn is_empty_dir(p: &Path) -> Result<bool> {
-    is_empty_dir_but(p, "")
+    is_empty_dir_but(p, None)
 }
 
 /// Whether `p` is missing or an empty directory, or holds only an entry
 /// named `but`.
-fn is_empty_dir_but(p: &Path, but: &str) -> Result<bool> {
+fn is_empty_dir_but(p: &Path, but: Option<&str>) -> Result<bool> {
     match std::fs::read_dir(p) {
-        Ok(mut it) => Ok(it.all(|e| e.is_ok_and(|e| !but.is_empty() && e.file_name() == but))),
+        Ok(mut it) => Ok(it.all(|e| e.is_ok_and(|e| but.is_some_and(|b| e.file_name() == b)))),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(true),
         // A file where the directory should go (or under it): the user's
         // to fix, not an I/O failure.
@@ -495,7 +514,7 @@ fn roots_of(paths: &[String]) -> Result<Vec<Vec<u8>>> {
     v.dedup();
     let mut out: Vec<Vec<u8>> = Vec::new();
     for p in v {
-        let covered = out.iter().any(|a| p.starts_with(a) && p.get(a.len()) == Some(&b'/'));
+        let covered = out.iter().any(|a| is_below(&p, a));
         if !covered {
             out.push(p);
         }
@@ -548,10 +567,7 @@ pub async fn checkout(
     opts: CheckoutOptions<'_>,
 ) -> Result<CheckoutReport> {
     // A file where `dest` goes is refused here, with --force too.
-    let empty = match opts.marked {
-        true => is_empty_dir_but(dest, crate::workspace::STATE_DIR)?,
-        false => is_empty_dir(dest)?,
-    };
+    let empty = is_empty_dir_but(dest, opts.marked.then_some(crate::workspace::STATE_DIR))?;
     if !opts.force && !empty {
         return Err(Error::User(format!(
             "{} is not empty; choose an empty or new directory, or pass --force to write over it",

@@ -100,12 +100,19 @@ fn lease_message(name: &str, holder: &str, expires: i64, expired: bool) -> Strin
 
 /// `user@host:/path:nonce` as "user on host (working copy /path)".
 pub fn describe_holder(h: &str) -> String {
-    let parsed = h.split_once('@').and_then(|(user, rest)| {
-        let (host, rest) = rest.split_once(':')?;
-        let (path, _nonce) = rest.rsplit_once(':')?;
-        Some(format!("{user} on {host} (working copy {path})"))
-    });
-    parsed.unwrap_or_else(|| h.to_string())
+    match holder_parts(h) {
+        Some((user, host, path)) => format!("{user} on {host} (working copy {path})"),
+        None => h.to_string(),
+    }
+}
+
+/// The user, host and directory of lease holder id `user@host:DIR:nonce`
+/// (`DIR` may itself hold `:`).
+pub fn holder_parts(h: &str) -> Option<(&str, &str, &str)> {
+    let (user, rest) = h.split_once('@')?;
+    let (host, rest) = rest.split_once(':')?;
+    let (path, _nonce) = rest.rsplit_once(':')?;
+    Some((user, host, path))
 }
 
 fn at(path: &str) -> String {

@@ -103,61 +103,65 @@ pub async fn gc(f: &Arc<Fetcher>, grace: Duration, dry_run: bool) -> Result<GcRe
     r
 }
 
+/// The snapshots gc keeps, and what they name directly.
+#[derive(Default)]
+struct Marked {
+    snaps: HashSet<Hash>,
+    /// Their root trees.
+    roots: HashSet<Hash>,
+    /// Their stat objects and the layers below them.
+    stats: HashSet<Hash>,
+}
+
+impl Marked {
+    /// Marks the snapshots `todo` names and their ancestors; returns how
+    /// many were not marked before. `missing_ok`: a snapshot that is gone
+    /// (deleted by an older gc) marks nothing, where a ref's stops gc.
+    async fn reach(&mut self, f: &Arc<Fetcher>, mut todo: Vec<Hash>, missing_ok: bool) -> Result<usize> {
+        let mut added = 0;
+        while let Some(id) = todo.pop() {
+            if self.snaps.contains(&id) {
+                continue;
+            }
+            let s = match f.snapshot(id).await {
+                Ok(s) => s,
+                Err(Error::NotFound(_)) if missing_ok => continue,
+                Err(e) => return Err(e),
+            };
+            self.snaps.insert(id);
+            added += 1;
+            self.roots.insert(s.root);
+            if let Some(stat) = s.stat {
+                self.stats.insert(stat);
+            }
+            // The layers below a stat layer (a parent's, already reached
+            // through `parents`; marked here too, so no history edit can
+            // orphan them).
+            self.stats.extend(s.stat_layers.iter().copied());
+            todo.extend(s.parents);
+        }
+        Ok(added)
+    }
+}
+
 async fn gc_locked(f: &Arc<Fetcher>, grace: Duration, dry_run: bool) -> Result<GcReport> {
     let mut report = GcReport { dry_run, ..Default::default() };
     // Mark snapshots.
     let refs = f.remote.list_refs().await?;
     report.refs = refs.len();
-    let mut snaps: HashSet<Hash> = HashSet::new();
-    let mut roots: HashSet<Hash> = HashSet::new();
-    let mut stats: HashSet<Hash> = HashSet::new();
-    let mut todo: Vec<Hash> = refs.iter().map(|(_, v)| v.snapshot).collect();
+    let mut marked = Marked::default();
+    marked.reach(f, refs.iter().map(|(_, v)| v.snapshot).collect(), false).await?;
     // Then the checkpoints that work set aside on this machine was made
     // on (a workspace removed while it had uncheckpointed changes): kept
     // as if a ref named them, or `ws recover` could no longer bring the
     // work back. Other machines' are not known here.
-    let mut aside: Vec<Hash> = crate::workspace::list_set_aside(f)
+    let aside: Vec<Hash> = crate::workspace::list_set_aside(f)
         .unwrap_or_default()
         .iter()
         .filter_map(|a| a.checkpoint.parse().ok())
         .collect();
-    let mut from_refs = true;
-    loop {
-        while let Some(id) = todo.pop() {
-            if !snaps.insert(id) {
-                continue;
-            }
-            let s = match f.snapshot(id).await {
-                Ok(s) => s,
-                // One gone already (an older gc) keeps nothing.
-                Err(Error::NotFound(_)) if !from_refs => {
-                    snaps.remove(&id);
-                    continue;
-                }
-                Err(e) => return Err(e),
-            };
-            if !from_refs {
-                report.kept_for_set_aside += 1;
-            }
-            roots.insert(s.root);
-            if let Some(stat) = s.stat {
-                stats.insert(stat);
-            }
-            // The layers below a stat layer (a parent's, already reached
-            // through `parents`; marked here too, so no history edit can
-            // orphan them).
-            stats.extend(s.stat_layers.iter().copied());
-            todo.extend(s.parents);
-        }
-        if !from_refs {
-            break;
-        }
-        from_refs = false;
-        aside.retain(|id| !snaps.contains(id));
-        aside.sort();
-        aside.dedup();
-        todo = aside.clone();
-    }
+    report.kept_for_set_aside = marked.reach(f, aside, true).await?;
+    let Marked { snaps, roots, stats } = marked;
     // Mark objects: stat objects directly (they are leaves), trees level
     // by level (the roots' indexes carry the trees inline), manifests to
     // their chunks. Fail closed: a reachable tree that cannot be read or

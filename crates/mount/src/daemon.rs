@@ -238,11 +238,8 @@ pub fn run(
             let (id, snap, attach) = mado_core::resolve::open(&fetcher, &opts.spec).await?;
             // A workspace checkpoint's mtimes (its stat object); an
             // imported snapshot has none and shows its own time.
-            let fs = match snap.stat {
-                Some(st) => {
-                    let stat = fetcher.stat(st, &snap.stat_layers).await?;
-                    SnapshotFs::with_mtimes(fetcher.clone(), snap.root, snap.time, stat)
-                }
+            let fs = match fetcher.stat_of(&snap).await? {
+                Some(stat) => SnapshotFs::with_mtimes(fetcher.clone(), snap.root, snap.time, stat),
                 None => SnapshotFs::new(fetcher.clone(), snap.root, snap.time),
             };
             (id, Arc::new(fs), attach, None, Vec::new())

@@ -40,13 +40,7 @@ pub async fn run(a: CheckoutArgs, ctx: &Ctx) -> Result<()> {
     // read beside the checkout, and set once the files are written, as a
     // resume does. An imported snapshot records none: files keep the time
     // they were written (README, "Modification times").
-    let stat = async {
-        let s = fetcher.snapshot(id).await?;
-        match s.stat {
-            Some(st) => fetcher.stat(st, &s.stat_layers).await.map(Some),
-            None => Ok(None),
-        }
-    };
+    let stat = async { fetcher.stat_of(&fetcher.snapshot(id).await?).await };
     let (report, stat) = futures::join!(
         mado_core::checkout::checkout(
             &fetcher,
@@ -65,14 +59,8 @@ pub async fn run(a: CheckoutArgs, ctx: &Ctx) -> Result<()> {
     let report = report?;
     check.await?;
     if let Some(stat) = stat? {
-        let roots: Vec<Vec<u8>> =
-            a.paths.iter().map(|p| mado_core::checkout::check_tree_path(p)).collect::<mado_core::Result<_>>()?;
-        let under = |p: &[u8]| {
-            roots.is_empty() || roots.iter().any(|r| p == &r[..] || (p.starts_with(r) && p.get(r.len()) == Some(&b'/')))
-        };
-        let items: Vec<_> = stat.entries.into_iter().filter(|(p, _, _)| under(p)).collect();
-        mado_core::checkout::set_mtimes(&a.dir, &items)?;
-        ctx.step(format!("restored {} mtimes", items.len()));
+        let n = mado_core::checkout::restore_mtimes(&a.dir, stat, &a.paths)?;
+        ctx.step(format!("restored {n} mtimes"));
     }
     ctx.step(format!("wrote {} files, {} symlinks, {} dirs", report.files, report.symlinks, report.dirs));
     if ctx.json {

@@ -58,6 +58,15 @@ impl Fetcher {
         merge_stat_chain(&self.stat_chain(id, hint).await?)
     }
 
+    /// The stat object of `snap` (the mtimes a workspace checkpoint
+    /// recorded), or `None` for a snapshot that has none (an import).
+    pub async fn stat_of(self: &Arc<Self>, snap: &Snapshot) -> Result<Option<StatObject>> {
+        match snap.stat {
+            Some(id) => self.stat(id, &snap.stat_layers).await.map(Some),
+            None => Ok(None),
+        }
+    }
+
     /// The stat object whose top is `id` as its layers, each as stored and
     /// with its id: the top first, then the layers it names, in order (one
     /// entry for a whole object). Fetched as [`Fetcher::stat`] says.

@@ -16,6 +16,14 @@ pub const PACKS: &str = "packs";
 pub const INDEXES: &str = "packs/index";
 /// Writer and gc locks (the gc protocol).
 pub const LOCKS: &str = "locks/gc";
+/// Refs, by name.
+const REFS: &str = "refs";
+/// Workspace leases, by ref.
+const LEASES: &str = "leases";
+
+/// The folders a store holds at its top (a `file://` directory holding
+/// none of them and other things is not a store).
+pub const TOP_LEVEL: [&str; 6] = [OBJECTS, SNAPSHOTS, PACKS, REFS, LEASES, "locks"];
 
 fn fanout(dir: &str, id: &Hash) -> String {
     let hex = id.to_hex();
@@ -45,12 +53,12 @@ pub fn index(tree: &Hash) -> String {
 
 /// A ref (name already checked).
 pub fn reference(name: &str) -> String {
-    format!("refs/{name}")
+    format!("{REFS}/{name}")
 }
 
 /// The lease of a workspace, by its ref (`ws/<name>`).
 pub fn lease(ws_ref: &str) -> String {
-    format!("leases/{ws_ref}")
+    format!("{LEASES}/{ws_ref}")
 }
 
 /// A lock: `<label>.<expires>.<nonce>` (its name is all there is to it),
@@ -80,5 +88,7 @@ mod tests {
         assert_eq!(lease("ws/x"), "leases/ws/x");
         assert_eq!(lock("gc", 17, 1, None), "locks/gc/gc.17.0000000000000001");
         assert_eq!(lock("writer", 17, 1, Some("b00t-42-7")), "locks/gc/writer.17.0000000000000001.b00t-42-7");
+        assert_eq!(TOP_LEVEL, ["objects", "snapshots", "packs", "refs", "leases", "locks"]);
+        assert!(LOCKS.starts_with(&format!("{}/", TOP_LEVEL[5])));
     }
 }

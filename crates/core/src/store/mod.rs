@@ -221,9 +221,8 @@ impl Remote {
             url::Url::parse(url).ok().filter(|u| u.scheme() == "file").and_then(|u| u.to_file_path().ok())
         {
             if let Ok(rd) = std::fs::read_dir(&root) {
-                const STORE: [&str; 6] = ["objects", "snapshots", "packs", "refs", "leases", "locks"];
                 let names: Vec<String> = rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
-                if !names.is_empty() && !names.iter().any(|n| STORE.contains(&n.as_str())) {
+                if !names.is_empty() && !names.iter().any(|n| layout::TOP_LEVEL.contains(&n.as_str())) {
                     return Err(Error::User(format!(
                         "{} is not empty and holds no mado store (no objects/, refs/, packs/ …); \
                          choose an empty or new directory for the store, or check MADO_REMOTE_ADDR and the config",

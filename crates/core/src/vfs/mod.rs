@@ -218,6 +218,11 @@ fn file_kind(perm: u16) -> Kind {
     }
 }
 
+/// A stat object's mtimes by path (the root's under the empty path).
+fn mtimes_by_path(stat: StatObject) -> BTreeMap<Vec<u8>, (i64, u32)> {
+    stat.entries.into_iter().map(|(p, s, n)| (p, (s, n))).collect()
+}
+
 impl SnapshotFs {
     /// The read-only filesystem of tree `root`.
     pub fn new(fetcher: Arc<Fetcher>, root: Hash, time: i64) -> SnapshotFs {
@@ -227,7 +232,7 @@ impl SnapshotFs {
     /// The read-only filesystem of tree `root`, showing the mtimes of `stat`
     /// (its snapshot's stat object: a workspace checkpoint's).
     pub fn with_mtimes(fetcher: Arc<Fetcher>, root: Hash, time: i64, stat: StatObject) -> SnapshotFs {
-        let map: BTreeMap<Vec<u8>, (i64, u32)> = stat.entries.into_iter().map(|(p, s, n)| (p, (s, n))).collect();
+        let map = mtimes_by_path(stat);
         let mtime = map.get(&Vec::new()).copied().unwrap_or((time, 0));
         let mut fs = Self::with_state(fetcher, root, time, None, Self::fresh(root, mtime, 0o555));
         fs.ro_mtimes = map;
@@ -245,7 +250,7 @@ impl SnapshotFs {
     ) -> Result<SnapshotFs> {
         std::fs::create_dir_all(&upper_dir).map_err(Error::io(format!("creating {}", upper_dir.display())))?;
         let (id, map) = match base_stat {
-            Some((id, s)) => (Some(id), s.entries.into_iter().map(|(p, s, n)| (p, (s, n))).collect()),
+            Some((id, s)) => (Some(id), mtimes_by_path(s)),
             None => (None, BTreeMap::new()),
         };
         let mtime = map.get(&Vec::new()).copied().unwrap_or((time, 0));

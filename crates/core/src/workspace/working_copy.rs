@@ -495,8 +495,7 @@ fn explain_held(e: Error) -> Error {
 /// The directory lease holder `holder` names, when it is of this machine
 /// (`user@host:DIR:nonce`).
 fn holder_dir_here(holder: &str) -> Option<PathBuf> {
-    let (dir_part, _nonce) = holder.rsplit_once(':')?;
-    let dir = dir_part.split_once(':').map(|(_, d)| d)?;
+    let (_, _, dir) = crate::error::holder_parts(holder)?;
     let dir = Path::new(dir);
     holder.starts_with(&holder_prefix(dir)).then(|| dir.to_path_buf())
 }
@@ -556,12 +555,7 @@ pub(super) async fn materialize_into(
             detail: "the workspace ref names a different root tree than its snapshot".into(),
         });
     }
-    let stat_fut = async {
-        match snap.stat {
-            Some(id) => fetcher.stat(id, &snap.stat_layers).await.map(Some),
-            None => Ok(None),
-        }
-    };
+    let stat_fut = fetcher.stat_of(&snap);
     // Marked before a file is written, so that an interrupted resume's
     // files are known to be its own (`interrupted_resume`).
     mark_resuming(dir, name, &holder)?;
