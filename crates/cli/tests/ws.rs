@@ -1002,12 +1002,10 @@ fn a_lease_left_by_a_killed_resume_into_the_same_directory_is_taken_over() {
     assert_eq!(cp["unchanged"], false, "{cp}");
 }
 
-/// A resume killed after writing files but before its state was saved
-/// (Ctrl-C or kill -9 partway) left a partial copy that every later resume
-/// into the same directory refused as "not empty". Its marker now shows
-/// the files are its own: the next resume removes them and starts over.
-#[test]
-fn a_resume_killed_partway_is_cleaned_up_by_the_next_resume_into_its_directory() {
+/// Workspace `ab` created (in `w`, its lease then released) and resumed
+/// into `r` by a process killed after its files and before its state (the
+/// failpoint `resume-before-state`, an abort as kill -9 would).
+fn resume_killed_partway() -> (Mado, std::path::PathBuf) {
     let m = Mado::local();
     setup(&m);
     let w = m.dir.path().join("w");
@@ -1020,6 +1018,16 @@ fn a_resume_killed_partway_is_cleaned_up_by_the_next_resume_into_its_directory()
         .output()
         .unwrap();
     assert!(!o.status.success(), "the failpoint did not stop the resume");
+    (m, r)
+}
+
+/// A resume killed after writing files but before its state was saved
+/// (Ctrl-C or kill -9 partway) left a partial copy that every later resume
+/// into the same directory refused as "not empty". Its marker now shows
+/// the files are its own: the next resume removes them and starts over.
+#[test]
+fn a_resume_killed_partway_is_cleaned_up_by_the_next_resume_into_its_directory() {
+    let (m, r) = resume_killed_partway();
     assert!(r.join("src/lib.rs").is_file(), "the killed resume wrote no files");
     assert!(!r.join(".mado/workspace.json").exists());
     let o = m.run(&["ws", "resume", "ab", r.to_str().unwrap()]);
@@ -1109,18 +1117,7 @@ fn small_checkpoints_after_a_large_addition_do_not_send_it_again() {
 /// A `ws create` killed partway and run again says to resume instead.
 #[test]
 fn an_interrupted_resume_is_named_and_its_lease_released() {
-    let m = Mado::local();
-    setup(&m);
-    let w = m.dir.path().join("w");
-    m.ok(&["ws", "create", "ab", "--dir", w.to_str().unwrap()]);
-    m.ok(&["ws", "release", "--dir", w.to_str().unwrap()]);
-    let r = m.dir.path().join("r");
-    let o = m
-        .cmd(&["ws", "resume", "ab", r.to_str().unwrap()])
-        .env("MADO_FAILPOINT", "resume-before-state")
-        .output()
-        .unwrap();
-    assert!(!o.status.success());
+    let (m, r) = resume_killed_partway();
     let other = m.dir.path().join("other");
     let err = m.fails(&["ws", "resume", "ab", other.to_str().unwrap()], 1);
     assert!(err.contains("interrupted") && err.contains("ws release --dir"), "{err}");
