@@ -25,7 +25,7 @@ cd "$MADO_ROOT"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -q -- -D warnings
 cargo build --workspace --all-targets
-cargo test --workspace -- --test-threads="${MADO_TEST_THREADS:-4}"
+cargo test --workspace --no-fail-fast -- --test-threads="${MADO_TEST_THREADS:-4}"
 
 # POSIX conformance of a workspace mount (pjdfstest; device nodes are the
 # listed exceptions).

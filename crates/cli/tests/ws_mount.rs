@@ -842,8 +842,13 @@ with open(log, "a") as out:
         synced = text.lines().count();
     }
     assert!(synced > 20, "the writers got some fsyncs through: {synced}");
+    // The last round's checkpoint may have caught every file before the
+    // kill (a loaded machine stalls the writer meanwhile), so one more
+    // change makes sure there is something to checkpoint.
+    std::fs::write(std::path::Path::new(mnt.path()).join("after-kills"), "whole\n").unwrap();
     let cp = mnt.checkpoint("after six kills");
     assert_eq!(cp["unchanged"], false, "{cp}");
+    assert_eq!(m.ok(&["cat", "ws/kills", "after-kills"]), "whole\n");
     assert_refs_whole(&m.store_dir());
     let v = m.json(&["cache", "verify"]);
     assert_eq!(v["bad"].as_array().map(|b| b.len()), Some(0), "{v}");
