@@ -1150,6 +1150,12 @@ fn a_copy_of_a_removed_workspace_is_told_how_to_checkpoint_again() {
     std::fs::write(w.join("kept.txt"), "keep\n").unwrap();
     let err = m.fails(&["ws", "checkpoint", "--dir", w.to_str().unwrap()], 1);
     assert!(err.contains("no longer in the store"), "{err}");
+    // The refused checkpoint holds no lease: another workspace of that
+    // name is not locked out by a copy of the removed one.
+    for l in files_under(&m.store_dir().join("leases")) {
+        let lease = mado_core::object::Lease::decode(&std::fs::read(&l).unwrap()).unwrap();
+        assert_eq!(lease.holder, "", "{}: {lease:?}", l.display());
+    }
     let hint = err.lines().find_map(|l| l.split('`').nth(1).filter(|c| c.starts_with("mado ws create"))).unwrap();
     let args: Vec<&str> = hint.split_whitespace().skip(1).collect();
     m.ok(&args);

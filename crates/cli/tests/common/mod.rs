@@ -395,6 +395,25 @@ pub fn assert_store_closed(store: &Path) {
 /// its snapshot (and their parents), the root tree and every tree, file,
 /// chunk manifest and chunk below it, and the stat object. Returns the
 /// number of refs checked.
+/// The files below `dir` (none if it does not exist), names starting
+/// with `.` (a store's temp files) left out.
+pub fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else { continue };
+        for e in rd {
+            let e = e.unwrap();
+            if e.file_type().unwrap().is_dir() {
+                stack.push(e.path());
+            } else if !e.file_name().to_string_lossy().starts_with('.') {
+                out.push(e.path());
+            }
+        }
+    }
+    out
+}
+
 pub fn assert_refs_whole(store: &Path) -> usize {
     use mado_core::object::{ChunkManifest, Kind, RefValue, Snapshot, Tree};
     use mado_core::Hash;
@@ -411,19 +430,7 @@ pub fn assert_refs_whole(store: &Path) -> usize {
         assert_eq!(Hash::of(b), *id, "{what} {id} is corrupt");
         b
     };
-    let mut refs = Vec::new();
-    let mut stack = vec![store.join("refs")];
-    while let Some(d) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else { continue };
-        for e in rd {
-            let e = e.unwrap();
-            if e.file_type().unwrap().is_dir() {
-                stack.push(e.path());
-            } else if !e.file_name().to_string_lossy().starts_with('.') {
-                refs.push(e.path());
-            }
-        }
-    }
+    let refs = files_under(&store.join("refs"));
     let mut seen = std::collections::HashSet::new();
     for r in &refs {
         let v = RefValue::decode(&std::fs::read(r).unwrap()).unwrap_or_else(|e| panic!("{}: {e}", r.display()));

@@ -156,7 +156,18 @@ pub(super) async fn commit_locked(
     let cache = fetcher.cache.clone();
     let refname = ws_ref(&st.name)?;
     let lease_was_ours = lease?;
-    let (cur, ver) = cur?.ok_or_else(|| {
+    let cur = cur?;
+    // A checkpoint refused before it writes gives back a lease it took
+    // only for itself.
+    let give_back = || async {
+        if !lease_was_ours {
+            let _ = release_lease(remote, &st.name, &st.holder).await;
+        }
+    };
+    if cur.is_none() {
+        give_back().await;
+    }
+    let (cur, ver) = cur.ok_or_else(|| {
         Error::NotFound(format!(
             "workspace {} is no longer in the store (no ref {refname}: removed with `mado ws rm`?)\n  \
              hint: `mado ws create {} --from {} --no-checkout` makes it again at this copy's last checkpoint; \
@@ -172,11 +183,9 @@ pub(super) async fn commit_locked(
         let moved = fetcher.snapshot(cur.snapshot).await.ok();
         let by =
             moved.map(|s| format!(" (by {} at {})", s.author, crate::error::local_time(s.time))).unwrap_or_default();
-        // Taken only for this refused checkpoint: given back, so that the
-        // copy that moved the workspace (or a resume) is not locked out.
-        if !lease_was_ours {
-            let _ = release_lease(remote, &st.name, &st.holder).await;
-        }
+        // So that the copy that moved the workspace (or a resume) is not
+        // locked out.
+        give_back().await;
         return Err(Error::User(format!(
             "workspace {} moved to {}{by} since this working copy's base {}; \
              resume it elsewhere to continue from there, or `mado ws checkpoint --force` to replace it with this copy",
