@@ -1113,15 +1113,19 @@ fn small_checkpoints_after_a_large_addition_do_not_send_it_again() {
 /// A resume killed partway holds the workspace's lease (for 15 minutes):
 /// a resume elsewhere is refused naming the interrupted resume and both
 /// ways out, and `ws release --dir` of its directory frees the lease (it
-/// said "not inside a plain working copy; pass --dir", with --dir given).
-/// A `ws create` killed partway and run again says to resume instead.
+/// said "not inside a plain working copy; pass --dir", with --dir given),
+/// unless it names another workspace. A `ws create` killed partway and run again says to resume instead.
 #[test]
 fn an_interrupted_resume_is_named_and_its_lease_released() {
     let (m, r) = resume_killed_partway();
     let other = m.dir.path().join("other");
     let err = m.fails(&["ws", "resume", "ab", other.to_str().unwrap()], 1);
     assert!(err.contains("interrupted") && err.contains("ws release --dir"), "{err}");
-    let out = m.ok(&["ws", "release", "--dir", r.to_str().unwrap()]);
+    // Another workspace's name is refused, and nothing is released.
+    let err = m.fails(&["ws", "release", "zz", "--dir", r.to_str().unwrap()], 1);
+    assert!(err.contains("resume of workspace ab, not zz"), "{err}");
+    m.fails(&["ws", "resume", "ab", other.to_str().unwrap()], 1);
+    let out = m.ok(&["ws", "release", "ab", "--dir", r.to_str().unwrap()]);
     assert!(out.contains("released"), "{out}");
     m.ok(&["ws", "resume", "ab", other.to_str().unwrap()]);
 

@@ -383,7 +383,7 @@ pub async fn run(c: WsCommand, ctx: &Ctx) -> Result<()> {
                 None => std::env::current_dir()?,
             };
             // The partial copy of an interrupted resume: its lease.
-            if let Some((name, released)) = workspace::release_interrupted(&fetcher, &start).await? {
+            if let Some((name, released)) = workspace::release_interrupted(&fetcher, &start, a.name.as_deref()).await? {
                 if ctx.json {
                     return ctx.print_json(&serde_json::json!({ "workspace": name, "released": released }));
                 }

@@ -136,9 +136,20 @@ pub async fn release_lease(remote: &Remote, name: &str, holder: &str) -> Result<
 
 /// Releases the lease that the interrupted resume whose partial copy `dir`
 /// holds took (see [`super::interrupted_resume_of`]); its files stay.
-/// `None` when `dir` holds no such copy.
-pub async fn release_interrupted(fetcher: &Arc<Fetcher>, dir: &Path) -> Result<Option<(String, bool)>> {
+/// `None` when `dir` holds no such copy. `expect`: the workspace the user
+/// named, refused (before anything is released) if the copy is another's.
+pub async fn release_interrupted(
+    fetcher: &Arc<Fetcher>,
+    dir: &Path,
+    expect: Option<&str>,
+) -> Result<Option<(String, bool)>> {
     let Some((name, holder)) = super::interrupted_resume_of(dir) else { return Ok(None) };
+    if let Some(n) = expect.filter(|n| *n != name) {
+        return Err(Error::User(format!(
+            "{} holds the partial copy of an interrupted resume of workspace {name}, not {n}",
+            dir.display()
+        )));
+    }
     if holder.is_empty() {
         return Ok(Some((name, false)));
     }
