@@ -93,6 +93,43 @@ fn log_chains_imports_on_the_ref() {
     assert!(log[1]["source"].as_str().unwrap().starts_with("git:"));
 }
 
+/// git's ancestry steps after a name: `main~1`, `main^`, a short id with
+/// `~`, in every command that takes a REF; a step past the first snapshot
+/// and a malformed step are refused, naming what went wrong.
+#[test]
+fn refs_take_git_ancestry_steps() {
+    let m = Mado::local();
+    let repo = fixture_repo(m.dir.path());
+    m.ok(&["import-git", repo.to_str().unwrap()]);
+    let before = std::fs::read_to_string(repo.join("README.md")).unwrap();
+    std::fs::write(repo.join("README.md"), "changed\n").unwrap();
+    git(&repo, &["commit", "-qam", "second"]);
+    m.ok(&["import-git", repo.to_str().unwrap()]);
+    let log = m.json(&["log", "main"]);
+    let (second, first) = (log[0]["snapshot"].as_str().unwrap(), log[1]["snapshot"].as_str().unwrap());
+    for spec in ["main~1", "main~", "main^", "main^1", "main~1^0", &format!("{}~1", &second[..8])] {
+        assert_eq!(m.ok(&["cat", spec, "README.md"]), before, "{spec}");
+        assert_eq!(m.json(&["log", spec, "-n", "1"])[0]["snapshot"], first, "{spec}");
+    }
+    assert_eq!(m.ok(&["cat", "main~0", "README.md"]), "changed\n");
+    let out = m.dir.path().join("old");
+    m.ok(&["checkout", "main~1", out.to_str().unwrap()]);
+    assert_eq!(std::fs::read_to_string(out.join("README.md")).unwrap(), before);
+    let d = m.ok(&["diff", "--stat", "main~1", "main"]);
+    assert!(d.contains("README.md"), "{d}");
+    m.ok(&["ws", "create", "old", "--from", "main^", "--no-checkout"]);
+    assert_eq!(m.json(&["log", "ws/old", "-n", "1"])[0]["snapshot"], first);
+
+    let err = m.fails(&["cat", "main~2", "README.md"], 1);
+    assert!(err.contains("main~2") && err.contains("1 step back from main") && err.contains("no parent"), "{err}");
+    let err = m.fails(&["cat", "main^2", "README.md"], 1);
+    assert!(err.contains("only one parent"), "{err}");
+    for bad in ["main~x", "main^^x", "~1", "main~1~-1"] {
+        let err = m.fails(&["cat", bad, "README.md"], 1);
+        assert!(err.contains("ancestry steps"), "{bad}: {err}");
+    }
+}
+
 #[test]
 fn import_checkout_matches_git_clone_on_every_backend() {
     for (label, m) in Mado::every_backend() {

@@ -1,5 +1,8 @@
 //! Naming snapshots: `REF` arguments are a ref name or a snapshot id (a
-//! unique prefix of at least 4 hex digits is enough).
+//! unique prefix of at least 4 hex digits is enough), followed by any
+//! number of git's ancestry steps: `~N` (the first parent, N times; `~`
+//! alone is `~1`) and `^N` (the Nth parent; `^` alone is `^1`, `^0` the
+//! snapshot itself).
 
 use std::sync::Arc;
 
@@ -19,8 +22,71 @@ pub struct Resolved {
 }
 
 /// Resolves `spec`. Costs one GET for a ref, nothing for a full id, one
-/// LIST for a short id.
-pub async fn resolve(remote: &Remote, spec: &str) -> Result<Resolved> {
+/// LIST for a short id; then one GET per ancestry step (a snapshot read,
+/// served by the cache once read).
+pub async fn resolve(fetcher: &Arc<Fetcher>, spec: &str) -> Result<Resolved> {
+    let (base, steps) = split_ancestry(spec)?;
+    let r = resolve_name(&fetcher.remote, base).await?;
+    if steps.is_empty() {
+        return Ok(r);
+    }
+    let mut id = r.snapshot;
+    for (done, parent) in steps.into_iter().enumerate() {
+        let snap = fetcher.snapshot(id).await?;
+        id = *snap.parents.get(parent).ok_or_else(|| {
+            let has = match snap.parents.len() {
+                0 => "no parent".to_string(),
+                1 => "only one parent".to_string(),
+                n => format!("only {n} parents"),
+            };
+            let which = match done {
+                0 => base.to_string(),
+                n => format!("{n} step{} back from {base}", if n == 1 { "" } else { "s" }),
+            };
+            Error::NotFound(format!("{spec}: snapshot {} ({which}) has {has}; see `mado log {base}`", id.short()))
+        })?;
+    }
+    Ok(Resolved { snapshot: id, root: None, layers: Vec::new() })
+}
+
+/// Splits `spec` into its name and its ancestry steps, each the index of
+/// the parent it follows.
+fn split_ancestry(spec: &str) -> Result<(&str, Vec<usize>)> {
+    let Some(at) = spec.find(['~', '^']) else { return Ok((spec, Vec::new())) };
+    let (base, mut rest) = spec.split_at(at);
+    let bad = || {
+        Error::User(format!(
+            "cannot read {spec:?}: after the name, only ancestry steps may follow: ~N (first parent, N times) \
+             or ^N (the Nth parent), N optional"
+        ))
+    };
+    if base.is_empty() {
+        return Err(bad());
+    }
+    let mut steps = Vec::new();
+    while let Some(op) = rest.chars().next() {
+        let digits = rest[1..].bytes().take_while(u8::is_ascii_digit).count();
+        let (step, tail) = rest.split_at(1 + digits);
+        let n: Option<usize> = if digits == 0 { None } else { Some(step[1..].parse().map_err(|_| bad())?) };
+        match (op, n) {
+            ('~', n) => {
+                let n = n.unwrap_or(1);
+                if n > 100_000 {
+                    return Err(bad());
+                }
+                steps.extend(std::iter::repeat_n(0, n));
+            }
+            ('^', Some(0)) => {}
+            ('^', n) => steps.push(n.unwrap_or(1) - 1),
+            _ => return Err(bad()),
+        }
+        rest = tail;
+    }
+    Ok((base, steps))
+}
+
+/// Resolves a name without ancestry steps.
+async fn resolve_name(remote: &Remote, spec: &str) -> Result<Resolved> {
     if let Ok(h) = spec.parse::<Hash>() {
         return Ok(Resolved { snapshot: h, root: None, layers: Vec::new() });
     }
@@ -55,7 +121,7 @@ pub async fn resolve(remote: &Remote, spec: &str) -> Result<Resolved> {
 /// The index is asked for first, so it takes the connection the ref's GET
 /// left idle; the snapshot's GET opens the second one.
 pub async fn open(fetcher: &Arc<Fetcher>, spec: &str) -> Result<(Hash, Snapshot, Attach)> {
-    let r = resolve(&fetcher.remote, spec).await?;
+    let r = resolve(fetcher, spec).await?;
     match r.root {
         Some(root) => {
             let (attach, snap) = futures::join!(fetcher.attach_hinted(root, &r.layers), fetcher.snapshot(r.snapshot));
@@ -106,7 +172,7 @@ pub type SnapshotCheck = std::pin::Pin<Box<dyn std::future::Future<Output = Resu
 /// the ref's) while the caller goes on with the tree. A snapshot id, or a
 /// ref of version 1 (no root), reads the snapshot first.
 pub async fn open_tree(fetcher: &Arc<Fetcher>, spec: &str) -> Result<OpenTree> {
-    let r = resolve(&fetcher.remote, spec).await?;
+    let r = resolve(fetcher, spec).await?;
     let Some(root) = r.root else {
         let root = fetcher.snapshot(r.snapshot).await?.root;
         let attach = fetcher.attach(root).await?;
@@ -136,4 +202,26 @@ pub async fn open_tree(fetcher: &Arc<Fetcher>, spec: &str) -> Result<OpenTree> {
         futures::future::Either::Right((checked, attach)) => (attach.await, Box::pin(async move { checked })),
     };
     Ok(OpenTree { snapshot: r.snapshot, root, attach: attach?, check })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_ancestry;
+
+    #[test]
+    fn ancestry_steps_are_split_as_git_reads_them() {
+        let steps = |s| split_ancestry(s).map(|(b, v)| (b.to_string(), v)).map_err(|e| e.to_string());
+        assert_eq!(steps("main"), Ok(("main".into(), vec![])));
+        assert_eq!(steps("ws/a~"), Ok(("ws/a".into(), vec![0])));
+        assert_eq!(steps("main~3"), Ok(("main".into(), vec![0, 0, 0])));
+        assert_eq!(steps("main~0"), Ok(("main".into(), vec![])));
+        assert_eq!(steps("main^"), Ok(("main".into(), vec![0])));
+        assert_eq!(steps("main^2"), Ok(("main".into(), vec![1])));
+        assert_eq!(steps("main^0"), Ok(("main".into(), vec![])));
+        assert_eq!(steps("main^^2~2"), Ok(("main".into(), vec![0, 1, 0, 0])));
+        assert_eq!(steps("abcd12~10"), Ok(("abcd12".into(), vec![0; 10])));
+        for bad in ["~1", "^", "main~x", "main~1x", "main^-1", "main~100001", "main~99999999999999999999999"] {
+            assert!(steps(bad).unwrap_err().contains("ancestry steps"), "{bad}");
+        }
+    }
 }

@@ -8,7 +8,7 @@ use crate::ctx::Ctx;
 /// Write a file's content from a snapshot to stdout (a symlink's target).
 #[derive(Args)]
 pub struct CatArgs {
-    /// Ref name or snapshot id.
+    /// Ref name or snapshot id (a unique prefix is enough), and any of git's ancestry steps: main~2, main^.
     spec: String,
     /// Path of the file inside the snapshot.
     path: String,

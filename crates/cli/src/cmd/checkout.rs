@@ -17,7 +17,7 @@ use crate::ctx::Ctx;
 /// from a packed snapshot only their span of each pack is downloaded.
 #[derive(Args)]
 pub struct CheckoutArgs {
-    /// Ref name or snapshot id.
+    /// Ref name or snapshot id (a unique prefix is enough), and any of git's ancestry steps: main~2, main^.
     spec: String,
     /// Target directory (created if missing).
     dir: PathBuf,

@@ -9,7 +9,8 @@ use crate::ctx::Ctx;
 /// Show what changed between two snapshots: paths added (A), modified (M:
 /// content, kind or exec bit) and deleted (D), sorted.
 ///
-/// Each side is a ref name (`main`, `ws/NAME`) or a snapshot id; with one,
+/// Each side is a ref name (`main`, `ws/NAME`) or a snapshot id, with any
+/// of git's ancestry steps (`main~2`, `main^`); with one,
 /// it is compared with its parent snapshot. Only trees that differ are
 /// read, so the cost follows the change. File times are not compared
 /// (trees hold none). `--stat` and `-p` read the changed files' content
@@ -17,7 +18,8 @@ use crate::ctx::Ctx;
 /// "added", "modified", "deleted"}`, with `stat` and `patches` when asked.
 #[derive(Args)]
 pub struct DiffArgs {
-    /// The older side: a ref name or a snapshot id.
+    /// The older side: a ref name or a snapshot id (main~1, main^: git's
+    /// ancestry steps).
     from: String,
     /// The newer side (default: FROM, compared with its parent).
     to: Option<String>,

@@ -11,7 +11,7 @@ use crate::ctx::Ctx;
 /// as seconds since the Unix epoch. `mado refs` lists the refs.
 #[derive(Args)]
 pub struct LogArgs {
-    /// Ref name or snapshot id (a unique prefix is enough).
+    /// Ref name or snapshot id (a unique prefix is enough), and any of git's ancestry steps: main~2, main^.
     #[arg(default_value = "main")]
     spec: String,
     /// Show at most this many snapshots (default: all).
@@ -37,9 +37,8 @@ impl LogArgs {
 }
 
 pub async fn run(a: LogArgs, ctx: &Ctx) -> Result<()> {
-    let remote = ctx.remote()?;
     let fetcher = ctx.fetcher()?;
-    let mut next: Option<Hash> = Some(mado_core::resolve::resolve(&remote, &a.spec).await?.snapshot);
+    let mut next: Option<Hash> = Some(mado_core::resolve::resolve(&fetcher, &a.spec).await?.snapshot);
     let mut out = Vec::new();
     while let Some(id) = next {
         if a.max.is_some_and(|m| out.len() >= m) {

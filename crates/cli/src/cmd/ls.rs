@@ -8,7 +8,7 @@ use crate::ctx::Ctx;
 /// file path lists that file).
 #[derive(Args)]
 pub struct LsArgs {
-    /// Ref name or snapshot id.
+    /// Ref name or snapshot id (a unique prefix is enough), and any of git's ancestry steps: main~2, main^.
     spec: String,
     /// Directory (or file) inside the snapshot (default: the root).
     #[arg(default_value = "")]

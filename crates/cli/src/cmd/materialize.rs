@@ -13,7 +13,7 @@ pub struct MaterializeArgs {
     /// Subtree to prefetch (default: the whole tree).
     #[arg(default_value = "")]
     path: String,
-    /// Ref name or snapshot id.
+    /// Ref name or snapshot id (a unique prefix is enough), and any of git's ancestry steps: main~2, main^.
     #[arg(short = 'r', long = "rev", default_value = "main", value_name = "REF")]
     spec: String,
 }

@@ -25,7 +25,7 @@ use crate::ctx::Ctx;
 /// checkpoint` inside it uploads only what changed.
 #[derive(Args)]
 pub struct MountArgs {
-    /// Ref name or snapshot id (with --workspace: the workspace name).
+    /// Ref name or snapshot id, and any of git's ancestry steps: main~2, main^ (with --workspace: the workspace name).
     spec: String,
     /// Mount point: an empty directory (made if missing).
     dir: PathBuf,

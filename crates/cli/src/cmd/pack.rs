@@ -14,7 +14,7 @@ use crate::ctx::Ctx;
 /// Idempotent: an unchanged tree uploads nothing.
 #[derive(Args)]
 pub struct PackArgs {
-    /// Ref name or snapshot id to pack.
+    /// Ref name or snapshot id to pack (main~2, main^: git's ancestry steps).
     #[arg(short = 'r', long = "rev", default_value = "main", value_name = "REF")]
     spec: String,
     /// Recursive-subtree packs (v2; the default).

@@ -28,7 +28,7 @@ use crate::ctx::Ctx;
 /// runs in the foreground.
 #[derive(Args)]
 pub struct ServeVirtiofsArgs {
-    /// Ref name or snapshot id (with --workspace: the workspace name).
+    /// Ref name or snapshot id, and any of git's ancestry steps: main~2, main^ (with --workspace: the workspace name).
     spec: String,
     /// The vhost-user socket to listen on (replaced if stale).
     #[arg(long, value_name = "PATH")]

@@ -70,7 +70,7 @@ pub struct RecoverArgs {
 #[command(group(clap::ArgGroup::new("working_copy").required(true).multiple(false).args(["dir", "mount", "no_checkout"])))]
 pub struct CreateArgs {
     name: String,
-    /// Ref name or snapshot id to start from.
+    /// Ref name or snapshot id to start from (main~2, main^: git's ancestry steps).
     #[arg(long, default_value = "main", value_name = "REF")]
     from: String,
     /// The working copy as a plain directory: a new or empty directory.

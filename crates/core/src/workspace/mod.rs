@@ -198,7 +198,7 @@ async fn read_ws_ref(fetcher: &Fetcher, name: &str) -> Result<RefValue> {
 /// Creates the ref of a new workspace from `spec`.
 pub async fn create_ref(fetcher: &Arc<Fetcher>, name: &str, spec: &str) -> Result<RefValue> {
     let refname = ws_ref(name)?;
-    let r = crate::resolve::resolve(&fetcher.remote, spec).await?;
+    let r = crate::resolve::resolve(fetcher, spec).await?;
     let root = match r.root {
         Some(root) => root,
         None => {
