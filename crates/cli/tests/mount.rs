@@ -148,6 +148,35 @@ impl Mounted<'_> {
     }
 }
 
+/// The store goes away while a mount reads, then comes back (MinIO
+/// behind a relay that breaks every connection): a read during the outage
+/// fails (EIO), and the same file, and the others, read right once the
+/// store answers again. They failed for as long as the mount lived: the
+/// pack whose GET failed was remembered as bad, and a packs-only store
+/// has no object alone to fall back on.
+#[test]
+fn a_mount_reads_again_once_its_store_is_back() {
+    if !fuse_usable() {
+        return;
+    }
+    let Some(base) = s3_base() else { return };
+    let endpoint = std::env::var("AWS_ENDPOINT_URL").expect("MinIO's endpoint with MADO_TEST_S3_URL");
+    let gate = Gate::new(endpoint.trim_start_matches("http://").trim_end_matches('/'));
+    let m = Mado::s3(&base);
+    let repo = dense_repo(m.dir.path());
+    m.ok(&["import-git", repo.to_str().unwrap()]);
+    empty_cache(&m);
+    let via_gate = format!("http://127.0.0.1:{}", gate.port);
+    let mnt = mount(&m, "main", "mnt", &[], &[("AWS_ENDPOINT_URL", &via_gate)]);
+    gate.close();
+    let f = mnt.dir.join("dense/f007.txt");
+    let e = std::fs::read(&f).expect_err("the store is away");
+    assert_eq!(e.raw_os_error(), Some(5), "EIO: {e}");
+    gate.open();
+    assert_eq!(std::fs::read(&f).unwrap(), std::fs::read(repo.join("dense/f007.txt")).unwrap());
+    assert_same_content(&mnt.dir.join("dense"), &repo.join("dense"));
+}
+
 /// Content, kind and exec bit of everything under `root` (a mount is
 /// read-only, so its write bits differ from a checkout's by design).
 fn assert_same_content(a: &Path, b: &Path) {

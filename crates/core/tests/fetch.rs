@@ -98,6 +98,43 @@ async fn a_broken_connection_is_an_error_naming_the_object_and_a_retry_works() {
     assert_eq!(f.get(Space::Objects, id, "blob").await.unwrap(), data);
 }
 
+/// A pack whose GET fails as the store goes away (a broken connection, not
+/// a missing or corrupt pack) is not given up on: once the store answers
+/// again, the next read of a member gets it from the pack. (A mount kept
+/// answering EIO for every file read during an outage: the pack was
+/// remembered as bad, and a packs-only store has no object alone to read.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pack_that_failed_while_the_store_was_away_is_read_once_it_is_back() {
+    use mado_core::pack::{build_pack, MemberKind, Mode, PackIndex};
+    use mado_core::store::fault::{Failure, Fault, FaultStore, Op};
+    let dir = tempfile::tempdir().unwrap();
+    let faults = Arc::new(FaultStore::new(Arc::new(object_store::memory::InMemory::new())));
+    let remote = Arc::new(Remote::from_store("memory://outage", faults.clone()));
+    let raws = noise(0x9e37_79b9_7f4a_7c15, 8, 4 << 10);
+    let members: Vec<(Hash, MemberKind, &[u8])> =
+        raws.iter().map(|r| (Hash::of(r), MemberKind::Blob, &r[..])).collect();
+    let (bytes, entry) = build_pack(&members);
+    let pack = entry.id;
+    remote.put_pack(&pack, Bytes::from(bytes)).await.unwrap();
+    let tree = Hash([9; 32]);
+    let idx = PackIndex { tree, mode: Mode::Recursive, dirs: 1, packs: vec![entry], trees: vec![], base: vec![] };
+    remote.put_index(&tree, Bytes::from(idx.encode())).await.unwrap();
+    let cache = Arc::new(DiskCache::open(dir.path().join("cache"), None).unwrap());
+    let f = Fetcher::new(remote.clone(), cache);
+    f.attach(tree).await.unwrap();
+    // Every GET fails while the store is away: the pack's, then the
+    // member's alone (which a packs-only store does not have anyway).
+    faults.add(Fault { op: Op::Get, key_contains: String::new(), times: 2, failure: Failure::Error });
+    let id = Hash::of(&raws[3]);
+    assert!(f.get(Space::Objects, id, "blob").await.is_err());
+    f.drain().await;
+    assert_eq!(faults.pending(), 0, "both GETs were tried");
+    // Back: the pack is read again.
+    assert_eq!(f.get(Space::Objects, id, "blob").await.unwrap(), raws[3]);
+    assert_eq!(f.get(Space::Objects, Hash::of(&raws[5]), "blob").await.unwrap(), raws[5]);
+    assert_eq!(f.stats().packs_missing, 0, "not taken for a swept pack");
+}
+
 /// A reader whose member sits far into a cold pack starts the pack's ranged
 /// GET at its own member (it does not wait for the bytes before it); the
 /// members before it come in a flight of their own when asked for, and

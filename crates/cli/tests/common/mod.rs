@@ -499,3 +499,55 @@ pub fn empty_cache(m: &Mado) {
     let _ = std::fs::remove_dir_all(m.cache_dir().join("objects"));
     let _ = std::fs::remove_dir_all(m.cache_dir().join("packs").join("data"));
 }
+
+/// A TCP relay on loopback in front of a server (MinIO): `close` breaks
+/// every connection through it and refuses new ones (the store goes
+/// away); `open` lets them through again, on the same port.
+pub struct Gate {
+    pub port: u16,
+    open: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    conns: std::sync::Arc<std::sync::Mutex<Vec<std::net::TcpStream>>>,
+}
+
+impl Gate {
+    pub fn new(upstream: &str) -> Gate {
+        use std::sync::atomic::Ordering::SeqCst;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let open = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let conns: std::sync::Arc<std::sync::Mutex<Vec<std::net::TcpStream>>> = Default::default();
+        let (o, c, up) = (open.clone(), conns.clone(), upstream.to_string());
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { continue };
+                if !o.load(SeqCst) {
+                    let _ = client.shutdown(std::net::Shutdown::Both);
+                    continue;
+                }
+                let Ok(server) = std::net::TcpStream::connect(&up) else { continue };
+                let mut list = c.lock().unwrap();
+                list.push(client.try_clone().unwrap());
+                list.push(server.try_clone().unwrap());
+                for (mut from, mut to) in [(client.try_clone().unwrap(), server.try_clone().unwrap()), (server, client)]
+                {
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                        let _ = to.shutdown(std::net::Shutdown::Write);
+                    });
+                }
+            }
+        });
+        Gate { port, open, conns }
+    }
+
+    pub fn close(&self) {
+        self.open.store(false, std::sync::atomic::Ordering::SeqCst);
+        for s in self.conns.lock().unwrap().drain(..) {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    pub fn open(&self) {
+        self.open.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}

@@ -634,9 +634,9 @@ impl Fetcher {
             Ok(stream) => self.stream_pack(pack, stream, &mut counting, (lo, hi), writer.clone(), taker).await,
             Err(Error::NotFound(_)) => {
                 self.counters.packs_missing.fetch_add(1, Relaxed);
-                Err("missing from the store (swept?)".to_string())
+                Err(Failed::Lasting("missing from the store (swept?)".to_string()))
             }
-            Err(e) => Err(format!("GET failed: {e}")),
+            Err(e) => Err(Failed::Passing(format!("GET failed: {e}"))),
         };
         if let (Some(w), Ok(good)) = (&writer, &streamed) {
             if !good.is_empty() {
@@ -646,8 +646,21 @@ impl Fetcher {
         if let Err(e) = streamed {
             self.cache.discard_unrecorded(&pack.id);
             self.counters.pack_failures.fetch_add(1, Relaxed);
-            self.bad_packs.lock().expect("bad packs lock").insert(pack.id);
-            self.warn(format!("pack {}: {e}; reading its objects one by one", pack.id));
+            match e {
+                // A pack the store lost or holds corrupt: its objects are
+                // read one by one from now on (a store with loose copies
+                // still serves them).
+                Failed::Lasting(e) => {
+                    self.bad_packs.lock().expect("bad packs lock").insert(pack.id);
+                    self.warn(format!("pack {}: {e}; reading its objects one by one", pack.id));
+                }
+                // The store or the network failed: the next read asks for
+                // the pack again (remembered as bad, a packs-only store
+                // would answer every later read with a missing object).
+                Failed::Passing(e) => {
+                    self.warn(format!("pack {}: {e}; this read goes on object by object, the next asks again", pack.id))
+                }
+            }
         } else {
             self.counters.packs_exploded.fetch_add(1, Relaxed);
         }
@@ -670,7 +683,7 @@ impl Fetcher {
         (lo, hi): (usize, usize),
         writer: Option<Arc<crate::cache::PackWriter>>,
         taker: Taker<'_>,
-    ) -> std::result::Result<Vec<crate::pack::Member>, String> {
+    ) -> std::result::Result<Vec<crate::pack::Member>, Failed> {
         let bulk = matches!(taker, Taker::Bulk);
         let std::ops::Range { start: base, end } = pack.members_range(lo, hi);
         // `pending` holds the pack's bytes from offset `at`, as the network
@@ -708,9 +721,18 @@ impl Fetcher {
         while next < stop {
             let chunk = match stream.next().await {
                 Some(Ok(c)) => c,
-                Some(Err(e)) => return Err(format!("read failed after {} bytes: {e}", at + pending.len as u64 - base)),
+                Some(Err(e)) => {
+                    return Err(Failed::Passing(format!(
+                        "read failed after {} bytes: {e}",
+                        at + pending.len as u64 - base
+                    )))
+                }
                 None => {
-                    return Err(format!("truncated: {} of {} body bytes", at + pending.len as u64 - base, end - base))
+                    return Err(Failed::Passing(format!(
+                        "truncated: {} of {} body bytes",
+                        at + pending.len as u64 - base,
+                        end - base
+                    )))
                 }
             };
             pending.push(chunk);
@@ -788,7 +810,11 @@ impl Fetcher {
             // Hand over what is decoded; wait for the oldest when too many
             // are queued (which bounds the memory ahead of the readers).
             while decoding.front().is_some_and(|t| t.is_finished()) || decoding.len() > DECODES_IN_FLIGHT {
-                let d = decoding.pop_front().expect("checked").await.map_err(|e| format!("decoding: {e}"))?;
+                let d = decoding
+                    .pop_front()
+                    .expect("checked")
+                    .await
+                    .map_err(|e| Failed::Lasting(format!("decoding: {e}")))?;
                 for w in deliver(d, &mut good, &mut bad) {
                     w.await;
                 }
@@ -798,7 +824,7 @@ impl Fetcher {
             tokio::task::yield_now().await;
         }
         while let Some(t) = decoding.pop_front() {
-            let d = t.await.map_err(|e| format!("decoding: {e}"))?;
+            let d = t.await.map_err(|e| Failed::Lasting(format!("decoding: {e}")))?;
             for w in deliver(d, &mut good, &mut bad) {
                 w.await;
             }
@@ -809,10 +835,21 @@ impl Fetcher {
             written &= matches!(w.await, Ok(Ok(())));
         }
         if bad > 0 {
-            return Err(format!("{bad} bad members"));
+            return Err(Failed::Lasting(format!("{bad} bad members")));
         }
         Ok(if written { good } else { Vec::new() })
     }
+}
+
+/// Why a pack's part could not be read.
+#[derive(Debug)]
+enum Failed {
+    /// The store lost the pack, or its bytes are wrong: asking again
+    /// would not help.
+    Lasting(String),
+    /// The request or its body failed on the way (the store away, a
+    /// connection broken): a later read asks again.
+    Passing(String),
 }
 
 /// Member `i` (`m`) decoded and verified from `seg`, the pack's bytes
