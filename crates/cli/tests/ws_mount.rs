@@ -259,6 +259,18 @@ fn uncheckpointed_work_of_a_mount_is_named_set_aside_and_recovered() {
     // Checkpointed, then unmounted: nothing left to warn of.
     let w2 = m.dir.path().join("w2");
     m.ok(&["ws", "resume", "back", w2.to_str().unwrap()]);
+    // ... nor once the workspace moved on from there: a mount whose every
+    // change a checkpoint holds is not set aside (it was, and `ws recover`
+    // listed a folder that held nothing to recover).
+    std::fs::write(w2.join("later.txt"), "moved on\n").unwrap();
+    m.ok(&["ws", "checkpoint", "--dir", w2.to_str().unwrap()]);
+    m.ok(&["ws", "release", "--dir", w2.to_str().unwrap()]);
+    let o = m.cmd(&["ws", "resume", "back", back.path(), "--mount"]).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(o.status.success() && !err.contains("set aside"), "{err}");
+    assert_eq!(std::fs::read(back.dir.join("later.txt")).unwrap(), b"moved on\n");
+    back.umount();
+    assert_eq!(m.json(&["ws", "recover"]), serde_json::json!([]));
     // The same name twice, or a folder that holds nothing, is refused.
     let err = m.fails(&["ws", "recover", dir, "--as", "again"], 1);
     assert!(err.contains("no set-aside changes"), "{err}");

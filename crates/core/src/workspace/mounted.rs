@@ -373,7 +373,8 @@ pub struct MountedWorkspace {
 /// the snapshot and the pack index together, one on each; the stat object
 /// and the lease's conditional PUT together. Changes left by an earlier mount of the
 /// same checkpoint on this machine are picked up; changes on top of an
-/// older checkpoint are set aside (and named in a warning).
+/// older checkpoint are set aside (and named in a warning), unless a
+/// checkpoint holds them all.
 pub async fn open_mount(
     fetcher: &Arc<Fetcher>,
     name: &str,
@@ -411,6 +412,10 @@ pub async fn open_mount(
     // where they are (it once moved them, and said nothing).
     let (reopen, set_aside_head) = match (&prev, &saved) {
         (Some(p), Some(_)) if p.head == v.snapshot.to_hex() || p.pending == Some(v.snapshot.to_hex()) => (true, None),
+        // Its clean unmount recorded that no change came after its last
+        // checkpoint began: a checkpoint holds every change, nothing to
+        // set aside (the fresh state below replaces it).
+        (Some(p), Some(_)) if p.uncheckpointed == Some(false) => (false, None),
         (Some(p), _) => (false, Some(p.head.clone())),
         _ => (false, None),
     };
