@@ -465,12 +465,87 @@ fn an_interrupted_checkout_leaves_no_temp_file() {
             .collect()
     };
     assert_eq!(temps(&out).len(), 1, "no temp file while the large file is written");
+    assert!(out.join(".mado-checkout-partial").is_file(), "marked while under way");
     assert!(Command::new("kill").arg("-INT").arg(child.id().to_string()).status().unwrap().success());
     let o = child.wait_with_output().unwrap();
     assert_eq!(o.status.code(), Some(130), "{}", String::from_utf8_lossy(&o.stderr));
-    assert!(temps(&out).is_empty(), "the interrupted checkout left {:?}", temps(&out));
-    // And a checkout over what it left completes the tree, nothing more.
-    m.ok(&["checkout", "--force", "main", out.to_str().unwrap()]);
+    // The directory it made is gone again (it left the temp file, then
+    // every directory it had made).
+    assert!(!out.exists(), "the interrupted checkout left {:?}", std::fs::read_dir(&out).map(|d| d.count()));
+    // Into a directory that was there and empty: emptied again.
+    std::fs::create_dir(&out).unwrap();
+    let _ = std::fs::remove_file(m.dir.path().join("pause.paused"));
+    let child = m
+        .cmd(&["checkout", "main", out.to_str().unwrap()])
+        .env("MADO_PAUSE", "content-write")
+        .env("MADO_PAUSE_FIFO", &fifo)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    eventually("the checkout reaches its pause point again", || m.dir.path().join("pause.paused").exists());
+    assert!(Command::new("kill").arg("-INT").arg(child.id().to_string()).status().unwrap().success());
+    assert_eq!(child.wait_with_output().unwrap().status.code(), Some(130));
+    assert_eq!(std::fs::read_dir(&out).unwrap().count(), 0, "emptied again");
+    m.ok(&["checkout", "main", out.to_str().unwrap()]);
     assert!(temps(&out).is_empty());
+    assert!(!out.join(".mado-checkout-partial").exists(), "the mark goes once every file is written");
     assert!(same_bytes(&repo.join("big.bin"), &out.join("big.bin")));
+}
+
+/// A checkout killed (kill -9) partway leaves its mark beside what it
+/// wrote; the same checkout run again removes all of it and finishes
+/// (it was refused as "not empty", and a file could be left short under
+/// its real name). A checkout that fails (a pack the store lost) leaves
+/// no directory behind.
+#[test]
+fn a_killed_checkout_is_finished_by_running_it_again() {
+    let m = Mado::local();
+    let repo = m.dir.path().join("repo");
+    std::fs::create_dir_all(repo.join("d")).unwrap();
+    write_random(&repo.join("big.bin"), 6 << 20, 78);
+    for i in 0..50 {
+        std::fs::write(repo.join(format!("d/f{i}")), format!("file {i}\n")).unwrap();
+    }
+    git(&repo, &["init", "-q", "-b", "main"]);
+    git(&repo, &["add", "-A"]);
+    git(&repo, &["commit", "-qm", "files"]);
+    m.ok(&["import-git", repo.to_str().unwrap()]);
+    let fifo = m.dir.path().join("pause");
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let out = m.dir.path().join("out");
+    let mut child = m
+        .cmd(&["checkout", "main", out.to_str().unwrap()])
+        .env("MADO_PAUSE", "content-write")
+        .env("MADO_PAUSE_FIFO", &fifo)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    eventually("the checkout reaches its pause point", || m.dir.path().join("pause.paused").exists());
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(out.join(".mado-checkout-partial").is_file());
+    let o = m.run(&["checkout", "main", out.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("interrupted checkout"), "{err}");
+    assert_same_tree(&repo, &out);
+    assert!(!out.join(".mado-checkout-partial").exists());
+    // Done, the directory is the user's: not removed by another checkout.
+    let err = m.fails(&["checkout", "main", out.to_str().unwrap()], 1);
+    assert!(err.contains("not empty"), "{err}");
+
+    // A failure partway (the pack is gone from the store, the cache
+    // emptied) leaves no directory.
+    for p in files_under(&m.store_dir().join("packs")) {
+        if p.parent().unwrap().file_name().unwrap().len() == 2 {
+            std::fs::remove_file(&p).unwrap();
+        }
+    }
+    empty_cache(&m);
+    let failed = m.dir.path().join("failed");
+    let o = m.run(&["checkout", "main", failed.to_str().unwrap()]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("not found in the store"), "failed partway, on the missing pack: {err}");
+    assert!(!failed.exists(), "a failed checkout left {:?}", std::fs::read_dir(&failed).map(|d| d.count()));
 }

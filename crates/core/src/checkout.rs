@@ -39,6 +39,8 @@ pub struct CheckoutReport {
     pub symlinks: u64,
     pub dirs: u64,
     pub bytes: u64,
+    /// The directory held an interrupted checkout's files, removed first.
+    pub removed_partial: bool,
     /// Every regular file written and every gitlink (checked out as an
     /// empty directory), with its tree entry (for stat caches).
     #[serde(skip)]
@@ -567,7 +569,16 @@ pub async fn checkout(
     opts: CheckoutOptions<'_>,
 ) -> Result<CheckoutReport> {
     // A file where `dest` goes is refused here, with --force too.
-    let empty = is_empty_dir_but(dest, opts.marked.then_some(crate::workspace::STATE_DIR))?;
+    let made = std::fs::symlink_metadata(dest).is_err();
+    let mut empty = is_empty_dir_but(dest, opts.marked.then_some(crate::workspace::STATE_DIR))?;
+    // What an interrupted checkout (kill -9) left is removed, and the
+    // checkout done again; with --force, written over.
+    let mut removed_partial = false;
+    if !empty && !opts.marked && !opts.force && is_partial_checkout(dest) {
+        crate::fsutil::empty_dir(dest)
+            .map_err(Error::io(format!("removing the interrupted checkout in {}", dest.display())))?;
+        (empty, removed_partial) = (true, true);
+    }
     if !opts.force && !empty {
         return Err(Error::User(format!(
             "{} is not empty; choose an empty or new directory, or pass --force to write over it",
@@ -601,7 +612,17 @@ pub async fn checkout(
         rustix::fs::open(dest, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
             .map_err(|e| Error::Io { context: format!("opening {}", dest.display()), source: e.into() })?,
     );
-    let mut report = CheckoutReport::default();
+    // Into an empty or new directory, marked until every file is written:
+    // a checkout that fails or is dropped (Ctrl-C) leaves the directory as
+    // it found it, and one killed leaves the mark, so the next checkout
+    // there knows whose files they are. A tree that holds a file of the
+    // mark's name at its top is not marked.
+    let mut partial = None;
+    if empty && !opts.marked && !fetcher.tree(root, "").await?.entries.iter().any(|e| e.name == PARTIAL_MARK.as_bytes())
+    {
+        partial = Some(Partial::mark(&root_fd, dest, made)?);
+    }
+    let mut report = CheckoutReport { removed_partial, ..Default::default() };
     let mut files: Vec<(Vec<u8>, Entry)> = Vec::new();
     let mut level: Vec<(Vec<u8>, Hash)> = Vec::new();
     if opts.paths.is_empty() {
@@ -806,7 +827,66 @@ pub async fn checkout(
             report.written.push((p, e));
         }
     }
+    if let Some(p) = partial {
+        p.done(&root_fd)?;
+    }
     Ok(report)
+}
+
+/// The file a checkout into an empty or new directory keeps at its top
+/// until every file is written (FORMAT.md).
+pub const PARTIAL_MARK: &str = ".mado-checkout-partial";
+
+/// `dest` holds what a checkout that did not finish wrote: its mark.
+fn is_partial_checkout(dest: &Path) -> bool {
+    std::fs::symlink_metadata(dest.join(PARTIAL_MARK)).is_ok_and(|m| m.is_file())
+}
+
+/// A checkout under way into a directory that was empty (or new): dropped
+/// before [`Partial::done`] (an error, or the checkout's future dropped),
+/// it empties the directory again, and removes it if the checkout made it.
+struct Partial {
+    dest: std::path::PathBuf,
+    made: bool,
+    finished: bool,
+}
+
+impl Partial {
+    fn mark(root_fd: &OwnedFd, dest: &Path, made: bool) -> Result<Partial> {
+        let fd = rustix::fs::openat(
+            root_fd,
+            PARTIAL_MARK,
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o644),
+        )
+        .map_err(io_at(PARTIAL_MARK.as_bytes(), "creating"))?;
+        let partial = Partial { dest: dest.to_path_buf(), made, finished: false };
+        std::fs::File::from(fd)
+            .write_all(
+                b"A mado checkout into this directory has not finished (or was killed): \
+                  what is here may be incomplete. Run the same checkout again (it removes these files \
+                  first), or remove them.\n",
+            )
+            .map_err(Error::io(format!("writing {}", dest.join(PARTIAL_MARK).display())))?;
+        Ok(partial)
+    }
+
+    fn done(mut self, root_fd: &OwnedFd) -> Result<()> {
+        self.finished = true;
+        rustix::fs::unlinkat(root_fd, PARTIAL_MARK, AtFlags::empty())
+            .map_err(io_at(PARTIAL_MARK.as_bytes(), "removing"))
+    }
+}
+
+impl Drop for Partial {
+    fn drop(&mut self) {
+        if !self.finished {
+            let _ = crate::fsutil::empty_dir(&self.dest);
+            if self.made {
+                let _ = std::fs::remove_dir(&self.dest);
+            }
+        }
+    }
 }
 
 #[cfg(test)]

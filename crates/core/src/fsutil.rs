@@ -139,6 +139,19 @@ pub fn open_regular(path: &Path) -> std::io::Result<std::fs::File> {
     Ok(f)
 }
 
+/// Removes everything inside `dir` (not following symlinks).
+pub fn empty_dir(dir: &Path) -> std::io::Result<()> {
+    for e in std::fs::read_dir(dir)? {
+        let e = e?;
+        if e.file_type()?.is_dir() {
+            std::fs::remove_dir_all(e.path())?;
+        } else {
+            std::fs::remove_file(e.path())?;
+        }
+    }
+    Ok(())
+}
+
 /// Creates `dir` (and its parents) with the final folder private to the
 /// user (0700) whatever the umask, as ssh and gpg do for theirs: mado's
 /// cache, store and config hold copies of files other users must not read.

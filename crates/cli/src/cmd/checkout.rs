@@ -12,6 +12,11 @@ use crate::ctx::Ctx;
 /// directory unless --force, and never writes outside DIR or through a
 /// symlink.
 ///
+/// A checkout into an empty or new directory that fails or is interrupted
+/// (Ctrl-C) leaves it empty (or not there) again. One killed leaves the
+/// file `.mado-checkout-partial` at DIR's top: the same checkout run again
+/// removes what it wrote and starts over.
+///
 /// With PATHs, only those directories or files are written, each at its
 /// own path under DIR (`mado checkout main w src/lib` gives `w/src/lib`);
 /// from a packed snapshot only their span of each pack is downloaded.
@@ -57,6 +62,9 @@ pub async fn run(a: CheckoutArgs, ctx: &Ctx) -> Result<()> {
     );
     pb.finish_and_clear();
     let report = report?;
+    if report.removed_partial {
+        note!(ctx, "note: removed what an interrupted checkout had written into {} first", a.dir.display());
+    }
     check.await?;
     if let Some(stat) = stat? {
         let n = mado_core::checkout::restore_mtimes(&a.dir, stat, &a.paths)?;

@@ -424,19 +424,6 @@ pub async fn checkpoint(
     Ok(report)
 }
 
-/// Removes everything inside `dir` (not following symlinks).
-pub(super) fn empty_dir(dir: &Path) -> std::io::Result<()> {
-    for e in std::fs::read_dir(dir)? {
-        let e = e?;
-        if e.file_type()?.is_dir() {
-            std::fs::remove_dir_all(e.path())?;
-        } else {
-            std::fs::remove_file(e.path())?;
-        }
-    }
-    Ok(())
-}
-
 /// The marker a resume leaves in the working copy's state folder until its
 /// state is saved (FORMAT.md): what is in a directory holding it and no
 /// `workspace.json` was written by a resume that did not finish.
@@ -524,7 +511,7 @@ pub(super) async fn materialize_into(
     // copy: removed, and this resume starts over.
     let partial = interrupted_resume(dir);
     if partial {
-        empty_dir(dir).map_err(Error::io(format!("removing the partial copy in {}", dir.display())))?;
+        crate::fsutil::empty_dir(dir).map_err(Error::io(format!("removing the partial copy in {}", dir.display())))?;
     }
     // The lease is taken alongside the checkout: refuse a non-empty target
     // first, so a failed resume does not hold the lease for nothing.
@@ -575,7 +562,7 @@ pub(super) async fn materialize_into(
     if let Err(e) = lease {
         // No copy that looks like a working copy but cannot checkpoint:
         // the directory was empty, so it is emptied again.
-        let _ = empty_dir(dir);
+        let _ = crate::fsutil::empty_dir(dir);
         return Err(e);
     }
     let (stat, co) = match (stat, co) {
@@ -585,7 +572,7 @@ pub(super) async fn materialize_into(
                 let _ = release_lease(&fetcher.remote, name, &holder).await;
             }
             // Nor half a copy: the directory was empty, so it is again.
-            let _ = empty_dir(dir);
+            let _ = crate::fsutil::empty_dir(dir);
             return Err(e);
         }
     };
