@@ -342,9 +342,57 @@ fn a_workspace_is_mounted_once_per_machine_and_rm_sets_its_work_aside() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let dir = aside[0]["dir"].as_str().unwrap();
     let err = m.fails(&["ws", "recover", dir, "--as", "late"], 1);
-    assert!(err.contains("no longer in the store"), "{err}");
+    assert!(err.contains("no longer in the store") && err.contains("--to DIR"), "{err}");
     assert!(Path::new(dir).join("overlay.state").is_file(), "the refused recover kept the work");
     assert!(m.json(&["ws", "list"]).as_array().unwrap().is_empty());
+    // The files themselves still come out, without the store.
+    let saved = m.dir.path().join("saved");
+    let x = m.json(&["ws", "recover", dir, "--to", saved.to_str().unwrap()]);
+    assert_eq!(x["workspace"], "once", "{x}");
+    assert_eq!(std::fs::read(saved.join("from-b.txt")).unwrap(), b"b\n");
+    let err = m.fails(&["ws", "recover", dir, "--to", saved.to_str().unwrap()], 1);
+    assert!(err.contains("not empty"), "{err}");
+}
+
+/// A workspace removed on another machine while this one kept changes of
+/// a mount of it that no checkpoint holds: mounting it again fails (there
+/// is no workspace) and sets the changes aside, so `ws recover` lists them
+/// (nothing did), and `--to` gets the files out once gc has deleted their
+/// checkpoint.
+#[test]
+fn changes_of_a_workspace_removed_elsewhere_are_set_aside_and_can_be_written_out() {
+    if !fuse_usable() {
+        return;
+    }
+    let m = Mado::local();
+    setup(&m);
+    let a = create(&m, "gone");
+    std::fs::create_dir(a.dir.join("new-dir")).unwrap();
+    std::fs::write(a.dir.join("new-dir/unsaved.txt"), "never checkpointed\n").unwrap();
+    std::os::unix::fs::symlink("new-dir/unsaved.txt", a.dir.join("to-unsaved")).unwrap();
+    a.umount();
+    let elsewhere = m.dir.path().join("other-machine-workspaces");
+    for cmd in [&["ws", "rm", "gone"][..], &["gc", "--grace", "0"]] {
+        let o = m.cmd(cmd).env("MADO_WORKSPACES_DIR", &elsewhere).output().unwrap();
+        assert!(o.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&o.stderr));
+    }
+    assert_eq!(m.json(&["ws", "recover"]), serde_json::json!([]));
+    let err = m.fails(&["ws", "resume", "gone", a.path(), "--mount"], 1);
+    assert!(err.contains("no workspace named gone") && err.contains("set aside"), "{err}");
+    let aside = m.json(&["ws", "recover"]);
+    let dir = aside[0]["dir"].as_str().unwrap_or_else(|| panic!("listed: {aside}"));
+    let out = m.dir.path().join("out");
+    let x = m.json(&["ws", "recover", dir, "--to", out.to_str().unwrap()]);
+    assert_eq!((x["files"].as_u64(), x["symlinks"].as_u64(), x["dirs"].as_u64()), (Some(1), Some(1), Some(1)), "{x}");
+    assert_eq!(std::fs::read(out.join("new-dir/unsaved.txt")).unwrap(), b"never checkpointed\n");
+    assert_eq!(std::fs::read_link(out.join("to-unsaved")).unwrap(), Path::new("new-dir/unsaved.txt"));
+    // Nothing else: the snapshot's unchanged files are not written out.
+    let mut names: Vec<_> = std::fs::read_dir(&out).unwrap().map(|e| e.unwrap().file_name()).collect();
+    names.sort();
+    assert_eq!(names, ["new-dir", "to-unsaved"]);
+    // A new workspace of the name starts clean.
+    m.ok(&["ws", "create", "gone", "--from", "main", "--mount", a.path()]);
+    assert!(!a.dir.join("new-dir").exists());
 }
 
 /// `ws rm` of a workspace mounted here is refused naming the mount; with

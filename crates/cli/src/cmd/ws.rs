@@ -64,6 +64,12 @@ pub struct RecoverArgs {
     /// The new workspace's name (default: NAME-recovered).
     #[arg(long = "as", value_name = "NEW", requires = "aside")]
     as_name: Option<String>,
+    /// Instead, write the files the changes hold (what the mount wrote,
+    /// its symlinks and new directories; not its removals) into DIR, a
+    /// new or empty directory. Reads nothing from the store: for changes
+    /// whose checkpoint gc deleted.
+    #[arg(long, value_name = "DIR", requires = "aside", conflicts_with = "as_name")]
+    to: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -455,13 +461,35 @@ pub async fn run(c: WsCommand, ctx: &Ctx) -> Result<()> {
             }
             Ok(())
         }
-        WsCommand::Recover(RecoverArgs { aside: Some(aside), as_name }) => {
+        WsCommand::Recover(RecoverArgs { aside: Some(aside), as_name, to }) => {
             // A bare folder name is looked up beside the workspaces' states.
             let path = if aside.components().count() == 1 && !aside.exists() {
                 workspace::workspaces_root()?.join(&aside)
             } else {
                 aside
             };
+            if let Some(to) = to {
+                let x = workspace::export_set_aside(&path, &to)?;
+                if ctx.json {
+                    return ctx.print_json(&x);
+                }
+                say!(
+                    ctx,
+                    "wrote the changes set aside from workspace {} (made on checkpoint {}) into {}: \
+                     {} files ({} bytes), {} symlinks, {} new directories\n\
+                     these are what the mount wrote; files it removed or left unchanged are not there. \
+                     {} still holds them: remove it once you have what you need",
+                    x.workspace,
+                    &x.checkpoint[..12.min(x.checkpoint.len())],
+                    x.dir,
+                    x.files,
+                    x.bytes,
+                    x.symlinks,
+                    x.dirs,
+                    path.display()
+                );
+                return Ok(());
+            }
             let (r, new) = workspace::recover_set_aside(&fetcher, &path, as_name.as_deref()).await?;
             if ctx.json {
                 return ctx.print_json(&serde_json::json!({
@@ -705,7 +733,8 @@ const EX_RECOVER: &str = "Examples:
   mado ws recover                       # list the changes mounts set aside here
   mado ws recover ~/.local/share/mado/workspaces/3f2a….old-1795782237 --as fix-retry
   mado ws resume fix-retry --mount ~/w  # the changes, on the checkpoint they were made on
-  cd ~/w && mado ws checkpoint -m 'recovered'";
+  cd ~/w && mado ws checkpoint -m 'recovered'
+  mado ws recover 3f2a….old-1795782237 --to ~/saved   # just the files, when gc deleted their checkpoint";
 
 const EX_RM: &str = "Examples:
   mado ws rm agent-1                          # the ref and lease; then `mado gc` reclaims the rest

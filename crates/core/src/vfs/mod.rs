@@ -55,6 +55,7 @@ mod saved;
 mod tests;
 
 pub use build::{Built, Skips};
+pub use saved::SavedChange;
 
 pub use chunked::Readahead;
 use inode::{Body, Meta, Node, State};

@@ -88,6 +88,88 @@ fn read_meta(r: &mut crate::codec::Reader) -> std::result::Result<Option<Box<Met
     Ok((m != Meta::default()).then(|| Box::new(m)))
 }
 
+/// One record of a saved state, as read: `body` is the node's, or
+/// `Err(k)` for another name of the node record `k` made (a hard link).
+struct Rec {
+    parent: u64,
+    name: Vec<u8>,
+    perm: u16,
+    mtime: (i64, u32),
+    meta: Option<Box<Meta>>,
+    body: std::result::Result<Body, u64>,
+}
+
+fn read_record(r: &mut crate::codec::Reader, version: u8) -> std::result::Result<Rec, crate::codec::DecodeError> {
+    use crate::codec::DecodeError;
+    let parent = r.varint()?;
+    let name = r.bytes()?.to_vec();
+    let perm = r.varint()? as u16;
+    let mtime = (r.i64_le()?, r.varint()? as u32);
+    let meta = match version >= OVERLAY_VERSION {
+        true => read_meta(r)?,
+        false => None,
+    };
+    let body = match r.u8()? {
+        REC_ALIAS => return Ok(Rec { parent, name, perm, mtime, meta, body: Err(r.varint()?) }),
+        REC_DIR => {
+            let clean = opt_hash(r)?;
+            let origin = match r.u8()? {
+                0 => None,
+                1 => Some(r.bytes()?.to_vec()),
+                f => return Err(DecodeError::Invalid(format!("bad origin flag {f}"))),
+            };
+            let loaded = r.u8()? != 0;
+            if !loaded && clean.is_none() {
+                return Err(DecodeError::Invalid("an unloaded directory without a tree".into()));
+            }
+            Body::Dir { clean, origin, children: loaded.then(BTreeMap::new) }
+        }
+        REC_LOWER => {
+            let k = r.u8()?;
+            let kind = [Kind::File, Kind::Executable, Kind::Symlink, Kind::Directory, Kind::Gitlink]
+                .into_iter()
+                .find(|x| *x as u8 == k)
+                .ok_or_else(|| DecodeError::Invalid(format!("unknown kind {k}")))?;
+            let chunked = r.u8()? != 0;
+            let size = r.varint()?;
+            let id = r.hash()?;
+            Body::Lower(Entry { name: name.clone(), kind, chunked, size, id })
+        }
+        REC_UPPER => Body::Upper { blob: r.varint()?, size: r.varint()?, clean: None },
+        REC_LINK => Body::Link(r.bytes()?.to_vec()),
+        REC_SPECIAL => Body::Special(match r.u8()? {
+            0 => NodeKind::Fifo,
+            1 => NodeKind::Socket,
+            k => return Err(DecodeError::Invalid(format!("unknown special kind {k}"))),
+        }),
+        t => return Err(DecodeError::Invalid(format!("unknown record type {t}"))),
+    };
+    Ok(Rec { parent, name, perm, mtime, meta, body: Ok(body) })
+}
+
+/// What a saved state holds that no checkpoint may have: a file whose
+/// bytes are in the upper folder, a symlink, or a directory the mount
+/// made, at its path from the root.
+#[derive(Clone, Debug, PartialEq)]
+pub enum SavedChange {
+    /// Upper file `blob` (the upper folder's file of that number).
+    File {
+        path: Vec<u8>,
+        blob: u64,
+        perm: u16,
+        mtime: (i64, u32),
+    },
+    Symlink {
+        path: Vec<u8>,
+        target: Vec<u8>,
+    },
+    /// A directory with no tree of the snapshot behind it (made by the mount).
+    Dir {
+        path: Vec<u8>,
+        perm: u16,
+    },
+}
+
 fn state_err(e: impl std::fmt::Display) -> Error {
     Error::LocalState {
         path: "the saved state of this workspace mount".into(),
@@ -236,6 +318,64 @@ impl SnapshotFs {
         Ok(Self::saved_header(bytes)?.0.base_stat)
     }
 
+    /// What saved state `bytes` holds beyond the snapshot it was made on,
+    /// read without that snapshot (which gc may have deleted): its upper
+    /// files, symlinks and new directories, each at its path, parents
+    /// before children. Removals and unchanged files are not in it.
+    pub fn saved_changes(bytes: &[u8]) -> Result<Vec<SavedChange>> {
+        let (h, mut r) = Self::saved_header(bytes)?;
+        let n = r.count(16).map_err(state_err)?;
+        // Record index -> its path, and whether it is a directory.
+        let mut paths: Vec<(Vec<u8>, bool)> = Vec::with_capacity(n);
+        let mut uppers: HashMap<u64, (u64, u16, (i64, u32))> = HashMap::new();
+        let mut out = Vec::new();
+        for i in 0..n {
+            let Rec { parent, name, perm, mtime, body, .. } = read_record(&mut r, h.version).map_err(state_err)?;
+            let path = if i == 0 {
+                Vec::new()
+            } else {
+                let (p, is_dir) = paths
+                    .get(parent as usize)
+                    .ok_or_else(|| state_err(format!("record {i} names parent {parent}, not an earlier record")))?;
+                if !is_dir {
+                    return Err(state_err(format!("record {i}: its parent is not a directory")));
+                }
+                check_name(&name).map_err(state_err)?;
+                if p.is_empty() {
+                    name
+                } else {
+                    [&p[..], b"/", &name[..]].concat()
+                }
+            };
+            let body = match body {
+                Ok(b) => b,
+                // Another name of a node: an upper file's bytes again.
+                Err(of) => {
+                    if let Some(&(blob, perm, mtime)) = uppers.get(&of) {
+                        out.push(SavedChange::File { path: path.clone(), blob, perm, mtime });
+                    }
+                    paths.push((path, false));
+                    continue;
+                }
+            };
+            let is_dir = matches!(body, Body::Dir { .. });
+            match body {
+                Body::Upper { blob, .. } => {
+                    uppers.insert(i as u64, (blob, perm, mtime));
+                    out.push(SavedChange::File { path: path.clone(), blob, perm, mtime })
+                }
+                Body::Link(target) => out.push(SavedChange::Symlink { path: path.clone(), target }),
+                Body::Dir { clean: None, origin: None, .. } if i > 0 => {
+                    out.push(SavedChange::Dir { path: path.clone(), perm })
+                }
+                _ => {}
+            }
+            paths.push((path, is_dir));
+        }
+        r.finish().map_err(state_err)?;
+        Ok(out)
+    }
+
     /// Restores a read-write mount from its saved state. Files of the
     /// upper layer are re-hashed at the next checkpoint (a crash may have
     /// come between a write and the last save).
@@ -245,7 +385,6 @@ impl SnapshotFs {
         upper_dir: PathBuf,
         base_stat: Option<(Hash, StatObject)>,
     ) -> Result<SnapshotFs> {
-        use crate::codec::DecodeError;
         let (h, mut r) = Self::saved_header(bytes)?;
         let fs = SnapshotFs::writable(fetcher, h.root, h.time, upper_dir, base_stat)?;
         let mut st =
@@ -255,54 +394,7 @@ impl SnapshotFs {
         let mut inos: Vec<u64> = Vec::with_capacity(n);
         let mut holders = Vec::new();
         for i in 0..n {
-            let rec = (|| {
-                let parent = r.varint()?;
-                let name = r.bytes()?.to_vec();
-                let perm = r.varint()? as u16;
-                let mtime = (r.i64_le()?, r.varint()? as u32);
-                let meta = match h.version >= OVERLAY_VERSION {
-                    true => read_meta(&mut r)?,
-                    false => None,
-                };
-                let body = match r.u8()? {
-                    REC_ALIAS => return Ok((parent, name, perm, mtime, meta, Err(r.varint()?))),
-                    REC_DIR => {
-                        let clean = opt_hash(&mut r)?;
-                        let origin = match r.u8()? {
-                            0 => None,
-                            1 => Some(r.bytes()?.to_vec()),
-                            f => return Err(DecodeError::Invalid(format!("bad origin flag {f}"))),
-                        };
-                        let loaded = r.u8()? != 0;
-                        if !loaded && clean.is_none() {
-                            return Err(DecodeError::Invalid("an unloaded directory without a tree".into()));
-                        }
-                        Body::Dir { clean, origin, children: loaded.then(BTreeMap::new) }
-                    }
-                    REC_LOWER => {
-                        let k = r.u8()?;
-                        let kind = [Kind::File, Kind::Executable, Kind::Symlink, Kind::Directory, Kind::Gitlink]
-                            .into_iter()
-                            .find(|x| *x as u8 == k)
-                            .ok_or_else(|| DecodeError::Invalid(format!("unknown kind {k}")))?;
-                        let chunked = r.u8()? != 0;
-                        let size = r.varint()?;
-                        let id = r.hash()?;
-                        Body::Lower(Entry { name: name.clone(), kind, chunked, size, id })
-                    }
-                    REC_UPPER => Body::Upper { blob: r.varint()?, size: r.varint()?, clean: None },
-                    REC_LINK => Body::Link(r.bytes()?.to_vec()),
-                    REC_SPECIAL => Body::Special(match r.u8()? {
-                        0 => NodeKind::Fifo,
-                        1 => NodeKind::Socket,
-                        k => return Err(DecodeError::Invalid(format!("unknown special kind {k}"))),
-                    }),
-                    t => return Err(DecodeError::Invalid(format!("unknown record type {t}"))),
-                };
-                Ok((parent, name, perm, mtime, meta, Ok(body)))
-            })()
-            .map_err(state_err)?;
-            let (parent, name, perm, mtime, meta, body) = rec;
+            let Rec { parent, name, perm, mtime, meta, body } = read_record(&mut r, h.version).map_err(state_err)?;
             let body = match body {
                 Ok(b) => b,
                 Err(of) => {

@@ -385,3 +385,47 @@ async fn writes_chmod_chown_and_utimes_move_the_times_a_local_filesystem_would()
     let node = st.get(a.ino).unwrap();
     assert!(node.meta.as_ref().is_some_and(|m| m.owner.is_none() && m.ctime.is_none()), "{:?}", node.meta);
 }
+
+/// A saved state lists what it holds beyond its snapshot without that
+/// snapshot (gc may have deleted it): upper files at their paths (a hard
+/// link's other name too), symlinks and new directories, parents first.
+#[tokio::test]
+async fn a_saved_state_lists_its_changes_without_its_snapshot() {
+    let d = tempfile::tempdir().unwrap();
+    let (fs, _cache) = empty_workspace(d.path());
+    let src = fs.mkdir(ROOT_INO, b"src", 0o755).await.unwrap().ino;
+    let (a, f) = fs.create(src, b"main.rs", 0o755).await.unwrap();
+    fs.write(&f, 0, b"fn main() {}\n").unwrap();
+    fs.link(a.ino, ROOT_INO, b"main-again.rs").await.unwrap();
+    fs.symlink(ROOT_INO, b"link", b"src/main.rs").await.unwrap();
+    fs.mkdir(src, b"empty", 0o700).await.unwrap();
+    let saved = fs.save_state().unwrap();
+    let got = SnapshotFs::saved_changes(&saved).unwrap();
+    let blob = got
+        .iter()
+        .find_map(|c| match c {
+            SavedChange::File { path, blob, .. } if path == b"src/main.rs" => Some(*blob),
+            _ => None,
+        })
+        .expect("the upper file");
+    assert_eq!(std::fs::read(d.path().join("upper").join(blob.to_string())).unwrap(), b"fn main() {}\n");
+    let shown: Vec<String> = got
+        .iter()
+        .map(|c| match c {
+            SavedChange::File { path, blob: b, perm, .. } => {
+                assert_eq!(*b, blob);
+                format!("file {} {:o}", String::from_utf8_lossy(path), perm & 0o777)
+            }
+            SavedChange::Symlink { path, target } => {
+                format!("link {} {}", String::from_utf8_lossy(path), String::from_utf8_lossy(target))
+            }
+            SavedChange::Dir { path, perm } => format!("dir {} {:o}", String::from_utf8_lossy(path), perm & 0o777),
+        })
+        .collect();
+    assert_eq!(
+        shown,
+        ["link link src/main.rs", "file main-again.rs 755", "dir src 755", "dir src/empty 700", "file src/main.rs 755"]
+    );
+    // A torn state is refused, never read as fewer changes.
+    assert!(SnapshotFs::saved_changes(&saved[..saved.len() - 1]).is_err());
+}

@@ -51,9 +51,10 @@ use commit::*;
 pub use lease::{check_lease_free, release, release_interrupted, release_lease, take_lease};
 use lease::{lease_expected, read_lease, take_lease_from, take_lease_seen, take_lease_was, Seen};
 pub use mounted::{
-    checkpoint_mount, forget_unused_mount_state, last_mounted_at, list_set_aside, local_mount_holder, lock_for_removal,
-    open_mount, record_unmounted, recover_set_aside, save_mount_state, set_aside_if_removed, set_aside_removed,
-    uncheckpointed_mount_state, workspaces_root, MountLock, MountState, MountedWorkspace, SetAside, StateSaver,
+    checkpoint_mount, export_set_aside, forget_unused_mount_state, last_mounted_at, list_set_aside, local_mount_holder,
+    lock_for_removal, open_mount, record_unmounted, recover_set_aside, save_mount_state, set_aside_if_removed,
+    set_aside_removed, uncheckpointed_mount_state, workspaces_root, MountLock, MountState, MountedWorkspace, SetAside,
+    StateSaver,
 };
 pub use status::{mount_status, status, Status};
 use working_copy::*;

@@ -3,6 +3,7 @@
 //! checkpointing from the filesystem core.
 
 use super::*;
+use std::os::unix::ffi::OsStrExt;
 
 /// Checkpoints a read-write mount: only files written since the last
 /// checkpoint are hashed and only the directories above them re-encoded.
@@ -386,7 +387,22 @@ pub async fn open_mount(
     crate::fsutil::create_private_dir(&root)?;
     let lock = lock_mount(&root, &key, mountpoint, name)?;
     let (v, seen) = futures::join!(read_ws_ref(fetcher, name), read_lease(&fetcher.remote, name));
-    let (v, seen) = (v?, seen?);
+    let v = match v {
+        // Removed elsewhere (`ws rm` on another machine) while this machine
+        // kept changes of a mount of it: set aside now, so that `ws
+        // recover` lists them (nothing else would) and a new workspace of
+        // the name starts clean.
+        Err(Error::NotFound(why)) if uncheckpointed_at(&root, &key).is_some() => {
+            let aside = set_aside(&root.join(&key))?;
+            return Err(Error::NotFound(format!(
+                "{why}\n  note: changes a mount of it saved on this machine, which no checkpoint holds, \
+                 were set aside in {}; `mado ws recover` lists them",
+                aside.display()
+            )));
+        }
+        v => v?,
+    };
+    let seen = seen?;
     let (attach, snap) = futures::join!(fetcher.attach_hinted(v.root, &v.layers), fetcher.snapshot(v.snapshot));
     let snap = snap?;
     let attach = attach?;
@@ -622,8 +638,10 @@ pub async fn recover_set_aside(
     create_ref(fetcher, new_name, &head.to_hex()).await.map_err(|e| match e {
         Error::NotFound(_) => Error::User(format!(
             "the checkpoint {} these changes were made on is no longer in the store (its workspace was \
-             removed and gc ran), so they cannot become a workspace; {} keeps them",
+             removed and gc ran), so they cannot become a workspace; {} keeps them: \
+             `mado ws recover {} --to DIR` writes the files they hold into DIR",
             head.short(),
+            aside.display(),
             aside.display()
         )),
         e => e,
@@ -639,6 +657,99 @@ pub async fn recover_set_aside(
     let time = set_aside_time(aside).unwrap_or(0);
     let recovered = SetAside { dir: target.display().to_string(), workspace: from, checkpoint: head.to_hex(), time };
     Ok((recovered, new_name.to_string()))
+}
+
+/// What [`export_set_aside`] wrote.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Exported {
+    pub workspace: String,
+    /// The checkpoint the changes were made on.
+    pub checkpoint: String,
+    pub dir: String,
+    pub files: u64,
+    pub bytes: u64,
+    pub symlinks: u64,
+    pub dirs: u64,
+}
+
+/// `ws recover FOLDER --to DIR`: writes what the set-aside state in
+/// `aside` holds beyond its checkpoint (the files the mount wrote, its
+/// symlinks and new directories) into `to`, a new or empty directory, at
+/// their paths; nothing is read from the store, so it works when gc has
+/// deleted that checkpoint. Removals and unchanged files are not in it.
+pub fn export_set_aside(aside: &Path, to: &Path) -> Result<Exported> {
+    use std::os::unix::fs::{symlink, PermissionsExt};
+    if set_aside_time(aside).is_none() {
+        return Err(Error::User(format!(
+            "{} is not a folder of set-aside changes (those end in .old-<time>; `mado ws recover` lists them)",
+            aside.display()
+        )));
+    }
+    let saved = std::fs::read(aside.join(OVERLAY_FILE)).map_err(Error::io(format!(
+        "reading {} (`mado ws recover` lists the folders of set-aside changes)",
+        aside.join(OVERLAY_FILE).display()
+    )))?;
+    let st = load_state_at(aside)?;
+    let changes = crate::vfs::SnapshotFs::saved_changes(&saved)?;
+    if std::fs::read_dir(to).is_ok_and(|mut d| d.next().is_some()) {
+        return Err(Error::User(format!("{} is not empty; choose an empty or new directory", to.display())));
+    }
+    std::fs::create_dir_all(to).map_err(Error::io(format!("creating {}", to.display())))?;
+    let mut out = Exported {
+        workspace: st.name,
+        checkpoint: st.head,
+        dir: std::path::absolute(to).unwrap_or_else(|_| to.to_path_buf()).display().to_string(),
+        ..Default::default()
+    };
+    // Paths come from the saved state, checked name by name (no `..`, no
+    // `/`); each parent is a directory made here before its children (a
+    // path never goes through a symlink made here), and nothing existing
+    // is written over.
+    let at = |p: &[u8]| to.join(std::ffi::OsStr::from_bytes(p));
+    let parent_of = |p: &Path| -> Result<()> {
+        let parent = p.parent().expect("below the target");
+        std::fs::create_dir_all(parent).map_err(Error::io(format!("creating {}", parent.display())))
+    };
+    for c in changes {
+        match c {
+            crate::vfs::SavedChange::Dir { path, perm } => {
+                let p = at(&path);
+                parent_of(&p)?;
+                std::fs::create_dir(&p).map_err(Error::io(format!("creating {}", p.display())))?;
+                let _ = std::fs::set_permissions(&p, std::fs::Permissions::from_mode(u32::from(perm) & 0o7777));
+                out.dirs += 1;
+            }
+            crate::vfs::SavedChange::Symlink { path, target } => {
+                let p = at(&path);
+                parent_of(&p)?;
+                symlink(std::ffi::OsStr::from_bytes(&target), &p)
+                    .map_err(Error::io(format!("creating symlink {}", p.display())))?;
+                out.symlinks += 1;
+            }
+            crate::vfs::SavedChange::File { path, blob, perm, mtime } => {
+                let p = at(&path);
+                parent_of(&p)?;
+                let from = aside.join("upper").join(blob.to_string());
+                let mut src = crate::fsutil::open_regular(&from).map_err(Error::io(format!(
+                    "reading {} (the bytes of {})",
+                    from.display(),
+                    crate::fsutil::show_path(&path)
+                )))?;
+                let mut dst = std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .open(&p)
+                    .map_err(Error::io(format!("creating {}", p.display())))?;
+                out.bytes +=
+                    std::io::copy(&mut src, &mut dst).map_err(Error::io(format!("writing {}", p.display())))?;
+                let _ = dst.set_permissions(std::fs::Permissions::from_mode(u32::from(perm) & 0o7777));
+                let t = std::time::UNIX_EPOCH + std::time::Duration::new(mtime.0.max(0) as u64, mtime.1);
+                let _ = dst.set_modified(t);
+                out.files += 1;
+            }
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
