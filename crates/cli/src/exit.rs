@@ -2,7 +2,8 @@
 //!
 //! - 0: done.
 //! - 1: the user's to fix (bad input, a usage error, a lease held
-//!   elsewhere, a local state to repair); the message says what to do.
+//!   elsewhere, a local state to repair, a full disk, a read-only or
+//!   forbidden place); the message says what to do.
 //! - 2: mado's or the remote's (an internal error, a store that failed).
 //! - 130: interrupted (Ctrl-C) while writing a tree: `checkout`,
 //!   `materialize`, `ws create`, `ws resume` (128 + SIGINT, as a shell

@@ -246,8 +246,15 @@ fn a_stale_working_copy_does_not_overwrite_newer_checkpoints() {
     std::fs::write(b.join("c2.txt"), "c2\n").unwrap();
     let c2 = m.json(&["ws", "checkpoint", "--dir", b.to_str().unwrap(), "-m", "c2"]);
     m.ok(&["ws", "release", "--dir", b.to_str().unwrap()]);
-    // Back in A, still based on c1.
+    // Back in A, still based on c1: its status says so before a
+    // checkpoint is tried (and B's, up to date, says nothing of it).
     std::fs::write(a.join("c3.txt"), "c3\n").unwrap();
+    let st = m.json(&["ws", "status", "--dir", a.to_str().unwrap()]);
+    assert_eq!(st["moved_to"], c2["snapshot"], "{st}");
+    let o = m.run(&["ws", "status", "--dir", a.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("moved on to") && err.contains("--force"), "{err}");
+    assert_eq!(m.json(&["ws", "status", "--dir", b.to_str().unwrap()])["moved_to"], serde_json::Value::Null);
     for extra in [&[][..], &["--steal"][..]] {
         let mut args = vec!["ws", "checkpoint", "--dir", a.to_str().unwrap()];
         args.extend_from_slice(extra);

@@ -393,6 +393,11 @@ fn changes_of_a_workspace_removed_elsewhere_are_set_aside_and_can_be_written_out
     // A new workspace of the name starts clean.
     m.ok(&["ws", "create", "gone", "--from", "main", "--mount", a.path()]);
     assert!(!a.dir.join("new-dir").exists());
+    // `ws release` inside a mount says how a mount gives its lease back.
+    let o = m.cmd(&["ws", "release"]).current_dir(&a.dir).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains(&format!("mado umount {}", a.path())), "{err}");
 }
 
 /// `ws rm` of a workspace mounted here is refused naming the mount; with

@@ -135,15 +135,21 @@ impl Error {
 
     /// True for errors caused by what the user asked for (exit code 1).
     pub fn is_user_error(&self) -> bool {
-        matches!(
-            self,
+        match self {
             Error::NotFound(_)
-                | Error::User(_)
-                | Error::RefMoved { .. }
-                | Error::UnsafePath { .. }
-                | Error::LeaseHeld { .. }
-                | Error::LocalState { .. }
-        )
+            | Error::User(_)
+            | Error::RefMoved { .. }
+            | Error::UnsafePath { .. }
+            | Error::LeaseHeld { .. }
+            | Error::LocalState { .. } => true,
+            // The machine's to fix, not mado's: a full disk, a read-only
+            // or forbidden place (the message names it).
+            Error::Io { source, .. } => matches!(
+                source.raw_os_error(),
+                Some(libc::ENOSPC | libc::EDQUOT | libc::EROFS | libc::EACCES | libc::EPERM)
+            ),
+            _ => false,
+        }
     }
 
     /// A problem of mado's own local state at `path`.
@@ -167,5 +173,23 @@ impl Error {
             }
             e => e,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_disk_or_a_forbidden_place_is_the_users_to_fix_other_io_is_not() {
+        let io = |errno| Error::Io { context: "writing x".into(), source: std::io::Error::from_raw_os_error(errno) };
+        for e in [libc::ENOSPC, libc::EDQUOT, libc::EROFS, libc::EACCES, libc::EPERM] {
+            assert!(io(e).is_user_error(), "{e}");
+        }
+        for e in [libc::EIO, libc::ENOMEM, libc::EBADF] {
+            assert!(!io(e).is_user_error(), "{e}");
+        }
+        let other = Error::Io { context: "x".into(), source: std::io::Error::other("no errno") };
+        assert!(!other.is_user_error());
     }
 }

@@ -356,6 +356,17 @@ pub async fn run(c: WsCommand, ctx: &Ctx) -> Result<()> {
             if s.added.is_empty() && s.modified.is_empty() && s.deleted.is_empty() {
                 note!(ctx, "nothing changed since {} (workspace {})", &s.base[..12.min(s.base.len())], s.workspace);
             }
+            if let Some(to) = &s.moved_to {
+                note!(
+                    ctx,
+                    "note: workspace {} moved on to {} since this copy's base {} (another copy checkpointed): \
+                     a checkpoint here would be refused; resume it elsewhere to continue from there, \
+                     or `mado ws checkpoint --force` to replace it with this copy",
+                    s.workspace,
+                    &to[..12.min(to.len())],
+                    &s.base[..12.min(s.base.len())]
+                );
+            }
             Ok(())
         }
         WsCommand::List => {
@@ -415,10 +426,21 @@ pub async fn run(c: WsCommand, ctx: &Ctx) -> Result<()> {
                 return Ok(());
             }
             let dir = workspace::find_working_copy(&start).ok_or_else(|| {
-                mado_core::Error::User(format!(
-                    "{} is not inside a plain working copy; pass --dir (a mount releases its lease with `mado umount`)",
-                    start.display()
-                ))
+                match mado_mount::control::find_mount(&start).ok().flatten() {
+                    // A mount holds its lease while mounted.
+                    Some((mp, _)) => mado_core::Error::User(format!(
+                        "{} is in the mount at {}, which holds its workspace's lease while mounted; \
+                         `mado umount {}` gives it back",
+                        start.display(),
+                        mp.display(),
+                        mp.display()
+                    )),
+                    None => mado_core::Error::User(format!(
+                        "{} is not inside a plain working copy; pass the copy's directory with --dir \
+                         (a mount gives its lease back when unmounted: `mado umount DIR`)",
+                        start.display()
+                    )),
+                }
             })?;
             let st = workspace::load_state(&dir)?;
             if let Some(n) = a.name.as_ref().filter(|n| **n != st.name) {

@@ -19,6 +19,11 @@ pub struct Status {
     pub deleted: Vec<String>,
     /// Paths a checkpoint would leave out (`.git`, ignore rules).
     pub paths_ignored: u64,
+    /// The workspace's head when it is not this copy's base (nor the
+    /// checkpoint it has pending): another copy checkpointed since, and a
+    /// checkpoint here would be refused. Plain working copies only; `None`
+    /// also when the store could not be asked.
+    pub moved_to: Option<String>,
 }
 
 /// The status of the plain working copy at `dir`.
@@ -32,14 +37,21 @@ pub async fn status(fetcher: &Arc<Fetcher>, dir: &Path, no_ignore: bool) -> Resu
     // Directory rows of the stat cache are the base's trees (while no
     // checkpoint is pending): unchanged directories are not re-encoded.
     let reuse = st.pending.is_none().then_some(base);
-    let (_, walked) =
-        tokio::task::spawn_blocking(move || working_copy::stage(&d, &cache, no_ignore, reuse)).await.map_err(
-            |e| Error::Io { context: "walking the working copy".into(), source: std::io::Error::other(e) },
-        )??;
+    let walk = tokio::task::spawn_blocking(move || working_copy::stage(&d, &cache, no_ignore, reuse));
+    // The head, asked for during the walk: one round trip, not after it.
+    let head = async { fetcher.remote.read_ref(&super::ws_ref(&st.name)?).await };
+    let (walked, head) = futures::join!(walk, head);
+    let (_, walked) = walked
+        .map_err(|e| Error::Io { context: "walking the working copy".into(), source: std::io::Error::other(e) })??;
+    let moved_to = match head {
+        Ok(Some((v, _))) => Some(v.snapshot.to_hex()).filter(|h| *h != st.head && st.pending.as_ref() != Some(h)),
+        _ => None,
+    };
     let mut out = Status {
         workspace: st.name.clone(),
         base: st.head.clone(),
         paths_ignored: walked.ignored,
+        moved_to,
         ..Default::default()
     };
     let c = crate::diff::diff_trees(fetcher, snap.root, walked.root).await?;
@@ -78,5 +90,6 @@ pub async fn mount_status(
         modified: c.modified,
         deleted: c.deleted,
         paths_ignored: built.ignored,
+        moved_to: None,
     })
 }
