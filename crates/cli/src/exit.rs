@@ -57,6 +57,12 @@ pub fn report(e: &anyhow::Error, json: bool) -> i32 {
     }
     if json {
         let mut v = json_error(&e.to_string(), &causes, code);
+        // A store or network failure: worth a retry, unlike mado's own.
+        if code == INTERNAL
+            && e.chain().any(|c| c.downcast_ref::<Error>().is_some_and(|m| matches!(m, Error::Remote { .. })))
+        {
+            v["kind"] = "remote".into();
+        }
         // A held lease, for a script to wait on or steal: its fields as
         // numbers, not only the sentence.
         if let Some(Error::LeaseHeld { name, holder, expires, expired }) =
@@ -77,14 +83,23 @@ pub fn report(e: &anyhow::Error, json: bool) -> i32 {
 }
 
 /// The one JSON object an error is under `--json`: `error`, `causes`,
-/// `exit_code` and `kind` (`user` or `internal`).
+/// `exit_code`, `kind` (`user`, `remote` for a store or network failure,
+/// or `internal`) and, when the message ends with hints (`\n  hint: …`
+/// lines), `hints`, each without its prefix (and `error` without them).
 fn json_error(error: &str, causes: &[impl serde::Serialize], code: i32) -> serde_json::Value {
-    serde_json::json!({
+    let mut parts = error.split("\n  hint: ");
+    let error = parts.next().unwrap_or_default();
+    let hints: Vec<&str> = parts.map(str::trim_end).collect();
+    let mut v = serde_json::json!({
         "error": error,
         "causes": causes,
         "exit_code": code,
         "kind": if code == USER { "user" } else { "internal" },
-    })
+    });
+    if !hints.is_empty() {
+        v["hints"] = hints.into();
+    }
+    v
 }
 
 /// Reports an error raised before a command runs (a usage error clap
@@ -126,6 +141,16 @@ pub fn quiet_on_closed_stdout() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hints_leave_the_error_for_their_own_field() {
+        let v = json_error("no such thing\n  hint: try this\n  hint: or that", &[] as &[String], USER);
+        assert_eq!(v["error"], "no such thing");
+        assert_eq!(v["hints"], serde_json::json!(["try this", "or that"]));
+        assert_eq!(v["kind"], "user");
+        let v = json_error("plain", &[] as &[String], INTERNAL);
+        assert_eq!((v["error"].as_str(), v.get("hints"), v["kind"].as_str()), (Some("plain"), None, Some("internal")));
+    }
 
     #[test]
     fn json_is_found_before_a_double_dash_only() {

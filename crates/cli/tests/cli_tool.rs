@@ -392,6 +392,25 @@ fn quiet_prints_nothing_and_json_errors_are_json() {
     }
     let o = m.run(&["ls", "--help", "--json"]);
     assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("Usage"));
+    // A store that does not answer: exit 2, kind "remote" (worth a retry).
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let o = m
+        .cmd(&["refs", "--json"])
+        .env("MADO_REMOTE_ADDR", "s3://nobody/prefix")
+        .env("AWS_ENDPOINT_URL", format!("http://127.0.0.1:{closed}"))
+        .env("AWS_ACCESS_KEY_ID", "k")
+        .env("AWS_SECRET_ACCESS_KEY", "s")
+        .env("AWS_REGION", "us-east-1")
+        .env("AWS_ALLOW_HTTP", "true")
+        .output()
+        .unwrap();
+    let e: serde_json::Value = serde_json::from_slice(&o.stderr)
+        .unwrap_or_else(|_| panic!("not one JSON object: {}", String::from_utf8_lossy(&o.stderr)));
+    assert_eq!(
+        (e["kind"].as_str(), e["exit_code"].as_i64(), o.status.code()),
+        (Some("remote"), Some(2), Some(2)),
+        "{e}"
+    );
 }
 
 /// Under --json, progress is JSON lines on stderr (every line parses),

@@ -1168,6 +1168,11 @@ fn a_copy_of_a_removed_workspace_is_told_how_to_checkpoint_again() {
         assert_eq!(lease.holder, "", "{}: {lease:?}", l.display());
     }
     let hint = err.lines().find_map(|l| l.split('`').nth(1).filter(|c| c.starts_with("mado ws create"))).unwrap();
+    // Under --json the hint is a field of its own.
+    let o = m.run(&["ws", "checkpoint", "--dir", w.to_str().unwrap(), "--json"]);
+    let e: serde_json::Value = serde_json::from_slice(&o.stderr).unwrap();
+    assert!(!e["error"].as_str().unwrap().contains("hint"), "{e}");
+    assert!(e["hints"][0].as_str().unwrap().contains(hint), "{e}");
     let args: Vec<&str> = hint.split_whitespace().skip(1).collect();
     m.ok(&args);
     let cp = m.json(&["ws", "checkpoint", "--dir", w.to_str().unwrap()]);
