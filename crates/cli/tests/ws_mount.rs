@@ -398,6 +398,13 @@ fn changes_of_a_workspace_removed_elsewhere_are_set_aside_and_can_be_written_out
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(err.contains(&format!("mado umount {}", a.path())), "{err}");
+    // A read-only copy beside the live mount (which changed nothing) is
+    // not told of changes that are not known to exist.
+    let ro = m.dir.path().join("ro");
+    let o = m.run(&["ws", "resume", "gone", ro.to_str().unwrap(), "--read-only"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("is mounted on this machine") && !err.contains("has changes"), "{err}");
 }
 
 /// `ws rm` of a workspace mounted here is refused naming the mount; with

@@ -583,11 +583,22 @@ async fn check_mount_changes(
         Some(h) => format!(" on top of checkpoint {h}"),
         None => String::new(),
     };
-    let what = format!(
-        "workspace {} has changes{on} that a mount on this machine saved and no checkpoint holds (in {})",
-        a.name,
-        st.dir.display()
-    );
+    // A live mount's changes are not known here (it may have none): what
+    // it may have made since its last checkpoint is what no copy has.
+    let what = if st.live {
+        format!(
+            "workspace {} is mounted on this machine: what that mount changed since its last checkpoint \
+             is in no checkpoint (its state is in {})",
+            a.name,
+            st.dir.display()
+        )
+    } else {
+        format!(
+            "workspace {} has changes{on} that a mount on this machine saved and no checkpoint holds (in {})",
+            a.name,
+            st.dir.display()
+        )
+    };
     if a.read_only {
         note!(ctx, "note: {what}; this copy does not have them");
         return Ok(());
