@@ -524,6 +524,12 @@ fn a_killed_checkout_is_finished_by_running_it_again() {
     child.kill().unwrap();
     child.wait().unwrap();
     assert!(out.join(".mado-checkout-partial").is_file());
+    // --force writes over it, and the mark goes once every file is there.
+    let forced = m.dir.path().join("forced");
+    assert!(Command::new("cp").arg("-a").arg(&out).arg(&forced).status().unwrap().success());
+    m.ok(&["checkout", "--force", "main", forced.to_str().unwrap()]);
+    assert!(!forced.join(".mado-checkout-partial").exists());
+    assert!(same_bytes(&repo.join("big.bin"), &forced.join("big.bin")));
     let o = m.run(&["checkout", "main", out.to_str().unwrap()]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{err}");

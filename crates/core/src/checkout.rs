@@ -618,8 +618,12 @@ pub async fn checkout(
     // there knows whose files they are. A tree that holds a file of the
     // mark's name at its top is not marked.
     let mut partial = None;
-    if empty && !opts.marked && !fetcher.tree(root, "").await?.entries.iter().any(|e| e.name == PARTIAL_MARK.as_bytes())
-    {
+    let tree_has_mark = || async {
+        Ok::<_, Error>(fetcher.tree(root, "").await?.entries.iter().any(|e| e.name == PARTIAL_MARK.as_bytes()))
+    };
+    // --force over what a killed checkout left: its mark goes at the end.
+    let stale_mark = !empty && !opts.marked && is_partial_checkout(dest) && !tree_has_mark().await?;
+    if empty && !opts.marked && !tree_has_mark().await? {
         partial = Some(Partial::mark(&root_fd, dest, made)?);
     }
     let mut report = CheckoutReport { removed_partial, ..Default::default() };
@@ -829,6 +833,10 @@ pub async fn checkout(
     }
     if let Some(p) = partial {
         p.done(&root_fd)?;
+    }
+    if stale_mark {
+        rustix::fs::unlinkat(&*root_fd, PARTIAL_MARK, AtFlags::empty())
+            .map_err(io_at(PARTIAL_MARK.as_bytes(), "removing"))?;
     }
     Ok(report)
 }
