@@ -432,6 +432,22 @@ fn a_whole_copy_changed_before_its_hash_is_not_kept() {
     let _ = m.run(&["umount", mnt.to_str().unwrap()]);
 }
 
+/// `mado checkout main OUT`, returned once it waits at its pause point
+/// `content-write` (a large file's temp file made, its bytes not written).
+fn paused_checkout(m: &Mado, out: &Path, fifo: &Path) -> std::process::Child {
+    let paused = fifo.with_extension("paused");
+    let _ = std::fs::remove_file(&paused);
+    let child = m
+        .cmd(&["checkout", "main", out.to_str().unwrap()])
+        .env("MADO_PAUSE", "content-write")
+        .env("MADO_PAUSE_FIFO", fifo)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    eventually("the checkout reaches its pause point", || paused.exists());
+    child
+}
+
 /// Ctrl-C during a checkout, a large file half written under its temp
 /// name: the checkout ends with 130 and removes the temp file. It stayed
 /// (`.mado-tmp-*`, tens of MB), and `checkout --force` kept it.
@@ -449,14 +465,7 @@ fn an_interrupted_checkout_leaves_no_temp_file() {
     let fifo = m.dir.path().join("pause");
     assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
     let out = m.dir.path().join("out");
-    let child = m
-        .cmd(&["checkout", "main", out.to_str().unwrap()])
-        .env("MADO_PAUSE", "content-write")
-        .env("MADO_PAUSE_FIFO", &fifo)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    eventually("the checkout reaches its pause point", || m.dir.path().join("pause.paused").exists());
+    let child = paused_checkout(&m, &out, &fifo);
     let temps = |d: &Path| -> Vec<String> {
         std::fs::read_dir(d)
             .unwrap()
@@ -474,15 +483,7 @@ fn an_interrupted_checkout_leaves_no_temp_file() {
     assert!(!out.exists(), "the interrupted checkout left {:?}", std::fs::read_dir(&out).map(|d| d.count()));
     // Into a directory that was there and empty: emptied again.
     std::fs::create_dir(&out).unwrap();
-    let _ = std::fs::remove_file(m.dir.path().join("pause.paused"));
-    let child = m
-        .cmd(&["checkout", "main", out.to_str().unwrap()])
-        .env("MADO_PAUSE", "content-write")
-        .env("MADO_PAUSE_FIFO", &fifo)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    eventually("the checkout reaches its pause point again", || m.dir.path().join("pause.paused").exists());
+    let child = paused_checkout(&m, &out, &fifo);
     assert!(Command::new("kill").arg("-INT").arg(child.id().to_string()).status().unwrap().success());
     assert_eq!(child.wait_with_output().unwrap().status.code(), Some(130));
     assert_eq!(std::fs::read_dir(&out).unwrap().count(), 0, "emptied again");
@@ -513,14 +514,7 @@ fn a_killed_checkout_is_finished_by_running_it_again() {
     let fifo = m.dir.path().join("pause");
     assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
     let out = m.dir.path().join("out");
-    let mut child = m
-        .cmd(&["checkout", "main", out.to_str().unwrap()])
-        .env("MADO_PAUSE", "content-write")
-        .env("MADO_PAUSE_FIFO", &fifo)
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    eventually("the checkout reaches its pause point", || m.dir.path().join("pause.paused").exists());
+    let mut child = paused_checkout(&m, &out, &fifo);
     child.kill().unwrap();
     child.wait().unwrap();
     assert!(out.join(".mado-checkout-partial").is_file());
