@@ -524,6 +524,15 @@ fn a_killed_checkout_is_finished_by_running_it_again() {
     m.ok(&["checkout", "--force", "main", forced.to_str().unwrap()]);
     assert!(!forced.join(".mado-checkout-partial").exists());
     assert!(same_bytes(&repo.join("big.bin"), &forced.join("big.bin")));
+    // Something the tree does not have, put there since, is someone's: it
+    // stops the clean-up, and stays (a different revision is judged by
+    // its own tree).
+    std::fs::create_dir(out.join("mine")).unwrap();
+    std::fs::write(out.join("mine/notes.txt"), "precious\n").unwrap();
+    let err = m.fails(&["checkout", "main", out.to_str().unwrap()], 1);
+    assert!(err.contains("mine") && err.contains("--force"), "{err}");
+    assert_eq!(std::fs::read(out.join("mine/notes.txt")).unwrap(), b"precious\n");
+    std::fs::remove_dir_all(out.join("mine")).unwrap();
     let o = m.run(&["checkout", "main", out.to_str().unwrap()]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{err}");

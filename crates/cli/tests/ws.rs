@@ -1037,6 +1037,14 @@ fn a_resume_killed_partway_is_cleaned_up_by_the_next_resume_into_its_directory()
     let (m, r) = resume_killed_partway();
     assert!(r.join("src/lib.rs").is_file(), "the killed resume wrote no files");
     assert!(!r.join(".mado/workspace.json").exists());
+    // Files someone put there since (the tree has no such path) are not
+    // the resume's: they stop it, and stay.
+    std::fs::write(r.join("src/notes.txt"), "mine\n").unwrap();
+    let err = m.fails(&["ws", "resume", "ab", r.to_str().unwrap()], 1);
+    assert!(err.contains("src/notes.txt") && err.contains("interrupted resume"), "{err}");
+    assert_eq!(std::fs::read(r.join("src/notes.txt")).unwrap(), b"mine\n");
+    assert!(r.join("src/lib.rs").is_file(), "the refused resume removed files");
+    std::fs::remove_file(r.join("src/notes.txt")).unwrap();
     let o = m.run(&["ws", "resume", "ab", r.to_str().unwrap()]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{err}");

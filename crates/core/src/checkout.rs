@@ -575,6 +575,17 @@ pub async fn checkout(
     // checkout done again; with --force, written over.
     let mut removed_partial = false;
     if !empty && !opts.marked && !opts.force && is_partial_checkout(dest) {
+        // Only what that checkout could have written: anything else there
+        // is someone's, and stops this.
+        if let Some(p) = first_foreign(fetcher, root, dest, &[PARTIAL_MARK]).await? {
+            return Err(Error::User(format!(
+                "{} holds what an interrupted checkout left ({PARTIAL_MARK}), and {p}, which writing this \
+                 tree there would not have made; move away what you put there and run this again (it then \
+                 removes the rest and starts over), or pass --force to write this tree's files over it and \
+                 keep everything else",
+                dest.display()
+            )));
+        }
         crate::fsutil::empty_dir(dest)
             .map_err(Error::io(format!("removing the interrupted checkout in {}", dest.display())))?;
         (empty, removed_partial) = (true, true);
@@ -850,6 +861,42 @@ fn is_partial_checkout(dest: &Path) -> bool {
     std::fs::symlink_metadata(dest.join(PARTIAL_MARK)).is_ok_and(|m| m.is_file())
 }
 
+/// The first path in `dest` (shown relative to it) that writing tree
+/// `root` there could not have made: a name the tree does not have, or a
+/// directory where it has a file (or the other way round). mado's own
+/// temp files, and the top-level names in `own`, do not count. `None`:
+/// everything there may be an interrupted checkout's (or resume's) own
+/// work, which a run again may remove; anything else is someone's, and it
+/// must not (a user or an agent may have written into the directory).
+pub async fn first_foreign(fetcher: &Arc<Fetcher>, root: Hash, dest: &Path, own: &[&str]) -> Result<Option<String>> {
+    let mut dirs: Vec<(std::path::PathBuf, Vec<u8>, Hash)> = vec![(dest.to_path_buf(), Vec::new(), root)];
+    while let Some((at, rel, tree)) = dirs.pop() {
+        let tree = fetcher.tree(tree, &lossy(&rel)).await?;
+        let rd = std::fs::read_dir(&at).map_err(Error::io(format!("reading {}", at.display())))?;
+        for e in rd {
+            let e = e.map_err(Error::io(format!("reading {}", at.display())))?;
+            let name = e.file_name();
+            let name = name.as_bytes();
+            if name.starts_with(b".mado-tmp-") || (rel.is_empty() && own.iter().any(|o| o.as_bytes() == name)) {
+                continue;
+            }
+            let path = join(&rel, name);
+            let is_dir = e.file_type().map_err(Error::io(format!("reading {}", at.display())))?.is_dir();
+            match tree.entries.iter().find(|t| t.name == name) {
+                Some(t) if t.kind == Kind::Directory && is_dir => dirs.push((e.path(), path, t.id)),
+                Some(t) if t.kind == Kind::Gitlink && is_dir => {
+                    if std::fs::read_dir(e.path()).is_ok_and(|mut d| d.next().is_some()) {
+                        return Ok(Some(lossy(&path)));
+                    }
+                }
+                Some(t) if !matches!(t.kind, Kind::Directory | Kind::Gitlink) && !is_dir => {}
+                _ => return Ok(Some(lossy(&path))),
+            }
+        }
+    }
+    Ok(None)
+}
+
 /// A checkout under way into a directory that was empty (or new): dropped
 /// before [`Partial::done`] (an error, or the checkout's future dropped),
 /// it empties the directory again, and removes it if the checkout made it.
@@ -872,8 +919,8 @@ impl Partial {
         std::fs::File::from(fd)
             .write_all(
                 b"A mado checkout into this directory has not finished (or was killed): \
-                  what is here may be incomplete. Run the same checkout again (it removes these files \
-                  first), or remove them.\n",
+                  what is here may be incomplete. Run the same checkout again: it removes what it wrote \
+                  and starts over (a file of a path its tree does not have stops it, and stays).\n",
             )
             .map_err(Error::io(format!("writing {}", dest.join(PARTIAL_MARK).display())))?;
         Ok(partial)

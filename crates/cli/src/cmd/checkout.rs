@@ -15,7 +15,8 @@ use crate::ctx::Ctx;
 /// A checkout into an empty or new directory that fails or is interrupted
 /// (Ctrl-C) leaves it empty (or not there) again. One killed leaves the
 /// file `.mado-checkout-partial` at DIR's top: the same checkout run again
-/// removes what it wrote and starts over.
+/// removes what it wrote and starts over, unless DIR holds a path its tree
+/// does not have (someone's file: it is refused, and nothing removed).
 ///
 /// With PATHs, only those directories or files are written, each at its
 /// own path under DIR (`mado checkout main w src/lib` gives `w/src/lib`);

@@ -508,14 +508,12 @@ pub(super) async fn materialize_into(
 ) -> Result<ResumeReport> {
     // What a resume into this directory left when it was interrupted
     // (Ctrl-C, kill -9: its marker, and no state yet) is its own partial
-    // copy: removed, and this resume starts over.
+    // copy: removed (once the tree shows nothing else is there), and this
+    // resume starts over.
     let partial = interrupted_resume(dir);
-    if partial {
-        crate::fsutil::empty_dir(dir).map_err(Error::io(format!("removing the partial copy in {}", dir.display())))?;
-    }
     // The lease is taken alongside the checkout: refuse a non-empty target
     // first, so a failed resume does not hold the lease for nothing.
-    if !crate::checkout::is_empty_dir(dir)? {
+    if !partial && !crate::checkout::is_empty_dir(dir)? {
         return Err(Error::User(format!("{} is not empty; resume into a new or empty directory", dir.display())));
     }
     // A lease held for this same directory on this machine, now empty, is
@@ -541,6 +539,17 @@ pub(super) async fn materialize_into(
             path: name.to_string(),
             detail: "the workspace ref names a different root tree than its snapshot".into(),
         });
+    }
+    if partial {
+        if let Some(p) = crate::checkout::first_foreign(fetcher, root, dir, &[STATE_DIR]).await? {
+            return Err(Error::User(format!(
+                "{} holds the partial copy an interrupted resume left, and {p}, which this resume would not \
+                 have written; move away what you put there and run this again (it then removes the rest and \
+                 starts over), or resume into another directory",
+                dir.display()
+            )));
+        }
+        crate::fsutil::empty_dir(dir).map_err(Error::io(format!("removing the partial copy in {}", dir.display())))?;
     }
     let stat_fut = fetcher.stat_of(&snap);
     // Marked before a file is written, so that an interrupted resume's
