@@ -280,16 +280,6 @@ fn a_corrupt_large_blob_is_refused_by_name() {
     assert!(m.run(&["ls", "main"]).status.code() != Some(0), "no ref was made");
 }
 
-/// Waits (bounded) until `f` holds: the daemon finishes a whole copy off
-/// the reader's path, after the last chunk is written.
-fn eventually(what: &str, mut f: impl FnMut() -> bool) {
-    let t = std::time::Instant::now();
-    while !f() {
-        assert!(t.elapsed() < std::time::Duration::from_secs(30), "timed out waiting for {what}");
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-}
-
 /// A store holding a 24 MiB file of random bytes (`big.bin`, from `seed`)
 /// and a small one, imported, and an empty cache: where the repository's
 /// file is, where the cache would keep its whole copy, and the cache's

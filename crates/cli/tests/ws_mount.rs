@@ -407,6 +407,43 @@ fn changes_of_a_workspace_removed_elsewhere_are_set_aside_and_can_be_written_out
     assert!(err.contains("is mounted on this machine") && !err.contains("has changes"), "{err}");
 }
 
+/// A file deleted in a workspace mount gives its disk space back once no
+/// process has it open (it stayed in the mount's upper folder for as long
+/// as the mount lived, and after: an agent's `rm -rf target` freed
+/// nothing); one still open stays readable until closed.
+#[test]
+fn deleted_files_in_a_mount_give_their_space_back() {
+    if !fuse_usable() {
+        return;
+    }
+    let m = Mado::local();
+    setup(&m);
+    let a = create(&m, "space");
+    let upper_bytes = || -> u64 {
+        let states = m.home().join(".local/share/mado/workspaces");
+        files_under(&states)
+            .iter()
+            .filter(|p| p.parent().is_some_and(|d| d.ends_with("upper")))
+            .map(|p| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0))
+            .sum()
+    };
+    let big = vec![7u8; 4 << 20];
+    std::fs::write(a.dir.join("big.bin"), &big).unwrap();
+    assert!(upper_bytes() >= 4 << 20);
+    std::fs::remove_file(a.dir.join("big.bin")).unwrap();
+    eventually("the deleted file's space is given back", || upper_bytes() < 1 << 20);
+    // Open while deleted: readable to its end, then freed.
+    std::fs::write(a.dir.join("held.bin"), &big).unwrap();
+    let mut held = std::fs::File::open(a.dir.join("held.bin")).unwrap();
+    std::fs::remove_file(a.dir.join("held.bin")).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let mut back = Vec::new();
+    std::io::Read::read_to_end(&mut held, &mut back).unwrap();
+    assert!(back == big, "an open deleted file lost its bytes");
+    drop(held);
+    eventually("the closed file's space is given back", || upper_bytes() < 1 << 20);
+}
+
 /// `ws rm` of a workspace mounted here is refused naming the mount; with
 /// --force it goes, and the mount's work is set aside when the mount ends
 /// (nothing listed it before). The lease of a mount whose daemon died

@@ -191,5 +191,7 @@ mod tests {
         }
         let other = Error::Io { context: "x".into(), source: std::io::Error::other("no errno") };
         assert!(!other.is_user_error());
+        assert!(Error::NotFound("x".into()).is_user_error() && Error::User("x".into()).is_user_error());
+        assert!(!Error::Internal("x".into()).is_user_error());
     }
 }

@@ -220,6 +220,7 @@ mod tests {
         assert_eq!(steps("main^0"), Ok(("main".into(), vec![])));
         assert_eq!(steps("main^^2~2"), Ok(("main".into(), vec![0, 1, 0, 0])));
         assert_eq!(steps("abcd12~10"), Ok(("abcd12".into(), vec![0; 10])));
+        assert_eq!(steps("main~100000").map(|(_, v)| v.len()), Ok(100_000), "the most steps taken");
         for bad in ["~1", "^", "main~x", "main~1x", "main^-1", "main~100001", "main~99999999999999999999999"] {
             assert!(steps(bad).unwrap_err().contains("ancestry steps"), "{bad}");
         }

@@ -136,6 +136,20 @@ impl LazyOpens {
         }
         f
     }
+
+    /// The kernel forgot `ino` (FORGET: it evicted the inode, so no
+    /// process has it open): its kept files are released. An unlinked
+    /// file's upper file then goes (it stayed until 64 other files had
+    /// been opened since, or for ever: a deleted 100 MB file kept its
+    /// space).
+    fn forget(&mut self, core: &SnapshotFs, ino: u64) {
+        self.recent.retain(|(i, _)| {
+            if *i == ino {
+                core.release(ino);
+            }
+            *i != ino
+        });
+    }
 }
 
 fn is_writable(f: &OpenFile) -> bool {
@@ -607,6 +621,9 @@ impl Filesystem for MadoFs {
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        if let Some(lazy) = &self.lazy {
+            lazy.lock().expect("lazy lock").forget(&self.core, ino.0);
+        }
         self.core.forget(ino.0, nlookup);
     }
 

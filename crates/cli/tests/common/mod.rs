@@ -551,3 +551,13 @@ impl Gate {
         self.open.store(true, std::sync::atomic::Ordering::SeqCst);
     }
 }
+
+/// Waits (bounded: 30 s) until `f` holds: what a daemon finishes off the
+/// caller's path (a whole copy built, a FORGET handled).
+pub fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    let t = std::time::Instant::now();
+    while !f() {
+        assert!(t.elapsed() < Duration::from_secs(30), "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

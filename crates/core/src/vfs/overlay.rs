@@ -180,13 +180,17 @@ impl SnapshotFs {
     /// brings back a saved state that may still name it, whole.
     pub(super) fn recycle(&self, st: &mut State, blob: u64, size: u64) {
         let Ok(p) = self.blob_path(blob) else { return };
-        if st.spare.len() >= SPARE_MAX || size > SPARE_BYTES {
-            let _ = std::fs::remove_file(p);
-            return;
-        }
-        if !p.exists() {
+        // The file's own length: a node's `size` is what it was made with
+        // (0 for a new file), not what was written since. Judged by that,
+        // every deleted file was kept, whole, until reused: a deleted
+        // 100 MB file never gave its space back.
+        let Ok(m) = std::fs::symlink_metadata(&p) else {
             // Unlinked already (its last handle closed while the kernel
             // still knew the node).
+            return;
+        };
+        if st.spare.len() >= SPARE_MAX || size.max(m.len()) > SPARE_BYTES {
+            let _ = std::fs::remove_file(p);
             return;
         }
         // Read under the state lock the node left under: a save whose

@@ -460,6 +460,26 @@ impl SnapshotFs {
         for h in holders {
             st.dirty(h);
         }
+        // Upper files below `next_blob` that the state does not name are
+        // a killed daemon's spare or unlinked files (no one else uses the
+        // folder: the mount lock is held): their space goes back now.
+        // Those from `next_blob` on are taken over as new files.
+        let named: std::collections::HashSet<u64> = st
+            .nodes
+            .values()
+            .filter_map(|n| match n.body {
+                Body::Upper { blob, .. } => Some(blob),
+                _ => None,
+            })
+            .collect();
+        if let Ok(rd) = std::fs::read_dir(fs.upper_dir()?) {
+            for e in rd.flatten() {
+                let blob = e.file_name().to_str().and_then(|n| n.parse::<u64>().ok());
+                if blob.is_some_and(|b| b < h.next_blob && !named.contains(&b)) {
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
+        }
         *fs.state.write().expect("state lock") = st;
         Ok(fs)
     }

@@ -429,3 +429,39 @@ async fn a_saved_state_lists_its_changes_without_its_snapshot() {
     // A torn state is refused, never read as fewer changes.
     assert!(SnapshotFs::saved_changes(&saved[..saved.len() - 1]).is_err());
 }
+
+/// A deleted file larger than a spare gives its space back at once (its
+/// node's size said 0, as made, so every deleted file was kept whole
+/// until reused); a state loaded after a kill sweeps the upper files it
+/// does not name below its `next_blob` (a killed daemon's spare or
+/// unlinked files, which stayed for ever).
+#[tokio::test]
+async fn deleted_files_give_their_space_back() {
+    let d = tempfile::tempdir().unwrap();
+    let (fs, _cache) = empty_workspace(d.path());
+    let upper = |n: u32| d.path().join("upper").join(n.to_string());
+    let (a, f) = fs.create(ROOT_INO, b"big", 0o644).await.unwrap();
+    fs.write(&f, 0, &vec![7u8; 1 << 20]).unwrap();
+    drop(f);
+    fs.release(a.ino);
+    fs.unlink(ROOT_INO, b"big").await.unwrap();
+    assert!(!upper(1).exists(), "a deleted 1 MiB file kept its space");
+    // Small ones are kept for reuse; a kill then leaves them, and the
+    // next load removes them (and keeps what its state names).
+    let (b, g) = fs.create(ROOT_INO, b"small", 0o644).await.unwrap();
+    fs.write(&g, 0, b"small").unwrap();
+    drop(g);
+    fs.release(b.ino);
+    let (c, h) = fs.create(ROOT_INO, b"kept", 0o644).await.unwrap();
+    fs.write(&h, 0, b"kept").unwrap();
+    drop(h);
+    fs.release(c.ino);
+    fs.unlink(ROOT_INO, b"small").await.unwrap();
+    assert!(upper(2).exists(), "a small freed file is a spare");
+    let saved = fs.save_state().unwrap();
+    let back = SnapshotFs::load_state(fs.fetcher().clone(), &saved, d.path().join("upper"), None).unwrap();
+    assert!(!upper(2).exists(), "the spare a killed daemon left was not swept");
+    let kept = back.lookup(ROOT_INO, b"kept").await.unwrap();
+    let r = back.open(kept.ino).await.unwrap();
+    assert_eq!(&back.read(&r, 0, 16).await.unwrap()[..], b"kept");
+}
