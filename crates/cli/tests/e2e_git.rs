@@ -119,6 +119,9 @@ fn refs_take_git_ancestry_steps() {
     assert!(d.contains("README.md"), "{d}");
     m.ok(&["ws", "create", "old", "--from", "main^", "--no-checkout"]);
     assert_eq!(m.json(&["log", "ws/old", "-n", "1"])[0]["snapshot"], first);
+    // A command that takes a workspace's name says where a step goes.
+    let err = m.fails(&["ws", "resume", "old~1", m.dir.path().join("r").to_str().unwrap()], 1);
+    assert!(err.contains("not a workspace name") && err.contains("mado checkout ws/old~1"), "{err}");
 
     let err = m.fails(&["cat", "main~2", "README.md"], 1);
     assert!(err.contains("main~2") && err.contains("1 step back from main") && err.contains("no parent"), "{err}");

@@ -246,6 +246,8 @@ fn uncheckpointed_work_of_a_mount_is_named_set_aside_and_recovered() {
     assert_eq!(aside[0]["workspace"], "left");
     assert_eq!(aside[0]["checkpoint"], base.as_str());
     let dir = aside[0]["dir"].as_str().unwrap();
+    let err = m.fails(&["ws", "recover", dir, "--as", "left"], 1);
+    assert!(err.contains("choose another name with --as"), "{err}");
     let r = m.json(&["ws", "recover", dir, "--as", "back"]);
     assert_eq!(r["workspace"], "back", "{r}");
     assert_eq!(m.json(&["ws", "recover"]), serde_json::json!([]));
@@ -442,6 +444,50 @@ fn deleted_files_in_a_mount_give_their_space_back() {
     assert!(back == big, "an open deleted file lost its bytes");
     drop(held);
     eventually("the closed file's space is given back", || upper_bytes() < 1 << 20);
+}
+
+/// A full disk under the mount's state folder is ENOSPC to the writer
+/// (it was EIO), and deleting files there frees it again.
+#[test]
+fn a_full_state_disk_is_enospc_to_writers() {
+    if !fuse_usable() {
+        return;
+    }
+    let m = Mado::local();
+    setup(&m);
+    let small = m.dir.path().join("small");
+    std::fs::create_dir(&small).unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=3m", "tmpfs"])
+        .arg(&small)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !mounted {
+        eprintln!("skipping: cannot mount a tmpfs here (not root?)");
+        return;
+    }
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+    let _small = Unmount(small.clone());
+    let states = small.join("ws");
+    let dir = m.dir.path().join("mnt-full");
+    let o = m
+        .cmd(&["ws", "create", "full", "--from", "main", "--mount", dir.to_str().unwrap()])
+        .env("MADO_WORKSPACES_DIR", &states)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let mnt = WsMount { m: &m, dir };
+    let e = std::fs::write(mnt.dir.join("big"), vec![1u8; 8 << 20]).expect_err("3 MiB of state disk");
+    assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
+    std::fs::remove_file(mnt.dir.join("big")).unwrap();
+    eventually("the space is back", || std::fs::write(mnt.dir.join("small"), "fits\n").is_ok());
+    let o = m.cmd(&["umount", mnt.path()]).env("MADO_WORKSPACES_DIR", &states).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 }
 
 /// `ws rm` of a workspace mounted here is refused naming the mount; with

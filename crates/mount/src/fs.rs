@@ -168,6 +168,12 @@ enum IoMode {
 fn errno(e: &Error) -> Errno {
     match e {
         Error::Fs { errno, .. } => Errno::from_i32(*errno),
+        // A full disk or quota under the upper folder is the writer's to
+        // see as such (it was EIO: "Input/output error" for a full disk).
+        Error::Io { source, .. } if matches!(source.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)) => {
+            tracing::warn!("{e}");
+            Errno::from_i32(source.raw_os_error().expect("matched"))
+        }
         Error::NotFound(_) => Errno::ENOENT,
         Error::User(_) => Errno::EINVAL,
         e => {

@@ -330,7 +330,18 @@ pub(super) async fn commit_locked(
     let mut intent = st.clone();
     intent.pending = Some(sid.to_hex());
     save_state_at(state_at, &intent)?;
-    remote.cas_ref(&refname, Some(&ver), RefValue { snapshot: sid, root: walked.root, layers }).await?;
+    remote.cas_ref(&refname, Some(&ver), RefValue { snapshot: sid, root: walked.root, layers }).await.map_err(|e| {
+        match e {
+            // Two checkpoints of one copy at once: the other won.
+            Error::RefMoved { found, .. } => Error::User(format!(
+                "another checkpoint of workspace {} finished first (it is now at {}); \
+                 run `mado ws checkpoint` again to checkpoint on top of it",
+                st.name,
+                &found[..12.min(found.len())]
+            )),
+            e => e,
+        }
+    })?;
     failpoint("checkpoint-after-ref");
     report.snapshot = sid.to_hex();
     report.upload.snapshots_uploaded = 1;

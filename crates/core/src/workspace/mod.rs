@@ -74,6 +74,13 @@ fn now() -> i64 {
 }
 
 fn ws_ref(name: &str) -> Result<String> {
+    if name.contains(['~', '^']) {
+        // `ws resume a~1`: a checkpoint, where a workspace is named.
+        return Err(Error::User(format!(
+            "{name:?} is not a workspace name: this command takes the name alone; for an older checkpoint, \
+             `mado checkout ws/{name} DIR` writes it, `mado ws create NEW --from ws/{name}` starts a workspace there"
+        )));
+    }
     let r = format!("ws/{name}");
     check_ref_name(&r).map_err(Error::User)?;
     Ok(r)
@@ -196,8 +203,9 @@ async fn read_ws_ref(fetcher: &Fetcher, name: &str) -> Result<RefValue> {
     Ok(v)
 }
 
-/// Creates the ref of a new workspace from `spec`.
-pub async fn create_ref(fetcher: &Arc<Fetcher>, name: &str, spec: &str) -> Result<RefValue> {
+/// Creates the ref of a new workspace from `spec`: `Error::RefMoved` when
+/// one of that name exists.
+async fn create_ref_or_moved(fetcher: &Arc<Fetcher>, name: &str, spec: &str) -> Result<RefValue> {
     let refname = ws_ref(name)?;
     let r = crate::resolve::resolve(fetcher, spec).await?;
     let root = match r.root {
@@ -218,13 +226,19 @@ pub async fn create_ref(fetcher: &Arc<Fetcher>, name: &str, spec: &str) -> Resul
         }
     };
     let v = RefValue { snapshot: r.snapshot, root, layers: r.layers.clone() };
-    fetcher.remote.cas_ref(&refname, None, v.clone()).await.map_err(|e| match e {
+    fetcher.remote.cas_ref(&refname, None, v.clone()).await?;
+    Ok(v)
+}
+
+/// Creates the ref of a new workspace from `spec`; one of that name is
+/// refused, pointing at a resume of it.
+pub async fn create_ref(fetcher: &Arc<Fetcher>, name: &str, spec: &str) -> Result<RefValue> {
+    create_ref_or_moved(fetcher, name, spec).await.map_err(|e| match e {
         Error::RefMoved { .. } => Error::User(format!(
             "workspace {name} already exists; use `mado ws resume {name} DIR` to get a working copy"
         )),
         e => e,
-    })?;
-    Ok(v)
+    })
 }
 
 /// `ws resume`: the workspace's latest checkpoint into `dir`, byte for byte.

@@ -635,7 +635,10 @@ pub async fn recover_set_aside(
             target.display()
         )));
     }
-    create_ref(fetcher, new_name, &head.to_hex()).await.map_err(|e| match e {
+    create_ref_or_moved(fetcher, new_name, &head.to_hex()).await.map_err(|e| match e {
+        Error::RefMoved { .. } => {
+            Error::User(format!("a workspace named {new_name} already exists; choose another name with --as"))
+        }
         Error::NotFound(_) => Error::User(format!(
             "the checkpoint {} these changes were made on is no longer in the store (its workspace was \
              removed and gc ran), so they cannot become a workspace; {} keeps them: \
