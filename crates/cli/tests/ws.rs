@@ -971,10 +971,23 @@ fn a_resume_that_fails_partway_leaves_an_empty_directory_and_a_free_lease() {
     let r = m.dir.path().join("r");
     let o = m.run(&["ws", "resume", "half", r.to_str().unwrap()]);
     assert!(!o.status.success(), "resumed without its packs");
-    assert!(r.is_dir() && std::fs::read_dir(&r).unwrap().next().is_none(), "a failed resume left files");
+    assert!(!r.exists(), "a failed resume left the directory it made");
+    std::fs::create_dir(&r).unwrap();
+    let o = m.run(&["ws", "resume", "half", r.to_str().unwrap()]);
+    assert!(!o.status.success(), "resumed without its packs");
+    assert!(std::fs::read_dir(&r).unwrap().next().is_none(), "a failed resume left files");
+    // A `ws create --dir` that fails the same way takes its new
+    // workspace back: the same command works once the cause is fixed.
+    let c = m.dir.path().join("c");
+    let args = ["ws", "create", "half2", "--from", "ws/half", "--dir", c.to_str().unwrap()];
+    assert!(!m.run(&args).status.success(), "created without its packs");
+    assert!(!c.exists());
+    assert!(!m.ok(&["ws", "list"]).contains("half2"), "the failed create left its workspace");
     for name in moved {
         std::fs::rename(away.join(&name), packs.join(&name)).unwrap();
     }
+    m.ok(&args);
+    m.ok(&["ws", "release", "--dir", c.to_str().unwrap()]);
     m.ok(&["ws", "resume", "half", r.to_str().unwrap()]);
     assert_eq!(std::fs::read(r.join("new.txt")).unwrap(), b"new\n");
 }

@@ -189,7 +189,14 @@ pub async fn create(
     // then finds ready.
     let (v, seen) = futures::join!(create_ref(fetcher, name, spec), read_lease(&fetcher.remote, name));
     let (v, seen) = (v?, seen?);
-    materialize_into(fetcher, name, &v, dir, ResumeLease::Take { steal: false }, Some(seen), progress).await
+    let r = materialize_into(fetcher, name, &v, dir, ResumeLease::Take { steal: false }, Some(seen), progress).await;
+    if r.is_err() {
+        // No copy was made (a failed resume leaves none): the new ref is
+        // taken back, so that the same command works once the cause is
+        // fixed (it said "already exists").
+        let _ = remove(&fetcher.remote, name, true, None).await;
+    }
+    r
 }
 
 /// The ref of workspace `name` (an error naming it when there is none).

@@ -511,6 +511,14 @@ pub(super) async fn materialize_into(
     // copy: removed (once the tree shows nothing else is there), and this
     // resume starts over.
     let partial = interrupted_resume(dir);
+    // A directory this resume makes goes again if it fails.
+    let made = std::fs::symlink_metadata(dir).is_err();
+    let undo = || {
+        let _ = crate::fsutil::empty_dir(dir);
+        if made {
+            let _ = std::fs::remove_dir(dir);
+        }
+    };
     // The lease is taken alongside the checkout: refuse a non-empty target
     // first, so a failed resume does not hold the lease for nothing.
     if !partial && !crate::checkout::is_empty_dir(dir)? {
@@ -571,7 +579,7 @@ pub(super) async fn materialize_into(
     if let Err(e) = lease {
         // No copy that looks like a working copy but cannot checkpoint:
         // the directory was empty, so it is emptied again.
-        let _ = crate::fsutil::empty_dir(dir);
+        undo();
         return Err(e);
     }
     let (stat, co) = match (stat, co) {
@@ -581,7 +589,7 @@ pub(super) async fn materialize_into(
                 let _ = release_lease(&fetcher.remote, name, &holder).await;
             }
             // Nor half a copy: the directory was empty, so it is again.
-            let _ = crate::fsutil::empty_dir(dir);
+            undo();
             return Err(e);
         }
     };
