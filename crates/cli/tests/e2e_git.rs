@@ -127,6 +127,8 @@ fn refs_take_git_ancestry_steps() {
     assert!(err.contains("main~2") && err.contains("1 step back from main") && err.contains("no parent"), "{err}");
     let err = m.fails(&["cat", "main^2", "README.md"], 1);
     assert!(err.contains("only one parent"), "{err}");
+    let err = m.fails(&["cat", &second[..3], "README.md"], 1);
+    assert!(err.contains("at least 4 hex digits"), "{err}");
     for bad in ["main~x", "main^^x", "~1", "main~1~-1"] {
         let err = m.fails(&["cat", bad, "README.md"], 1);
         assert!(err.contains("ancestry steps"), "{bad}: {err}");

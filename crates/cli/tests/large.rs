@@ -471,12 +471,16 @@ fn an_interrupted_checkout_leaves_no_temp_file() {
     // The directory it made is gone again (it left the temp file, then
     // every directory it had made).
     assert!(!out.exists(), "the interrupted checkout left {:?}", std::fs::read_dir(&out).map(|d| d.count()));
-    // Into a directory that was there and empty: emptied again.
+    // Into a directory that was there and empty: emptied again, its
+    // mtime as it was.
     std::fs::create_dir(&out).unwrap();
+    let y2k = std::time::UNIX_EPOCH + std::time::Duration::from_secs(946_684_800);
+    std::fs::File::open(&out).unwrap().set_modified(y2k).unwrap();
     let child = paused_checkout(&m, &out, &fifo);
     assert!(Command::new("kill").arg("-INT").arg(child.id().to_string()).status().unwrap().success());
     assert_eq!(child.wait_with_output().unwrap().status.code(), Some(130));
     assert_eq!(std::fs::read_dir(&out).unwrap().count(), 0, "emptied again");
+    assert_eq!(std::fs::metadata(&out).unwrap().modified().unwrap(), y2k);
     m.ok(&["checkout", "main", out.to_str().unwrap()]);
     assert!(temps(&out).is_empty());
     assert!(!out.join(".mado-checkout-partial").exists(), "the mark goes once every file is written");

@@ -904,10 +904,16 @@ struct Partial {
     dest: std::path::PathBuf,
     made: bool,
     finished: bool,
+    /// An existing directory's times, put back once it is emptied again.
+    times: Option<std::fs::FileTimes>,
 }
 
 impl Partial {
     fn mark(root_fd: &OwnedFd, dest: &Path, made: bool) -> Result<Partial> {
+        // Read before the mark changes them.
+        let times = std::fs::metadata(dest).ok().filter(|_| !made).and_then(|m| {
+            Some(std::fs::FileTimes::new().set_accessed(m.accessed().ok()?).set_modified(m.modified().ok()?))
+        });
         let fd = rustix::fs::openat(
             root_fd,
             PARTIAL_MARK,
@@ -915,7 +921,7 @@ impl Partial {
             Mode::from_raw_mode(0o644),
         )
         .map_err(io_at(PARTIAL_MARK.as_bytes(), "creating"))?;
-        let partial = Partial { dest: dest.to_path_buf(), made, finished: false };
+        let partial = Partial { dest: dest.to_path_buf(), made, finished: false, times };
         std::fs::File::from(fd)
             .write_all(
                 b"A mado checkout into this directory has not finished (or was killed): \
@@ -939,6 +945,8 @@ impl Drop for Partial {
             let _ = crate::fsutil::empty_dir(&self.dest);
             if self.made {
                 let _ = std::fs::remove_dir(&self.dest);
+            } else if let Some(t) = self.times {
+                let _ = std::fs::File::open(&self.dest).and_then(|d| d.set_times(t));
             }
         }
     }

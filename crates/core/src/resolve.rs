@@ -67,12 +67,14 @@ fn split_ancestry(spec: &str) -> Result<(&str, Vec<usize>)> {
     while let Some(op) = rest.chars().next() {
         let digits = rest[1..].bytes().take_while(u8::is_ascii_digit).count();
         let (step, tail) = rest.split_at(1 + digits);
-        let n: Option<usize> = if digits == 0 { None } else { Some(step[1..].parse().map_err(|_| bad())?) };
+        let too_many =
+            || Error::User(format!("cannot read {spec:?}: {} is more steps than any history here has", &step[1..]));
+        let n: Option<usize> = if digits == 0 { None } else { Some(step[1..].parse().map_err(|_| too_many())?) };
         match (op, n) {
             ('~', n) => {
                 let n = n.unwrap_or(1);
                 if n > 100_000 {
-                    return Err(bad());
+                    return Err(too_many());
                 }
                 steps.extend(std::iter::repeat_n(0, n));
             }
@@ -109,8 +111,10 @@ async fn resolve_name(remote: &Remote, spec: &str) -> Result<Resolved> {
             ))),
         };
     }
+    // A few hex digits: meant as a short id, perhaps.
+    let short = if is_hex_prefix(spec) { " (a snapshot id needs at least 4 hex digits)" } else { "" };
     Err(Error::NotFound(format!(
-        "no ref named {spec:?}; list refs with `mado refs` or import one with `mado import-git`"
+        "no ref named {spec:?}{short}; list refs with `mado refs` or import one with `mado import-git`"
     )))
 }
 
@@ -221,8 +225,11 @@ mod tests {
         assert_eq!(steps("main^^2~2"), Ok(("main".into(), vec![0, 1, 0, 0])));
         assert_eq!(steps("abcd12~10"), Ok(("abcd12".into(), vec![0; 10])));
         assert_eq!(steps("main~100000").map(|(_, v)| v.len()), Ok(100_000), "the most steps taken");
-        for bad in ["~1", "^", "main~x", "main~1x", "main^-1", "main~100001", "main~99999999999999999999999"] {
+        for bad in ["~1", "^", "main~x", "main~1x", "main^-1"] {
             assert!(steps(bad).unwrap_err().contains("ancestry steps"), "{bad}");
+        }
+        for far in ["main~100001", "main~99999999999999999999999", "main^99999999999999999999999"] {
+            assert!(steps(far).unwrap_err().contains("more steps than"), "{far}");
         }
     }
 }
