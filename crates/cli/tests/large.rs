@@ -515,8 +515,13 @@ fn a_killed_checkout_is_finished_by_running_it_again() {
     // --force writes over it, and the mark goes once every file is there.
     let forced = m.dir.path().join("forced");
     assert!(Command::new("cp").arg("-a").arg(&out).arg(&forced).status().unwrap().success());
+    let temp = |d: &Path| {
+        std::fs::read_dir(d).unwrap().any(|e| e.unwrap().file_name().to_string_lossy().starts_with(".mado-tmp-"))
+    };
+    assert!(temp(&forced), "the killed checkout left its temp file");
     m.ok(&["checkout", "--force", "main", forced.to_str().unwrap()]);
     assert!(!forced.join(".mado-checkout-partial").exists());
+    assert!(!temp(&forced), "--force over a killed checkout kept its temp file");
     assert!(same_bytes(&repo.join("big.bin"), &forced.join("big.bin")));
     // Something the tree does not have, put there since, is someone's: it
     // stops the clean-up, and stays (a different revision is judged by

@@ -846,6 +846,8 @@ pub async fn checkout(
         p.done(&root_fd)?;
     }
     if stale_mark {
+        // The killed checkout's half-written temp files go too.
+        remove_temps(dest);
         rustix::fs::unlinkat(&*root_fd, PARTIAL_MARK, AtFlags::empty())
             .map_err(io_at(PARTIAL_MARK.as_bytes(), "removing"))?;
     }
@@ -855,6 +857,24 @@ pub async fn checkout(
 /// The file a checkout into an empty or new directory keeps at its top
 /// until every file is written (FORMAT.md).
 pub const PARTIAL_MARK: &str = ".mado-checkout-partial";
+
+/// Removes every `.mado-tmp-*` file below `dest` (symlinks not followed):
+/// what a killed checkout was writing when it died.
+fn remove_temps(dest: &Path) {
+    let mut dirs = vec![dest.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else { continue };
+        for e in rd.flatten() {
+            match e.file_type() {
+                Ok(t) if t.is_dir() => dirs.push(e.path()),
+                Ok(t) if t.is_file() && e.file_name().as_bytes().starts_with(b".mado-tmp-") => {
+                    let _ = std::fs::remove_file(e.path());
+                }
+                _ => {}
+            }
+        }
+    }
+}
 
 /// `dest` holds what a checkout that did not finish wrote: its mark.
 fn is_partial_checkout(dest: &Path) -> bool {
