@@ -185,7 +185,7 @@ impl Target {
         let name = split_parent(path).1;
         let final_name = OsStr::from_bytes(name).to_os_string();
         let name = if force || temp {
-            format!(".mado-tmp-{}-{}", std::process::id(), rand::random::<u64>()).into()
+            format!("{TEMP_PREFIX}{}-{}", std::process::id(), rand::random::<u64>()).into()
         } else {
             final_name.clone()
         };
@@ -574,7 +574,8 @@ pub async fn checkout(
     // What an interrupted checkout (kill -9) left is removed, and the
     // checkout done again; with --force, written over.
     let mut removed_partial = false;
-    if !empty && !opts.marked && !opts.force && is_partial_checkout(dest) {
+    let partial_left = !empty && !opts.marked && is_partial_checkout(dest);
+    if partial_left && !opts.force {
         // Only what that checkout could have written: anything else there
         // is someone's, and stops this.
         if let Some(p) = first_foreign(fetcher, root, dest, &[PARTIAL_MARK]).await? {
@@ -628,15 +629,12 @@ pub async fn checkout(
     // it found it, and one killed leaves the mark, so the next checkout
     // there knows whose files they are. A tree that holds a file of the
     // mark's name at its top is not marked.
-    let mut partial = None;
-    let tree_has_mark = || async {
-        Ok::<_, Error>(fetcher.tree(root, "").await?.entries.iter().any(|e| e.name == PARTIAL_MARK.as_bytes()))
-    };
+    let marks = !opts.marked
+        && (empty || partial_left)
+        && !fetcher.tree(root, "").await?.entries.iter().any(|e| e.name == PARTIAL_MARK.as_bytes());
+    let partial = if marks && empty { Some(Partial::mark(&root_fd, dest, made)?) } else { None };
     // --force over what a killed checkout left: its mark goes at the end.
-    let stale_mark = !empty && !opts.marked && is_partial_checkout(dest) && !tree_has_mark().await?;
-    if empty && !opts.marked && !tree_has_mark().await? {
-        partial = Some(Partial::mark(&root_fd, dest, made)?);
-    }
+    let stale_mark = marks && !empty;
     let mut report = CheckoutReport { removed_partial, ..Default::default() };
     let mut files: Vec<(Vec<u8>, Entry)> = Vec::new();
     let mut level: Vec<(Vec<u8>, Hash)> = Vec::new();
@@ -854,6 +852,10 @@ pub async fn checkout(
     Ok(report)
 }
 
+/// How the names of files being written start, until they are moved into
+/// place (with `--force`, and for large files).
+const TEMP_PREFIX: &str = ".mado-tmp-";
+
 /// The file a checkout into an empty or new directory keeps at its top
 /// until every file is written (FORMAT.md).
 pub const PARTIAL_MARK: &str = ".mado-checkout-partial";
@@ -867,7 +869,7 @@ fn remove_temps(dest: &Path) {
         for e in rd.flatten() {
             match e.file_type() {
                 Ok(t) if t.is_dir() => dirs.push(e.path()),
-                Ok(t) if t.is_file() && e.file_name().as_bytes().starts_with(b".mado-tmp-") => {
+                Ok(t) if t.is_file() && e.file_name().as_bytes().starts_with(TEMP_PREFIX.as_bytes()) => {
                     let _ = std::fs::remove_file(e.path());
                 }
                 _ => {}
@@ -897,7 +899,8 @@ pub async fn first_foreign(fetcher: &Arc<Fetcher>, root: Hash, dest: &Path, own:
             let e = e.map_err(Error::io(format!("reading {}", at.display())))?;
             let name = e.file_name();
             let name = name.as_bytes();
-            if name.starts_with(b".mado-tmp-") || (rel.is_empty() && own.iter().any(|o| o.as_bytes() == name)) {
+            if name.starts_with(TEMP_PREFIX.as_bytes()) || (rel.is_empty() && own.iter().any(|o| o.as_bytes() == name))
+            {
                 continue;
             }
             let path = join(&rel, name);
@@ -962,10 +965,8 @@ impl Partial {
 impl Drop for Partial {
     fn drop(&mut self) {
         if !self.finished {
-            let _ = crate::fsutil::empty_dir(&self.dest);
-            if self.made {
-                let _ = std::fs::remove_dir(&self.dest);
-            } else if let Some(t) = self.times {
+            crate::fsutil::undo_dir(&self.dest, self.made);
+            if let Some(t) = self.times {
                 let _ = std::fs::File::open(&self.dest).and_then(|d| d.set_times(t));
             }
         }

@@ -152,6 +152,15 @@ pub fn empty_dir(dir: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Undoes a write into directory `dir` that failed: empties it again, and
+/// removes it when the write made it (`made`).
+pub fn undo_dir(dir: &Path, made: bool) {
+    let _ = empty_dir(dir);
+    if made {
+        let _ = std::fs::remove_dir(dir);
+    }
+}
+
 /// Creates `dir` (and its parents) with the final folder private to the
 /// user (0700) whatever the umask, as ssh and gpg do for theirs: mado's
 /// cache, store and config hold copies of files other users must not read.

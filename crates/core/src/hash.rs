@@ -83,6 +83,12 @@ impl FromStr for Hash {
 }
 
 /// True when `s` is a non-empty string of lowercase or uppercase hex digits.
+/// The first 12 characters of an id written in hex, as ids are shown
+/// (`Hash::short`); all of a shorter string.
+pub fn short_hex(hex: &str) -> &str {
+    hex.get(..12).unwrap_or(hex)
+}
+
 pub fn is_hex_prefix(s: &str) -> bool {
     !s.is_empty() && s.len() <= 64 && s.bytes().all(|c| c.is_ascii_hexdigit())
 }

@@ -118,7 +118,7 @@ pub async fn run(mut a: ImportGitArgs, ctx: &Ctx) -> Result<()> {
     }
     for i in &report.imported {
         let note = if i.new_snapshot { "" } else { " (unchanged)" };
-        say!(ctx, "{} {} -> {}{note}", i.rev, &i.commit[..12.min(i.commit.len())], i.snapshot);
+        say!(ctx, "{} {} -> {}{note}", i.rev, mado_core::hash::short_hex(&i.commit), i.snapshot);
     }
     let packs: usize = report.packs.iter().map(|p| p.packs).sum();
     let new_packs: u64 = report.packs.iter().map(|p| p.packs_uploaded).sum();

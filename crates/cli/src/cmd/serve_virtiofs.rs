@@ -75,7 +75,7 @@ pub fn run(a: ServeVirtiofsArgs, ctx: &Ctx) -> Result<()> {
             }
             eprintln!(
                 "serving {what}{spec} ({}) on {socket} [pid {}]",
-                &ready.snapshot[..12.min(ready.snapshot.len())],
+                mado_core::hash::short_hex(&ready.snapshot),
                 std::process::id()
             );
             if let Some(adv) = &ready.advisory {

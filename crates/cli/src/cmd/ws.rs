@@ -354,7 +354,7 @@ pub async fn run(c: WsCommand, ctx: &Ctx) -> Result<()> {
                 note!(ctx, "({} paths left out: .git, ignore rules, FIFOs and sockets)", s.paths_ignored);
             }
             if s.added.is_empty() && s.modified.is_empty() && s.deleted.is_empty() {
-                note!(ctx, "nothing changed since {} (workspace {})", &s.base[..12.min(s.base.len())], s.workspace);
+                note!(ctx, "nothing changed since {} (workspace {})", mado_core::hash::short_hex(&s.base), s.workspace);
             }
             if let Some(to) = &s.moved_to {
                 note!(
@@ -363,8 +363,8 @@ pub async fn run(c: WsCommand, ctx: &Ctx) -> Result<()> {
                      a checkpoint here would be refused; resume it elsewhere to continue from there, \
                      or `mado ws checkpoint --force` to replace it with this copy",
                     s.workspace,
-                    &to[..12.min(to.len())],
-                    &s.base[..12.min(s.base.len())]
+                    mado_core::hash::short_hex(to),
+                    mado_core::hash::short_hex(&s.base)
                 );
             }
             Ok(())
@@ -476,7 +476,7 @@ pub async fn run(c: WsCommand, ctx: &Ctx) -> Result<()> {
                 println!(
                     "{:<20}  {:<12}  {:<26}  {}",
                     a.workspace,
-                    &a.checkpoint[..12.min(a.checkpoint.len())],
+                    mado_core::hash::short_hex(&a.checkpoint),
                     mado_core::error::local_time(a.time),
                     a.dir
                 );
@@ -502,7 +502,7 @@ pub async fn run(c: WsCommand, ctx: &Ctx) -> Result<()> {
                      these are what the mount wrote; files it removed or left unchanged are not there. \
                      {} still holds them: remove it once you have what you need",
                     x.workspace,
-                    &x.checkpoint[..12.min(x.checkpoint.len())],
+                    mado_core::hash::short_hex(&x.checkpoint),
                     x.dir,
                     x.files,
                     x.bytes,

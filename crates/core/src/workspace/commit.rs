@@ -178,7 +178,7 @@ pub(super) async fn commit_locked(
     // Like a push that is not a fast-forward: the workspace moved on since
     // this working copy's base (another copy checkpointed), and a
     // checkpoint here would drop those changes from its head.
-    let ours = cur.snapshot.to_hex() == st.head || st.pending.as_deref() == Some(&cur.snapshot.to_hex());
+    let ours = st.is_at(&cur.snapshot.to_hex());
     if !ours && !opts.force {
         let moved = fetcher.snapshot(cur.snapshot).await.ok();
         let by =
@@ -191,7 +191,7 @@ pub(super) async fn commit_locked(
              resume it elsewhere to continue from there, or `mado ws checkpoint --force` to replace it with this copy",
             st.name,
             &cur.snapshot.to_hex()[..12],
-            &st.head[..12.min(st.head.len())]
+            crate::hash::short_hex(&st.head)
         )));
     }
     let (staged, walked) = walked?;
@@ -337,7 +337,7 @@ pub(super) async fn commit_locked(
                 "another checkpoint of workspace {} finished first (it is now at {}); \
                  run `mado ws checkpoint` again to checkpoint on top of it",
                 st.name,
-                &found[..12.min(found.len())]
+                crate::hash::short_hex(&found)
             )),
             e => e,
         }

@@ -427,7 +427,7 @@ pub async fn open_mount(
     // once the lease is ours: a mount refused for the lease leaves them
     // where they are (it once moved them, and said nothing).
     let (reopen, set_aside_head) = match (&prev, &saved) {
-        (Some(p), Some(_)) if p.head == v.snapshot.to_hex() || p.pending == Some(v.snapshot.to_hex()) => (true, None),
+        (Some(p), Some(_)) if p.is_at(&v.snapshot.to_hex()) => (true, None),
         // Its clean unmount recorded that no change came after its last
         // checkpoint began: a checkpoint holds every change, nothing to
         // set aside (the fresh state below replaces it).
@@ -469,7 +469,7 @@ pub async fn open_mount(
             Ok(aside) => warnings.push(format!(
                 "local changes made on top of checkpoint {} were set aside in {} (the workspace is now at {}); \
                  `mado ws recover {}` makes them a workspace of their own",
-                &head[..12.min(head.len())],
+                crate::hash::short_hex(&head),
                 aside.display(),
                 &v.snapshot.to_hex()[..12],
                 aside.display()

@@ -44,7 +44,7 @@ pub async fn status(fetcher: &Arc<Fetcher>, dir: &Path, no_ignore: bool) -> Resu
     let (_, walked) = walked
         .map_err(|e| Error::Io { context: "walking the working copy".into(), source: std::io::Error::other(e) })??;
     let moved_to = match head {
-        Ok(Some((v, _))) => Some(v.snapshot.to_hex()).filter(|h| *h != st.head && st.pending.as_ref() != Some(h)),
+        Ok(Some((v, _))) => Some(v.snapshot.to_hex()).filter(|h| !st.is_at(h)),
         _ => None,
     };
     let mut out = Status {

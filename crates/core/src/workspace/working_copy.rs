@@ -32,6 +32,14 @@ pub struct LocalState {
     pub uncheckpointed: Option<bool>,
 }
 
+impl LocalState {
+    /// Whether the workspace's ref at snapshot `hex` is where this copy
+    /// left it: its base, or the checkpoint it has pending.
+    pub fn is_at(&self, hex: &str) -> bool {
+        self.head == hex || self.pending.as_deref() == Some(hex)
+    }
+}
+
 pub(super) use super::statcache::{StatCache, StatRow};
 
 pub(super) fn state_dir(dir: &Path) -> PathBuf {
@@ -513,12 +521,7 @@ pub(super) async fn materialize_into(
     let partial = interrupted_resume(dir);
     // A directory this resume makes goes again if it fails.
     let made = std::fs::symlink_metadata(dir).is_err();
-    let undo = || {
-        let _ = crate::fsutil::empty_dir(dir);
-        if made {
-            let _ = std::fs::remove_dir(dir);
-        }
-    };
+    let undo = || crate::fsutil::undo_dir(dir, made);
     // The lease is taken alongside the checkout: refuse a non-empty target
     // first, so a failed resume does not hold the lease for nothing.
     if !partial && !crate::checkout::is_empty_dir(dir)? {
