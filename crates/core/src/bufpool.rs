@@ -21,7 +21,7 @@ pub const KEEP_BYTES: usize = 16 << 20;
 /// by itself, and only large ones go back to the kernel.
 pub const MIN_BYTES: usize = 64 << 10;
 /// A buffer larger than this is never kept (it would take most of the pool).
-const MAX_KEPT: usize = 8 << 20;
+pub const MAX_KEPT: usize = 8 << 20;
 
 /// A pool of idle buffers holding at most `keep` bytes.
 pub struct Pool {

@@ -288,6 +288,10 @@ pub fn build_pack(members: &[(Hash, MemberKind, &[u8])]) -> (Vec<u8>, PackEntry)
 /// Decompresses with this thread's zstd context (a context costs more to
 /// set up than a small member costs to decompress).
 fn unzstd(stored: &[u8], capacity: usize) -> std::io::Result<Vec<u8>> {
+    with_dctx(|d| d.decompress(stored, capacity))
+}
+
+fn with_dctx<T>(f: impl FnOnce(&mut zstd::bulk::Decompressor<'static>) -> std::io::Result<T>) -> std::io::Result<T> {
     thread_local! {
         static DCTX: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> = const { std::cell::RefCell::new(None) };
     }
@@ -296,8 +300,39 @@ fn unzstd(stored: &[u8], capacity: usize) -> std::io::Result<Vec<u8>> {
         if d.is_none() {
             *d = Some(zstd::bulk::Decompressor::new()?);
         }
-        d.as_mut().expect("just set").decompress(stored, capacity)
+        f(d.as_mut().expect("just set"))
     })
+}
+
+/// Decodes member `m` from its stored bytes onto the end of `out`, into
+/// room `out` already has (`m.raw_len` bytes of spare capacity: nothing
+/// is allocated, and with a reused buffer no fresh page is touched), and
+/// checks it against its id. On an error `out` is as it was.
+pub fn decode_member_append(m: &Member, stored: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
+    let start = out.len();
+    if out.capacity() - start < m.raw_len as usize {
+        return Err(format!("no room for {} bytes", m.raw_len));
+    }
+    let decoded = match m.codec {
+        Codec::Raw => {
+            out.extend_from_slice(stored);
+            Ok(())
+        }
+        Codec::Zstd => with_dctx(|d| {
+            // Written from the cursor on, after what `out` holds; the room
+            // offered is all of its spare capacity, so a frame longer than
+            // its row says fails the length check below, not here.
+            let mut at = std::io::Cursor::new(&mut *out);
+            at.set_position(start as u64);
+            d.decompress_to_buffer(stored, &mut at).map(|_| ())
+        })
+        .map_err(|e| format!("zstd: {e}")),
+    };
+    let checked = decoded.and_then(|()| check_member(m, &out[start..]));
+    if checked.is_err() {
+        out.truncate(start);
+    }
+    checked
 }
 
 pub fn decode_member(m: &Member, stored: &[u8]) -> Result<Vec<u8>, String> {
