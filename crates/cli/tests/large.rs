@@ -309,6 +309,49 @@ fn whole_copy_store(seed: u64) -> WholeCopy {
     WholeCopy { m, src, copy, builds }
 }
 
+/// Flips a byte in the middle of every file under `dir` whose name ends
+/// with `suffix`; how many it damaged.
+fn damage_all(dir: &Path, suffix: &str) -> usize {
+    let mut n = 0;
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            n += damage_all(&p, suffix);
+        } else if p.to_string_lossy().ends_with(suffix) {
+            let mut b = std::fs::read(&p).unwrap();
+            let mid = b.len() / 2;
+            b[mid] ^= 0x40;
+            std::fs::write(&p, b).unwrap();
+            n += 1;
+        }
+    }
+    n
+}
+
+#[test]
+fn a_warm_checkout_of_a_large_file_refetches_rotten_cached_chunks() {
+    let WholeCopy { m, src, .. } = whole_copy_store(7);
+    let co = |name: &str| {
+        let out = m.dir.path().join(name);
+        (m.json(&["checkout", "main", out.to_str().unwrap()]), out.join("big.bin"))
+    };
+    let (cold, first) = co("cold");
+    assert!(same_bytes(&first, &src));
+    assert!(cold["remote"]["bytes_down"].as_u64().unwrap() > 24 << 20, "{cold}");
+    // Every cached pack of the file's chunks rotten in its middle: the
+    // warm checkout reads the cache side by side, and must still write
+    // only good bytes, fetching the damaged chunks again.
+    assert!(damage_all(&m.cache_dir().join("packs"), ".pack") > 0, "the chunks are cached in packs");
+    let (warm, second) = co("warm");
+    assert!(same_bytes(&second, &src), "a rotten chunk was written");
+    let down = warm["remote"]["bytes_down"].as_u64().unwrap();
+    assert!(down > 0 && down < 24 << 20, "only the damaged chunks come again: {warm}");
+    // Healed: a third checkout reads nothing from the store but the ref.
+    let (third, _) = co("third");
+    assert_eq!(third["remote"]["gets"], 1, "{third}");
+    assert_eq!(m.json(&["cache", "verify"])["bad"].as_array().unwrap().len(), 0);
+}
+
 /// Entries in `dir` (0 when it is not there).
 fn files_in(dir: &Path) -> usize {
     std::fs::read_dir(dir).map(|d| d.count()).unwrap_or(0)

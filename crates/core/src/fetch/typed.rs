@@ -212,7 +212,19 @@ impl Fetcher {
             async move {
                 let permit = me.piece_permits.clone().acquire_many_owned(permits_for(len)).await;
                 let permit = permit.expect("the semaphore is never closed");
-                let bytes = me.get_in_order(id, "chunk").await.map_err(|er| er.at_path(&path))?;
+                // A cached chunk is read and verified on a blocking thread,
+                // the window's reads side by side: read on this task, one
+                // at a time, a warm checkout of a 300 MB file waited on
+                // the disk for each chunk in turn (0.38-0.46 s against
+                // 0.12 s for `cp` of the file).
+                let cached = {
+                    let me = me.clone();
+                    tokio::task::spawn_blocking(move || me.cached(&id)).await.ok().flatten()
+                };
+                let bytes = match cached {
+                    Some(b) => Bytes::from(b),
+                    None => me.get_in_order(id, "chunk").await.map_err(|er| er.at_path(&path))?,
+                };
                 if bytes.len() as u64 != len {
                     return Err(Error::Corrupt {
                         id,
