@@ -321,8 +321,7 @@ fn a_full_target_disk_fails_the_checkout_naming_the_file() {
     for i in 0..64 {
         std::fs::write(repo.join(format!("n{i}.txt")), common::pseudo_random(20_000, i)).unwrap();
     }
-    git(&repo, &["add", "-A"]);
-    git(&repo, &["commit", "-qm", "more"]);
+    commit_all(&repo, "more");
     m.ok(&["import-git", repo.to_str().unwrap()]);
     let small = m.dir.path().join("small-target");
     std::fs::create_dir_all(&small).unwrap();
@@ -344,8 +343,7 @@ fn a_closed_stdout_ends_the_command_quietly() {
     let repo = fixture_repo(m.dir.path());
     for i in 0..40 {
         std::fs::write(repo.join(format!("n{i}.txt")), format!("{i}\n")).unwrap();
-        git(&repo, &["add", "-A"]);
-        git(&repo, &["commit", "-qm", &format!("commit {i}")]);
+        commit_all(&repo, &format!("commit {i}"));
     }
     let all: Vec<String> = (0..41).map(|i| if i == 0 { "HEAD".to_string() } else { format!("HEAD~{i}") }).collect();
     let mut args = vec!["import-git", repo.to_str().unwrap(), "--no-packs"];
@@ -566,8 +564,7 @@ fn init_saves_the_store_mado_remote_addr_names() {
 fn deep_repo(parent: &std::path::Path, depth: usize) -> std::path::PathBuf {
     use std::io::Write;
     let repo = parent.join(format!("deep{depth}"));
-    std::fs::create_dir_all(&repo).unwrap();
-    git(&repo, &["init", "-q", "-b", "main"]);
+    init_repo(&repo);
     let path = vec!["d"; depth].join("/") + "/leaf.txt";
     let mut stream = b"commit refs/heads/main\ncommitter a <a@b> 0 +0000\ndata 4\ndeep\n".to_vec();
     stream.extend_from_slice(format!("M 100644 inline {path}\ndata 5\ndeep\n\n").as_bytes());

@@ -208,8 +208,7 @@ fn diff_lists_what_changed_between_two_snapshots() {
         std::fs::write(repo.join(p), format!("{p}\n")).unwrap();
     }
     git(&repo, &["init", "-q", "-b", "main"]);
-    git(&repo, &["add", "-A"]);
-    git(&repo, &["commit", "-qm", "one"]);
+    commit_all(&repo, "one");
     let one = m.json(&["import-git", repo.to_str().unwrap()])["imported"][0]["snapshot"].as_str().unwrap().to_string();
     std::fs::write(repo.join("edit.txt"), "edited\n").unwrap();
     std::fs::remove_file(repo.join("gone.txt")).unwrap();
@@ -217,8 +216,7 @@ fn diff_lists_what_changed_between_two_snapshots() {
     std::fs::write(repo.join("dir"), "now a file\n").unwrap();
     std::fs::write(repo.join("keep/deep/new.txt"), "new\n").unwrap();
     std::fs::set_permissions(repo.join("run.sh"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    git(&repo, &["add", "-A"]);
-    git(&repo, &["commit", "-qm", "two"]);
+    commit_all(&repo, "two");
     m.ok(&["import-git", repo.to_str().unwrap()]);
     let d = m.json(&["diff", &one, "main"]);
     assert_eq!(d["added"], serde_json::json!(["dir", "keep/deep/new.txt"]), "{d}");
@@ -255,8 +253,7 @@ fn diff_lists_what_changed_between_two_snapshots() {
     assert_eq!(j["patches"].as_array().unwrap().len(), 7, "{j}");
     // A binary file is named, not printed.
     std::fs::write(repo.join("blob.bin"), b"\0\x01\x02binary").unwrap();
-    git(&repo, &["add", "-A"]);
-    git(&repo, &["commit", "-qm", "three"]);
+    commit_all(&repo, "three");
     m.ok(&["import-git", repo.to_str().unwrap()]);
     let patch = m.ok(&["diff", "main", "-p"]);
     assert_eq!(patch, "Binary files blob.bin differ (0 -> 9 bytes)\n", "{patch}");
@@ -463,8 +460,7 @@ fn names_with_control_characters_are_quoted_one_per_line() {
     use std::io::Write;
     let m = Mado::local();
     let repo = m.dir.path().join("odd");
-    std::fs::create_dir_all(&repo).unwrap();
-    git(&repo, &["init", "-q", "-b", "main"]);
+    init_repo(&repo);
     let stream = b"commit refs/heads/main\ncommitter a <a@b> 0 +0000\ndata 2\nx\n\
 M 100644 inline \"new\\nline.txt\"\ndata 2\nn\n\
 M 100644 inline \"D fake\\tpath\"\ndata 2\nt\n\

@@ -11,8 +11,7 @@ use common::*;
 /// when its tree may go up.
 fn shared_subtree_repo(parent: &std::path::Path) -> std::path::PathBuf {
     let repo = parent.join("repo");
-    std::fs::create_dir_all(&repo).unwrap();
-    git(&repo, &["init", "-q", "-b", "main"]);
+    init_repo(&repo);
     for base in ["s", "a/b/c/s"] {
         let d = repo.join(base).join("x");
         std::fs::create_dir_all(&d).unwrap();
@@ -20,8 +19,7 @@ fn shared_subtree_repo(parent: &std::path::Path) -> std::path::PathBuf {
     }
     std::fs::write(repo.join("a/b/c/own.txt"), b"own\n").unwrap();
     std::fs::write(repo.join("top.txt"), b"top\n").unwrap();
-    git(&repo, &["add", "-A"]);
-    git(&repo, &["commit", "-q", "-m", "shared subtree at two depths"]);
+    commit_all(&repo, "shared subtree at two depths");
     repo
 }
 
@@ -66,8 +64,7 @@ fn many_files_repo(parent: &std::path::Path, n: usize) -> std::path::PathBuf {
     }
     std::fs::write(repo.join("big.bin"), pseudo_random(3 << 20, 11)).unwrap();
     git(&repo, &["init", "-q", "-b", "main"]);
-    git(&repo, &["add", "-A"]);
-    git(&repo, &["commit", "-q", "-m", "many"]);
+    commit_all(&repo, "many");
     repo
 }
 

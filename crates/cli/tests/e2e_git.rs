@@ -182,8 +182,7 @@ fn source_repo(m: &Mado, dirs: usize, files: usize, body: &str) -> std::path::Pa
         }
     }
     git(&repo, &["init", "-q", "-b", "main"]);
-    git(&repo, &["add", "-A"]);
-    git(&repo, &["commit", "-qm", "one"]);
+    commit_all(&repo, "one");
     repo
 }
 

@@ -32,8 +32,7 @@ fn gc_sweeps_unreachable_snapshots_objects_and_packs() {
     let repo = fixture_repo(m.dir.path());
     let a = m.json(&["import-git", repo.to_str().unwrap(), "--ref", "keep"]);
     std::fs::write(repo.join("only-in-b.txt"), "unique to b\n").unwrap();
-    git(&repo, &["add", "-A"]);
-    git(&repo, &["commit", "-qm", "b"]);
+    commit_all(&repo, "b");
     let b = m.json(&["import-git", repo.to_str().unwrap(), "--ref", "drop"]);
     // Packs-first: content lives in packs (a new ref has no base, so b's
     // import packs its whole tree); nothing is stored alone.
@@ -84,8 +83,7 @@ fn gc_fails_closed_on_an_undecodable_reachable_tree() {
     let repo = fixture_repo(m.dir.path());
     m.ok(&["import-git", repo.to_str().unwrap(), "--ref", "keep", "--no-packs"]);
     std::fs::write(repo.join("only-in-b.txt"), "unique to b\n").unwrap();
-    git(&repo, &["add", "-A"]);
-    git(&repo, &["commit", "-qm", "b"]);
+    commit_all(&repo, "b");
     m.ok(&["import-git", repo.to_str().unwrap(), "--ref", "drop", "--no-packs"]);
     std::fs::remove_file(m.store_dir().join("refs/drop")).unwrap();
 
@@ -119,12 +117,10 @@ fn gc_never_deletes_what_a_writer_in_flight_reuses() {
     let m = Mado::local();
     let repo = fixture_repo(m.dir.path());
     std::fs::write(repo.join("reused.txt"), "old content, reused later\n").unwrap();
-    git(&repo, &["add", "-A"]);
-    git(&repo, &["commit", "-qm", "with X"]);
+    commit_all(&repo, "with X");
     m.ok(&["import-git", repo.to_str().unwrap(), "--no-packs"]);
     std::fs::remove_file(repo.join("reused.txt")).unwrap();
-    git(&repo, &["add", "-A"]);
-    git(&repo, &["commit", "-qm", "without X"]);
+    commit_all(&repo, "without X");
     m.ok(&["import-git", repo.to_str().unwrap(), "--no-packs"]);
     // X is in the store, and only the history reaches it: drop the history
     // by moving a fresh ref (main is re-created pointing at "without X").
@@ -136,8 +132,7 @@ fn gc_never_deletes_what_a_writer_in_flight_reuses() {
     std::fs::remove_file(m.store_dir().join("refs/main")).unwrap();
     // Bring X back in a new commit: the import will find it present.
     std::fs::write(repo.join("reused.txt"), "old content, reused later\n").unwrap();
-    git(&repo, &["add", "-A"]);
-    git(&repo, &["commit", "-qm", "X again"]);
+    commit_all(&repo, "X again");
     let fifo = m.dir.path().join("pause");
     assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
     let mut writer = m

@@ -69,13 +69,11 @@ fn peak_kib(mut c: Command, what: &str, stdout: Stdio) -> i64 {
 /// files (streamed into a pack as a whole entry).
 fn big_repo(parent: &Path) -> PathBuf {
     let repo = parent.join("repo");
-    std::fs::create_dir_all(&repo).unwrap();
-    git(&repo, &["init", "-q", "-b", "main"]);
+    init_repo(&repo);
     git(&repo, &["config", "core.bigFileThreshold", "1m"]);
     write_random(&repo.join("big.bin"), FILE, 19);
     std::fs::write(repo.join("small.txt"), b"small\n").unwrap();
-    git(&repo, &["add", "-A"]);
-    git(&repo, &["commit", "-q", "-m", "big"]);
+    commit_all(&repo, "big");
     repo
 }
 
@@ -197,12 +195,10 @@ fn a_file_larger_than_the_memory_bound_streams_through_every_path() {
 /// then repacked (one version becomes a delta of the other).
 fn two_versions(parent: &Path) -> PathBuf {
     let repo = parent.join("repo");
-    std::fs::create_dir_all(&repo).unwrap();
-    git(&repo, &["init", "-q", "-b", "main"]);
+    init_repo(&repo);
     let mut data = pseudo_random(6 << 20, 3);
     std::fs::write(repo.join("big.bin"), &data).unwrap();
-    git(&repo, &["add", "-A"]);
-    git(&repo, &["commit", "-q", "-m", "one"]);
+    commit_all(&repo, "one");
     data[3 << 20..(3 << 20) + 100].fill(9);
     std::fs::write(repo.join("big.bin"), &data).unwrap();
     git(&repo, &["commit", "-q", "-am", "two"]);
@@ -248,11 +244,9 @@ fn pack_idx(repo: &Path) -> String {
 fn a_corrupt_large_blob_is_refused_by_name() {
     let tmp = tempfile::tempdir().unwrap();
     let repo = tmp.path().join("repo");
-    std::fs::create_dir_all(&repo).unwrap();
-    git(&repo, &["init", "-q", "-b", "main"]);
+    init_repo(&repo);
     std::fs::write(repo.join("big.bin"), pseudo_random(5 << 20, 4)).unwrap();
-    git(&repo, &["add", "-A"]);
-    git(&repo, &["commit", "-q", "-m", "one"]);
+    commit_all(&repo, "one");
     let id = git(&repo, &["rev-parse", "HEAD:big.bin"]);
     let loose = repo.join(".git/objects").join(&id[..2]).join(&id[2..]);
     // A valid loose object of other bytes of the same size, under this id:
@@ -294,13 +288,11 @@ struct WholeCopy {
 fn whole_copy_store(seed: u64) -> WholeCopy {
     let m = Mado::local();
     let repo = m.dir.path().join("repo");
-    std::fs::create_dir_all(&repo).unwrap();
-    git(&repo, &["init", "-q", "-b", "main"]);
+    init_repo(&repo);
     let src = repo.join("big.bin");
     write_random(&src, 24 << 20, seed);
     std::fs::write(repo.join("small.txt"), b"small\n").unwrap();
-    git(&repo, &["add", "-A"]);
-    git(&repo, &["commit", "-q", "-m", "big"]);
+    commit_all(&repo, "big");
     m.ok(&["import-git", repo.to_str().unwrap()]);
     let content = mado_core::Hash::of(&std::fs::read(&src).unwrap()).to_hex();
     let copy = m.cache_dir().join("objects").join(&content[..2]).join(&content);
@@ -492,8 +484,7 @@ fn an_interrupted_checkout_leaves_no_temp_file() {
     write_random(&repo.join("big.bin"), 6 << 20, 77);
     std::fs::write(repo.join("small.txt"), "small\n").unwrap();
     git(&repo, &["init", "-q", "-b", "main"]);
-    git(&repo, &["add", "-A"]);
-    git(&repo, &["commit", "-qm", "big"]);
+    commit_all(&repo, "big");
     m.ok(&["import-git", repo.to_str().unwrap()]);
     let fifo = m.dir.path().join("pause");
     assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
@@ -545,8 +536,7 @@ fn a_killed_checkout_is_finished_by_running_it_again() {
         std::fs::write(repo.join(format!("d/f{i}")), format!("file {i}\n")).unwrap();
     }
     git(&repo, &["init", "-q", "-b", "main"]);
-    git(&repo, &["add", "-A"]);
-    git(&repo, &["commit", "-qm", "files"]);
+    commit_all(&repo, "files");
     m.ok(&["import-git", repo.to_str().unwrap()]);
     let fifo = m.dir.path().join("pause");
     assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());

@@ -50,8 +50,7 @@ fn copy_dir(from: &Path, to: &Path) {
 /// little else.
 fn real_repo(parent: &Path) -> PathBuf {
     let repo = parent.join("realrepo");
-    std::fs::create_dir_all(&repo).unwrap();
-    git(&repo, &["init", "-q", "-b", "main"]);
+    init_repo(&repo);
     copy_dir(&registry_crate("tokio"), &repo.join("vendor/tokio"));
     copy_dir(&registry_crate("libc"), &repo.join("vendor/libc"));
     std::fs::write(repo.join("README"), "real sources\n").unwrap();
@@ -291,8 +290,7 @@ fn a_small_subtree_of_a_big_pack_fetches_only_its_span() {
         std::fs::write(p, pseudo_random(8000, 1000 + i)).unwrap();
     }
     git(&repo, &["init", "-q", "-b", "main"]);
-    git(&repo, &["add", "-A"]);
-    git(&repo, &["commit", "-qm", "x"]);
+    commit_all(&repo, "x");
     let imp = m.json(&["import-git", repo.to_str().unwrap()]);
     assert_eq!(imp["packs"][0]["packs"], 1, "one whole-tree pack: {imp}");
     wipe_cache(&m);

@@ -342,8 +342,7 @@ fn checkpoint_indexes_are_layers_and_cold_reads_keep_their_round_trips() {
         }
     }
     git(&repo, &["init", "-q", "-b", "main"]);
-    git(&repo, &["add", "-A"]);
-    git(&repo, &["commit", "-qm", "x"]);
+    commit_all(&repo, "x");
     let imp = m.json(&["import-git", repo.to_str().unwrap()]);
     let whole = imp["packs"][0]["index_bytes"].as_u64().unwrap();
     assert!(whole > 20_000, "{imp}");
@@ -805,8 +804,7 @@ fn a_fork_checkpoints_layers_over_its_parent_workspace() {
         std::fs::write(p, format!("dir {d}\n")).unwrap();
     }
     git(&repo, &["init", "-q", "-b", "main"]);
-    git(&repo, &["add", "-A"]);
-    git(&repo, &["commit", "-qm", "x"]);
+    commit_all(&repo, "x");
     let imp = m.json(&["import-git", repo.to_str().unwrap()]);
     let whole = imp["packs"][0]["index_bytes"].as_u64().unwrap();
     let parent = m.dir.path().join("parent");

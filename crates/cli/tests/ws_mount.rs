@@ -879,8 +879,7 @@ fn files_written_by_git_survive_kernel_forgets() {
         std::fs::write(d.join(format!("f{i}.c")), format!("int f{i}(void) {{ return {i}; }}\n")).unwrap();
     }
     git(&repo, &["init", "-q", "-b", "main"]);
-    git(&repo, &["add", "-A"]);
-    git(&repo, &["commit", "-qm", "tree"]);
+    commit_all(&repo, "tree");
     m.ok(&["import-git", repo.to_str().unwrap()]);
     let mnt = create(&m, "forget");
     // Auto gc off: a background `git gc --auto` deletes loose objects
@@ -1069,8 +1068,7 @@ fn a_working_session_of_real_tools_loses_nothing() {
         std::fs::write(d.join(format!("f{i}.txt")), format!("line one of {i}\nneedle {i}\n")).unwrap();
     }
     git(&repo, &["init", "-q", "-b", "main"]);
-    git(&repo, &["add", "-A"]);
-    git(&repo, &["commit", "-qm", "tree"]);
+    commit_all(&repo, "tree");
     m.ok(&["import-git", repo.to_str().unwrap()]);
     let mnt = create(&m, "session");
     let sh = |script: &str| {

@@ -142,6 +142,18 @@ impl Mado {
     }
 }
 
+/// Makes `repo` (and its parents) and a git repository in it, on `main`.
+pub fn init_repo(repo: &Path) {
+    std::fs::create_dir_all(repo).unwrap();
+    git(repo, &["init", "-q", "-b", "main"]);
+}
+
+/// Commits everything in the work tree of `repo` (`git add -A`) as `msg`.
+pub fn commit_all(repo: &Path, msg: &str) {
+    git(repo, &["add", "-A"]);
+    git(repo, &["commit", "-q", "-m", msg]);
+}
+
 pub fn git(repo: &Path, args: &[&str]) -> String {
     let o = git_cmd(repo).args(args).output().unwrap();
     assert!(o.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&o.stderr));
