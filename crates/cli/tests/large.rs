@@ -411,6 +411,69 @@ fn a_large_file_read_whole_is_kept_whole_and_later_opens_pass_through() {
     let _ = Command::new("fusermount3").arg("-uz").arg(&mnt).output();
 }
 
+/// A kept whole copy damaged later (a bit flipped on disk, a stray write)
+/// is never passed through: the next mount's open finds it changed since
+/// its check, serves the file through the daemon's verified chunks, and
+/// hashes the copy aside, which removes it. An unchanged copy with no
+/// record of its check (one kept by an older mado) is checked the same
+/// way, and passed through from then on.
+#[test]
+fn a_whole_copy_damaged_after_it_was_kept_is_not_passed_through() {
+    if !fuse_usable() {
+        return;
+    }
+    let WholeCopy { m, src, copy, .. } = whole_copy_store(11);
+    let mnt = m.dir.path().join("mnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let stats = || m.json(&["stats", mnt.to_str().unwrap()]);
+    let mount = || m.ok(&["mount", "main", mnt.to_str().unwrap()]);
+    let umount = || {
+        let _ = m.run(&["umount", mnt.to_str().unwrap()]);
+    };
+    mount();
+    if stats()["passthrough"] != true {
+        umount();
+        return;
+    }
+    assert!(same_bytes(&mnt.join("big.bin"), &src));
+    eventually("the whole copy", || stats()["files_assembled"] == 1);
+    umount();
+    let record = copy.with_file_name(format!(".whole-{}", copy.file_name().unwrap().to_string_lossy()));
+    assert!(record.exists(), "the copy's check is recorded");
+
+    // Three bytes flipped in place: same size, same name.
+    let f = std::fs::OpenOptions::new().write(true).open(&copy).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&f, b"\x00\x01\x02", 1_000_000).unwrap();
+    drop(f);
+    mount();
+    let reads = stats()["reads"].as_u64().unwrap();
+    assert!(same_bytes(&mnt.join("big.bin"), &src), "the damaged copy was served");
+    assert!(stats()["reads"].as_u64().unwrap() > reads, "served by the daemon: {}", stats());
+    eventually("the damaged copy to be removed", || !copy.exists());
+    umount();
+
+    // Built again by a whole read, then its record lost: the next mount's
+    // first open is served by the daemon while the copy is checked; the
+    // open after that passes through.
+    mount();
+    assert!(same_bytes(&mnt.join("big.bin"), &src));
+    eventually("the whole copy again", || stats()["files_assembled"] == 1);
+    umount();
+    std::fs::remove_file(&record).unwrap();
+    mount();
+    let reads = stats()["reads"].as_u64().unwrap();
+    assert!(same_bytes(&mnt.join("big.bin"), &src));
+    assert!(stats()["reads"].as_u64().unwrap() > reads, "not passed through before its check: {}", stats());
+    eventually("the copy's check", || record.exists());
+    umount();
+    mount();
+    let reads = stats()["reads"].as_u64().unwrap();
+    assert!(same_bytes(&mnt.join("big.bin"), &src));
+    assert_eq!(stats()["reads"].as_u64().unwrap(), reads, "checked, then passed through: {}", stats());
+    umount();
+    let _ = Command::new("fusermount3").arg("-uz").arg(&mnt).output();
+}
+
 /// A whole copy changed between its last chunk's write and its hash (a
 /// stray writer into the cache's build folder) is not kept: the hash over
 /// the whole file decides, not the checks of the chunks that went in, and

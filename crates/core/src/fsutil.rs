@@ -106,12 +106,16 @@ pub fn copy_range(from: &std::fs::File, from_at: u64, to: &std::fs::File, to_at:
 /// The BLAKE3 hash of a regular file's bytes (as [`read_regular`] opens
 /// it), read in blocks: memory does not grow with the file.
 pub fn hash_regular(path: &Path) -> std::io::Result<crate::Hash> {
-    let f = open_regular(path)?;
+    hash_file(&open_regular(path)?)
+}
+
+/// BLAKE3 of an open file's bytes, read a MiB at a time.
+pub fn hash_file(f: &std::fs::File) -> std::io::Result<crate::Hash> {
     let mut h = blake3::Hasher::new();
     let mut buf = crate::bufpool::take(1 << 20);
     let mut at = 0u64;
     loop {
-        let (got, _) = rustix::io::pread(&f, &mut buf.spare_capacity_mut()[..1 << 20], at)?;
+        let (got, _) = rustix::io::pread(f, &mut buf.spare_capacity_mut()[..1 << 20], at)?;
         if got.is_empty() {
             break;
         }

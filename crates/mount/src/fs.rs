@@ -693,6 +693,12 @@ impl Filesystem for MadoFs {
                 Ok(f) => f,
                 Err(e) => return reply.error(errno(&e)),
             };
+            // The cache file to pass through, once checked (`backing_file`:
+            // it reads a record, or a small file whole), before the modes'
+            // lock is taken. An open that meanwhile set the inode's mode
+            // decides it.
+            let first = passthrough && !io_modes.lock().expect("io modes lock").contains_key(&ino.0);
+            let backing = first.then(|| core.backing_file(&f)).flatten();
             let mut modes = io_modes.lock().expect("io modes lock");
             if let Some((mode, n)) = modes.get_mut(&ino.0) {
                 *n += 1;
@@ -704,18 +710,13 @@ impl Filesystem for MadoFs {
                     }
                 };
             }
-            if passthrough {
-                if let OpenFile::Whole { cache_path: Some(p), .. } | OpenFile::Chunked { backing: Some(p), .. } = &f {
-                    // The cache entry was verified as it was read in.
-                    if let Ok(file) = std::fs::File::open(p) {
-                        if let Ok(id) = reply.open_backing(&file) {
-                            // No FOPEN_KEEP_CACHE here: with it, the kernel
-                            // fails every read of a passthrough file (EIO).
-                            reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &id);
-                            modes.insert(ino.0, (IoMode::Passthrough(id), 1));
-                            return;
-                        }
-                    }
+            if let Some(file) = backing {
+                if let Ok(id) = reply.open_backing(&file) {
+                    // No FOPEN_KEEP_CACHE here: with it, the kernel
+                    // fails every read of a passthrough file (EIO).
+                    reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &id);
+                    modes.insert(ino.0, (IoMode::Passthrough(id), 1));
+                    return;
                 }
             }
             modes.insert(ino.0, (IoMode::Cached, 1));

@@ -330,6 +330,72 @@ impl DiskCache {
         self.used(&self.path(id), None);
     }
 
+    /// Where the record of the last check of entry `id` as a whole copy
+    /// (see [`DiskCache::whole_trusted`]) is kept: beside it, a dot file
+    /// that scans, eviction and `cache verify` pass over.
+    fn whole_record(&self, id: &Hash) -> PathBuf {
+        let hex = id.to_hex();
+        self.root.join("objects").join(&hex[..2]).join(format!(".whole-{hex}"))
+    }
+
+    /// Records that `file`, opened from entry `id`, was hashed and holds
+    /// `id`'s content, as it is now: its inode, size, modification and
+    /// change times, and this boot. Best effort (without a record, the
+    /// next open hashes the file again).
+    pub fn trust_whole(&self, id: &Hash, file: &fs::File) {
+        let Ok(m) = file.metadata() else { return };
+        let rec = self.whole_record(id);
+        let tmp = rec.with_file_name(format!(".tmp-{}-{}", std::process::id(), rand::random::<u64>()));
+        if fs::write(&tmp, whole_identity(&m)).and_then(|()| fs::rename(&tmp, &rec)).is_err() {
+            let _ = fs::remove_file(&tmp);
+        }
+    }
+
+    /// Whether `file` (opened from entry `id`) is as it was when it was
+    /// last hashed and found to hold `id`'s content, so that it may be
+    /// handed to the kernel to read without a check of each read (FUSE
+    /// passthrough). Any write to it since changes its modification time,
+    /// and any change of that its change time, which no process can set;
+    /// a record of an earlier boot is not trusted (a crash may have lost
+    /// bytes the record was made for). Marks the entry used, and records
+    /// the times that marking gives it.
+    pub fn whole_trusted(&self, id: &Hash, file: &fs::File) -> bool {
+        let trusted = file
+            .metadata()
+            .is_ok_and(|m| fs::read(self.whole_record(id)).is_ok_and(|r| r == whole_identity(&m).as_bytes()));
+        if trusted && self.cap.is_some() {
+            self.touch(id);
+            self.trust_whole(id, file);
+        }
+        trusted
+    }
+
+    /// Hashes entry `id` whole: if it holds `id`'s content, records it so
+    /// (see [`DiskCache::whole_trusted`]) and answers true; if not, removes
+    /// it (counted as healed) and answers false. An entry that cannot be
+    /// read answers false and is left.
+    pub fn check_whole(&self, id: &Hash) -> bool {
+        let p = self.path(id);
+        let Ok(f) = crate::fsutil::open_regular(&p) else { return false };
+        match crate::fsutil::hash_file(&f) {
+            Ok(h) if h == *id => {
+                self.trust_whole(id, &f);
+                true
+            }
+            Ok(_) => {
+                self.counters.healed.fetch_add(1, Relaxed);
+                let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+                if fs::remove_file(&p).is_ok() && self.cap.is_some() {
+                    self.size.fetch_sub(len, Relaxed);
+                }
+                let _ = fs::remove_file(self.whole_record(id));
+                tracing::warn!("the cache's whole copy of {id} was damaged; removed");
+                false
+            }
+            Err(_) => false,
+        }
+    }
+
     /// Says once per process that the disk is full: callers go on without
     /// the cache (a read still returns its bytes).
     fn warn_if_full(&self, e: &std::io::Error) {
@@ -531,6 +597,25 @@ impl DiskCache {
         self.verify_packs(&mut report, &mut progress);
         report
     }
+}
+
+/// What a whole copy's record holds: the boot, and the file's inode,
+/// size, and modification and change times in nanoseconds.
+fn whole_identity(m: &fs::Metadata) -> String {
+    use std::os::unix::fs::MetadataExt;
+    static BOOT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let boot = BOOT.get_or_init(|| {
+        fs::read_to_string("/proc/sys/kernel/random/boot_id").map(|b| b.trim().to_string()).unwrap_or_default()
+    });
+    format!(
+        "MADW 1 {boot} {} {} {}.{:09} {}.{:09}\n",
+        m.ino(),
+        m.len(),
+        m.mtime(),
+        m.mtime_nsec(),
+        m.ctime(),
+        m.ctime_nsec()
+    )
 }
 
 /// Removes the files in `dir` (a cache's build folder) of processes that

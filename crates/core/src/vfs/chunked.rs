@@ -66,6 +66,9 @@ pub(super) struct Chunks {
     assembling: Arc<Building>,
     /// Whole copies built and kept.
     pub(super) assembled: Arc<AtomicU64>,
+    /// Whole copies (by content) being hashed before any open passes
+    /// through to them (see [`SnapshotFs::backing_file`]).
+    checking: Arc<Mutex<std::collections::HashSet<Hash>>>,
 }
 
 impl Default for Chunks {
@@ -78,6 +81,7 @@ impl Default for Chunks {
             assemble: Default::default(),
             assembling: Default::default(),
             assembled: Default::default(),
+            checking: Default::default(),
         }
     }
 }
@@ -175,6 +179,52 @@ impl SnapshotFs {
                 self.chunks.assembling.set.lock().expect("assembling lock").remove(&manifest.content);
                 tracing::debug!("not keeping a whole copy of a large file: {e}");
             }
+        }
+    }
+
+    /// The cache file an open of `f` may hand the kernel to read from
+    /// (FUSE passthrough), opened, when it is known to hold the file's
+    /// bytes; the kernel's reads of it are not checked.
+    ///
+    /// A small file's entry is compared with the bytes the open read and
+    /// verified. A large file's whole copy must be as it was when last
+    /// hashed (its record: [`crate::cache::DiskCache::whole_trusted`]);
+    /// otherwise this open is served through this process, chunk by
+    /// verified chunk, while the copy is hashed off the open's path: if
+    /// good, later opens pass through; if not, it is removed. Before, a
+    /// copy was hashed only when built, and a bit flipped in it later
+    /// reached every reader of every later mount.
+    pub fn backing_file(&self, f: &OpenFile) -> Option<std::fs::File> {
+        match f {
+            OpenFile::Whole { data, cache_path: Some(p), .. } => {
+                let mut file = crate::fsutil::open_regular(p).ok()?;
+                if file.metadata().ok()?.len() != data.len() as u64 {
+                    return None;
+                }
+                let mut held = Vec::with_capacity(data.len());
+                std::io::Read::read_to_end(&mut file, &mut held).ok()?;
+                (held == data[..]).then_some(file)
+            }
+            OpenFile::Chunked { manifest, backing: Some(p), .. } => {
+                let file = crate::fsutil::open_regular(p).ok()?;
+                if file.metadata().ok()?.len() != manifest.size {
+                    return None;
+                }
+                let cache = &self.fetcher.cache;
+                if cache.whole_trusted(&manifest.content, &file) {
+                    return Some(file);
+                }
+                let id = manifest.content;
+                if self.chunks.checking.lock().expect("checking lock").insert(id) {
+                    let (cache, checking) = (cache.clone(), self.chunks.checking.clone());
+                    tokio::task::spawn_blocking(move || {
+                        cache.check_whole(&id);
+                        checking.lock().expect("checking lock").remove(&id);
+                    });
+                }
+                None
+            }
+            _ => None,
         }
     }
 
@@ -498,6 +548,8 @@ impl Assembly {
         match crate::fsutil::hash_regular(&self.path) {
             Ok(h) if h == self.content && self.file.metadata().is_ok_and(|m| m.len() == self.size) => {
                 if self.cache.adopt(&self.content, &self.path).is_ok() {
+                    // Hashed just now: later opens may pass through to it.
+                    self.cache.trust_whole(&self.content, &self.file);
                     self.kept.store(true, Relaxed);
                     self.assembled.fetch_add(1, Relaxed);
                 }

@@ -412,16 +412,13 @@ impl SnapshotFs {
                 at += len;
             }
             let ino = self.is_writable().then_some(ino);
-            // A whole copy in the cache (built by an earlier read, and
-            // verified whole then) may back a passthrough open.
+            // A whole copy in the cache (built by an earlier read) may back
+            // a passthrough open, once checked (`backing_file`).
             let backing = match self.is_writable() {
                 true => None,
                 false => Some(self.fetcher.cache.entry_path(&manifest.content))
                     .filter(|p| std::fs::symlink_metadata(p).is_ok_and(|m| m.is_file() && m.len() == manifest.size)),
             };
-            if backing.is_some() {
-                self.fetcher.cache.touch(&manifest.content);
-            }
             return Ok(OpenFile::Chunked { entry: e, manifest, starts, ino, ahead: Readahead::default(), backing });
         }
         let data = self.timed("opening a file", self.fetcher.content(&e, &path)).await?;
