@@ -43,6 +43,9 @@ pub async fn run(c: CacheCommand, ctx: &Ctx) -> Result<()> {
             for b in &r.bad {
                 println!("  removed {b}");
             }
+            if !r.busy.is_empty() {
+                println!("{} packs being downloaded by another process were left unchecked", r.busy.len());
+            }
         }
     }
     Ok(())

@@ -112,6 +112,9 @@ pub struct Usage {
 pub struct VerifyReport {
     pub checked: u64,
     pub bad: Vec<String>,
+    /// Packs another process was writing (downloading) at the time: not
+    /// checked, left as they are.
+    pub busy: Vec<String>,
 }
 
 /// The per-user cache directory.
