@@ -4,7 +4,8 @@
 //! - 1: the user's to fix (bad input, a usage error, a lease held
 //!   elsewhere, a local state to repair, a full disk, a read-only or
 //!   forbidden place); the message says what to do.
-//! - 2: mado's or the remote's (an internal error, a store that failed).
+//! - 2: mado's or the remote's (an internal error, a store that failed,
+//!   a store a `mado gc` kept busy longer than a writer waits).
 //! - 130: interrupted (Ctrl-C) while writing a tree: `checkout`,
 //!   `materialize`, `ws create`, `ws resume` (128 + SIGINT, as a shell
 //!   reports a command SIGINT killed).
@@ -63,6 +64,10 @@ pub fn report(e: &anyhow::Error, json: bool) -> i32 {
         {
             v["kind"] = "remote".into();
         }
+        // The store busy with a gc: the same command later will do.
+        if e.chain().any(|c| c.downcast_ref::<Error>().is_some_and(|m| matches!(m, Error::Busy(_)))) {
+            v["kind"] = "busy".into();
+        }
         // A held lease, for a script to wait on or steal: its fields as
         // numbers, not only the sentence.
         if let Some(Error::LeaseHeld { name, holder, expires, expired }) =
@@ -84,7 +89,7 @@ pub fn report(e: &anyhow::Error, json: bool) -> i32 {
 
 /// The one JSON object an error is under `--json`: `error`, `causes`,
 /// `exit_code`, `kind` (`user`, `remote` for a store or network failure,
-/// or `internal`) and, when the message ends with hints (`\n  hint: …`
+/// `busy` for a store a gc kept busy, or `internal`) and, when the message ends with hints (`\n  hint: …`
 /// lines), `hints`, each without its prefix (and `error` without them).
 fn json_error(error: &str, causes: &[impl serde::Serialize], code: i32) -> serde_json::Value {
     let mut parts = error.split("\n  hint: ");

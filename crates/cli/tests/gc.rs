@@ -151,7 +151,7 @@ fn gc_never_deletes_what_a_writer_in_flight_reuses() {
     }
     assert!(marker.exists(), "the import did not reach its pause point");
     // Inside the window: gc refuses and deletes nothing.
-    let err = m.fails(&["gc", "--grace", "0"], 1);
+    let err = m.fails(&["gc", "--grace", "0"], 2);
     assert!(err.contains("an import or a checkpoint is at work") && err.contains("deleted nothing"), "{err}");
     assert!(x_path.is_file(), "gc deleted the object the writer relies on");
     std::fs::write(&fifo, b"go").unwrap();
@@ -162,15 +162,38 @@ fn gc_never_deletes_what_a_writer_in_flight_reuses() {
     m.ok(&["gc", "--grace", "0"]);
     assert_refs_whole(&m.store_dir());
     assert!(x_path.is_file());
-    // A sweeping gc (its lock planted as it would be) turns a writer away
-    // before it decides anything.
+    // A sweeping gc (its lock planted as it would be) holds a writer back
+    // before it decides anything: it waits, and gives up (exit 2, kind
+    // "busy") when the sweep outlasts its wait.
     let locks = m.store_dir().join("locks/gc");
     std::fs::create_dir_all(&locks).unwrap();
     let far = SystemTimeExt::now_secs() + 600;
-    std::fs::write(locks.join(format!("gc.{far}.00000000000000aa")), b"").unwrap();
-    let err = m.fails(&["import-git", repo.to_str().unwrap(), "--no-packs", "--ref", "other"], 1);
-    assert!(err.contains("`mado gc` is sweeping"), "{err}");
+    let planted = locks.join(format!("gc.{far}.00000000000000aa"));
+    std::fs::write(&planted, b"").unwrap();
+    let import = |wait: &str| {
+        m.cmd(&["import-git", repo.to_str().unwrap(), "--no-packs", "--ref", "other", "--json"])
+            .env("MADO_GC_WAIT_SECS", wait)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let o = import("1").wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("`mado gc` is sweeping") && err.contains("\"kind\":\"busy\""), "{err}");
     assert!(!m.store_dir().join("refs/other").exists());
+    // A sweep that ends while the writer waits: it goes on and lands.
+    let writer = import("60");
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    assert!(!m.store_dir().join("refs/other").exists(), "the writer waited");
+    std::fs::remove_file(&planted).unwrap();
+    let o = writer.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("waiting for it to finish"), "{err}");
+    assert!(m.store_dir().join("refs/other").exists());
+    assert_refs_whole(&m.store_dir());
 }
 
 struct SystemTimeExt;

@@ -25,6 +25,11 @@ pub enum Error {
     #[error("{0}")]
     User(String),
 
+    /// Another process has the store for a while (`mado gc` sweeping):
+    /// nothing is wrong, and the same command later will do.
+    #[error("{0}")]
+    Busy(String),
+
     /// A compare-and-swap lost: the ref moved since it was read.
     #[error("ref {name} moved (expected {expected}, found {found}); re-read it and retry")]
     RefMoved { name: String, expected: String, found: String },

@@ -88,7 +88,7 @@ pub async fn gc(f: &Arc<Fetcher>, grace: Duration, dry_run: bool) -> Result<GcRe
     if let Some(other) = others.first() {
         let (kind, expires) = (other.kind, other.expires);
         f.remote.drop_lock(lock).await;
-        return Err(Error::User(format!(
+        return Err(Error::Busy(format!(
             "gc deleted nothing: {} is at work on this store (its lock expires at {} at the latest); \
              retry when it has finished",
             match kind {

@@ -23,7 +23,7 @@ pub mod layout;
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
@@ -100,6 +100,13 @@ pub struct StoreLock {
 /// How long a lock of a dead holder blocks the other side. A writer
 /// holding it longer than this (a huge import) is not protected past it.
 pub const LOCK_TTL: Duration = Duration::from_secs(3600);
+
+/// How long a writer waits for a gc that is sweeping the store before it
+/// gives up: `MADO_GC_WAIT_SECS`, else two minutes.
+pub fn gc_wait() -> Duration {
+    let secs = std::env::var("MADO_GC_WAIT_SECS").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(120);
+    Duration::from_secs(secs)
+}
 
 /// This process as a store lock names its holder: `<boot>-<pid>-<start>`,
 /// the first 16 hex digits of BLAKE3 over the kernel's boot id (unique to
@@ -690,7 +697,7 @@ impl Remote {
     }
 
     /// The writer's side of the gc protocol: announce the writer, then make
-    /// sure no gc is sweeping. Must complete before the writer's first
+    /// sure no gc is sweeping (waiting for one that is, up to [`gc_wait`]). Must complete before the writer's first
     /// dedup decision (HEAD): then either gc sees this lock before it
     /// deletes anything, or this sees gc's (docs/DESIGN.md, "gc and
     /// writers").
@@ -709,16 +716,45 @@ impl Remote {
                 return Err(e);
             }
         };
-        if let Some(gc) = others.iter().find(|l| l.kind == LockKind::Gc) {
-            let expires = gc.expires;
-            self.drop_lock(lock).await;
-            return Err(Error::User(format!(
-                "`mado gc` is sweeping this store (its lock expires at {} at the latest); \
-                 retry when it has finished",
-                crate::error::local_time(expires)
-            )));
+        let Some(gc) = others.iter().find(|l| l.kind == LockKind::Gc) else { return Ok(lock) };
+        // A sweep takes seconds: the writer steps back (its lock gone, gc
+        // may go on) and asks again, waiting longer each time, up to
+        // `gc_wait()`. It failed at once before (found by a review:
+        // checkpoints next to a gc loop failed at random).
+        let mut expires = gc.expires;
+        self.drop_lock(lock).await;
+        let (start, limit) = (Instant::now(), gc_wait());
+        let mut pause = Duration::from_millis(100);
+        let mut said = false;
+        while start.elapsed() + pause <= limit {
+            if !said {
+                tracing::warn!("`mado gc` is sweeping this store; waiting for it to finish");
+                said = true;
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(2));
+            let lock = self.put_lock(LockKind::Writer).await?;
+            let others = match self.other_locks(&lock).await {
+                Ok(o) => o,
+                Err(e) => {
+                    self.drop_lock(lock).await;
+                    return Err(e);
+                }
+            };
+            match others.iter().find(|l| l.kind == LockKind::Gc) {
+                None => return Ok(lock),
+                Some(gc) => {
+                    expires = gc.expires;
+                    self.drop_lock(lock).await;
+                }
+            }
         }
-        Ok(lock)
+        Err(Error::Busy(format!(
+            "`mado gc` is sweeping this store and did not finish within {} s; retry when it has \
+             (a gc killed on another machine holds its lock until {})",
+            limit.as_secs(),
+            crate::error::local_time(expires)
+        )))
     }
 
     /// HEAD of a pack.
