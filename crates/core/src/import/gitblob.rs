@@ -3,27 +3,63 @@
 //! blob whole; git itself streams the blobs it stores undeltified, which
 //! is how it stores anything above `core.bigFileThreshold`).
 //!
-//! Two places are read: a loose object (`objects/xx/yyyy…`, a zlib stream
-//! of `blob <size>\0<bytes>`) and a whole (non-delta) entry of a pack found
-//! through the pack's `.idx`; alternates are followed one level. Anything
-//! else (a delta entry, a repository layout this does not know) answers
-//! `None`, and the caller loads the blob whole as before. The bytes are
-//! checked against the blob's SHA-1 as they stream by: a corrupt or
-//! truncated object fails the read at its end, naming the blob.
+//! Three forms are read: a loose object (`objects/xx/yyyy…`, a zlib stream
+//! of `blob <size>\0<bytes>`), a whole entry of a pack found through the
+//! pack's `.idx`, and a delta entry of a pack (`OFS_DELTA` or `REF_DELTA`,
+//! as git stores every revised file under 512 MiB after a `gc` or in a
+//! clone). A delta's base is written to an unnamed temporary file (a base
+//! that is itself a delta, the same way, down the chain) and the delta's
+//! instructions are applied as the bytes are read: copies are read from
+//! that file, inserts from the delta's own stream. Memory stays at a few
+//! buffers; the disk holds one base at a time (two while a chain is
+//! resolved). Alternates are followed one level. Anything else (a layout
+//! this does not know) answers `None`, and the caller loads the blob whole
+//! as before. The bytes are checked against the blob's SHA-1 as they
+//! stream by: a corrupt or truncated object, or a delta that does not
+//! apply, fails the read naming the blob.
 
 use std::fs::File;
-use std::io::{BufReader, Read, Seek, SeekFrom};
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use gix::hash::ObjectId;
 
 /// Pack entry type of a whole blob (git's `OBJ_BLOB`).
 const PACK_BLOB: u8 = 3;
+/// Pack entry types of deltas: against an entry at an earlier offset of
+/// the same pack, and against an object named by its id.
+const PACK_OFS_DELTA: u8 = 6;
+const PACK_REF_DELTA: u8 = 7;
+/// The longest delta chain followed (git makes chains of at most 50 by
+/// default, `pack.depth`; a cycle in a hostile pack ends here too).
+const MAX_DEPTH: usize = 64;
 
-/// A blob's content, inflated as it is read and checked at its end.
-pub struct BlobStream {
+/// A zlib stream read from a file, inflated as it is read.
+struct Inflated {
     input: BufReader<File>,
     inflate: gix::zlib::Decompress,
+}
+
+impl Inflated {
+    fn new(input: BufReader<File>) -> Inflated {
+        Inflated { input, inflate: gix::zlib::Decompress::new() }
+    }
+}
+
+impl Read for Inflated {
+    fn read(&mut self, dst: &mut [u8]) -> std::io::Result<usize> {
+        gix::zlib::stream::inflate::read(&mut self.input, &mut self.inflate, dst)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("inflating: {e}")))
+    }
+}
+
+/// A blob's content, as it is read: inflated, or a delta applied.
+type Content = Box<dyn Read + Send>;
+
+/// A blob's content, read and checked at its end.
+pub struct BlobStream {
+    content: Content,
     hasher: gix::hash::Hasher,
     oid: ObjectId,
     size: u64,
@@ -32,39 +68,252 @@ pub struct BlobStream {
 }
 
 /// Opens blob `oid` of `size` bytes (its header size) for streaming, or
-/// `None` when it is not stored in a way this reads.
-pub fn open(objects: &Path, oid: &ObjectId, size: u64) -> std::io::Result<Option<BlobStream>> {
-    open_in(objects, oid, size, true)
+/// `None` when it is not stored in a way this reads. A delta's bases are
+/// written to unnamed files in `scratch`.
+pub fn open(objects: &Path, oid: &ObjectId, size: u64, scratch: &Path) -> std::io::Result<Option<BlobStream>> {
+    let found = content_of(objects, oid, scratch, 0, true).map_err(|e| named(oid, e))?;
+    let Some((content, header_size)) = found else { return Ok(None) };
+    if header_size != size {
+        return Err(corrupt(oid, format!("stored as {header_size} bytes, expected {size}")));
+    }
+    let mut s = BlobStream {
+        content,
+        hasher: gix::hash::hasher(gix::hash::Kind::Sha1),
+        oid: *oid,
+        size,
+        remaining: size,
+        checked: false,
+    };
+    s.hasher.update(format!("blob {size}\0").as_bytes());
+    Ok(Some(s))
 }
 
-fn open_in(objects: &Path, oid: &ObjectId, size: u64, alternates: bool) -> std::io::Result<Option<BlobStream>> {
+/// Object `oid`'s content and size, if it is a blob stored in a form this
+/// reads (loose, or a pack entry whole or as a delta).
+fn content_of(
+    objects: &Path,
+    oid: &ObjectId,
+    scratch: &Path,
+    depth: usize,
+    alternates: bool,
+) -> std::io::Result<Option<(Content, u64)>> {
     let hex = oid.to_hex().to_string();
     let loose = objects.join(&hex[..2]).join(&hex[2..]);
     if let Ok(f) = File::open(&loose) {
-        let mut s = BlobStream::new(f, *oid, size);
-        s.loose_header()?;
-        return Ok(Some(s));
+        let mut z = Inflated::new(BufReader::with_capacity(256 << 10, f));
+        let size = loose_header(&mut z, oid)?;
+        return Ok(Some((Box::new(z), size)));
     }
     for idx in pack_indexes(objects) {
         let Ok(index) = gix::odb::pack::index::File::at(&idx, gix::hash::Kind::Sha1) else { continue };
         let Some(i) = index.lookup(oid) else { continue };
         let offset = index.pack_offset_at_index(i);
-        let mut f = File::open(idx.with_extension("pack"))?;
-        f.seek(SeekFrom::Start(offset))?;
-        let mut s = BlobStream::new(f, *oid, size);
-        return match s.pack_header()? {
-            true => Ok(Some(s)),
-            false => Ok(None),
-        };
+        return entry_content(&idx.with_extension("pack"), offset, objects, oid, scratch, depth);
     }
     if alternates {
         for alt in alternate_dirs(objects) {
-            if let Some(s) = open_in(&alt, oid, size, false)? {
-                return Ok(Some(s));
+            if let Some(c) = content_of(&alt, oid, scratch, depth, false)? {
+                return Ok(Some(c));
             }
         }
     }
     Ok(None)
+}
+
+/// The content of the pack entry at `offset` of `pack` (part of object
+/// `oid`, for errors), if it is a blob or a delta that makes one.
+fn entry_content(
+    pack: &Path,
+    offset: u64,
+    objects: &Path,
+    oid: &ObjectId,
+    scratch: &Path,
+    depth: usize,
+) -> std::io::Result<Option<(Content, u64)>> {
+    if depth > MAX_DEPTH {
+        return Err(corrupt(oid, format!("its delta chain is longer than {MAX_DEPTH}")));
+    }
+    let mut f = File::open(pack)?;
+    f.seek(SeekFrom::Start(offset))?;
+    let mut input = BufReader::with_capacity(256 << 10, f);
+    let (kind, len) = entry_header(&mut input, oid)?;
+    let base = match kind {
+        PACK_BLOB => return Ok(Some((Box::new(Inflated::new(input)), len))),
+        PACK_OFS_DELTA => {
+            let back = ofs_back(&mut input, oid)?;
+            let at = offset.checked_sub(back).filter(|a| *a < offset).ok_or_else(|| {
+                corrupt(oid, format!("a delta at pack offset {offset} names its base {back} bytes before it"))
+            })?;
+            entry_content(pack, at, objects, oid, scratch, depth + 1)?
+        }
+        PACK_REF_DELTA => {
+            let mut id = [0u8; 20];
+            input.read_exact(&mut id)?;
+            let base = ObjectId::from_bytes_or_panic(&id);
+            content_of(objects, &base, scratch, depth + 1, true)?
+        }
+        _ => return Ok(None),
+    };
+    let Some((mut base, base_len)) = base else { return Ok(None) };
+    // The base, whole, where copies can read it at any offset.
+    let mut file = unnamed_file(scratch)?;
+    let copied = std::io::copy(&mut base, &mut file)?;
+    if copied != base_len {
+        return Err(corrupt(oid, format!("a delta's base holds {copied} bytes, its entry says {base_len}")));
+    }
+    drop(base);
+    let mut delta = BufReader::with_capacity(64 << 10, Inflated::new(input).take(len));
+    let (want_base, result) = (delta_varint(&mut delta, oid)?, delta_varint(&mut delta, oid)?);
+    if want_base != base_len {
+        return Err(corrupt(oid, format!("a delta for a base of {want_base} bytes, applied to {base_len}")));
+    }
+    Ok(Some((Box::new(Delta { delta, base: file, base_len, op: Op::Next, oid: *oid }), result)))
+}
+
+/// A pack entry's type and inflated size.
+fn entry_header(input: &mut impl Read, oid: &ObjectId) -> std::io::Result<(u8, u64)> {
+    let mut b = byte(input)?;
+    let kind = (b >> 4) & 7;
+    let mut len = (b & 0x0f) as u64;
+    let mut shift = 4;
+    while b & 0x80 != 0 {
+        b = byte(input)?;
+        if shift > 57 {
+            return Err(corrupt(oid, "its pack entry size does not end"));
+        }
+        len |= ((b & 0x7f) as u64) << shift;
+        shift += 7;
+    }
+    Ok((kind, len))
+}
+
+/// An `OFS_DELTA`'s distance back to its base (git's offset encoding).
+fn ofs_back(input: &mut impl Read, oid: &ObjectId) -> std::io::Result<u64> {
+    let mut b = byte(input)?;
+    let mut back = (b & 0x7f) as u64;
+    let mut n = 0;
+    while b & 0x80 != 0 {
+        b = byte(input)?;
+        n += 1;
+        if n > 9 {
+            return Err(corrupt(oid, "a delta's base offset does not end"));
+        }
+        back = ((back + 1) << 7) | (b & 0x7f) as u64;
+    }
+    Ok(back)
+}
+
+/// A size at the start of a delta (little-endian base-128).
+fn delta_varint(input: &mut impl Read, oid: &ObjectId) -> std::io::Result<u64> {
+    let (mut v, mut shift) = (0u64, 0);
+    loop {
+        let b = byte(input)?;
+        if shift > 63 {
+            return Err(corrupt(oid, "a delta's size does not end"));
+        }
+        v |= ((b & 0x7f) as u64) << shift;
+        shift += 7;
+        if b & 0x80 == 0 {
+            return Ok(v);
+        }
+    }
+}
+
+fn byte(input: &mut impl Read) -> std::io::Result<u8> {
+    let mut b = [0u8; 1];
+    input.read_exact(&mut b)?;
+    Ok(b[0])
+}
+
+/// Where a delta's reader is in its instructions.
+enum Op {
+    Next,
+    Copy { at: u64, left: u64 },
+    Insert { left: u64 },
+}
+
+/// A delta applied as its result is read.
+struct Delta {
+    delta: BufReader<std::io::Take<Inflated>>,
+    base: File,
+    base_len: u64,
+    op: Op,
+    oid: ObjectId,
+}
+
+impl Read for Delta {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        loop {
+            match self.op {
+                Op::Next => {
+                    if self.delta.fill_buf()?.is_empty() {
+                        return Ok(0);
+                    }
+                    let op = byte(&mut self.delta)?;
+                    self.op = if op & 0x80 != 0 {
+                        let mut field = |bits: u8, n: usize| -> std::io::Result<u64> {
+                            let mut v = 0u64;
+                            for i in 0..n {
+                                if bits & (1 << i) != 0 {
+                                    v |= (byte(&mut self.delta)? as u64) << (8 * i);
+                                }
+                            }
+                            Ok(v)
+                        };
+                        let at = field(op & 0x0f, 4)?;
+                        let left = match field((op >> 4) & 0x07, 3)? {
+                            0 => 0x10000,
+                            n => n,
+                        };
+                        if at.checked_add(left).is_none_or(|end| end > self.base_len) {
+                            return Err(corrupt(
+                                &self.oid,
+                                format!("a delta copies {left} bytes at {at} of a {}-byte base", self.base_len),
+                            ));
+                        }
+                        Op::Copy { at, left }
+                    } else if op != 0 {
+                        Op::Insert { left: op as u64 }
+                    } else {
+                        return Err(corrupt(&self.oid, "a delta holds the reserved instruction 0"));
+                    };
+                }
+                Op::Copy { at, left } => {
+                    let n = (left.min(buf.len() as u64)) as usize;
+                    self.base.read_exact_at(&mut buf[..n], at)?;
+                    self.op = if left as usize == n {
+                        Op::Next
+                    } else {
+                        Op::Copy { at: at + n as u64, left: left - n as u64 }
+                    };
+                    return Ok(n);
+                }
+                Op::Insert { left } => {
+                    let n = (left.min(buf.len() as u64)) as usize;
+                    self.delta.read_exact(&mut buf[..n])?;
+                    self.op = if left as usize == n { Op::Next } else { Op::Insert { left: left - n as u64 } };
+                    return Ok(n);
+                }
+            }
+        }
+    }
+}
+
+/// A file in `dir` that no name reaches: gone when closed (`O_TMPFILE`;
+/// where the filesystem has none, made under a name removed at once).
+fn unnamed_file(dir: &Path) -> std::io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = std::fs::OpenOptions::new().read(true).write(true).mode(0o600).custom_flags(libc::O_TMPFILE).open(dir);
+    if let Ok(f) = tmp {
+        return Ok(f);
+    }
+    let p = dir.join(format!("gitbase-{}-{}", std::process::id(), rand::random::<u64>()));
+    let f = std::fs::OpenOptions::new().read(true).write(true).create_new(true).mode(0o600).open(&p)?;
+    let _ = std::fs::remove_file(&p);
+    Ok(f)
 }
 
 fn pack_indexes(objects: &Path) -> Vec<PathBuf> {
@@ -87,88 +336,47 @@ fn corrupt(oid: &ObjectId, what: impl std::fmt::Display) -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::InvalidData, format!("git blob {oid} is corrupt in the repository: {what}"))
 }
 
+/// `e`, from reading blob `oid`'s bytes (or a delta base's), naming the
+/// blob. An error that is not about the bytes (a file that cannot be
+/// opened or made) is passed on as it is, with the blob named in it.
+fn named(oid: &ObjectId, e: std::io::Error) -> std::io::Error {
+    let text = e.to_string();
+    if text.contains(&oid.to_string()) {
+        return e;
+    }
+    match e.kind() {
+        std::io::ErrorKind::InvalidData | std::io::ErrorKind::UnexpectedEof => corrupt(oid, text),
+        kind => std::io::Error::new(kind, format!("reading git blob {oid}: {text}")),
+    }
+}
+
+/// A loose object inflates to `blob <size>\0` then the bytes: the size.
+fn loose_header(z: &mut Inflated, oid: &ObjectId) -> std::io::Result<u64> {
+    let mut header = Vec::new();
+    loop {
+        let mut b = [0u8; 1];
+        if z.read(&mut b).map_err(|e| corrupt(oid, e))? == 0 || header.len() > 64 {
+            return Err(corrupt(oid, "its loose object header does not end"));
+        }
+        if b[0] == 0 {
+            break;
+        }
+        header.push(b[0]);
+    }
+    let size = std::str::from_utf8(&header).ok().and_then(|h| h.strip_prefix("blob ")).and_then(|n| n.parse().ok());
+    size.ok_or_else(|| corrupt(oid, format!("loose header {:?}, not a blob's", String::from_utf8_lossy(&header))))
+}
+
 impl BlobStream {
-    fn new(f: File, oid: ObjectId, size: u64) -> BlobStream {
-        BlobStream {
-            input: BufReader::with_capacity(256 << 10, f),
-            inflate: gix::zlib::Decompress::new(),
-            hasher: gix::hash::hasher(gix::hash::Kind::Sha1),
-            oid,
-            size,
-            remaining: size,
-            checked: false,
-        }
+    fn read_content(&mut self, dst: &mut [u8]) -> std::io::Result<usize> {
+        let oid = self.oid;
+        self.content.read(dst).map_err(|e| named(&oid, e))
     }
 
-    /// Starts the object id's hash with git's `blob <size>\0` header.
-    fn hash_header(&mut self) {
-        self.hasher.update(format!("blob {}\0", self.size).as_bytes());
-    }
-
-    /// A loose object inflates to `blob <size>\0` then the bytes.
-    fn loose_header(&mut self) -> std::io::Result<()> {
-        let mut header = Vec::new();
-        loop {
-            let mut b = [0u8; 1];
-            if self.inflate_into(&mut b)? == 0 || header.len() > 64 {
-                return Err(corrupt(&self.oid, "its loose object header does not end"));
-            }
-            if b[0] == 0 {
-                break;
-            }
-            header.push(b[0]);
-        }
-        let want = format!("blob {}", self.size);
-        if header != want.as_bytes() {
-            return Err(corrupt(
-                &self.oid,
-                format!("loose header {:?}, expected {want:?}", String::from_utf8_lossy(&header)),
-            ));
-        }
-        self.hash_header();
-        Ok(())
-    }
-
-    /// A pack entry starts with its type and inflated size (a varint);
-    /// false when it is not a whole blob (a delta, say).
-    fn pack_header(&mut self) -> std::io::Result<bool> {
-        let mut byte = || -> std::io::Result<u8> {
-            let mut b = [0u8; 1];
-            self.input.read_exact(&mut b)?;
-            Ok(b[0])
-        };
-        let first = byte()?;
-        let kind = (first >> 4) & 7;
-        let mut len = (first & 0x0f) as u64;
-        let mut shift = 4;
-        let mut b = first;
-        while b & 0x80 != 0 {
-            b = byte()?;
-            if shift > 57 {
-                return Err(corrupt(&self.oid, "its pack entry size does not end"));
-            }
-            len |= ((b & 0x7f) as u64) << shift;
-            shift += 7;
-        }
-        if kind != PACK_BLOB {
-            return Ok(false);
-        }
-        if len != self.size {
-            return Err(corrupt(&self.oid, format!("pack entry of {len} bytes, expected {}", self.size)));
-        }
-        self.hash_header();
-        Ok(true)
-    }
-
-    fn inflate_into(&mut self, dst: &mut [u8]) -> std::io::Result<usize> {
-        gix::zlib::stream::inflate::read(&mut self.input, &mut self.inflate, dst)
-            .map_err(|e| corrupt(&self.oid, format!("inflating: {e}")))
-    }
-
-    /// At the end: nothing left to inflate and the bytes hash to the id.
+    /// At the end: nothing left to read and the bytes hash to the id.
     fn finish(&mut self) -> std::io::Result<()> {
         let mut extra = [0u8; 1];
-        if self.inflate_into(&mut extra)? != 0 {
+        if self.read_content(&mut extra)? != 0 {
             return Err(corrupt(&self.oid, format!("more than its {} bytes", self.size)));
         }
         let h = std::mem::replace(&mut self.hasher, gix::hash::hasher(gix::hash::Kind::Sha1));
@@ -190,7 +398,7 @@ impl Read for BlobStream {
             return Ok(0);
         }
         let want = buf.len().min(self.remaining.min(usize::MAX as u64) as usize);
-        let n = self.inflate_into(&mut buf[..want])?;
+        let n = self.read_content(&mut buf[..want])?;
         if n == 0 && want > 0 {
             let at = self.size - self.remaining;
             return Err(corrupt(&self.oid, format!("it ends after {at} of {} bytes", self.size)));
@@ -239,6 +447,12 @@ mod tests {
         Ok(out)
     }
 
+    /// Where delta bases go (a folder kept for the test process's life).
+    fn scratch() -> PathBuf {
+        static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+        DIR.get_or_init(|| tempfile::tempdir().unwrap()).path().to_path_buf()
+    }
+
     fn objects(t: &tempfile::TempDir) -> PathBuf {
         t.path().join(".git/objects")
     }
@@ -247,11 +461,11 @@ mod tests {
     fn a_loose_blob_streams_its_bytes() {
         let data = bytes(300_000, 1);
         let (t, id) = repo_with(&data, &[]);
-        let s = open(&objects(&t), &id, data.len() as u64).unwrap().expect("a loose object streams");
+        let s = open(&objects(&t), &id, data.len() as u64, &scratch()).unwrap().expect("a loose object streams");
         assert_eq!(read_all(s).unwrap(), data);
         // A size other than the object's is refused before any byte.
-        let e = open(&objects(&t), &id, 5).err().expect("a wrong size is refused").to_string();
-        assert!(e.contains("loose header") && e.contains(&id.to_string()), "{e}");
+        let e = open(&objects(&t), &id, 5, &scratch()).err().expect("a wrong size is refused").to_string();
+        assert!(e.contains("stored as 300000 bytes, expected 5") && e.contains(&id.to_string()), "{e}");
     }
 
     #[test]
@@ -263,41 +477,105 @@ mod tests {
         let hex = id.to_string();
         let loose = objects(&t).join(&hex[..2]).join(&hex[2..]);
         assert!(!loose.exists(), "a big file goes into a pack");
-        let s = open(&objects(&t), &id, data.len() as u64).unwrap().expect("a whole entry streams");
+        let s = open(&objects(&t), &id, data.len() as u64, &scratch()).unwrap().expect("a whole entry streams");
         assert_eq!(read_all(s).unwrap(), data);
-        let e = open(&objects(&t), &id, 7).err().expect("a wrong size is refused").to_string();
-        assert!(e.contains("pack entry of 200000 bytes"), "{e}");
+        let e = open(&objects(&t), &id, 7, &scratch()).err().expect("a wrong size is refused").to_string();
+        assert!(e.contains("stored as 200000 bytes, expected 7"), "{e}");
 
-        // Two close versions, repacked: one becomes a delta of the other.
+        // Two close versions, repacked: one becomes a delta of the other,
+        // and streams too (applied as it is read).
         let mut v2 = data.clone();
         v2[100_000..100_100].fill(0);
+        v2.extend_from_slice(&bytes(70_000, 9));
         std::fs::write(t.path().join("big.bin"), &v2).unwrap();
         git(t.path(), &["commit", "-qam", "two"]);
         let id2 = ObjectId::from_hex(git(t.path(), &["rev-parse", "HEAD:big.bin"]).as_bytes()).unwrap();
         git(t.path(), &["-c", "core.bigFileThreshold=512m", "repack", "-adfq", "--window=10"]);
-        let streams = [(id, data.len()), (id2, v2.len())]
-            .map(|(i, n)| open(&objects(&t), &i, n as u64).unwrap().map(read_all).map(|r| r.unwrap()));
-        assert!(streams.iter().any(Option::is_none), "one version is a delta, read whole by the caller");
-        for (got, want) in streams.iter().zip([&data, &v2]) {
-            if let Some(got) = got {
-                assert_eq!(got, want);
+        let listed = git(t.path(), &["verify-pack", "-v", &pack_idx(&t)]);
+        assert!(listed.lines().any(|l| l.split_whitespace().count() >= 7), "a delta entry: {listed}");
+        for (i, want) in [(id, &data), (id2, &v2)] {
+            let s = open(&objects(&t), &i, want.len() as u64, &scratch()).unwrap().expect("whole or delta, it streams");
+            assert_eq!(&read_all(s).unwrap(), want);
+        }
+        assert_eq!(std::fs::read_dir(scratch()).unwrap().count(), 0, "no base file is left");
+    }
+
+    fn pack_idx(t: &tempfile::TempDir) -> String {
+        let dir = objects(t).join("pack");
+        let idx = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| p.extension().is_some_and(|e| e == "idx"));
+        idx.unwrap().to_str().unwrap().to_string()
+    }
+
+    /// Delta chains (each version a delta of the next, as git lays them
+    /// out) of several depths, ids named in the pack (`REF_DELTA`, as a
+    /// thin pack or `--no-delta-base-offset` makes them) and a delta
+    /// whose instructions are damaged.
+    #[test]
+    fn delta_chains_and_ref_deltas_stream_and_a_damaged_delta_is_refused() {
+        let t = tempfile::tempdir().unwrap();
+        git(t.path(), &["init", "-q"]);
+        let mut data = bytes(150_000, 5);
+        let mut versions = Vec::new();
+        for v in 0..6u8 {
+            data[(v as usize) * 20_000..(v as usize) * 20_000 + 50].fill(v);
+            data.extend_from_slice(&[v; 3_000]);
+            std::fs::write(t.path().join("big.bin"), &data).unwrap();
+            git(t.path(), &["add", "big.bin"]);
+            git(t.path(), &["commit", "-qm", "v"]);
+            let id = ObjectId::from_hex(git(t.path(), &["rev-parse", "HEAD:big.bin"]).as_bytes()).unwrap();
+            versions.push((id, data.clone()));
+        }
+        for extra in [&[][..], &["-c", "repack.useDeltaBaseOffset=false"][..]] {
+            let mut args = extra.to_vec();
+            args.extend(["-c", "core.bigFileThreshold=512m", "repack", "-adfq", "--window=10", "--depth=50"]);
+            git(t.path(), &args);
+            let listed = git(t.path(), &["verify-pack", "-v", &pack_idx(&t)]);
+            let deepest = listed.lines().filter_map(|l| l.split_whitespace().nth(5)?.parse::<u32>().ok()).max();
+            assert!(deepest.is_some_and(|d| d >= 2), "a chain of two or more: {listed}");
+            for (id, want) in &versions {
+                let s = open(&objects(&t), id, want.len() as u64, &scratch()).unwrap().expect("it streams");
+                assert_eq!(&read_all(s).unwrap(), want, "{id} {extra:?}");
             }
         }
+        // A byte of the pack's deltas flipped: every version still either
+        // reads right or fails naming its blob, never reads wrong.
+        let pack = PathBuf::from(pack_idx(&t)).with_extension("pack");
+        let mut b = std::fs::read(&pack).unwrap();
+        let mid = b.len() / 2;
+        b[mid] ^= 0x55;
+        let mut perm = std::fs::metadata(&pack).unwrap().permissions();
+        std::os::unix::fs::PermissionsExt::set_mode(&mut perm, 0o644);
+        std::fs::set_permissions(&pack, perm).unwrap();
+        std::fs::write(&pack, b).unwrap();
+        let mut failed = 0;
+        for (id, want) in &versions {
+            match open(&objects(&t), id, want.len() as u64, &scratch()).and_then(|s| read_all(s.expect("found"))) {
+                Ok(got) => assert_eq!(&got, want, "{id} read wrong bytes"),
+                Err(e) => {
+                    assert!(e.to_string().contains(&id.to_string()), "{e}");
+                    failed += 1;
+                }
+            }
+        }
+        assert!(failed > 0, "the damage was seen");
     }
 
     /// A pack entry whose size never ends is refused, not shifted past
-    /// 64 bits.
+    /// 64 bits; so is a delta's base offset or size.
     #[test]
-    fn an_endless_pack_entry_size_is_refused() {
-        let t = tempfile::tempdir().unwrap();
-        let p = t.path().join("bad.pack");
+    fn endless_sizes_and_offsets_are_refused() {
+        let id = ObjectId::from_hex(b"0123456789012345678901234567890123456789").unwrap();
         let mut bytes = vec![0x80 | (PACK_BLOB << 4)];
         bytes.extend([0xff; 12]);
         bytes.push(0);
-        std::fs::write(&p, &bytes).unwrap();
-        let id = ObjectId::from_hex(b"0123456789012345678901234567890123456789").unwrap();
-        let mut s = BlobStream::new(File::open(&p).unwrap(), id, 1);
-        let e = s.pack_header().unwrap_err().to_string();
+        let e = entry_header(&mut &bytes[..], &id).unwrap_err().to_string();
+        assert!(e.contains("does not end"), "{e}");
+        let e = ofs_back(&mut &[0xffu8; 12][..], &id).unwrap_err().to_string();
+        assert!(e.contains("does not end"), "{e}");
+        let e = delta_varint(&mut &[0xffu8; 12][..], &id).unwrap_err().to_string();
         assert!(e.contains("does not end"), "{e}");
     }
 
@@ -306,13 +584,15 @@ mod tests {
         let data = bytes(50_000, 3);
         let (t, id) = repo_with(&data, &[]);
         let missing = ObjectId::from_hex(b"0123456789012345678901234567890123456789").unwrap();
-        assert!(open(&objects(&t), &missing, 1).unwrap().is_none());
+        assert!(open(&objects(&t), &missing, 1, &scratch()).unwrap().is_none());
         // A second repository borrowing the first one's objects.
         let other = tempfile::tempdir().unwrap();
         git(other.path(), &["init", "-q"]);
         let alt = other.path().join(".git/objects/info/alternates");
         std::fs::write(&alt, format!("# borrowed\n{}\n", objects(&t).display())).unwrap();
-        let s = open(&other.path().join(".git/objects"), &id, data.len() as u64).unwrap().expect("via alternates");
+        let s = open(&other.path().join(".git/objects"), &id, data.len() as u64, &scratch())
+            .unwrap()
+            .expect("via alternates");
         assert_eq!(read_all(s).unwrap(), data);
     }
 
@@ -331,11 +611,11 @@ mod tests {
         let good = std::fs::read(&path).unwrap();
         std::fs::remove_file(&path).unwrap();
         std::fs::copy(&opath, &path).unwrap();
-        let e = read_all(open(&objects(&t), &id, 100_000).unwrap().unwrap()).unwrap_err().to_string();
+        let e = read_all(open(&objects(&t), &id, 100_000, &scratch()).unwrap().unwrap()).unwrap_err().to_string();
         assert!(e.contains(&hex) && e.contains("hash to"), "{e}");
         // Cut short: the stream ends before its bytes.
         std::fs::write(&path, &good[..good.len() / 2]).unwrap();
-        let r = open(&objects(&t), &id, 100_000).and_then(|s| read_all(s.unwrap()));
+        let r = open(&objects(&t), &id, 100_000, &scratch()).and_then(|s| read_all(s.unwrap()));
         let e = r.unwrap_err().to_string();
         assert!(e.contains(&hex), "{e}");
         // Extra bytes after the blob's: refused too.
@@ -346,7 +626,7 @@ mod tests {
         let lpath = objects(&t).join(&lid[..2]).join(&lid[2..]);
         std::fs::remove_file(&path).unwrap();
         std::fs::copy(&lpath, &path).unwrap();
-        let e = open(&objects(&t), &id, 100_000).err().expect("the header says 100004").to_string();
+        let e = open(&objects(&t), &id, 100_000, &scratch()).err().expect("the header says 100004").to_string();
         assert!(e.contains("100004"), "{e}");
     }
 }

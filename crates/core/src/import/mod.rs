@@ -235,7 +235,9 @@ impl Walker<'_, '_> {
             return Ok(None);
         }
         let objects = self.repo.common_dir().join("objects");
-        let Some(stream) = gitblob::open(&objects, &oid, size).map_err(Error::io(format!("reading blob {path:?}")))?
+        let scratch = self.cache.build_dir()?;
+        let Some(stream) =
+            gitblob::open(&objects, &oid, size, &scratch).map_err(Error::io(format!("reading blob {path:?}")))?
         else {
             return Ok(None);
         };
