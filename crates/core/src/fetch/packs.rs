@@ -1043,10 +1043,47 @@ mod batch_tests {
             assert_eq!((*i, m.id), (k, Hash::of(&raws[k])));
             assert_eq!(&r.as_ref().expect("a good member")[..], &raws[k][..], "member {k}");
         }
-        // The small compressed ones are views of one buffer, end to end.
+        // The small compressed ones are views of one buffer, end to end;
+        // the large one is not in it, and the raw ones are views of the
+        // segment itself (no copy).
         let ptr = |k: usize| d[k].2.as_ref().unwrap().as_ptr() as usize;
         for k in 1..60 {
             assert_eq!(ptr(k), ptr(k - 1) + raws[k - 1].len(), "member {k} follows member {}", k - 1);
+        }
+        assert_ne!(ptr(60), ptr(59) + raws[59].len(), "the large member has a buffer of its own");
+        let members: Vec<(Hash, MemberKind, &[u8])> =
+            raws.iter().map(|r| (Hash::of(r), MemberKind::Blob, &r[..])).collect();
+        let (bytes, pack) = build_pack(&members);
+        let span = pack.members_range(0, raws.len() - 1);
+        let seg = Bytes::from(bytes).slice(span.start as usize..span.end as usize);
+        let d = decode_batch(pack.members.iter().copied().enumerate().collect(), &seg, span.start);
+        let inside = |k: usize| {
+            let p = d[k].2.as_ref().unwrap().as_ptr() as usize;
+            (seg.as_ptr() as usize..seg.as_ptr() as usize + seg.len()).contains(&p)
+        };
+        for k in 61..64 {
+            assert_eq!(pack.members[k].codec, Codec::Raw);
+            assert!(inside(k), "raw member {k} is a view of the segment");
+        }
+        assert!(!inside(0), "a compressed member is decoded elsewhere");
+    }
+
+    /// A batch whose compressed members come to less than the pool's
+    /// smallest buffer decodes each into its own; from that size on, into
+    /// one shared buffer.
+    #[test]
+    fn a_small_batch_is_not_pooled_and_one_of_the_pools_smallest_size_is() {
+        for (total, pooled) in [(crate::bufpool::MIN_BYTES - 1, false), (crate::bufpool::MIN_BYTES, true)] {
+            let mut raws: Vec<Vec<u8>> = (0..3).map(|i| text(i, 8_000)).collect();
+            raws.push(text(3, total - 24_000));
+            let (pack, d) = batch(&raws, |_, _| {});
+            assert!(pack.members.iter().all(|m| m.codec == Codec::Zstd));
+            let ptr = |k: usize| d[k].2.as_ref().unwrap().as_ptr() as usize;
+            let adjacent = (1..4).all(|k| ptr(k) == ptr(k - 1) + raws[k - 1].len());
+            assert_eq!(adjacent, pooled, "{total} bytes");
+            for (k, (_, _, r)) in d.iter().enumerate() {
+                assert_eq!(&r.as_ref().unwrap()[..], &raws[k][..]);
+            }
         }
     }
 

@@ -634,6 +634,35 @@ impl PackIndex {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_member_decodes_onto_the_end_of_a_buffer_with_room_for_it() {
+        let raw = b"some text, some text, some text, some text".repeat(50);
+        let (_, pack) = build_pack(&[(Hash::of(&raw), MemberKind::Blob, &raw[..])]);
+        let m = pack.members[0];
+        assert_eq!(m.codec, Codec::Zstd);
+        let (bytes, _) = build_pack(&[(Hash::of(&raw), MemberKind::Blob, &raw[..])]);
+        let stored = &bytes[m.offset as usize..(m.offset + m.stored_len) as usize];
+        // Exactly the room it needs, after what the buffer holds.
+        let mut out = Vec::with_capacity(3 + raw.len());
+        out.extend_from_slice(b"abc");
+        decode_member_append(&m, stored, &mut out).unwrap();
+        assert_eq!((&out[..3], &out[3..]), (&b"abc"[..], &raw[..]));
+        // One byte short: refused, the buffer as it was.
+        let mut out = Vec::with_capacity(2 + raw.len() - 1);
+        out.extend_from_slice(b"ab");
+        let e = decode_member_append(&m, stored, &mut out).unwrap_err();
+        assert!(e.contains("no room"), "{e}");
+        assert_eq!(out, b"ab");
+        // Damaged: refused, the buffer as it was.
+        let mut bad = stored.to_vec();
+        let mid = bad.len() / 2;
+        bad[mid] ^= 0x10;
+        let mut out = Vec::with_capacity(raw.len() + 10);
+        out.push(7);
+        assert!(decode_member_append(&m, &bad, &mut out).is_err());
+        assert_eq!(out, [7]);
+    }
     use crate::object::Entry;
     use std::collections::HashMap;
 
