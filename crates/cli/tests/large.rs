@@ -124,6 +124,12 @@ fn a_file_larger_than_the_memory_bound_streams_through_every_path() {
     let names: Vec<_> = std::fs::read_dir(&co2).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(names.len(), 2, "{names:?}");
 
+    // Materialize from a cold cache: the chunks go to the cache, none is
+    // held once it is there (it kept every chunk of a file until the
+    // file's last arrived).
+    std::fs::remove_dir_all(m.cache_dir()).unwrap();
+    bound(peak_kib(m.cmd(&["materialize"]), "materialize", Stdio::null()), "materialize");
+
     let out = m.dir.path().join("cat.out");
     let f = std::fs::File::create(&out).unwrap();
     bound(peak_kib(m.cmd(&["cat", "main", "big.bin"]), "cat", Stdio::from(f)), "cat");
