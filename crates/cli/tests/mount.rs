@@ -389,7 +389,7 @@ fn concurrent_readers_of_a_cold_pack_never_see_eio() {
 fn cold_walk_of_an_unpacked_subtree_is_one_get_per_file() {
     let Some(m) = dense_store(&["--no-packs"]) else { return };
     let mnt = mount(&m, "main", "mnt", &[], &[]);
-    assert!(mnt.stderr.contains("cold reads are per-file — run mado pack --recursive"), "{}", mnt.stderr);
+    assert!(mnt.stderr.contains("cold reads are per-file — run `mado pack -r main`"), "{}", mnt.stderr);
     assert_eq!(mnt.status()["status"]["state"], "no-index");
     let before = mnt.gets();
     // A listing fetches the directory's tree, and no file: nothing is packed.

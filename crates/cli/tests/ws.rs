@@ -1200,6 +1200,32 @@ fn a_copy_of_a_removed_workspace_is_told_how_to_checkpoint_again() {
     m.ok(&["ws", "release", "--dir", w.to_str().unwrap()]);
     m.ok(&["ws", "resume", "gone", r.to_str().unwrap()]);
     assert_eq!(std::fs::read(r.join("kept.txt")).unwrap(), b"keep\n");
+
+    // Removed again, and gc sweeps the copy's last checkpoint: the hint
+    // no longer names it (that command would fail), and what it says
+    // instead works.
+    m.ok(&["ws", "release", "--dir", r.to_str().unwrap()]);
+    m.ok(&["ws", "rm", "--force", "gone"]);
+    m.ok(&["gc", "--grace", "0"]);
+    std::fs::write(r.join("later.txt"), "later\n").unwrap();
+    let err = m.fails(&["ws", "checkpoint", "--dir", r.to_str().unwrap()], 1);
+    assert!(err.contains("gone from the store too"), "{err}");
+    let cmds: Vec<&str> = err
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|c| c.starts_with("mado ws create") || c.starts_with("mado ws checkpoint"))
+        .collect();
+    assert_eq!(cmds.len(), 2, "{err}");
+    m.ok(&cmds[0].split_whitespace().skip(1).collect::<Vec<_>>());
+    let mut force: Vec<&str> = cmds[1].split_whitespace().skip(1).collect();
+    force.extend(["--dir", r.to_str().unwrap()]);
+    m.ok(&force);
+    m.ok(&["ws", "release", "--dir", r.to_str().unwrap()]);
+    let r2 = m.dir.path().join("r2");
+    m.ok(&["ws", "resume", "gone", r2.to_str().unwrap()]);
+    assert_eq!(std::fs::read(r2.join("kept.txt")).unwrap(), b"keep\n");
+    assert_eq!(std::fs::read(r2.join("later.txt")).unwrap(), b"later\n");
 }
 
 /// `checkout` of a workspace's snapshot shows the mtimes its checkpoint

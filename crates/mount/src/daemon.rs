@@ -529,7 +529,11 @@ pub fn run(
     };
     let advisory = match &attach {
         Attach::Attached { .. } => None,
-        _ => Some("cold reads are per-file — run mado pack --recursive".to_string()),
+        // The snapshot mounted, not `main` (`mado pack`'s default).
+        _ => Some(format!(
+            "cold reads are per-file — run `mado pack -r {}` to pack this snapshot",
+            if opts.workspace { format!("ws/{}", opts.spec) } else { opts.spec.clone() }
+        )),
     };
 
     match mapping.join() {

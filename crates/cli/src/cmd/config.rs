@@ -12,11 +12,6 @@ use crate::ctx::{config_path, Ctx};
 /// MADO_REMOTE_ADDR and MADO_DISK_CACHE_MAX_BYTES, when set, win over the
 /// file.
 ///
-/// Examples:
-///
-///   mado config set cache.max_size 20G
-///   mado config get remote
-///   mado config list --json
 #[derive(Subcommand)]
 pub enum ConfigCommand {
     /// Every key: its value in the file (or unset) and what it means.

@@ -103,9 +103,11 @@ pub async fn run(mut a: ImportGitArgs, ctx: &Ctx) -> Result<()> {
         0 => String::new(),
         n => format!(", {n} of them trees"),
     };
+    // The bytes count the packs too (a `--verbose` line said "0 objects
+    // alone (524 MB)").
     ctx.step(format!(
-        "uploaded {} objects alone ({} B{trees}), {} snapshots",
-        report.upload.objects_uploaded, report.upload.bytes_uploaded, report.upload.snapshots_uploaded
+        "uploaded {} objects alone{trees} and {} snapshots; {} B up in all, packs included",
+        report.upload.objects_uploaded, report.upload.snapshots_uploaded, report.upload.bytes_uploaded
     ));
     if ctx.json {
         #[derive(serde::Serialize)]

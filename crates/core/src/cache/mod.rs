@@ -580,9 +580,12 @@ impl DiskCache {
 
     /// Re-hashes every entry; removes and lists the bad ones.
     pub fn verify(&self, mut progress: impl FnMut(u64, u64)) -> VerifyReport {
-        let entries: Vec<PathBuf> = self.scan().into_iter().filter(|e| e.pack.is_none()).map(|e| e.path).collect();
+        let scanned = self.scan();
+        // Loose entries and packs together, as the report counts them.
+        let total = scanned.len() as u64;
+        let mut progress = move |done: u64, _: u64| progress(done, total.max(done));
+        let entries: Vec<PathBuf> = scanned.into_iter().filter(|e| e.pack.is_none()).map(|e| e.path).collect();
         let mut report = VerifyReport::default();
-        let total = entries.len() as u64;
         for p in entries {
             report.checked += 1;
             progress(report.checked, total);

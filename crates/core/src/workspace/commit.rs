@@ -164,17 +164,34 @@ pub(super) async fn commit_locked(
             let _ = release_lease(remote, &st.name, &st.holder).await;
         }
     };
-    if cur.is_none() {
+    let Some((cur, ver)) = cur else {
         give_back().await;
-    }
-    let (cur, ver) = cur.ok_or_else(|| {
-        Error::NotFound(format!(
-            "workspace {} is no longer in the store (no ref {refname}: removed with `mado ws rm`?)\n  \
-             hint: `mado ws create {} --from {} --no-checkout` makes it again at this copy's last checkpoint; \
-             then checkpoint here again",
-            st.name, st.name, st.head
-        ))
-    })?;
+        // Made again at this copy's last checkpoint if the store still
+        // holds it; after a gc swept it, from any snapshot, and a forced
+        // checkpoint then puts this copy's tree on top (the hint named
+        // the swept snapshot, which could not work: found by a review).
+        let kept = match st.head.parse::<Hash>() {
+            Ok(h) => remote.has_object(crate::store::Space::Snapshots, &h).await.unwrap_or(true),
+            Err(_) => false,
+        };
+        let hint = match kept {
+            true => format!(
+                "`mado ws create {} --from {} --no-checkout` makes it again at this copy's last checkpoint; \
+                 then checkpoint here again",
+                st.name, st.head
+            ),
+            false => format!(
+                "this copy's last checkpoint is gone from the store too (swept by `mado gc`); \
+                 `mado ws create {} --from main --no-checkout` (or any snapshot), then \
+                 `mado ws checkpoint --force` here, make it again with this copy's files",
+                st.name
+            ),
+        };
+        return Err(Error::NotFound(format!(
+            "workspace {} is no longer in the store (no ref {refname}: removed with `mado ws rm`?)\n  hint: {hint}",
+            st.name
+        )));
+    };
     // Like a push that is not a fast-forward: the workspace moved on since
     // this working copy's base (another copy checkpointed), and a
     // checkpoint here would drop those changes from its head.
