@@ -1256,3 +1256,32 @@ fn a_checkout_of_a_workspace_snapshot_restores_its_mtimes() {
     let age = SystemTime::now().duration_since(mtime(&fresh.join("src/lib.rs"))).unwrap_or_default();
     assert!(age < Duration::from_secs(600), "{age:?}");
 }
+
+/// A workspace made from a snapshot imported `--no-packs` (no pack index
+/// to build on): its first checkpoint packs and indexes the tree and puts
+/// new content up once, and says what went up. It put every new object up
+/// twice (alone and in a pack) and reported half (found by a review).
+#[test]
+fn a_checkpoint_over_an_unpacked_base_puts_new_content_up_once() {
+    let m = Mado::local();
+    let repo = fixture_repo(m.dir.path());
+    m.ok(&["import-git", repo.to_str().unwrap(), "--no-packs"]);
+    let w = m.dir.path().join("w");
+    m.ok(&["ws", "create", "np", "--dir", w.to_str().unwrap()]);
+    let data = pseudo_random(3 << 20, 21);
+    std::fs::write(w.join("big.bin"), &data).unwrap();
+    let cp = m.json(&["ws", "checkpoint", "--dir", w.to_str().unwrap()]);
+    let (up, said) = (cp["remote"]["bytes_up"].as_u64().unwrap(), cp["upload"]["bytes_uploaded"].as_u64().unwrap());
+    assert!(up < (3 << 20) + (256 << 10), "3 MiB of new content, {up} bytes up: {cp}");
+    assert!(said <= up && said * 10 >= up * 9, "the report says {said} of {up} bytes: {cp}");
+    // The next checkpoint builds on the index the first one made.
+    std::fs::write(w.join("README.md"), "changed\n").unwrap();
+    let cp = m.json(&["ws", "checkpoint", "--dir", w.to_str().unwrap()]);
+    assert!(cp["remote"]["bytes_up"].as_u64().unwrap() < 16 << 10, "{cp}");
+    m.ok(&["ws", "release", "--dir", w.to_str().unwrap()]);
+    std::fs::remove_dir_all(m.cache_dir()).unwrap();
+    let r = m.dir.path().join("r");
+    m.ok(&["ws", "resume", "np", r.to_str().unwrap()]);
+    assert_eq!(std::fs::read(r.join("big.bin")).unwrap(), data);
+    assert_eq!(std::fs::read(r.join("README.md")).unwrap(), b"changed\n");
+}

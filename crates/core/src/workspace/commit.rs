@@ -211,7 +211,7 @@ pub(super) async fn commit_locked(
             crate::hash::short_hex(&st.head)
         )));
     }
-    let (staged, walked) = walked?;
+    let (_staged, walked) = walked?;
     // The parent's whole stat object (what changed goes up as a layer; its
     // layers are kept too: the new layer may absorb the small ones) and
     // its index (what the store has).
@@ -298,7 +298,18 @@ pub(super) async fn commit_locked(
             report.upload.objects_uploaded = 1;
             report.upload.bytes_uploaded = stat_bytes.len() as u64;
             failpoint("checkpoint-after-objects");
-        } else if let Some(base) = base {
+        } else {
+            // With a parent's index, what changed goes up as packs over
+            // it; without one (a snapshot imported `--no-packs`, or a
+            // store from before packs-first), the whole tree is packed and
+            // indexed now, so that later checkpoints and reads are
+            // packs-first. Objects alone as well, as this did until a
+            // review found it, put every new object up twice (an 8 MB
+            // file: 16.8 MB up, 8.4 MB reported).
+            let check = match base {
+                Some(_) => crate::publish::IndexCheck::Concurrent,
+                None => crate::publish::IndexCheck::KnownAbsent,
+            };
             let stat = async {
                 remote.put_object(Space::Objects, &stat_id, Bytes::from(stat_bytes.clone())).await?;
                 failpoint("checkpoint-after-objects");
@@ -308,7 +319,7 @@ pub(super) async fn commit_locked(
                 remote,
                 &cache,
                 walked.root,
-                pack_opts(Some(base), true, crate::publish::IndexCheck::Concurrent),
+                pack_opts(base, true, check),
                 Some(fetcher.clone()),
             );
             let (stat, p) = futures::join!(stat, packs);
@@ -321,20 +332,6 @@ pub(super) async fn commit_locked(
             report.index_layers = p.index_layers;
             report.upload.objects_uploaded = 1 + p.loose_uploaded;
             report.upload.bytes_uploaded = stat_bytes.len() as u64 + p.bytes_uploaded;
-            report.packs_uploaded = p.packs_uploaded;
-        } else {
-            // A parent with no index (a store from before packs-first): objects
-            // and trees alone, in closure order, and packs as a cache of them.
-            report.upload = upload_closure(remote, &cache, &staged, &[walked.root, stat_id]).await?;
-            failpoint("checkpoint-after-objects");
-            let p = crate::publish::publish_packs(
-                remote,
-                &cache,
-                walked.root,
-                pack_opts(None, false, crate::publish::IndexCheck::KnownAbsent),
-                Some(fetcher.clone()),
-            )
-            .await?;
             report.packs_uploaded = p.packs_uploaded;
         }
         failpoint("checkpoint-after-packs");

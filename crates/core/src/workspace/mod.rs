@@ -36,7 +36,7 @@ use crate::fetch::Fetcher;
 use crate::hash::Hash;
 use crate::object::{check_ref_name, Entry, Kind, Lease, RefValue, Snapshot, StatObject, Tree};
 use crate::store::{Remote, Space};
-use crate::upload::{upload_closure, Staged, UploadReport};
+use crate::upload::{Staged, UploadReport};
 use crate::vfs::SnapshotFs;
 
 mod commit;
