@@ -236,7 +236,7 @@ impl Ctx {
             ));
         }
         if let Some(r) = self.remote.get() {
-            self.step(format!("remote: {}", r.stats()));
+            self.step(format!("remote (this process): {}", r.stats()));
         }
         if let Some(c) = self.cache.get() {
             let s = c.stats();

@@ -313,6 +313,7 @@ pub async fn run(c: WsCommand, ctx: &Ctx) -> Result<()> {
                 }
                 _ => None,
             };
+            let by_daemon = mounted || mounted_here.is_some() || served.is_some();
             let (r, remote) = if mounted {
                 // The daemon did the work: its counts.
                 checkpoint_mount(&start, &a)?
@@ -324,6 +325,12 @@ pub async fn run(c: WsCommand, ctx: &Ctx) -> Result<()> {
                 let dir = working_copy_around(&start)?;
                 (checkpoint_dir(&fetcher, &dir, &a).await?, fetcher.remote.stats())
             };
+            if by_daemon {
+                // --verbose closes with this process's own counts, which
+                // are not the checkpoint's (they read 0 PUTs after 8 MB
+                // went up: found by a review).
+                ctx.step(format!("the daemon serving the workspace checkpointed it; its remote: {remote}"));
+            }
             print_checkpoint(ctx, &r, remote)
         }
         WsCommand::Status(a) => {

@@ -519,8 +519,31 @@ impl DiskCache {
                 continue;
             }
             let freed = match victim.pack {
-                Some(id) => self.drop_pack(&id),
-                None => fs::remove_file(&victim.path).map(|_| m.len()).unwrap_or(0),
+                Some(id) => {
+                    // A pack being written (its lock held, by another
+                    // process or this one) stays: dropped now, the rest of
+                    // its download went into a new file full of holes,
+                    // which its record then named, and reads "healed" it
+                    // (found by a review, with a 5 MB cap).
+                    let _lock = match self.pack_locks.try_lock(&id) {
+                        Ok(None) => continue,
+                        Ok(Some(l)) => Some(l),
+                        Err(_) => None,
+                    };
+                    self.drop_pack(&id)
+                }
+                None => {
+                    let freed = fs::remove_file(&victim.path).map(|_| m.len()).unwrap_or(0);
+                    // A large file's whole copy: its check's record too.
+                    if freed >= 4 << 20 {
+                        if let Some(name) = victim.path.file_name() {
+                            let _ = fs::remove_file(
+                                victim.path.with_file_name(format!(".whole-{}", name.to_string_lossy())),
+                            );
+                        }
+                    }
+                    freed
+                }
             };
             if freed > 0 {
                 total = total.saturating_sub(freed);

@@ -512,6 +512,39 @@ mod tests {
         assert!(!c.pack_data_path(&other.1.id).exists());
     }
 
+    /// Eviction passes over a pack whose lock is held (a download or
+    /// build under way, in this process or another), and takes it once
+    /// the lock is free.
+    #[test]
+    fn eviction_leaves_a_pack_being_written_alone() {
+        let d = tempfile::tempdir().unwrap();
+        let c = DiskCache::open(d.path().to_path_buf(), Some(4_000)).unwrap();
+        let (bytes, entry, raws) = pack_of(6);
+        let held = c.pack_locks.try_lock(&entry.id).unwrap().expect("the lock is free");
+        store(&c, &bytes, &entry, 0..=2);
+        // The oldest entry, but busy; another process writes past the cap.
+        let old = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000);
+        fs::File::options().write(true).open(c.pack_data_path(&entry.id)).unwrap().set_modified(old).unwrap();
+        for i in 0..6u8 {
+            // Each put by a process of its own (a process evicts its own
+            // newest writes first).
+            let other = DiskCache::open(d.path().to_path_buf(), Some(4_000)).unwrap();
+            let b = vec![i; 1_500];
+            other.put(&Hash::of(&b), &b).unwrap();
+        }
+        assert!(c.pack_data_path(&entry.id).exists(), "a pack being written was evicted");
+        assert_eq!(c.pack_get(&entry.id, &Hash::of(&raws[1])).as_deref(), Some(&raws[1][..]));
+        assert_eq!(c.stats().healed, 0);
+        drop(held);
+        // Free again, and the oldest entry: the next process's first write
+        // past the cap takes it.
+        fs::File::options().write(true).open(c.pack_data_path(&entry.id)).unwrap().set_modified(old).unwrap();
+        let c = DiskCache::open(d.path().to_path_buf(), Some(4_000)).unwrap();
+        let b = vec![99u8; 1_500];
+        c.put(&Hash::of(&b), &b).unwrap();
+        assert!(!c.pack_data_path(&entry.id).exists(), "the pack, free again, is evicted");
+    }
+
     #[test]
     fn presence_record_round_trips_and_rejects_garbage() {
         let (_, entry, _) = pack_of(5);

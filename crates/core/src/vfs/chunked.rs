@@ -195,9 +195,20 @@ impl SnapshotFs {
     /// copy was hashed only when built, and a bit flipped in it later
     /// reached every reader of every later mount.
     pub fn backing_file(&self, f: &OpenFile) -> Option<std::fs::File> {
+        // Opened as `open_regular` does (no symlink followed, no wait on
+        // a FIFO), then without O_NONBLOCK: the kernel reads a passed
+        // through file with its flags, and non-blocking reads of a cold
+        // file went several times slower (a warm `cat` of 300 MB with the
+        // page cache dropped: 0.53 s, against ~0.1 s).
+        let open = |p: &std::path::Path| {
+            let f = crate::fsutil::open_regular(p).ok()?;
+            let flags = rustix::fs::fcntl_getfl(&f).ok()?;
+            rustix::fs::fcntl_setfl(&f, flags - rustix::fs::OFlags::NONBLOCK).ok()?;
+            Some(f)
+        };
         match f {
             OpenFile::Whole { data, cache_path: Some(p), .. } => {
-                let mut file = crate::fsutil::open_regular(p).ok()?;
+                let mut file = open(p)?;
                 if file.metadata().ok()?.len() != data.len() as u64 {
                     return None;
                 }
@@ -206,7 +217,7 @@ impl SnapshotFs {
                 (held == data[..]).then_some(file)
             }
             OpenFile::Chunked { manifest, backing: Some(p), .. } => {
-                let file = crate::fsutil::open_regular(p).ok()?;
+                let file = open(p)?;
                 if file.metadata().ok()?.len() != manifest.size {
                     return None;
                 }
