@@ -222,7 +222,7 @@ impl Fetcher {
                     tokio::task::spawn_blocking(move || me.cached(&id)).await.ok().flatten()
                 };
                 let bytes = match cached {
-                    Some(b) => Bytes::from(b),
+                    Some(b) => crate::bufpool::into_bytes(b),
                     None => me.get_in_order(id, "chunk").await.map_err(|er| er.at_path(&path))?,
                 };
                 if bytes.len() as u64 != len {
