@@ -402,24 +402,23 @@ impl Writers {
 
 /// Writes a chunked file at `path` beneath `root` as its chunks arrive,
 /// under a temp name renamed into place once every byte is written.
+///
+/// The temp file is made, and renamed into place, on this task, not on a
+/// blocking thread: when the checkout fails elsewhere it drops this future,
+/// and a blocking task it had started ran on by itself, making (or placing)
+/// its file after the failed checkout had emptied and removed its target
+/// (a fresh-clone test run found the directory left with one entry). Each
+/// is a few system calls, for a large file.
 async fn stream_entry(fetcher: &Arc<Fetcher>, root: &Arc<OwnedFd>, path: &[u8], e: &Entry, force: bool) -> Result<u64> {
-    let (root2, p, kind) = (root.clone(), path.to_vec(), e.kind);
-    let (t, file) = blocking(move || {
-        let t = Target::open(&root2, &p, force, true)?;
-        let f = t.create_file(&p, kind)?;
-        Ok((t, f))
-    })
-    .await?;
-    let written = fetcher.write_content(e, &lossy(path), Arc::new(file)).await;
-    let p = path.to_vec();
-    blocking(move || match written {
-        Ok(n) => t.place(&p, force).map(|()| n),
+    let t = Target::open(root, path, force, true)?;
+    let file = t.create_file(path, e.kind)?;
+    match fetcher.write_content(e, &lossy(path), Arc::new(file)).await {
+        Ok(n) => t.place(path, force).map(|()| n),
         Err(er) => {
             t.discard();
             Err(er)
         }
-    })
-    .await
+    }
 }
 
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
