@@ -231,11 +231,8 @@ impl DiskCache {
                 Some(bytes)
             }
             Ok(bytes) => {
-                self.counters.healed.fetch_add(1, Relaxed);
+                self.heal_loose(&p, bytes.len() as u64);
                 self.counters.misses.fetch_add(1, Relaxed);
-                if fs::remove_file(&p).is_ok() && self.cap.is_some() {
-                    self.size.fetch_sub(bytes.len() as u64, Relaxed);
-                }
                 None
             }
             Err(e) => {
@@ -386,16 +383,33 @@ impl DiskCache {
                 true
             }
             Ok(_) => {
-                self.counters.healed.fetch_add(1, Relaxed);
-                let len = f.metadata().map(|m| m.len()).unwrap_or(0);
-                if fs::remove_file(&p).is_ok() && self.cap.is_some() {
-                    self.size.fetch_sub(len, Relaxed);
-                }
+                self.heal_loose(&p, f.metadata().map(|m| m.len()).unwrap_or(0));
                 let _ = fs::remove_file(self.whole_record(id));
                 tracing::warn!("the cache's whole copy of {id} was damaged; removed");
                 false
             }
             Err(_) => false,
+        }
+    }
+
+    /// Loose entry `p` (`len` bytes) held the wrong bytes: removed, and
+    /// counted as healed.
+    fn heal_loose(&self, p: &Path, len: u64) {
+        self.counters.healed.fetch_add(1, Relaxed);
+        if fs::remove_file(p).is_ok() && self.cap.is_some() {
+            self.size.fetch_sub(len, Relaxed);
+        }
+    }
+
+    /// Pack `id`'s lock, unless another holds it (`Err`: a download or a
+    /// build under way, whose files must be left alone). `Ok(None)`: the
+    /// lock file cannot be used (the caller goes on unlocked, as a fetch
+    /// does).
+    fn lock_unless_busy(&self, id: &Hash) -> std::result::Result<Option<PackLock>, ()> {
+        match self.pack_locks.try_lock(id) {
+            Ok(None) => Err(()),
+            Ok(Some(l)) => Ok(Some(l)),
+            Err(_) => Ok(None),
         }
     }
 
@@ -525,22 +539,15 @@ impl DiskCache {
                     // its download went into a new file full of holes,
                     // which its record then named, and reads "healed" it
                     // (found by a review, with a 5 MB cap).
-                    let _lock = match self.pack_locks.try_lock(&id) {
-                        Ok(None) => continue,
-                        Ok(Some(l)) => Some(l),
-                        Err(_) => None,
-                    };
+                    let Ok(_lock) = self.lock_unless_busy(&id) else { continue };
                     self.drop_pack(&id)
                 }
                 None => {
                     let freed = fs::remove_file(&victim.path).map(|_| m.len()).unwrap_or(0);
                     // A large file's whole copy: its check's record too.
-                    if freed >= 4 << 20 {
-                        if let Some(name) = victim.path.file_name() {
-                            let _ = fs::remove_file(
-                                victim.path.with_file_name(format!(".whole-{}", name.to_string_lossy())),
-                            );
-                        }
+                    let id = victim.path.file_name().and_then(|n| n.to_str()?.parse::<Hash>().ok());
+                    if let Some(id) = id.filter(|_| freed >= 4 << 20) {
+                        let _ = fs::remove_file(self.whole_record(&id));
                     }
                     freed
                 }

@@ -318,13 +318,9 @@ impl DiskCache {
             // name more of them: removed here, the download's work was
             // lost, and a later check found its record without its bytes
             // and called the pack bad (found by a review).
-            let _lock = match self.pack_locks.try_lock(&id) {
-                Ok(None) => {
-                    report.busy.push(format!("pack {id}"));
-                    continue;
-                }
-                Ok(Some(l)) => Some(l),
-                Err(_) => None,
+            let Ok(_lock) = self.lock_unless_busy(&id) else {
+                report.busy.push(format!("pack {id}"));
+                continue;
             };
             report.checked += 1;
             progress(report.checked, report.checked);

@@ -709,31 +709,14 @@ impl Remote {
     /// The second half of [`Remote::begin_write`], for a caller that put
     /// its lock alongside another request.
     pub async fn check_no_gc(&self, lock: StoreLock) -> Result<StoreLock> {
-        let others = match self.other_locks(&lock).await {
-            Ok(o) => o,
-            Err(e) => {
-                self.drop_lock(lock).await;
-                return Err(e);
-            }
-        };
-        let Some(gc) = others.iter().find(|l| l.kind == LockKind::Gc) else { return Ok(lock) };
-        // A sweep takes seconds: the writer steps back (its lock gone, gc
-        // may go on) and asks again, waiting longer each time, up to
-        // `gc_wait()`. It failed at once before (found by a review:
-        // checkpoints next to a gc loop failed at random).
-        let mut expires = gc.expires;
-        self.drop_lock(lock).await;
+        // A sweep takes seconds: a writer that finds one steps back (its
+        // lock gone, gc may go on) and asks again, waiting longer each
+        // time, up to `gc_wait()`. It failed at once before (found by a
+        // review: checkpoints next to a gc loop failed at random).
         let (start, limit) = (Instant::now(), gc_wait());
         let mut pause = Duration::from_millis(100);
-        let mut said = false;
-        while start.elapsed() + pause <= limit {
-            if !said {
-                tracing::warn!("`mado gc` is sweeping this store; waiting for it to finish");
-                said = true;
-            }
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_secs(2));
-            let lock = self.put_lock(LockKind::Writer).await?;
+        let mut lock = lock;
+        loop {
             let others = match self.other_locks(&lock).await {
                 Ok(o) => o,
                 Err(e) => {
@@ -741,20 +724,24 @@ impl Remote {
                     return Err(e);
                 }
             };
-            match others.iter().find(|l| l.kind == LockKind::Gc) {
-                None => return Ok(lock),
-                Some(gc) => {
-                    expires = gc.expires;
-                    self.drop_lock(lock).await;
-                }
+            let Some(gc) = others.iter().find(|l| l.kind == LockKind::Gc) else { return Ok(lock) };
+            let expires = gc.expires;
+            self.drop_lock(lock).await;
+            if start.elapsed() + pause > limit {
+                return Err(Error::Busy(format!(
+                    "`mado gc` is sweeping this store and did not finish within {} s; retry when it has \
+                     (a gc killed on another machine holds its lock until {})",
+                    limit.as_secs(),
+                    crate::error::local_time(expires)
+                )));
             }
+            if pause == Duration::from_millis(100) {
+                tracing::warn!("`mado gc` is sweeping this store; waiting for it to finish");
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(2));
+            lock = self.put_lock(LockKind::Writer).await?;
         }
-        Err(Error::Busy(format!(
-            "`mado gc` is sweeping this store and did not finish within {} s; retry when it has \
-             (a gc killed on another machine holds its lock until {})",
-            limit.as_secs(),
-            crate::error::local_time(expires)
-        )))
     }
 
     /// HEAD of a pack.
