@@ -170,6 +170,54 @@ fn the_same_tree_under_another_ref_sends_no_pack_on_every_backend() {
     }
 }
 
+/// A new ref whose tree shares most of its content with `main` (a release
+/// branch, another commit of the same repository): its packs are built on
+/// main's index, so what the store holds under main is not sent again (it
+/// sent the whole tree, a large file's every chunk included). The new ref
+/// checks out as git has it, before and after main moves on and gc sweeps
+/// main's old snapshot (the new ref's index keeps the packs it uses).
+#[test]
+fn a_new_ref_sends_only_what_main_lacks_on_every_backend() {
+    for (label, m) in Mado::every_backend() {
+        let repo = source_repo(&m, 10, 10, &"let y = 2;\n".repeat(40));
+        std::fs::write(repo.join("big.bin"), pseudo_random(6 << 20, 7)).unwrap();
+        commit_all(&repo, "with a large file");
+        let first = m.json(&["import-git", repo.to_str().unwrap()]);
+        let first_up = first["remote"]["bytes_up"].as_u64().unwrap();
+        assert!(first_up > 6 << 20, "{label}: {first}");
+        // Another commit: one source file changed, 1,000 bytes appended.
+        std::fs::write(repo.join("src/m03/f04.rs"), "changed\n").unwrap();
+        let mut f = std::fs::OpenOptions::new().append(true).open(repo.join("big.bin")).unwrap();
+        std::io::Write::write_all(&mut f, &pseudo_random(1000, 8)).unwrap();
+        drop(f);
+        commit_all(&repo, "release");
+        let v = m.json(&["import-git", repo.to_str().unwrap(), "--ref", "release"]);
+        let up = v["remote"]["bytes_up"].as_u64().unwrap();
+        // The appended chunk (up to 4 MiB by the chunker's rule) and the
+        // trees, index, snapshot and ref; not the 6 MiB file again.
+        assert!(up < first_up / 2, "{label}: {up} bytes up, the first import took {first_up}: {v}");
+        assert_cold_checkout_of_equals_clone(&m, &repo, "release");
+
+        if label != "local" {
+            continue;
+        }
+        // main goes away and gc sweeps what only main kept: release still
+        // reads whole (its index keeps the layer below it, and its packs).
+        std::fs::remove_file(m.store_dir().join("refs/main")).unwrap();
+        let r = m.json(&["gc", "--grace", "0"]);
+        assert_eq!(r["deleted_snapshots"], 1, "main's snapshot: {r}");
+        std::fs::remove_dir_all(m.dir.path().join("co")).unwrap();
+        std::fs::remove_dir_all(m.dir.path().join("clone")).unwrap();
+        assert_cold_checkout_of_equals_clone(&m, &repo, "release");
+
+        // A `main` that does not decode is no base: a new ref's import
+        // still succeeds (sending its whole tree).
+        std::fs::write(m.store_dir().join("refs/main"), b"not a ref").unwrap();
+        let other = m.json(&["import-git", repo.to_str().unwrap(), "--ref", "other"]);
+        assert_eq!(other["imported"][0]["new_snapshot"], true, "{other}");
+    }
+}
+
 /// A git repository `repo` in `m`'s folder: `dirs` folders `src/mNN` of
 /// `files` files each (a line naming the file, then `body`), committed once.
 fn source_repo(m: &Mado, dirs: usize, files: usize, body: &str) -> std::path::PathBuf {

@@ -22,7 +22,8 @@ pub struct ImportGitArgs {
     /// Revision to import (repeatable; default HEAD), e.g. main, v1.0, a commit id.
     #[arg(long = "rev", short = 'r', value_name = "REV")]
     revs: Vec<String>,
-    /// Ref to move to the last imported snapshot.
+    /// Ref to move to the last imported snapshot. A new ref's first import
+    /// sends only what `main` does not already hold.
     #[arg(long = "ref", default_value = "main", value_name = "NAME")]
     ref_name: String,
     /// Do not build and publish locality packs for the imported tips.

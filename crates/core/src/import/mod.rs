@@ -363,8 +363,12 @@ pub async fn publish(
     // The base comes early only with the early lock (that is when it is
     // used): otherwise it is fetched alongside the lock below, once.
     let with_base = early;
+    // A new ref builds its packs on the default ref's index, so what the
+    // store holds under `main` is not sent again (a release branch,
+    // another commit of the same repository).
+    let seed = primary.as_ref().and(Some(SEED_REF)).filter(|s| *s != ref_name);
     let ((current, early_base), indexed, early_lock) =
-        futures::join!(read_ref_and_base(remote, cache, ref_name, with_base), index_probe, early_lock);
+        futures::join!(read_ref_and_base(remote, cache, ref_name, with_base, seed), index_probe, early_lock);
     let current = current?;
     let noop = {
         let mut at = current.as_ref().map(|(_, _, s)| (s.root, s.source.clone()));
@@ -395,8 +399,9 @@ pub async fn publish(
             Some(lock) => (lock, early_base, None),
             None => {
                 let base = async {
-                    match (&primary, &current) {
-                        (Some(_), Some((v, _, _))) => index_of(remote, cache, &v.root).await,
+                    match (&primary, &current, &seed) {
+                        (Some(_), Some((v, _, _)), _) => index_of(remote, cache, &v.root).await,
+                        (Some(_), None, Some(s)) => Ok(seed_index(remote, cache, s).await),
                         _ => Ok(None),
                     }
                 };
@@ -718,31 +723,53 @@ async fn finish_publish(
     Ok((imported, pack_reports, warnings))
 }
 
-/// A ref's value, version and snapshot (from the cache when present).
-/// The ref and its snapshot, and (`with_base`) the index of the ref's
-/// tree, fetched together with the snapshot once the ref named it.
+/// The ref a new ref's packs build on: what the store holds under it is
+/// not packed and sent again.
+const SEED_REF: &str = "main";
+
+/// The ref and its snapshot (from the cache when present), and
+/// (`with_base`) the index of the ref's tree, fetched together with the
+/// snapshot once the ref named it. When the ref does not exist yet, the
+/// base is the index of `seed` (read then: the first import into a ref
+/// reads it, no later one does).
 async fn read_ref_and_base(
     remote: &Remote,
     cache: &DiskCache,
     ref_name: &str,
     with_base: bool,
+    seed: Option<&str>,
 ) -> (Result<CurrentRef>, Result<Option<Arc<crate::pack::PackIndex>>>) {
+    // A ref names its index's layers: all of them come in one round trip.
+    let index = |v: RefValue| async move {
+        Ok(crate::fetch::load_index(remote, cache, v.root, &v.layers).await?.ok().map(|(i, _)| Arc::new(i)))
+    };
     let (v, ver) = match remote.read_ref(ref_name).await {
         Ok(Some(found)) => found,
-        Ok(None) => return (Ok(None), Ok(None)),
+        Ok(None) => {
+            let base = match (with_base, seed) {
+                (true, Some(s)) => seed_index(remote, cache, s).await,
+                _ => None,
+            };
+            return (Ok(None), Ok(base));
+        }
         Err(e) => return (Err(e), Ok(None)),
     };
-    // The ref names its index's layers: all of them come in one round trip.
     let base = async {
         match with_base {
-            true => {
-                Ok(crate::fetch::load_index(remote, cache, v.root, &v.layers).await?.ok().map(|(i, _)| Arc::new(i)))
-            }
+            true => index(v.clone()).await,
             false => Ok(None),
         }
     };
     let (snap, base) = futures::join!(snapshot_of(remote, cache, ref_name, &v), base);
     (snap.map(|s| Some((v, ver, s))), base)
+}
+
+/// The index of ref `seed`'s tree (its layers in one round trip after the
+/// ref's), or `None` when the seed cannot be read or its index decoded: it
+/// only saves uploads, and nothing fails for it.
+async fn seed_index(remote: &Remote, cache: &DiskCache, seed: &str) -> Option<Arc<crate::pack::PackIndex>> {
+    let (v, _) = remote.read_ref(seed).await.ok()??;
+    crate::fetch::load_index(remote, cache, v.root, &v.layers).await.ok()?.ok().map(|(i, _)| Arc::new(i))
 }
 
 async fn snapshot_of(remote: &Remote, cache: &DiskCache, ref_name: &str, v: &RefValue) -> Result<Snapshot> {
