@@ -715,3 +715,38 @@ fn a_dot_slash_path_names_the_same_tree_path() {
         assert!(err.contains("unsafe path"), "{bad}: {err}");
     }
 }
+
+/// The store away: a ref cannot be read, and the error names the snapshot
+/// this machine last read it as; that full id in its place checks out from
+/// the cache alone.
+#[test]
+fn an_unreachable_store_names_the_snapshot_a_ref_was_last_read_as() {
+    let Some(base) = s3_base() else { return };
+    let m = Mado::s3(&base);
+    let repo = fixture_repo(m.dir.path());
+    let imp = m.json(&["import-git", repo.to_str().unwrap()]);
+    let snap = imp["imported"][0]["snapshot"].as_str().unwrap().to_string();
+    let warm = m.dir.path().join("warm");
+    m.ok(&["checkout", "main", warm.to_str().unwrap()]);
+    let away = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://127.0.0.1:{}", l.local_addr().unwrap().port())
+    };
+    let co = m.dir.path().join("co");
+    let out =
+        m.cmd(&["checkout", "main", co.to_str().unwrap(), "--json"]).env("AWS_ENDPOINT_URL", &away).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    let err: serde_json::Value = serde_json::from_slice(&out.stderr).unwrap();
+    assert_eq!(err["kind"], "remote", "{err}");
+    let hints = err["hints"].as_array().unwrap();
+    assert!(hints.iter().any(|h| h.as_str().unwrap().contains(&snap)), "no hint names {snap}: {err}");
+    // A ref this machine never read: no such hint.
+    let out =
+        m.cmd(&["checkout", "other", co.to_str().unwrap(), "--json"]).env("AWS_ENDPOINT_URL", &away).output().unwrap();
+    let err: serde_json::Value = serde_json::from_slice(&out.stderr).unwrap();
+    assert!(!err.to_string().contains("last read"), "{err}");
+
+    let out = m.cmd(&["checkout", &snap, co.to_str().unwrap()]).env("AWS_ENDPOINT_URL", &away).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_same_tree(&warm, &co);
+}

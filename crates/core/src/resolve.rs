@@ -26,7 +26,10 @@ pub struct Resolved {
 /// served by the cache once read).
 pub async fn resolve(fetcher: &Arc<Fetcher>, spec: &str) -> Result<Resolved> {
     let (base, steps) = split_ancestry(spec)?;
-    let r = resolve_name(&fetcher.remote, base).await?;
+    let r = resolve_name(&fetcher.remote, base).await.map_err(|e| offline_hint(&fetcher.cache, base, e))?;
+    if r.root.is_some() {
+        fetcher.cache.note_ref(base, &r.snapshot);
+    }
     if steps.is_empty() {
         return Ok(r);
     }
@@ -47,6 +50,28 @@ pub async fn resolve(fetcher: &Arc<Fetcher>, spec: &str) -> Result<Resolved> {
         })?;
     }
     Ok(Resolved { snapshot: id, root: None, layers: Vec::new() })
+}
+
+/// A store that could not be asked for ref `name`: when this machine read
+/// that ref before, the error's hint names the snapshot it was then (a full
+/// id is read from the cache alone, without the store).
+fn offline_hint(cache: &crate::cache::DiskCache, name: &str, mut e: Error) -> Error {
+    if let Error::Remote { hint, .. } = &mut e {
+        if let Some((id, when)) = cache.seen_ref(name) {
+            let ago = when.elapsed().map(|d| d.as_secs()).unwrap_or(0);
+            let ago = match ago {
+                0..120 => format!("{ago} s"),
+                120..7200 => format!("{} min", ago / 60),
+                7200..172800 => format!("{} h", ago / 3600),
+                _ => format!("{} days", ago / 86400),
+            };
+            hint.push_str(&format!(
+                "\n  hint: this machine last read {name} as snapshot {id} ({ago} ago); that full id in its place \
+                 reads what this cache holds of it without the store"
+            ));
+        }
+    }
+    e
 }
 
 /// Splits `spec` into its name and its ancestry steps, each the index of

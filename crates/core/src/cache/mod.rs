@@ -166,6 +166,32 @@ impl DiskCache {
         &self.root
     }
 
+    /// Where the snapshot this machine last read ref `name` as is noted
+    /// (`refs-seen/NAME`, `/` as `%2F`): what an error can name when the
+    /// store cannot be reached.
+    fn seen_ref_path(&self, name: &str) -> PathBuf {
+        self.root.join("refs-seen").join(name.replace('%', "%25").replace('/', "%2F"))
+    }
+
+    /// Notes that ref `name` was read as `snapshot` (written only when it
+    /// changed; a failure only loses the note).
+    pub fn note_ref(&self, name: &str, snapshot: &Hash) {
+        let p = self.seen_ref_path(name);
+        let line = format!("{}\n", snapshot.to_hex());
+        if crate::fsutil::read_regular(&p).ok().as_deref() != Some(line.as_bytes()) {
+            crate::fsutil::save_cache_file(&p, line.as_bytes());
+        }
+    }
+
+    /// The snapshot ref `name` was last read as on this machine, and when
+    /// it was first read so (the note's modification time).
+    pub fn seen_ref(&self, name: &str) -> Option<(Hash, std::time::SystemTime)> {
+        let p = self.seen_ref_path(name);
+        let b = crate::fsutil::read_regular(&p).ok()?;
+        let id = std::str::from_utf8(&b).ok()?.trim().parse().ok()?;
+        Some((id, std::fs::metadata(&p).ok()?.modified().ok()?))
+    }
+
     /// Where a copy of `tree`'s pack index is kept (the local pointer).
     pub fn index_path(&self, tree: &Hash) -> PathBuf {
         self.root.join("packs").join("index").join(tree.to_hex())
