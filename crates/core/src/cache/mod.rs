@@ -754,6 +754,35 @@ mod tests {
     }
 
     #[test]
+    fn a_noted_ref_is_read_back_by_its_own_name_and_rewritten_only_when_it_moved() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = DiskCache::open(dir.path().to_path_buf(), None).unwrap();
+        let (a, b) = (Hash::of(b"a"), Hash::of(b"b"));
+        assert_eq!(c.seen_ref("main"), None);
+        c.note_ref("main", &a);
+        c.note_ref("ws/x", &b);
+        c.note_ref("ws%2Fx", &a);
+        assert_eq!(c.seen_ref("main").map(|s| s.0), Some(a));
+        // `/` and an escaped `/` in a name are two refs, not one file.
+        assert_eq!(c.seen_ref("ws/x").map(|s| s.0), Some(b));
+        assert_eq!(c.seen_ref("ws%2Fx").map(|s| s.0), Some(a));
+        // The same value again keeps the note (its time is when the ref
+        // was first read so); a new one replaces it.
+        let old = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000);
+        let p = c.seen_ref_path("main");
+        std::fs::File::options().write(true).open(&p).unwrap().set_modified(old).unwrap();
+        c.note_ref("main", &a);
+        assert_eq!(c.seen_ref("main"), Some((a, old)));
+        c.note_ref("main", &b);
+        let (now, when) = c.seen_ref("main").unwrap();
+        assert_eq!(now, b);
+        assert!(when > old);
+        // A note that is not an id is no note.
+        std::fs::write(&p, b"garbage\n").unwrap();
+        assert_eq!(c.seen_ref("main"), None);
+    }
+
+    #[test]
     fn a_dead_process_build_goes_a_live_one_stays_and_adopt_makes_an_entry() {
         let dir = tempfile::tempdir().unwrap();
         let c = DiskCache::open(dir.path().to_path_buf(), None).unwrap();
