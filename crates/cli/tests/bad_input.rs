@@ -746,6 +746,15 @@ fn an_unreachable_store_names_the_snapshot_a_ref_was_last_read_as() {
     let err: serde_json::Value = serde_json::from_slice(&out.stderr).unwrap();
     assert!(!err.to_string().contains("last read"), "{err}");
 
+    // A short id needs the store: the hint says the full one does not.
+    let out = m
+        .cmd(&["checkout", &snap[..12], co.to_str().unwrap(), "--json"])
+        .env("AWS_ENDPOINT_URL", &away)
+        .output()
+        .unwrap();
+    let err: serde_json::Value = serde_json::from_slice(&out.stderr).unwrap();
+    assert!(err["hints"].to_string().contains("full id"), "{err}");
+
     let out = m.cmd(&["checkout", &snap, co.to_str().unwrap()]).env("AWS_ENDPOINT_URL", &away).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_same_tree(&warm, &co);

@@ -26,9 +26,10 @@ pub struct Resolved {
 /// served by the cache once read).
 pub async fn resolve(fetcher: &Arc<Fetcher>, spec: &str) -> Result<Resolved> {
     let (base, steps) = split_ancestry(spec)?;
-    let r = resolve_name(&fetcher.remote, base).await.map_err(|e| offline_hint(&fetcher.cache, base, e))?;
+    let store = fetcher.remote.url();
+    let r = resolve_name(&fetcher.remote, base).await.map_err(|e| offline_hint(&fetcher.cache, store, base, e))?;
     if r.root.is_some() {
-        fetcher.cache.note_ref(base, &r.snapshot);
+        fetcher.cache.note_ref(store, base, &r.snapshot);
     }
     if steps.is_empty() {
         return Ok(r);
@@ -53,11 +54,18 @@ pub async fn resolve(fetcher: &Arc<Fetcher>, spec: &str) -> Result<Resolved> {
 }
 
 /// A store that could not be asked for ref `name`: when this machine read
-/// that ref before, the error's hint names the snapshot it was then (a full
-/// id is read from the cache alone, without the store).
-fn offline_hint(cache: &crate::cache::DiskCache, name: &str, mut e: Error) -> Error {
+/// that ref of this store before, the error's hint names the snapshot it
+/// was then (a full id is read from the cache alone, without the store);
+/// a short id gets the hint that its full id is.
+fn offline_hint(cache: &crate::cache::DiskCache, store: &str, name: &str, mut e: Error) -> Error {
     if let Error::Remote { hint, .. } = &mut e {
-        if let Some((id, when)) = cache.seen_ref(name) {
+        if is_hex_prefix(name) && name.len() < 64 {
+            hint.push_str(
+                "\n  hint: a short snapshot id is looked up in the store; the full id (`mado log --json`, \
+                 `mado refs --json`) is read from the cache alone",
+            );
+        }
+        if let Some((id, when)) = cache.seen_ref(store, name) {
             let ago = when.elapsed().map(|d| d.as_secs()).unwrap_or(0);
             let ago = match ago {
                 0..120 => format!("{ago} s"),

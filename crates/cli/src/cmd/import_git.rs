@@ -23,7 +23,8 @@ pub struct ImportGitArgs {
     #[arg(long = "rev", short = 'r', value_name = "REV")]
     revs: Vec<String>,
     /// Ref to move to the last imported snapshot. A new ref's first import
-    /// sends only what `main` does not already hold.
+    /// builds on `main`'s packs: what they hold is not sent again (a `main`
+    /// imported with --no-packs has none).
     #[arg(long = "ref", default_value = "main", value_name = "NAME")]
     ref_name: String,
     /// Do not build and publish locality packs for the imported tips.

@@ -166,27 +166,29 @@ impl DiskCache {
         &self.root
     }
 
-    /// Where the snapshot this machine last read ref `name` as is noted
-    /// (`refs-seen/NAME`, `/` as `%2F`): what an error can name when the
-    /// store cannot be reached.
-    fn seen_ref_path(&self, name: &str) -> PathBuf {
-        self.root.join("refs-seen").join(name.replace('%', "%25").replace('/', "%2F"))
+    /// Where the snapshot this machine last read ref `name` of the store at
+    /// `store` (its URL) as is noted: `refs-seen/<16 hex>/NAME`, the hex
+    /// from the URL's hash (one cache serves every store), `/` in the name
+    /// as `%2F`. What an error can name when the store cannot be reached.
+    fn seen_ref_path(&self, store: &str, name: &str) -> PathBuf {
+        let key = &Hash::of(store.as_bytes()).to_hex()[..16];
+        self.root.join("refs-seen").join(key).join(name.replace('%', "%25").replace('/', "%2F"))
     }
 
-    /// Notes that ref `name` was read as `snapshot` (written only when it
-    /// changed; a failure only loses the note).
-    pub fn note_ref(&self, name: &str, snapshot: &Hash) {
-        let p = self.seen_ref_path(name);
+    /// Notes that ref `name` of `store` was read (or moved) as `snapshot`
+    /// (written only when it changed; a failure only loses the note).
+    pub fn note_ref(&self, store: &str, name: &str, snapshot: &Hash) {
+        let p = self.seen_ref_path(store, name);
         let line = format!("{}\n", snapshot.to_hex());
         if crate::fsutil::read_regular(&p).ok().as_deref() != Some(line.as_bytes()) {
             crate::fsutil::save_cache_file(&p, line.as_bytes());
         }
     }
 
-    /// The snapshot ref `name` was last read as on this machine, and when
-    /// it was first read so (the note's modification time).
-    pub fn seen_ref(&self, name: &str) -> Option<(Hash, std::time::SystemTime)> {
-        let p = self.seen_ref_path(name);
+    /// The snapshot ref `name` of `store` was last read as on this
+    /// machine, and when it was first read so (the note's mtime).
+    pub fn seen_ref(&self, store: &str, name: &str) -> Option<(Hash, std::time::SystemTime)> {
+        let p = self.seen_ref_path(store, name);
         let b = crate::fsutil::read_regular(&p).ok()?;
         let id = std::str::from_utf8(&b).ok()?.trim().parse().ok()?;
         Some((id, std::fs::metadata(&p).ok()?.modified().ok()?))
@@ -754,32 +756,38 @@ mod tests {
     }
 
     #[test]
-    fn a_noted_ref_is_read_back_by_its_own_name_and_rewritten_only_when_it_moved() {
+    fn a_noted_ref_is_read_back_by_its_store_and_name_and_rewritten_only_when_it_moved() {
         let dir = tempfile::tempdir().unwrap();
         let c = DiskCache::open(dir.path().to_path_buf(), None).unwrap();
         let (a, b) = (Hash::of(b"a"), Hash::of(b"b"));
-        assert_eq!(c.seen_ref("main"), None);
-        c.note_ref("main", &a);
-        c.note_ref("ws/x", &b);
-        c.note_ref("ws%2Fx", &a);
-        assert_eq!(c.seen_ref("main").map(|s| s.0), Some(a));
+        let (s, t) = ("s3://one/p", "s3://two/p");
+        assert_eq!(c.seen_ref(s, "main"), None);
+        c.note_ref(s, "main", &a);
+        c.note_ref(s, "ws/x", &b);
+        c.note_ref(s, "ws%2Fx", &a);
+        assert_eq!(c.seen_ref(s, "main").map(|s| s.0), Some(a));
+        // Another store's ref of the same name is not this one.
+        assert_eq!(c.seen_ref(t, "main"), None);
+        c.note_ref(t, "main", &b);
+        assert_eq!(c.seen_ref(s, "main").map(|s| s.0), Some(a));
+        assert_eq!(c.seen_ref(t, "main").map(|s| s.0), Some(b));
         // `/` and an escaped `/` in a name are two refs, not one file.
-        assert_eq!(c.seen_ref("ws/x").map(|s| s.0), Some(b));
-        assert_eq!(c.seen_ref("ws%2Fx").map(|s| s.0), Some(a));
+        assert_eq!(c.seen_ref(s, "ws/x").map(|s| s.0), Some(b));
+        assert_eq!(c.seen_ref(s, "ws%2Fx").map(|s| s.0), Some(a));
         // The same value again keeps the note (its time is when the ref
         // was first read so); a new one replaces it.
         let old = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000);
-        let p = c.seen_ref_path("main");
+        let p = c.seen_ref_path(s, "main");
         std::fs::File::options().write(true).open(&p).unwrap().set_modified(old).unwrap();
-        c.note_ref("main", &a);
-        assert_eq!(c.seen_ref("main"), Some((a, old)));
-        c.note_ref("main", &b);
-        let (now, when) = c.seen_ref("main").unwrap();
+        c.note_ref(s, "main", &a);
+        assert_eq!(c.seen_ref(s, "main"), Some((a, old)));
+        c.note_ref(s, "main", &b);
+        let (now, when) = c.seen_ref(s, "main").unwrap();
         assert_eq!(now, b);
         assert!(when > old);
         // A note that is not an id is no note.
         std::fs::write(&p, b"garbage\n").unwrap();
-        assert_eq!(c.seen_ref("main"), None);
+        assert_eq!(c.seen_ref(s, "main"), None);
     }
 
     #[test]

@@ -719,6 +719,7 @@ async fn finish_publish(
             let v = RefValue { snapshot: tip, root, layers };
             remote.cas_ref(ref_name, current.as_ref().map(|(_, ver)| ver), v).await?;
         }
+        cache.note_ref(remote.url(), ref_name, &tip);
     }
     Ok((imported, pack_reports, warnings))
 }
