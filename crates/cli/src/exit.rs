@@ -20,8 +20,53 @@ pub const USER: i32 = 1;
 pub const INTERNAL: i32 = 2;
 pub const INTERRUPTED: i32 = 130;
 
+/// An error another mado process met and passed on (a mount daemon,
+/// through its readiness pipe), with the code and kind it had there.
+#[derive(Debug, serde::Serialize, serde::Deserialize, Clone)]
+pub struct Relayed {
+    pub message: String,
+    pub causes: Vec<String>,
+    pub code: i32,
+    pub kind: String,
+}
+
+impl Relayed {
+    /// What `e` would have been reported as in this process.
+    pub fn of(e: &Error) -> Relayed {
+        let code = if e.is_user_error() { USER } else { INTERNAL };
+        let mut causes = Vec::new();
+        let mut at: Option<&dyn std::error::Error> = std::error::Error::source(e);
+        while let Some(c) = at {
+            causes.push(c.to_string());
+            at = c.source();
+        }
+        let kind = match e {
+            Error::Busy(_) => "busy",
+            Error::Remote { .. } if code == INTERNAL => "remote",
+            _ if code == USER => "user",
+            _ => "internal",
+        };
+        Relayed { message: e.to_string(), causes, code, kind: kind.into() }
+    }
+}
+
+impl std::fmt::Display for Relayed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Relayed {}
+
+fn relayed(e: &anyhow::Error) -> Option<&Relayed> {
+    e.chain().find_map(|c| c.downcast_ref::<Relayed>())
+}
+
 /// The code for a command's error: 1 if any cause is the user's to fix.
 pub fn code_of(e: &anyhow::Error) -> i32 {
+    if let Some(r) = relayed(e) {
+        return r.code;
+    }
     if e.chain().any(|c| c.downcast_ref::<Error>().is_some_and(|m| m.is_user_error())) {
         USER
     } else {
@@ -48,8 +93,8 @@ pub fn report(e: &anyhow::Error, json: bool) -> i32 {
     // otherwise repeat it at every level.
     let mut shown = e.to_string();
     let mut causes = Vec::new();
-    for cause in e.chain().skip(1) {
-        let c = cause.to_string();
+    let relayed_causes = relayed(e).map(|r| r.causes.clone()).unwrap_or_default();
+    for c in e.chain().skip(1).map(|c| c.to_string()).chain(relayed_causes) {
         if shown.contains(&c) {
             continue;
         }
@@ -58,6 +103,9 @@ pub fn report(e: &anyhow::Error, json: bool) -> i32 {
     }
     if json {
         let mut v = json_error(&e.to_string(), &causes, code);
+        if let Some(r) = relayed(e) {
+            v["kind"] = r.kind.clone().into();
+        }
         // A store or network failure: worth a retry, unlike mado's own.
         if code == INTERNAL
             && e.chain().any(|c| c.downcast_ref::<Error>().is_some_and(|m| matches!(m, Error::Remote { .. })))

@@ -34,7 +34,8 @@ struct Cli {
     #[arg(long, short, global = true)]
     verbose: bool,
     /// Print the result as JSON on stdout (for scripts); an error is one
-    /// JSON object on stderr: {"error", "causes", "exit_code", "kind"}.
+    /// JSON object on stderr: {"error", "causes", "exit_code", "kind"}, and
+    /// "hints" (what to do next) when there are any.
     #[arg(long, global = true)]
     json: bool,
     /// Print no progress, summaries or notes: only errors, warnings and

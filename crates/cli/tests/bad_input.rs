@@ -759,3 +759,54 @@ fn an_unreachable_store_names_the_snapshot_a_ref_was_last_read_as() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_same_tree(&warm, &co);
 }
+
+/// A mount whose store cannot be reached fails as every other command
+/// does: exit 2, kind `remote`, with the connection's causes (the daemon
+/// relays its error; it came back as the user's, exit 1, no causes).
+#[test]
+fn a_mount_of_an_unreachable_store_fails_as_the_store_s_error() {
+    let Some(base) = s3_base() else { return };
+    let m = Mado::s3(&base);
+    let repo = fixture_repo(m.dir.path());
+    m.ok(&["import-git", repo.to_str().unwrap()]);
+    let away = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://127.0.0.1:{}", l.local_addr().unwrap().port())
+    };
+    let mnt = m.dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let out =
+        m.cmd(&["mount", "main", mnt.to_str().unwrap(), "--json"]).env("AWS_ENDPOINT_URL", &away).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    let err: serde_json::Value = serde_json::from_slice(&out.stderr).unwrap();
+    assert_eq!(err["kind"], "remote", "{err}");
+    assert_eq!(err["exit_code"], 2, "{err}");
+    assert!(!err["causes"].as_array().unwrap().is_empty(), "{err}");
+    // A refusal that is the user's stays the user's.
+    let out = m.cmd(&["mount", "nosuchref", mnt.to_str().unwrap(), "--json"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    let err: serde_json::Value = serde_json::from_slice(&out.stderr).unwrap();
+    assert_eq!(err["kind"], "user", "{err}");
+}
+
+/// A ref that is not there: the error lists the refs that are; a store
+/// whose bucket does not exist says so (it read as a missing ref).
+#[test]
+fn a_missing_ref_names_the_refs_there_and_a_missing_bucket_says_so() {
+    let m = Mado::local();
+    let repo = fixture_repo(m.dir.path());
+    m.ok(&["import-git", repo.to_str().unwrap()]);
+    m.ok(&["import-git", repo.to_str().unwrap(), "--ref", "release"]);
+    let err = m.fails(&["ls", "mian"], 1);
+    assert!(err.contains("refs there: main, release"), "{err}");
+
+    let Some(base) = s3_base() else { return };
+    let empty = Mado::s3(&base).fails(&["ls", "main"], 1);
+    assert!(empty.contains("has no refs yet"), "{empty}");
+    let nobucket = Mado {
+        dir: tempfile::tempdir().unwrap(),
+        remote: format!("s3://no-such-bucket-{:08x}/x", rand::random::<u32>()),
+    };
+    let err = nobucket.fails(&["ls", "main"], 1);
+    assert!(err.contains("does not exist"), "{err}");
+}

@@ -146,9 +146,19 @@ async fn resolve_name(remote: &Remote, spec: &str) -> Result<Resolved> {
     }
     // A few hex digits: meant as a short id, perhaps.
     let short = if is_hex_prefix(spec) { " (a snapshot id needs at least 4 hex digits)" } else { "" };
-    Err(Error::NotFound(format!(
-        "no ref named {spec:?}{short}; list refs with `mado refs` or import one with `mado import-git`"
-    )))
+    // What the store does have (one LIST, on this failing path only): a
+    // store whose bucket is missing fails here with that, not as a
+    // missing ref.
+    let names = remote.ref_names().await?;
+    let have = match names.len() {
+        0 => format!("the store at {} has no refs yet; import one with `mado import-git`", remote.url()),
+        n => {
+            let shown: Vec<&str> = names.iter().take(8).map(String::as_str).collect();
+            let more = if n > 8 { format!(" and {} more (`mado refs`)", n - 8) } else { String::new() };
+            format!("refs there: {}{more}", shown.join(", "))
+        }
+    };
+    Err(Error::NotFound(format!("no ref named {spec:?}{short}; {have}")))
 }
 
 /// Resolves `spec`, reads its snapshot and attaches the root tree's pack

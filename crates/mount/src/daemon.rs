@@ -197,7 +197,7 @@ pub fn run(
     opts: MountOptions,
     fetcher: Arc<Fetcher>,
     rt: &tokio::runtime::Handle,
-    ready: impl FnOnce(std::result::Result<Ready, String>),
+    ready: impl FnOnce(std::result::Result<Ready, &Error>),
 ) -> Result<()> {
     let mp = control::absolute(opts.serve.path()).map_err(Error::io("resolving the mount point"))?;
     let fuse = matches!(opts.serve, Serve::Fuse { .. });
@@ -208,9 +208,10 @@ pub fn run(
             .ok()
             .and_then(|sock| control::request(&sock, &Request::new(Op::Stats), Duration::from_secs(5)).ok());
         if let Some(Reply::Stats(s)) = live {
-            let msg = format!("{} is already served by mado (pid {}); stop that one first", mp.display(), s.pid);
-            ready(Err(msg.clone()));
-            return Err(Error::User(msg));
+            let e =
+                Error::User(format!("{} is already served by mado (pid {}); stop that one first", mp.display(), s.pid));
+            ready(Err(&e));
+            return Err(e);
         }
     }
     if fuse && is_disconnected(&mp) {
@@ -257,8 +258,7 @@ pub fn run(
     let (id, core, attach, ws, warnings) = match opened {
         Ok(v) => v,
         Err(e) => {
-            let msg = e.to_string();
-            ready(Err(msg));
+            ready(Err(&e));
             return Err(e);
         }
     };
@@ -470,9 +470,9 @@ pub fn run(
                     } else {
                         "is fuse3 installed and /dev/fuse usable?"
                     };
-                    let msg = format!("mounting at {}: {e} ({hint})", mp.display());
-                    ready(Err(msg.clone()));
-                    return Err(Error::User(msg));
+                    let e = Error::User(format!("mounting at {}: {e} ({hint})", mp.display()));
+                    ready(Err(&e));
+                    return Err(e);
                 }
             }
         }
@@ -507,9 +507,9 @@ pub fn run(
                 }
                 Err(e) => {
                     let _ = std::fs::remove_file(&sock);
-                    let msg = format!("serving virtio-fs on {}: {e}", socket.display());
-                    ready(Err(msg.clone()));
-                    return Err(Error::User(msg));
+                    let e = Error::User(format!("serving virtio-fs on {}: {e}", socket.display()));
+                    ready(Err(&e));
+                    return Err(e);
                 }
             }
         }

@@ -63,6 +63,10 @@ struct ReadyMsg {
     status: serde_json::Value,
     advisory: Option<String>,
     error: Option<String>,
+    /// The error as the daemon would have reported it (its exit code,
+    /// kind and causes), so `mado mount` exits as the daemon would have.
+    #[serde(default)]
+    failed: Option<crate::exit::Relayed>,
     #[serde(default)]
     warnings: Vec<String>,
 }
@@ -169,7 +173,10 @@ async fn mount(a: MountArgs, ctx: &Ctx) -> Result<()> {
             }
             Ok(())
         }
-        Some(m) => Err(mado_core::Error::User(m.error.unwrap_or_default()).into()),
+        Some(m) => Err(match m.failed {
+            Some(r) => r.into(),
+            None => mado_core::Error::User(m.error.unwrap_or_default()).into(),
+        }),
         None => {
             let tail = std::fs::read_to_string(&log).unwrap_or_default();
             Err(anyhow::anyhow!(
@@ -192,7 +199,7 @@ fn run_daemon(a: MountArgs, ctx: &Ctx) -> Result<()> {
     };
     let ready_fd = a.ready_fd;
     let mp = a.dir.display().to_string();
-    let report = move |r: std::result::Result<daemon::Ready, String>| {
+    let report = move |r: std::result::Result<daemon::Ready, &mado_core::Error>| {
         let msg = match r {
             Ok(ready) => ReadyMsg {
                 ok: true,
@@ -201,6 +208,7 @@ fn run_daemon(a: MountArgs, ctx: &Ctx) -> Result<()> {
                 status: serde_json::to_value(&ready.attach).unwrap_or_default(),
                 advisory: ready.advisory,
                 error: None,
+                failed: None,
                 warnings: ready.warnings,
             },
             Err(e) => ReadyMsg {
@@ -209,7 +217,8 @@ fn run_daemon(a: MountArgs, ctx: &Ctx) -> Result<()> {
                 snapshot: String::new(),
                 status: serde_json::Value::Null,
                 advisory: None,
-                error: Some(e),
+                error: Some(e.to_string()),
+                failed: Some(crate::exit::Relayed::of(e)),
                 warnings: Vec::new(),
             },
         };

@@ -57,7 +57,7 @@ pub fn run(a: ServeVirtiofsArgs, ctx: &Ctx) -> Result<()> {
     let (json, what) = (ctx.json, if a.workspace { "workspace " } else { "" });
     let socket = a.socket.display().to_string();
     let spec = a.spec.clone();
-    let report = move |r: std::result::Result<daemon::Ready, String>| {
+    let report = move |r: std::result::Result<daemon::Ready, &mado_core::Error>| {
         if let Ok(ready) = r {
             for w in &ready.warnings {
                 eprintln!("warning: {w}");

@@ -631,6 +631,18 @@ impl Remote {
         Ok(())
     }
 
+    /// The names of the store's refs, sorted (one LIST; no ref is read).
+    pub async fn ref_names(&self) -> Result<Vec<String>> {
+        let base = self.key("refs");
+        let metas: Vec<_> =
+            self.store.list(Some(&base)).try_collect().await.map_err(|e| self.remote_err("LIST", &base, e))?;
+        let base_str = format!("{base}/");
+        let mut out: Vec<String> =
+            metas.iter().filter_map(|m| m.location.as_ref().strip_prefix(&base_str).map(str::to_string)).collect();
+        out.sort();
+        Ok(out)
+    }
+
     /// Every ref in the store, with its value, sorted by name.
     pub async fn list_refs(&self) -> Result<Vec<(String, RefValue)>> {
         let base = self.key("refs");
