@@ -7,7 +7,7 @@ cold runs with the page cache dropped, the proxy's counts (GETs, ranged
 GETs, connections, bytes) reset around each, and their medians as a
 `Result`. What the scenarios measure is in scenarios.py.
 """
-import glob, json, os, random, re, shutil, socket, statistics, subprocess, sys, tempfile, threading, time
+import contextlib, glob, json, os, random, re, shutil, socket, statistics, subprocess, sys, tempfile, threading, time
 from dataclasses import dataclass, fields
 from typing import Any, Callable, List, Optional
 
@@ -370,6 +370,31 @@ class Harness:
         target = env.get("CARGO_TARGET_DIR", os.path.expanduser("~/.cache/mado-build/target"))
         d = os.path.join(target, prof)
         self.mado, self.proxy_bin = os.path.join(d, "mado"), os.path.join(d, "latency-proxy")
+
+    @contextlib.contextmanager
+    def store_on_own_core(self):
+        """MinIO and the S3 proxy on the first CPU, this thread (and so every
+        command and thread it starts) on the second: as when the store is
+        another machine. Yields False (and pins nothing) with fewer than 2
+        CPUs or without `taskset`."""
+        cpus = os.sched_getaffinity(0)
+        if len(cpus) < 2 or not shutil.which("taskset"):
+            yield False
+            return
+        store_cpu, own_cpu = sorted(cpus)[:2]
+        pids = [int(open(os.path.join(self.minio_state, "minio.pid")).read().strip()), self.s3proxy.p.pid]
+
+        def pin(mask):
+            for pid in pids:
+                subprocess.run(["taskset", "-a", "-p", "-c", mask, str(pid)], capture_output=True, check=True)
+
+        pin(str(store_cpu))
+        os.sched_setaffinity(0, {own_cpu})
+        try:
+            yield True
+        finally:
+            os.sched_setaffinity(0, cpus)
+            pin(",".join(str(c) for c in sorted(cpus)))
 
     def start_servers(self):
         st = os.path.join(self.work, "minio")

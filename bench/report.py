@@ -14,8 +14,8 @@ from results import (BRIEF, FIRST_FILE, FLOOR_ROW, GIT_CLONE_ROW, GIT_PUSH_ROW, 
                      IMPORT_VS_PUSH, MATERIALIZE, MOUNT, PEERS, REAL_CHECKOUT_ROW, REAL_CHECKOUT_SUB_ROW, REAL_GOALS,
                      REAL_MATERIALIZE_ROW, REAL_MOUNT_ROW, REAL_SUB, RESUME_ROW, UNTAR_ROW, Counts, Layout, Result, Run,
                      Subtree, Table, materialize_row, mount_row, writers_row)
-from results import (J_CHECKOUT_COLD, J_CHECKOUT_WARM, J_CHECKPOINT, J_CP, J_DISK_READ, J_GET8, J_IMPORT_LOCAL,
-                     J_MOUNT_COLD, J_MOUNT_RANDOM, J_MOUNT_WARM, J_ROWS, J_RSS_LIMIT_MIB, J_RTT, J_WRITE, large_system,
+from results import (J_CHECKOUT_COLD, J_CHECKOUT_COLD_PINNED, J_CHECKOUT_WARM, J_CHECKPOINT, J_CP, J_DISK_READ,
+                     J_GET8, J_GET8_PINNED, J_IMPORT_LOCAL, J_MOUNT_COLD, J_MOUNT_COLD_PINNED, J_MOUNT_RANDOM, J_MOUNT_WARM, J_ROWS, J_RSS_LIMIT_MIB, J_RTT, J_WRITE, large_system,
                      size_label)
 from results import (K_CHECKPOINT, K_EDITS, K_FLAT, K_GIT, K_GOAL_RTT, K_META_LIMIT, K_ROWS, K_RTTS_AFTER_WALK,
                      K_TOUCH, K_TOUCH_PER_FILE, K_TOUCHES, K_VS_GIT, K_WALK_RTTS, ck_system)
@@ -361,6 +361,10 @@ class Report:
             "warm_mount_vs_disk": div(m(J_MOUNT_WARM), m(J_DISK_READ)),  # <= 1.2
             "warm_checkout_vs_cp": div(m(J_CHECKOUT_WARM), m(J_CP)),  # <= 1.3
             "random_rtts": div(m(J_MOUNT_RANDOM), J_RTT / 1000),  # <= 2
+            # The same two goals with the store on its own core.
+            "mount_vs_get8_pinned": div(m(J_GET8_PINNED), m(J_MOUNT_COLD_PINNED)),
+            "checkout_vs_floor_pinned": div(m(J_CHECKOUT_COLD_PINNED),
+                                            m(J_GET8_PINNED) + write if m(J_GET8_PINNED) and write else None),
         }
 
     def large_cell(self, row: str, size: int) -> str:
@@ -428,7 +432,10 @@ class Report:
             "/dev/zero (no fsync, as a checkout); `cat` of the file from the disk; and the file as one plain "
             f"object in the same MinIO, fetched through the same proxy at RTT {J_RTT} ms by curl, in one GET or "
             "in 8 ranged GETs of equal spans in parallel (8 connections). Every timed run starts with the "
-            "page cache dropped; each group of rows that a ratio compares is measured interleaved.",
+            "page cache dropped; each group of rows that a ratio compares is measured interleaved. "
+            "The rows \"the store on its own core\" run MinIO and the proxy on one CPU (`taskset`) and "
+            "everything else (mado, its mount daemon, curl, cat) on the other, as when the store is another "
+            "machine: on two shared cores the store's CPU is taken from the reader's.",
             "`bench/run.py --only j --rtts 20` runs this scenario alone (add `--merge docs/bench-results.json` "
             "to put its table here); `--large-sizes 64M,256M` (or MADO_BENCH_LARGE_SIZES) picks other sizes "
             "for a quick look."]), ""]
@@ -437,6 +444,10 @@ class Report:
              f"(RTT {J_RTT} ms)", "≥ 80 %", lambda x: x >= 0.8, lambda x: f"{x * 100:.0f} %"),
             ("checkout_vs_floor", f"cold checkout (MinIO, RTT {J_RTT} ms) / (8-way GET + writing the bytes)",
              "≤ 1.25×", lambda x: x <= 1.25, lambda x: f"{x:.2f}×"),
+            ("mount_vs_get8_pinned", "the same cold read, the store (MinIO and the proxy) on its own core",
+             "≥ 80 %", lambda x: x >= 0.8, lambda x: f"{x * 100:.0f} %"),
+            ("checkout_vs_floor_pinned", "the same cold checkout, the store on its own core", "≤ 1.25×",
+             lambda x: x <= 1.25, lambda x: f"{x:.2f}×"),
             ("warm_mount_vs_disk", "warm read through the mount / `cat` from the local disk (page cache dropped)",
              "≤ 1.2×", lambda x: x <= 1.2, lambda x: f"{x:.2f}×"),
             ("warm_checkout_vs_cp", "warm checkout (embedded store) / `cp`", "≤ 1.3×", lambda x: x <= 1.3,

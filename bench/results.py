@@ -114,6 +114,13 @@ J_MOUNT_RANDOM = f"mount: one 4 KiB read, cold (MinIO, RTT {J_RTT})"
 J_DISK_READ = "cat from the local disk"
 J_GET1 = f"GET, one stream (MinIO, RTT {J_RTT})"
 J_GET8 = f"GET, 8 ranged streams (MinIO, RTT {J_RTT})"
+# The same three again with MinIO and the proxy on one CPU and everything
+# else (mado, its mount daemon, curl, cat) on another: as when the store is
+# another machine (on two shared cores, the store's CPU is the reader's).
+J_PINNED = "; the store on its own core"
+J_GET8_PINNED = J_GET8[:-1] + J_PINNED + ")"
+J_CHECKOUT_COLD_PINNED = J_CHECKOUT_COLD[:-1] + J_PINNED + ")"
+J_MOUNT_COLD_PINNED = J_MOUNT_COLD[:-1] + J_PINNED + ")"
 # row -> (RTT its cells are recorded at, whether it moves the whole file
 # (the report gives its MB/s), whether it is a mado process whose max RSS
 # issue #19 bounds).
@@ -132,6 +139,9 @@ J_ROWS = {
     J_DISK_READ: (0, True, False),
     J_GET1: (J_RTT, True, False),
     J_GET8: (J_RTT, True, False),
+    J_GET8_PINNED: (J_RTT, True, False),
+    J_CHECKOUT_COLD_PINNED: (J_RTT, True, True),
+    J_MOUNT_COLD_PINNED: (J_RTT, True, True),
 }
 J_RSS_LIMIT_MIB = 256  # issue #19: import, checkout, checkpoint and the mount daemon
 

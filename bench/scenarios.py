@@ -13,7 +13,8 @@ from typing import Callable, Dict, Iterator, List
 from harness import (BUCKET, GIT_ENV, REAL, ROOT, WS, Cell, Harness, Sample, log, log_result, median_counts, run_rss,
                      read_file, sh, unmount, vm_hwm_mib, walk_read)
 from results import (FLOOR_ROW, GIT_CLONE_ROW, GIT_PUSH_ROW, GIT_SPARSE_ROW, IMPORT_ROW, J_CHECKOUT_COLD,
-                     J_CHECKOUT_COLD_LOCAL, J_CHECKOUT_WARM, J_CHECKPOINT, J_CP, J_DISK_READ, J_GET1, J_GET8,
+                     J_CHECKOUT_COLD_LOCAL, J_CHECKOUT_COLD_PINNED, J_CHECKOUT_WARM, J_CHECKPOINT, J_CP,
+                     J_DISK_READ, J_GET1, J_GET8, J_GET8_PINNED, J_MOUNT_COLD_PINNED,
                      J_IMPORT_LOCAL, J_IMPORT_S3, J_MOUNT_COLD, J_MOUNT_RANDOM, J_MOUNT_WARM, J_ROWS, J_RTT, J_WRITE,
                      K_CHECKPOINT, K_EDITS, K_GIT, K_TOUCH, K_TOUCHES, ck_system, L_BIG_RTT, L_CHANGED, L_IMPORT,
                      L_NEXT, L_NEXT_COLD, L_NEXT_PUSH, L_PUSH, l_system,
@@ -627,6 +628,15 @@ class Large:
                  lambda c: checked(mado(s3_env(c), "checkout", "main", out)), clean),
             spec(J_MOUNT_COLD, lambda: mount(self.fresh(d, "mount")), cat, umount),
             spec(J_MOUNT_RANDOM, lambda: mount(self.fresh(d, "mount")), random_read, umount)]))
+        # Again with the store on a core of its own (issue #19's two
+        # throughput goals, without the store's CPU taken from the reader).
+        with h.store_on_own_core() as pinned:
+            if pinned:
+                yield from done(h.cells(J_RTT, [
+                    spec(J_GET8_PINNED, None, lambda _: get(8)),
+                    spec(J_CHECKOUT_COLD_PINNED, lambda: (clean(), self.fresh(d, "co"))[1],
+                         lambda c: checked(mado(s3_env(c), "checkout", "main", out)), clean),
+                    spec(J_MOUNT_COLD_PINNED, lambda: mount(self.fresh(d, "mount")), cat, umount)]))
 
 
 class CkTree:
