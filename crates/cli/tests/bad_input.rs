@@ -810,3 +810,50 @@ fn a_missing_ref_names_the_refs_there_and_a_missing_bucket_says_so() {
     let err = nobucket.fails(&["ls", "main"], 1);
     assert!(err.contains("does not exist"), "{err}");
 }
+
+/// A store that takes the connection and never answers: the command says
+/// so after a few seconds, instead of sitting silent for the whole
+/// request timeout (60 s).
+#[test]
+fn a_store_that_never_answers_is_named_while_the_command_waits() {
+    use std::io::Read;
+    let Some(base) = s3_base() else { return };
+    let m = Mado::s3(&base);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    // Accepts and holds every connection, reading nothing back.
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for c in listener.incoming() {
+            held.push(c);
+        }
+    });
+    let mut child = m
+        .cmd(&["ls", "main"])
+        .env("AWS_ENDPOINT_URL", format!("http://127.0.0.1:{port}"))
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        let mut seen = String::new();
+        while let Ok(n) = err.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+            if seen.contains("has not answered") {
+                let _ = tx.send(seen.clone());
+                break;
+            }
+        }
+    });
+    let got = rx.recv_timeout(std::time::Duration::from_secs(20));
+    let _ = child.kill();
+    let _ = child.wait();
+    let said = got.expect("no word from mado in 20 s while the store stayed silent");
+    assert!(said.contains(&format!("127.0.0.1:{port}")) && said.contains("ref main"), "{said}");
+}

@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 /// Connect and request bounds: an unreachable remote fails within about
 /// `CONNECT_TIMEOUT × (MAX_RETRIES + 1)` plus backoff, never hangs.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+pub(super) const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 const MAX_RETRIES: usize = 2;
 const RETRY_TIMEOUT: Duration = Duration::from_secs(15);
 

@@ -101,6 +101,12 @@ pub struct StoreLock {
 /// holding it longer than this (a huge import) is not protected past it.
 pub const LOCK_TTL: Duration = Duration::from_secs(3600);
 
+/// How long a ref read waits before it says that the store is slow to
+/// answer (it goes on waiting, up to the client's request timeout).
+const SLOW_ANSWER: Duration = Duration::from_secs(5);
+/// The client's request timeout (`cloud.rs`), for that message.
+const REQUEST_TIMEOUT_SECS: u64 = cloud::REQUEST_TIMEOUT.as_secs();
+
 /// How long a writer waits for a gc that is sweeping the store before it
 /// gives up: `MADO_GC_WAIT_SECS`, else two minutes.
 pub fn gc_wait() -> Duration {
@@ -580,7 +586,25 @@ impl Remote {
                 return Ok(None);
             }
         }
-        let Some((bytes, version)) = self.read_versioned(&key).await? else { return Ok(None) };
+        // The first request of most commands: a store that took the
+        // connection and sends nothing would otherwise hold the command
+        // silent for the whole request timeout.
+        let read = self.read_versioned(&key);
+        let mut read = std::pin::pin!(read);
+        let read = tokio::select! {
+            r = &mut read => r,
+            _ = tokio::time::sleep(SLOW_ANSWER) => {
+                tracing::warn!(
+                    "the store at {} has not answered the GET of ref {name} in {} s; still waiting \
+                     (a request gives up after {} s)",
+                    self.endpoint.as_deref().unwrap_or(&self.url),
+                    SLOW_ANSWER.as_secs(),
+                    REQUEST_TIMEOUT_SECS
+                );
+                read.await
+            }
+        };
+        let Some((bytes, version)) = read? else { return Ok(None) };
         let value = RefValue::decode(&bytes).map_err(|e| Error::Corrupt {
             id: Hash::of(&bytes),
             what: "ref",
