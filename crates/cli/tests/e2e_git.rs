@@ -192,6 +192,8 @@ fn a_new_ref_sends_only_what_main_lacks_on_every_backend() {
         drop(f);
         commit_all(&repo, "release");
         let v = m.json(&["import-git", repo.to_str().unwrap(), "--ref", "release"]);
+        assert_eq!(v["built_on"], "main", "{label}: {v}");
+        assert!(first.get("built_on").is_none(), "{label}: main is no new ref: {first}");
         let up = v["remote"]["bytes_up"].as_u64().unwrap();
         // The appended chunk (up to 4 MiB by the chunker's rule) and the
         // trees, index, snapshot and ref; not the 6 MiB file again.
@@ -213,8 +215,11 @@ fn a_new_ref_sends_only_what_main_lacks_on_every_backend() {
         // A `main` that does not decode is no base: a new ref's import
         // still succeeds (sending its whole tree).
         std::fs::write(m.store_dir().join("refs/main"), b"not a ref").unwrap();
+        std::fs::write(repo.join("README.md"), "one more\n").unwrap();
+        commit_all(&repo, "one more");
         let other = m.json(&["import-git", repo.to_str().unwrap(), "--ref", "other"]);
         assert_eq!(other["imported"][0]["new_snapshot"], true, "{other}");
+        assert!(other.get("built_on").is_none(), "{other}");
     }
 }
 

@@ -138,8 +138,12 @@ pub async fn run(mut a: ImportGitArgs, ctx: &Ctx) -> Result<()> {
             0 => String::new(),
             n => format!(" ({n} not needed: the store had the tree's packs already; gc reclaims them)"),
         };
+        let on = match &report.built_on {
+            Some(r) => format!(" on top of {r}'s"),
+            None => String::new(),
+        };
         format!(
-            "uploaded {new_packs} new packs{of}{unused}, {} objects alone and {} snapshots: {} MB",
+            "uploaded {new_packs} new packs{of}{unused}{on}, {} objects alone and {} snapshots: {} MB",
             up.objects_uploaded,
             up.snapshots_uploaded,
             up.bytes_uploaded >> 20

@@ -305,6 +305,10 @@ pub struct ImportReport {
     /// Packs built for tips whose index was not published yet.
     pub packs: Vec<crate::publish::PackReport>,
     pub ref_name: String,
+    /// The ref whose packs a new ref's import built on (what they hold
+    /// was not sent again), if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub built_on: Option<String>,
     /// What went wrong without failing the import (packs not published).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
@@ -379,7 +383,7 @@ pub async fn publish(
             same
         })
     };
-    let ((imported, pack_reports, warnings), upload) = if noop {
+    let ((imported, pack_reports, warnings), upload, built_on) = if noop {
         if let Some(Ok(lock)) = early_lock {
             remote.drop_lock(lock).await;
         }
@@ -388,7 +392,7 @@ pub async fn publish(
         let r =
             finish_publish(remote, cache, revs, ref_name, packs, Ok(current), &mut upload, indexed, &memory, nothing)
                 .await?;
-        (r, upload)
+        (r, upload, None)
     } else {
         // Something to publish: the writer's lock (a PUT, then a LIST for a
         // sweeping gc) before the first dedup HEAD, so gc never deletes an
@@ -415,6 +419,7 @@ pub async fn publish(
             }
         };
         let lock = lock?;
+        let seeded = current.is_none() && matches!(&base, Ok(Some(_)));
         let r = async {
             let mut upload = UploadReport::default();
             // Packs-first: the packs and index go up alongside the
@@ -456,7 +461,8 @@ pub async fn publish(
         .await;
         // After the ref moved (or failed to): gc may sweep again.
         remote.drop_lock(lock).await;
-        r?
+        let (r, upload) = r?;
+        (r, upload, seeded.then(|| SEED_REF.to_string()))
     };
     spill(cache, staged, &roots, &pack_reports).await;
     Ok(ImportReport {
@@ -466,6 +472,7 @@ pub async fn publish(
         upload,
         packs: pack_reports,
         ref_name: ref_name.to_string(),
+        built_on,
         warnings,
     })
 }
