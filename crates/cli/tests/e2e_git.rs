@@ -223,6 +223,26 @@ fn a_new_ref_sends_only_what_main_lacks_on_every_backend() {
     }
 }
 
+/// `--base REF` names the ref a new ref builds on, for a store without
+/// `main`; a base that is not there is refused before any work.
+#[test]
+fn a_new_ref_builds_on_the_base_it_is_given() {
+    let m = Mado::local();
+    let repo = source_repo(&m, 4, 5, "x\n");
+    std::fs::write(repo.join("big.bin"), pseudo_random(3 << 20, 9)).unwrap();
+    commit_all(&repo, "one");
+    let first = m.json(&["import-git", repo.to_str().unwrap(), "--ref", "develop"]);
+    std::fs::write(repo.join("src/m01/f02.rs"), "changed\n").unwrap();
+    commit_all(&repo, "two");
+    let err = m.fails(&["import-git", repo.to_str().unwrap(), "--ref", "feature", "--base", "nosuch"], 1);
+    assert!(err.contains("--base nosuch"), "{err}");
+    let v = m.json(&["import-git", repo.to_str().unwrap(), "--ref", "feature", "--base", "develop"]);
+    assert_eq!(v["built_on"], "develop", "{v}");
+    let (up, first_up) = (v["remote"]["bytes_up"].as_u64().unwrap(), first["remote"]["bytes_up"].as_u64().unwrap());
+    assert!(up * 20 < first_up, "{up} bytes up against {first_up}: {v}");
+    assert_cold_checkout_of_equals_clone(&m, &repo, "feature");
+}
+
 /// A git repository `repo` in `m`'s folder: `dirs` folders `src/mNN` of
 /// `files` files each (a line naming the file, then `body`), committed once.
 fn source_repo(m: &Mado, dirs: usize, files: usize, body: &str) -> std::path::PathBuf {

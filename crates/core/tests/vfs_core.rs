@@ -68,6 +68,7 @@ async fn snapshot_fs_answers_like_the_files() {
         vec!["HEAD".into()],
         "main",
         Some(opts),
+        None,
         Arc::new(|_, _| {}),
     )
     .await
@@ -132,6 +133,7 @@ async fn import_head(remote: &Arc<Remote>, cache: &Arc<DiskCache>, repo: &std::p
         repo,
         vec!["HEAD".into()],
         "main",
+        None,
         None,
         Arc::new(|_, _| {}),
     )
@@ -244,9 +246,18 @@ async fn import_packed(remote: &Arc<Remote>, repo: &std::path::Path, cache: std:
         primary: true,
     };
     let cache = Arc::new(DiskCache::open(cache, None).unwrap());
-    mado_core::import::import_git(remote, cache, repo, vec!["HEAD".into()], "main", Some(opts), Arc::new(|_, _| {}))
-        .await
-        .unwrap();
+    mado_core::import::import_git(
+        remote,
+        cache,
+        repo,
+        vec!["HEAD".into()],
+        "main",
+        Some(opts),
+        None,
+        Arc::new(|_, _| {}),
+    )
+    .await
+    .unwrap();
 }
 
 /// `main` of `remote` opened as on another machine: a fresh cache at

@@ -23,10 +23,15 @@ pub struct ImportGitArgs {
     #[arg(long = "rev", short = 'r', value_name = "REV")]
     revs: Vec<String>,
     /// Ref to move to the last imported snapshot. A new ref's first import
-    /// builds on `main`'s packs: what they hold is not sent again (a `main`
-    /// imported with --no-packs has none).
+    /// builds on the packs of the --base ref: what they hold is not sent
+    /// again.
     #[arg(long = "ref", default_value = "main", value_name = "NAME")]
     ref_name: String,
+    /// The ref whose packs a new ref's first import builds on (content it
+    /// holds is not packed and sent again; a ref imported with --no-packs
+    /// has no packs to build on). Default: main, when there is one.
+    #[arg(long = "base", value_name = "REF")]
+    base: Option<String>,
     /// Do not build and publish locality packs for the imported tips.
     #[arg(long)]
     no_packs: bool,
@@ -43,6 +48,15 @@ pub async fn run(mut a: ImportGitArgs, ctx: &Ctx) -> Result<()> {
     }
     let remote = ctx.remote_creating()?;
     let cache = ctx.cache()?;
+    if let Some(b) = &a.base {
+        // Named: it must be there (the default, main, may not be).
+        if remote.read_ref(b).await?.is_none() {
+            return Err(mado_core::Error::User(format!(
+                "--base {b}: no such ref to build on; see `mado refs`, or leave --base out"
+            ))
+            .into());
+        }
+    }
     let revs = if a.revs.is_empty() { vec!["HEAD".to_string()] } else { a.revs };
     // Uncommitted changes are not imported: ask git beside the import.
     let dirty = revs.iter().any(|r| r == "HEAD").then(|| {
@@ -67,6 +81,7 @@ pub async fn run(mut a: ImportGitArgs, ctx: &Ctx) -> Result<()> {
             layers: None,
             primary: true,
         }),
+        Some(a.base.as_deref().unwrap_or(mado_core::import::SEED_REF)),
         Arc::new(move |files, bytes| {
             pb2.set_position(files);
             // Every 256 files: a message per file would cost more than it tells.

@@ -322,6 +322,7 @@ pub async fn publish(
     revs: &[StagedRev],
     ref_name: &str,
     packs: Option<crate::publish::PackOptions>,
+    seed: Option<&str>,
 ) -> Result<ImportReport> {
     let roots: Vec<Hash> = revs.iter().map(|r| r.root).collect();
     let memory = staged.memory();
@@ -367,10 +368,10 @@ pub async fn publish(
     // The base comes early only with the early lock (that is when it is
     // used): otherwise it is fetched alongside the lock below, once.
     let with_base = early;
-    // A new ref builds its packs on the default ref's index, so what the
-    // store holds under `main` is not sent again (a release branch,
-    // another commit of the same repository).
-    let seed = primary.as_ref().and(Some(SEED_REF)).filter(|s| *s != ref_name);
+    // A new ref builds its packs on the seed's index (`main` unless the
+    // caller names another), so what the store holds under it is not sent
+    // again (a release branch, another commit of the same repository).
+    let seed = primary.as_ref().and(seed).filter(|s| *s != ref_name);
     let ((current, early_base), indexed, early_lock) =
         futures::join!(read_ref_and_base(remote, cache, ref_name, with_base, seed), index_probe, early_lock);
     let current = current?;
@@ -462,7 +463,7 @@ pub async fn publish(
         // After the ref moved (or failed to): gc may sweep again.
         remote.drop_lock(lock).await;
         let (r, upload) = r?;
-        (r, upload, seeded.then(|| SEED_REF.to_string()))
+        (r, upload, seeded.then(|| seed.unwrap_or_default().to_string()))
     };
     spill(cache, staged, &roots, &pack_reports).await;
     Ok(ImportReport {
@@ -731,9 +732,9 @@ async fn finish_publish(
     Ok((imported, pack_reports, warnings))
 }
 
-/// The ref a new ref's packs build on: what the store holds under it is
-/// not packed and sent again.
-const SEED_REF: &str = "main";
+/// The ref a new ref's packs build on unless the caller names another:
+/// what the store holds under it is not packed and sent again.
+pub const SEED_REF: &str = "main";
 
 /// The ref and its snapshot (from the cache when present), and
 /// (`with_base`) the index of the ref's tree, fetched together with the
@@ -747,10 +748,6 @@ async fn read_ref_and_base(
     with_base: bool,
     seed: Option<&str>,
 ) -> (Result<CurrentRef>, Result<Option<Arc<crate::pack::PackIndex>>>) {
-    // A ref names its index's layers: all of them come in one round trip.
-    let index = |v: RefValue| async move {
-        Ok(crate::fetch::load_index(remote, cache, v.root, &v.layers).await?.ok().map(|(i, _)| Arc::new(i)))
-    };
     let (v, ver) = match remote.read_ref(ref_name).await {
         Ok(Some(found)) => found,
         Ok(None) => {
@@ -762,9 +759,12 @@ async fn read_ref_and_base(
         }
         Err(e) => return (Err(e), Ok(None)),
     };
+    // The ref names its index's layers: all of them come in one round trip.
     let base = async {
         match with_base {
-            true => index(v.clone()).await,
+            true => {
+                Ok(crate::fetch::load_index(remote, cache, v.root, &v.layers).await?.ok().map(|(i, _)| Arc::new(i)))
+            }
             false => Ok(None),
         }
     };
@@ -800,6 +800,7 @@ pub async fn import_git(
     revs: Vec<String>,
     ref_name: &str,
     packs: Option<crate::publish::PackOptions>,
+    seed: Option<&str>,
     progress: Arc<dyn Fn(u64, u64) + Send + Sync>,
 ) -> Result<ImportReport> {
     crate::object::check_ref_name(ref_name).map_err(Error::User)?;
@@ -820,5 +821,5 @@ pub async fn import_git(
     let (staged, revs) = tokio::task::spawn_blocking(move || stage(&repo, &revs, &c, staged, &*progress))
         .await
         .map_err(|e| Error::Io { context: "import task".into(), source: std::io::Error::other(e) })??;
-    publish(remote, &cache, &staged, &revs, ref_name, packs).await
+    publish(remote, &cache, &staged, &revs, ref_name, packs, seed).await
 }
