@@ -792,7 +792,9 @@ async fn snapshot_of(remote: &Remote, cache: &DiskCache, ref_name: &str, v: &Ref
     Snapshot::decode(&b).map_err(|e| Error::corrupt(v.snapshot, "snapshot", ref_name, e))
 }
 
-/// Stage and publish in one call (the CLI's `import-git`).
+/// Stage and publish in one call (the CLI's `import-git`): [`stage`]'s
+/// arguments, then [`publish`]'s.
+#[allow(clippy::too_many_arguments)]
 pub async fn import_git(
     remote: &Remote,
     cache: Arc<DiskCache>,
