@@ -217,7 +217,10 @@ fn main() {
             std::process::exit(exit::report_early(&e.render().to_string(), code, json));
         }
     };
-    if let Err(e) = init_logging(cli.log_level.as_deref(), cli.cmd.is_mount_daemon()) {
+    // A daemon in the foreground logs its work (info) on stderr, unless
+    // --json asked that stderr hold nothing but warnings and its one
+    // JSON error.
+    if let Err(e) = init_logging(cli.log_level.as_deref(), cli.cmd.is_mount_daemon() && !cli.json) {
         std::process::exit(exit::report_early(&format!("error: {e}"), exit::USER, cli.json));
     }
     let delay = purge_delay_ms(&cli.cmd);

@@ -782,6 +782,17 @@ fn a_mount_of_an_unreachable_store_fails_as_the_store_s_error() {
     assert_eq!(err["kind"], "remote", "{err}");
     assert_eq!(err["exit_code"], 2, "{err}");
     assert!(!err["causes"].as_array().unwrap().is_empty(), "{err}");
+    // In the foreground too: stderr is the one JSON error (the daemon's
+    // info lines, such as the client's retries, stay out of it).
+    let out = m
+        .cmd(&["mount", "main", mnt.to_str().unwrap(), "--foreground", "--json"])
+        .env("AWS_ENDPOINT_URL", &away)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    let err: serde_json::Value =
+        serde_json::from_slice(&out.stderr).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    assert_eq!(err["kind"], "remote", "{err}");
     // A refusal that is the user's stays the user's.
     let out = m.cmd(&["mount", "nosuchref", mnt.to_str().unwrap(), "--json"]).output().unwrap();
     assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
