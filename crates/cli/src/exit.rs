@@ -40,13 +40,7 @@ impl Relayed {
             causes.push(c.to_string());
             at = c.source();
         }
-        let kind = match e {
-            Error::Busy(_) => "busy",
-            Error::Remote { .. } if code == INTERNAL => "remote",
-            _ if code == USER => "user",
-            _ => "internal",
-        };
-        Relayed { message: e.to_string(), causes, code, kind: kind.into() }
+        Relayed { message: e.to_string(), causes, code, kind: kind_of(code, [e]).into() }
     }
 }
 
@@ -57,6 +51,23 @@ impl std::fmt::Display for Relayed {
 }
 
 impl std::error::Error for Relayed {}
+
+/// The `kind` of an error with exit code `code`, whose mado errors are
+/// `errs`: `busy` (a gc kept the store), `remote` (the store or the
+/// network failed: worth a retry, unlike mado's own), `user` or `internal`.
+fn kind_of<'a>(code: i32, errs: impl IntoIterator<Item = &'a Error>) -> &'static str {
+    let (mut busy, mut remote) = (false, false);
+    for m in errs {
+        busy |= matches!(m, Error::Busy(_));
+        remote |= matches!(m, Error::Remote { .. });
+    }
+    match code {
+        _ if busy => "busy",
+        INTERNAL if remote => "remote",
+        USER => "user",
+        _ => "internal",
+    }
+}
 
 fn relayed(e: &anyhow::Error) -> Option<&Relayed> {
     e.chain().find_map(|c| c.downcast_ref::<Relayed>())
@@ -103,19 +114,10 @@ pub fn report(e: &anyhow::Error, json: bool) -> i32 {
     }
     if json {
         let mut v = json_error(&e.to_string(), &causes, code);
-        if let Some(r) = relayed(e) {
-            v["kind"] = r.kind.clone().into();
-        }
-        // A store or network failure: worth a retry, unlike mado's own.
-        if code == INTERNAL
-            && e.chain().any(|c| c.downcast_ref::<Error>().is_some_and(|m| matches!(m, Error::Remote { .. })))
-        {
-            v["kind"] = "remote".into();
-        }
-        // The store busy with a gc: the same command later will do.
-        if e.chain().any(|c| c.downcast_ref::<Error>().is_some_and(|m| matches!(m, Error::Busy(_)))) {
-            v["kind"] = "busy".into();
-        }
+        v["kind"] = match relayed(e) {
+            Some(r) => r.kind.clone().into(),
+            None => kind_of(code, e.chain().filter_map(|c| c.downcast_ref::<Error>())).into(),
+        };
         // A held lease, for a script to wait on or steal: its fields as
         // numbers, not only the sentence.
         if let Some(Error::LeaseHeld { name, holder, expires, expired }) =
@@ -147,7 +149,7 @@ fn json_error(error: &str, causes: &[impl serde::Serialize], code: i32) -> serde
         "error": error,
         "causes": causes,
         "exit_code": code,
-        "kind": if code == USER { "user" } else { "internal" },
+        "kind": kind_of(code, std::iter::empty()),
     });
     if !hints.is_empty() {
         v["hints"] = hints.into();

@@ -372,11 +372,7 @@ impl DiskCache {
     /// next open hashes the file again).
     pub fn trust_whole(&self, id: &Hash, file: &fs::File) {
         let Ok(m) = file.metadata() else { return };
-        let rec = self.whole_record(id);
-        let tmp = rec.with_file_name(format!(".tmp-{}-{}", std::process::id(), rand::random::<u64>()));
-        if fs::write(&tmp, whole_identity(&m)).and_then(|()| fs::rename(&tmp, &rec)).is_err() {
-            let _ = fs::remove_file(&tmp);
-        }
+        crate::fsutil::save_cache_file(&self.whole_record(id), whole_identity(&m).as_bytes());
     }
 
     /// Whether `file` (opened from entry `id`) is as it was when it was

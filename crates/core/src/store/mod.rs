@@ -104,8 +104,6 @@ pub const LOCK_TTL: Duration = Duration::from_secs(3600);
 /// How long a ref read waits before it says that the store is slow to
 /// answer (it goes on waiting, up to the client's request timeout).
 const SLOW_ANSWER: Duration = Duration::from_secs(5);
-/// The client's request timeout (`cloud.rs`), for that message.
-const REQUEST_TIMEOUT_SECS: u64 = cloud::REQUEST_TIMEOUT.as_secs();
 
 /// How long a writer waits for a gc that is sweeping the store before it
 /// gives up: `MADO_GC_WAIT_SECS`, else two minutes.
@@ -599,7 +597,7 @@ impl Remote {
                      (a request gives up after {} s)",
                     self.endpoint.as_deref().unwrap_or(&self.url),
                     SLOW_ANSWER.as_secs(),
-                    REQUEST_TIMEOUT_SECS
+                    cloud::REQUEST_TIMEOUT.as_secs()
                 );
                 read.await
             }
@@ -669,20 +667,12 @@ impl Remote {
 
     /// Every ref in the store, with its value, sorted by name.
     pub async fn list_refs(&self) -> Result<Vec<(String, RefValue)>> {
-        let base = self.key("refs");
-        let metas: Vec<_> =
-            self.store.list(Some(&base)).try_collect().await.map_err(|e| self.remote_err("LIST", &base, e))?;
-        let base_str = format!("{base}/");
         let mut out = Vec::new();
-        for m in metas {
-            let Some(name) = m.location.as_ref().strip_prefix(&base_str).map(str::to_string) else {
-                continue;
-            };
+        for name in self.ref_names().await? {
             if let Some((v, _)) = self.read_ref(&name).await? {
                 out.push((name, v));
             }
         }
-        out.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(out)
     }
 
