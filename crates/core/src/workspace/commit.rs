@@ -31,7 +31,7 @@ pub(super) async fn commit(
     state_at: &Path,
     message: &str,
     opts: CheckpointLease,
-    stage: impl FnOnce(Arc<DiskCache>) -> Result<(Staged, Walked)> + Send + 'static,
+    stage: impl FnOnce(Arc<DiskCache>) -> Result<Walked> + Send + 'static,
 ) -> Result<(CheckpointReport, Walked, Hash, Unlock)> {
     let remote = &fetcher.remote;
     let refname = ws_ref(&st.name)?;
@@ -147,7 +147,7 @@ pub(super) async fn commit_locked(
     state_at: &Path,
     message: &str,
     opts: CheckpointLease,
-    walked: Result<(Staged, Walked)>,
+    walked: Result<Walked>,
     lease: Result<bool>,
     cur: Result<Option<(RefValue, crate::store::RefVersion)>>,
     early: Option<Parent>,
@@ -211,7 +211,7 @@ pub(super) async fn commit_locked(
             crate::hash::short_hex(&st.head)
         )));
     }
-    let (_staged, walked) = walked?;
+    let walked = walked?;
     // The parent's whole stat object (what changed goes up as a layer; its
     // layers are kept too: the new layer may absorb the small ones) and
     // its index (what the store has).

@@ -41,7 +41,7 @@ pub async fn checkpoint_mount(
             statcache: None,
             ignored: b.ignored,
         };
-        Ok((staged, w))
+        Ok(w)
     };
     let (report, walked, stat_id, unlock) = commit(fetcher, &st, state_dir, message, lease, stage).await?;
     let saved = (|| {

@@ -41,7 +41,7 @@ pub async fn status(fetcher: &Arc<Fetcher>, dir: &Path, no_ignore: bool) -> Resu
     // The head, asked for during the walk: one round trip, not after it.
     let head = async { fetcher.remote.read_ref(&super::ws_ref(&st.name)?).await };
     let (walked, head) = futures::join!(walk, head);
-    let (_, walked) = walked
+    let walked = walked
         .map_err(|e| Error::Io { context: "walking the working copy".into(), source: std::io::Error::other(e) })??;
     let moved_to = match head {
         Ok(Some((v, _))) => Some(v.snapshot.to_hex()).filter(|h| !st.is_at(h)),

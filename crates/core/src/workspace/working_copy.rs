@@ -363,11 +363,12 @@ impl Stager<'_> {
 }
 
 /// Walks the working copy at `dir` into the cache: its new tree (every
-/// changed file staged), its stat object and its next stat cache.
+/// changed file staged in the cache), its stat object and its next stat
+/// cache.
 /// `base`: the snapshot the working copy stands on, when the stat cache's
 /// directory rows may be trusted for it (see [`StatRow::dir`]); `None` to
 /// re-encode every directory.
-pub(super) fn stage(dir: &Path, cache: &DiskCache, no_ignore: bool, base: Option<Hash>) -> Result<(Staged, Walked)> {
+pub(super) fn stage(dir: &Path, cache: &DiskCache, no_ignore: bool, base: Option<Hash>) -> Result<Walked> {
     let mut staged = Staged::default();
     let sc = load_statcache(dir);
     let written_ns = ns(Ok(SystemTime::now()));
@@ -393,7 +394,7 @@ pub(super) fn stage(dir: &Path, cache: &DiskCache, no_ignore: bool, base: Option
     // The head is set once the checkpoint names the snapshot these trees
     // are in.
     w.statcache = Some(StatCache { written_ns, rows: st.rows.into_iter().collect(), head: None });
-    Ok((staged, w))
+    Ok(w)
 }
 
 /// Checkpoints the working copy at `dir` (a plain directory).
