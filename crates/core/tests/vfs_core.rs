@@ -52,27 +52,7 @@ async fn snapshot_fs_answers_like_the_files() {
     commit_all(&repo, "x");
 
     let remote = store_in(t.path());
-    let cache = Arc::new(DiskCache::open(t.path().join("cache"), None).unwrap());
-    let opts = mado_core::publish::PackOptions {
-        mode: mado_core::pack::Mode::Recursive,
-        cap: mado_core::pack::DEFAULT_MAX_PACK_BYTES,
-        index_check: mado_core::publish::IndexCheck::KnownAbsent,
-        base: None,
-        layers: None,
-        primary: true,
-    };
-    let rep = mado_core::import::import_git(
-        &remote,
-        cache,
-        &repo,
-        vec!["HEAD".into()],
-        "main",
-        Some(opts),
-        None,
-        Arc::new(|_, _| {}),
-    )
-    .await
-    .unwrap();
+    let rep = import_packed_in(&remote, &repo, t.path().join("cache"), mado_core::pack::DEFAULT_MAX_PACK_BYTES).await;
     // A fresh cache, as on another machine.
     let cache = Arc::new(DiskCache::open(t.path().join("cache2"), None).unwrap());
     let f = Fetcher::new(remote.clone(), cache);
@@ -237,9 +217,20 @@ async fn writable_fs_edits_build_the_tree_git_builds() {
 /// packs: a larger file's chunks go into packs of their own, run packs),
 /// through a cache at `cache`.
 async fn import_packed(remote: &Arc<Remote>, repo: &std::path::Path, cache: std::path::PathBuf) {
+    import_packed_in(remote, repo, cache, 4 << 20).await;
+}
+
+/// `repo` imported into `remote` as `main`, packs-first (recursive, packs
+/// of at most `cap` bytes), through a cache at `cache`.
+async fn import_packed_in(
+    remote: &Arc<Remote>,
+    repo: &std::path::Path,
+    cache: std::path::PathBuf,
+    cap: u64,
+) -> mado_core::import::ImportReport {
     let opts = mado_core::publish::PackOptions {
         mode: mado_core::pack::Mode::Recursive,
-        cap: 4 << 20,
+        cap,
         index_check: mado_core::publish::IndexCheck::KnownAbsent,
         base: None,
         layers: None,
@@ -257,7 +248,7 @@ async fn import_packed(remote: &Arc<Remote>, repo: &std::path::Path, cache: std:
         Arc::new(|_, _| {}),
     )
     .await
-    .unwrap();
+    .unwrap()
 }
 
 /// `main` of `remote` opened as on another machine: a fresh cache at
