@@ -32,6 +32,10 @@ pub struct Staged {
     manifests: HashMap<Hash, Vec<Hash>>,
     /// In-memory mode: what is staged here instead of in the cache.
     memory: Option<Memory>,
+    /// The length of every content staged, by id: a tree entry naming one
+    /// must say that size ([`Staged::tree`] refuses it otherwise), so no
+    /// snapshot is published that cannot be read back.
+    sizes: HashMap<Hash, u64>,
     pub files: u64,
     pub bytes: u64,
 }
@@ -110,6 +114,12 @@ impl Staged {
     fn content_was(&mut self, cache: &DiskCache, data: &[u8], known: Option<Hash>) -> Result<(Hash, bool)> {
         self.files += 1;
         self.bytes += data.len() as u64;
+        let r = self.content_split(cache, data, known)?;
+        self.sizes.insert(r.0, data.len() as u64);
+        Ok(r)
+    }
+
+    fn content_split(&mut self, cache: &DiskCache, data: &[u8], known: Option<Hash>) -> Result<(Hash, bool)> {
         match split(data) {
             Split::Whole { id } => {
                 if Some(id) != known && !self.keep_blob(&id, data) {
@@ -158,6 +168,7 @@ impl Staged {
                 self.bytes += size;
                 cache.put(&id, &encoded)?;
                 self.manifests.insert(id, chunks);
+                self.sizes.insert(id, size);
                 Ok((id, true, size))
             }
         }
@@ -186,6 +197,19 @@ impl Staged {
     /// Stores a tree in the cache (in memory only, in in-memory mode) and
     /// remembers its children for upload.
     pub fn tree(&mut self, cache: &DiskCache, tree: &Tree) -> Result<Hash> {
+        for e in &tree.entries {
+            match self.sizes.get(&e.id) {
+                Some(&n) if n != e.size && matches!(e.kind, Kind::File | Kind::Executable | Kind::Symlink) => {
+                    return Err(Error::Internal(format!(
+                        "refusing to record {:?} as {} bytes: the content staged for it ({}) is {n} bytes",
+                        String::from_utf8_lossy(&e.name),
+                        e.size,
+                        e.id.short()
+                    )));
+                }
+                _ => {}
+            }
+        }
         let enc = Bytes::from(tree.encode());
         let id = Hash::of(&enc);
         match self.memory.as_mut() {

@@ -40,6 +40,31 @@ pub struct Skips {
     pub keep_git: bool,
 }
 
+/// How often a build starts over when a file is being written as the
+/// tree walk reaches it (see [`SnapshotFs::build_with`]).
+const BUILD_TRIES: u32 = 20;
+
+/// A file hashed by a build: which upper file, as of which version, and
+/// the id, chunking and length of the bytes read.
+struct Hashing {
+    blob: u64,
+    version: u64,
+    id: Hash,
+    chunked: bool,
+    size: u64,
+}
+
+type Hashed = HashMap<u64, Hashing>;
+
+/// What the tree walk of one build reads.
+struct Walk<'a> {
+    cache: &'a DiskCache,
+    upper_dir: &'a Path,
+    fresh: &'a std::collections::HashSet<u64>,
+    skips: &'a Skips,
+    hashed: &'a Hashed,
+}
+
 /// A changed directory as the ignore pass sees it.
 struct DirtyDir {
     ino: u64,
@@ -205,7 +230,7 @@ impl SnapshotFs {
     /// base snapshot had no stat object, unexpanded subtrees' paths are
     /// listed from their trees (once; later checkpoints have one).
     pub fn needs_trees_for_build(&self) -> bool {
-        self.upper.as_ref().is_some_and(|u| u.read().expect("upper lock").base_stat_id.is_none())
+        self.upper.as_ref().is_some_and(|u| u.base.read().expect("base stat lock").id.is_none())
     }
 
     /// Stages a checkpoint of a read-write mount: hashes the files written
@@ -225,6 +250,13 @@ impl SnapshotFs {
     /// listed (before they are read) and `between` after they were hashed
     /// and before the tree is encoded: where other requests may change the
     /// tree (tests put those changes there).
+    ///
+    /// Each file is hashed under its content lock (see `Upper::content`),
+    /// so its entry is the node's bytes at one moment and its size is the
+    /// length of those bytes. A file written after the listing is hashed
+    /// during the tree walk if its lock is free at once; if a writer holds
+    /// it (and waits for the state lock the walk holds), the build starts
+    /// over, which lists that file with the others.
     pub(super) fn build_with(
         &self,
         cache: &DiskCache,
@@ -233,9 +265,27 @@ impl SnapshotFs {
         listed: impl FnOnce(),
         between: impl FnOnce(),
     ) -> Result<Built> {
+        let mut r = self.build_once(cache, staged, skips, listed, between);
+        for _ in 0..BUILD_TRIES {
+            match r {
+                Err(Error::Busy(_)) => r = self.build_once(cache, staged, skips, || {}, || {}),
+                _ => break,
+            }
+        }
+        r
+    }
+
+    fn build_once(
+        &self,
+        cache: &DiskCache,
+        staged: &mut Staged,
+        skips: &Skips,
+        listed: impl FnOnce(),
+        between: impl FnOnce(),
+    ) -> Result<Built> {
         let upper_dir = self.upper_dir()?;
-        // Hash changed files without holding the lock.
-        let dirty: Vec<(u64, u64, u64)> = {
+        // Hash changed files without holding the state lock.
+        let dirty: Vec<(u64, u64)> = {
             let st = self.st();
             let mut out = Vec::new();
             let mut stack = vec![ROOT_INO];
@@ -246,26 +296,34 @@ impl SnapshotFs {
                 let n = st.get(ino)?;
                 match &n.body {
                     Body::Dir { children: Some(c), clean: None, .. } => stack.extend(c.values()),
-                    Body::Upper { blob, clean: None, .. } => out.push((ino, *blob, n.version)),
+                    Body::Upper { blob, clean: None, .. } => out.push((ino, *blob)),
                     _ => {}
                 }
             }
             out
         };
         listed();
-        let mut hashed = Vec::with_capacity(dirty.len());
-        for (ino, blob, version) in &dirty {
+        let mut hashed = Hashed::new();
+        for (ino, blob) in &dirty {
+            let _content = self.content_lock(*ino)?.write().unwrap_or_else(|e| e.into_inner());
+            // The version as of the bytes about to be read: no write can
+            // come between (the content lock), so this is their version.
+            let version = match self.st().get(*ino) {
+                Ok(n) if matches!(n.body, Body::Upper { blob: b, .. } if b == *blob) => n.version,
+                // Gone or replaced since it was listed.
+                _ => continue,
+            };
             let p = upper_dir.join(blob.to_string());
             let file = match crate::fsutil::open_regular(&p) {
                 Ok(f) => f,
-                // Unlinked (or replaced) since it was listed. A file still
-                // in the tree is read again by the walk below, which fails
-                // if its blob is truly gone.
+                // Unlinked since it was listed. A file still in the tree is
+                // read again by the walk below, which fails if its blob is
+                // truly gone.
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
                 Err(e) => return Err(Error::io(format!("reading {}", p.display()))(e)),
             };
-            let (id, chunked, _) = staged.content_from(cache, file, &p.display().to_string())?;
-            hashed.push((*ino, *version, (id, chunked)));
+            let (id, chunked, size) = staged.content_from(cache, file, &p.display().to_string())?;
+            hashed.insert(*ino, Hashing { blob: *blob, version, id, chunked, size });
         }
         between();
         let mut st = self.st_mut();
@@ -275,17 +333,17 @@ impl SnapshotFs {
         // listed is not counted: its upper file, kept for reuse, was read
         // for nothing (and may hold another file's bytes by now).
         let mut fresh = std::collections::HashSet::new();
-        let mut dry_ids = HashMap::new();
         let mut hashed_count = 0;
-        for (ino, version, id) in hashed {
-            let Ok(n) = st.get_mut(ino) else { continue };
+        for (ino, h) in &hashed {
+            let Ok(n) = st.get_mut(*ino) else { continue };
             hashed_count += 1;
-            if n.version == version {
-                if skips.dry {
-                    dry_ids.insert(ino, id);
-                } else if let Body::Upper { clean, .. } = &mut n.body {
-                    *clean = Some(id);
-                    fresh.insert(ino);
+            if n.version != h.version || skips.dry {
+                continue;
+            }
+            if let Body::Upper { clean, size, blob } = &mut n.body {
+                if *blob == h.blob && *size == h.size {
+                    *clean = Some((h.id, h.chunked));
+                    fresh.insert(*ino);
                 }
             }
         }
@@ -297,7 +355,8 @@ impl SnapshotFs {
             trees_built: 0,
             ignored: 0,
         };
-        let root = self.build_tree(&mut st, cache, staged, &upper_dir, &fresh, skips, &dry_ids, &mut b)?;
+        let ctx = Walk { cache, upper_dir: &upper_dir, fresh: &fresh, skips, hashed: &hashed };
+        let root = self.build_tree(&mut st, staged, &ctx, &mut b)?;
         b.root = root.id;
         b.stat.entries.sort();
         Ok(b)
@@ -305,29 +364,22 @@ impl SnapshotFs {
 
     /// Encodes the loaded part of the tree bottom-up (an explicit stack, so
     /// no depth of directories can overflow the thread's stack): changed
-    /// directories become new trees, clean ones keep their id.
-    #[allow(clippy::too_many_arguments)]
-    fn build_tree(
-        &self,
-        st: &mut State,
-        cache: &DiskCache,
-        staged: &mut Staged,
-        upper_dir: &Path,
-        fresh: &std::collections::HashSet<u64>,
-        skips: &Skips,
-        dry_ids: &HashMap<u64, (Hash, bool)>,
-        b: &mut Built,
-    ) -> Result<Entry> {
+    /// directories become new trees, clean ones keep their id. Directories
+    /// are marked clean only once the whole tree is built: a build that
+    /// fails half way leaves no clean id naming a tree no upload carried.
+    fn build_tree(&self, st: &mut State, staged: &mut Staged, ctx: &Walk<'_>, b: &mut Built) -> Result<Entry> {
         enum Step {
             /// A node, its path, its parent directory.
             Enter(u64, Vec<u8>, u64),
             /// Every child's entry is in `out[from..]`.
             Exit { ino: u64, path: Vec<u8>, from: usize, parent: u64 },
         }
+        let skips = ctx.skips;
         // Directories that left a `.git` out, and those above them: not
         // marked clean, so a later `--no-ignore` build looks again (a clean
         // directory's tree is reused as it is).
         let mut held: std::collections::HashSet<u64> = std::collections::HashSet::new();
+        let mut now_clean: Vec<(u64, Hash)> = Vec::new();
         let mut out: Vec<Entry> = Vec::new();
         let mut stack = vec![Step::Enter(ROOT_INO, Vec::new(), 0)];
         while let Some(step) = stack.pop() {
@@ -339,8 +391,8 @@ impl SnapshotFs {
                     }
                     let n = st.get(ino)?;
                     if let Body::Special(_) = &n.body {
-                        // FIFOs and sockets are not source: not kept
-                        // (counted with what is left out).
+                        // FIFOs, sockets and devices are not source: not
+                        // kept (counted with what is left out).
                         b.ignored += 1;
                         continue;
                     }
@@ -357,8 +409,7 @@ impl SnapshotFs {
                         stack.push(Step::Exit { ino, path: path.clone(), from: out.len(), parent });
                         stack.extend(kids.into_iter().rev().map(|(name, c)| Step::Enter(c, join(&path, &name), ino)));
                     } else {
-                        let e =
-                            self.build_leaf(st, ino, &path, cache, staged, upper_dir, fresh, (skips.dry, dry_ids), b)?;
+                        let e = self.build_leaf(st, ino, &path, staged, ctx, b)?;
                         out.push(e);
                     }
                 }
@@ -380,11 +431,9 @@ impl SnapshotFs {
                                 reason: e.to_string(),
                             })?;
                             b.trees_built += 1;
-                            let id = staged.tree(cache, &tree)?;
+                            let id = staged.tree(ctx.cache, &tree)?;
                             if !skips.dry && !skips.keep_dirty.contains(&ino) && !held.contains(&ino) {
-                                if let Body::Dir { clean, .. } = &mut st.get_mut(ino)?.body {
-                                    *clean = Some(id);
-                                }
+                                now_clean.push((ino, id));
                             }
                             id
                         }
@@ -393,21 +442,23 @@ impl SnapshotFs {
                 }
             }
         }
-        out.pop().ok_or_else(|| Error::Internal("a checkpoint built no root entry".into()))
+        let root = out.pop().ok_or_else(|| Error::Internal("a checkpoint built no root entry".into()))?;
+        for (ino, id) in now_clean {
+            if let Body::Dir { clean, .. } = &mut st.get_mut(ino)?.body {
+                *clean = Some(id);
+            }
+        }
+        Ok(root)
     }
 
     /// The entry of one node that is not a loaded directory.
-    #[allow(clippy::too_many_arguments)]
     fn build_leaf(
         &self,
         st: &mut State,
         ino: u64,
         path: &[u8],
-        cache: &DiskCache,
         staged: &mut Staged,
-        upper_dir: &Path,
-        fresh: &std::collections::HashSet<u64>,
-        (dry, dry_ids): (bool, &HashMap<u64, (Hash, bool)>),
+        ctx: &Walk<'_>,
         b: &mut Built,
     ) -> Result<Entry> {
         let n = st.get(ino)?.clone();
@@ -428,30 +479,40 @@ impl SnapshotFs {
             }
             Body::Lower(e) => entry(e.kind, e.chunked, e.size, e.id),
             Body::Upper { clean: Some((id, chunked)), size, .. } => {
-                if !fresh.contains(&ino) {
+                if !ctx.fresh.contains(&ino) {
                     b.files_unchanged += 1;
                 }
                 entry(file_kind(n.perm), *chunked, *size, *id)
             }
-            Body::Upper { clean: None, size, .. } if dry_ids.contains_key(&ino) => {
-                let (id, chunked) = dry_ids[&ino];
-                entry(file_kind(n.perm), chunked, *size, id)
+            // Hashed above and written since: the bytes as they were then
+            // (one moment of the file, with their own length). The next
+            // checkpoint hashes it again.
+            Body::Upper { blob, clean: None, .. } if ctx.hashed.get(&ino).is_some_and(|h| h.blob == *blob) => {
+                let h = &ctx.hashed[&ino];
+                entry(file_kind(n.perm), h.chunked, h.size, h.id)
             }
             Body::Upper { blob, clean: None, .. } => {
-                // Written while the checkpoint was hashing: hash it now.
-                let p = upper_dir.join(blob.to_string());
-                let (id, chunked, size) = staged.file(cache, &p)?;
+                // Written after the listing: hashed now, if no writer is
+                // between its write and its node's update (it would be
+                // waiting for the state lock held here).
+                let Ok(_content) = self.content_lock(ino)?.try_write() else {
+                    return Err(Error::Busy(format!("{} is being written", String::from_utf8_lossy(path))));
+                };
+                let p = ctx.upper_dir.join(blob.to_string());
+                let (id, chunked, size) = staged.file(ctx.cache, &p)?;
                 b.files_read += 1;
-                if !dry {
-                    if let Body::Upper { clean, .. } = &mut st.get_mut(ino)?.body {
-                        *clean = Some((id, chunked));
+                if !ctx.skips.dry {
+                    if let Body::Upper { clean, size: s, .. } = &mut st.get_mut(ino)?.body {
+                        if *s == size {
+                            *clean = Some((id, chunked));
+                        }
                     }
                 }
                 entry(file_kind(n.perm), chunked, size, id)
             }
-            Body::Special(_) => return Err(Error::Internal("a FIFO or socket reached build_leaf".into())),
+            Body::Special(_) => return Err(Error::Internal("a special file reached build_leaf".into())),
             Body::Link(t) => {
-                let (id, _) = staged.content(cache, t)?;
+                let (id, _) = staged.content(ctx.cache, t)?;
                 entry(Kind::Symlink, false, t.len() as u64, id)
             }
         })
@@ -461,10 +522,10 @@ impl SnapshotFs {
     /// stat object under its origin, or the snapshot's time for each path
     /// of its trees when the base had none.
     fn carry_stat(&self, origin: Option<&[u8]>, tree: Hash, path: &[u8], out: &mut StatObject) -> Result<()> {
-        let u = self.overlay()?;
-        if let (Some(_), Some(o)) = (u.base_stat_id, origin) {
+        let base = self.overlay()?.base.read().expect("base stat lock");
+        if let (Some(_), Some(o)) = (base.id, origin) {
             let prefix = if o.is_empty() { Vec::new() } else { [o, b"/"].concat() };
-            for (k, (s, ns)) in u.base_stat.range(prefix.clone()..) {
+            for (k, (s, ns)) in base.mtimes.range(prefix.clone()..) {
                 if !k.starts_with(&prefix) {
                     break;
                 }
@@ -475,6 +536,7 @@ impl SnapshotFs {
             }
             return Ok(());
         }
+        drop(base);
         list_tree_paths(self, tree, path, out)
     }
 
@@ -485,8 +547,10 @@ impl SnapshotFs {
     /// any index of the new view once its layer was absorbed).
     pub fn rebase(&self, root: Hash, stat_id: Hash, stat: &StatObject) {
         let Some(u) = &self.upper else { return };
-        *self.root.lock().expect("root lock") = root;
+        // All of it under the state lock, which a save holds while it
+        // serializes: no save sees the new root with the old origins.
         let mut st = self.st_mut();
+        *self.root.lock().expect("root lock") = root;
         let mut stack = vec![(ROOT_INO, Vec::new())];
         while let Some((ino, path)) = stack.pop() {
             let Ok(n) = st.get_mut(ino) else { continue };
@@ -497,9 +561,9 @@ impl SnapshotFs {
                 }
             }
         }
-        let mut u = u.write().expect("upper lock");
-        u.base_stat = stat.entries.iter().map(|(p, s, n)| (p.clone(), (*s, *n))).collect();
-        u.base_stat_id = Some(stat_id);
+        let mut base = u.base.write().expect("base stat lock");
+        base.mtimes = stat.entries.iter().map(|(p, s, n)| (p.clone(), (*s, *n))).collect();
+        base.id = Some(stat_id);
     }
 }
 

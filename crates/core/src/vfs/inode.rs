@@ -346,12 +346,12 @@ impl SnapshotFs {
         if ino == ROOT_INO || n.parent != 0 || self.held(n) {
             return false;
         }
+        // The blob goes with the node, once the kernel forgets it too
+        // (until then a later FORGET comes back here): never unlinked now,
+        // while a saved state may still name it.
         if let Body::Upper { blob, size, .. } = n.body {
             if n.lookups == 0 {
-                // The node goes too: nothing names the blob any more.
                 self.recycle(st, blob, size);
-            } else if let Ok(p) = self.blob_path(blob) {
-                let _ = std::fs::remove_file(p);
             }
         }
         let Ok(n) = st.get(ino) else { return true };

@@ -117,15 +117,35 @@ pub enum OpenFile {
     Upper { file: std::fs::File, ino: u64, writable: bool },
 }
 
-/// The upper layer of a read-write mount.
+/// The upper layer of a read-write mount. Only `base` changes after it is
+/// made (a checkpoint's rebase), under a lock of its own that is a leaf
+/// of the lock order (docs/DESIGN.md, "Lock order").
 struct Upper {
     dir: PathBuf,
-    /// Mtimes of the base snapshot by path (origins refer to it).
-    base_stat: BTreeMap<Vec<u8>, (i64, u32)>,
-    base_stat_id: Option<Hash>,
+    base: RwLock<BaseStat>,
     /// Woken on every change (the daemon saves the state when woken).
     changed: Arc<tokio::sync::Notify>,
     changes: AtomicU64,
+    /// Per-file content locks, striped by inode: a writer of an upper
+    /// file holds its stripe shared from the write to the node's update,
+    /// and a checkpoint hashing the file holds it exclusively, so the
+    /// bytes hashed are always the node's bytes at one moment and their
+    /// length is its size.
+    content: [RwLock<()>; CONTENT_STRIPES],
+    /// Upper files freed while a saved state may still name them: unlinked
+    /// once a durable save no longer does ([`SnapshotFs::note_saved`]).
+    /// Each blob number with the change count when it was freed.
+    doomed: std::sync::Mutex<Vec<(u64, u64)>>,
+}
+
+const CONTENT_STRIPES: usize = 64;
+
+/// The base snapshot's stat object, which origins refer to.
+#[derive(Default)]
+struct BaseStat {
+    /// Mtimes by path.
+    mtimes: BTreeMap<Vec<u8>, (i64, u32)>,
+    id: Option<Hash>,
 }
 
 pub struct SnapshotFs {
@@ -136,7 +156,7 @@ pub struct SnapshotFs {
     time: i64,
     state: RwLock<State>,
     trees: RwLock<HashMap<Hash, Arc<Tree>>>,
-    upper: Option<RwLock<Upper>>,
+    upper: Option<Upper>,
     /// A read-only mount's mtimes by path (its snapshot's stat object).
     ro_mtimes: BTreeMap<Vec<u8>, (i64, u32)>,
     /// Bound on one read's wait for the network, in milliseconds.
@@ -159,6 +179,8 @@ pub struct SnapshotFs {
     save_lock: std::sync::Mutex<()>,
     /// Large files: recent chunks and read-ahead.
     chunks: chunked::Chunks,
+    /// Paths a loaded saved state named without their upper files.
+    lost_on_load: Vec<Vec<u8>>,
 }
 
 /// Attributes a caller may set (`None`: leave as is).
@@ -257,10 +279,11 @@ impl SnapshotFs {
         let mtime = map.get(&Vec::new()).copied().unwrap_or((time, 0));
         let upper = Upper {
             dir: upper_dir,
-            base_stat: map,
-            base_stat_id: id,
+            base: RwLock::new(BaseStat { mtimes: map, id }),
             changed: Arc::new(tokio::sync::Notify::new()),
             changes: AtomicU64::new(0),
+            content: std::array::from_fn(|_| RwLock::new(())),
+            doomed: Default::default(),
         };
         Ok(Self::with_state(fetcher, root, time, Some(upper), Self::fresh(root, mtime, 0o755)))
     }
@@ -277,7 +300,7 @@ impl SnapshotFs {
             time,
             state: RwLock::new(st),
             trees: RwLock::new(HashMap::new()),
-            upper: upper.map(RwLock::new),
+            upper,
             ro_mtimes: BTreeMap::new(),
             read_timeout_ms: AtomicU64::new(DEFAULT_READ_TIMEOUT.as_millis() as u64),
             reads: AtomicU64::new(0),
@@ -287,6 +310,7 @@ impl SnapshotFs {
             uncheckpointed_before: std::sync::atomic::AtomicBool::new(false),
             save_lock: std::sync::Mutex::new(()),
             chunks: chunked::Chunks::default(),
+            lost_on_load: Vec::new(),
         }
     }
 
@@ -324,7 +348,7 @@ impl SnapshotFs {
 
     /// Woken on every change of a read-write mount.
     pub fn change_notifier(&self) -> Option<Arc<tokio::sync::Notify>> {
-        self.upper.as_ref().map(|u| u.read().expect("upper lock").changed.clone())
+        self.upper.as_ref().map(|u| u.changed.clone())
     }
 
     /// Changes since the mount started (0 when read-only).
@@ -355,12 +379,11 @@ impl SnapshotFs {
     }
 
     pub fn changes(&self) -> u64 {
-        self.upper.as_ref().map(|u| u.read().expect("upper lock").changes.load(Relaxed)).unwrap_or(0)
+        self.upper.as_ref().map(|u| u.changes.load(Relaxed)).unwrap_or(0)
     }
 
     fn changed(&self) {
         if let Some(u) = &self.upper {
-            let u = u.read().expect("upper lock");
             u.changes.fetch_add(1, Relaxed);
             u.changed.notify_one();
         }
@@ -368,8 +391,13 @@ impl SnapshotFs {
 
     /// The one place that decides read-only: every change goes through
     /// here and is refused (EROFS) when there is no overlay.
-    fn overlay(&self) -> Result<std::sync::RwLockReadGuard<'_, Upper>> {
-        Ok(self.upper.as_ref().ok_or_else(read_only)?.read().expect("upper lock"))
+    fn overlay(&self) -> Result<&Upper> {
+        self.upper.as_ref().ok_or_else(read_only)
+    }
+
+    /// The content lock of `ino`'s upper file (see [`Upper::content`]).
+    fn content_lock(&self, ino: u64) -> Result<&RwLock<()>> {
+        Ok(&self.overlay()?.content[(ino % CONTENT_STRIPES as u64) as usize])
     }
 
     fn writable_only(&self) -> Result<()> {
@@ -457,7 +485,7 @@ impl SnapshotFs {
 
     fn base_mtime(&self, origin: &[u8]) -> (i64, u32) {
         match &self.upper {
-            Some(u) => u.read().expect("upper lock").base_stat.get(origin).copied(),
+            Some(u) => u.base.read().expect("base stat lock").mtimes.get(origin).copied(),
             None => self.ro_mtimes.get(origin).copied(),
         }
         .unwrap_or((self.time, 0))

@@ -175,39 +175,59 @@ impl SnapshotFs {
 
     /// Keeps the upper file of `blob` (`size` bytes), which no node names
     /// any more, for a later file instead of unlinking it (see
-    /// `new_upper_file`); unlinks it when it is large or enough are kept.
-    /// Its bytes stay as they are until it is reused: a crash before then
-    /// brings back a saved state that may still name it, whole.
+    /// `new_upper_file`); when it is large or enough are kept, it is
+    /// unlinked once a durable save no longer names it (before that, a
+    /// kill -9 would bring back a saved state whose node has no bytes).
+    /// Its bytes stay as they are until then: a crash brings back a saved
+    /// state that may still name it, whole.
     pub(super) fn recycle(&self, st: &mut State, blob: u64, size: u64) {
         let Ok(p) = self.blob_path(blob) else { return };
+        // Read under the state lock the node left under: a save whose
+        // count is above this one serialized the state without it.
+        let freed = self.changes();
         // The file's own length: a node's `size` is what it was made with
         // (0 for a new file), not what was written since. Judged by that,
         // every deleted file was kept, whole, until reused: a deleted
         // 100 MB file never gave its space back.
         let Ok(m) = std::fs::symlink_metadata(&p) else {
-            // Unlinked already (its last handle closed while the kernel
-            // still knew the node).
+            // Gone already (a damaged upper folder): nothing to keep.
             return;
         };
         if st.spare.len() >= SPARE_MAX || size.max(m.len()) > SPARE_BYTES {
-            let _ = std::fs::remove_file(p);
+            if let Ok(u) = self.overlay() {
+                u.doomed.lock().unwrap_or_else(|e| e.into_inner()).push((blob, freed));
+            }
             return;
         }
-        // Read under the state lock the node left under: a save whose
-        // count is above this one serialized the state without it.
-        st.spare.push_back((blob, self.changes()));
+        st.spare.push_back((blob, freed));
     }
 
     /// The state as of `changes` (a count read before it was serialized)
-    /// is durably saved: spare files freed before it may be reused.
+    /// is durably saved: spare files freed before it may be reused, and
+    /// doomed ones are unlinked now.
     pub fn note_saved(&self, changes: u64) {
         self.saved_changes.fetch_max(changes, Relaxed);
+        let saved = self.saved_changes.load(Relaxed);
+        let Ok(u) = self.overlay() else { return };
+        let gone: Vec<u64> = {
+            let mut d = u.doomed.lock().unwrap_or_else(|e| e.into_inner());
+            let (go, keep) = d.drain(..).partition(|(_, freed)| *freed < saved);
+            *d = keep;
+            go.into_iter().map(|(b, _)| b).collect()
+        };
+        for b in gone {
+            let _ = std::fs::remove_file(u.dir.join(b.to_string()));
+        }
     }
 
-    /// Unlinks every spare upper file (at unmount: no state names them).
+    /// Unlinks every spare and doomed upper file (at unmount, after the
+    /// last save: no state names them).
     pub fn drop_spares(&self) {
-        let spare: Vec<u64> = self.st_mut().spare.drain(..).map(|(b, _)| b).collect();
-        for b in spare {
+        let mut gone: Vec<u64> = self.st_mut().spare.drain(..).map(|(b, _)| b).collect();
+        if let Ok(u) = self.overlay() {
+            gone.extend(u.doomed.lock().unwrap_or_else(|e| e.into_inner()).drain(..).map(|(b, _)| b));
+        }
+        for b in gone {
             if let Ok(p) = self.blob_path(b) {
                 let _ = std::fs::remove_file(p);
             }
@@ -219,6 +239,9 @@ impl SnapshotFs {
         let OpenFile::Upper { file, ino, writable: true } = f else {
             return Err(Error::fs(Errno::BADF, "the file is not open for writing"));
         };
+        // The write and the node's update under the file's content lock,
+        // which a checkpoint hashing it takes exclusively.
+        let _content = self.content_lock(*ino)?.read().unwrap_or_else(|e| e.into_inner());
         file.write_all_at(data, offset).map_err(Error::io("writing to the upper layer"))?;
         let mut st = self.st_mut();
         let n = st.get_mut(*ino)?;
@@ -243,6 +266,7 @@ impl SnapshotFs {
                 .write(true)
                 .open(&p)
                 .map_err(Error::io(format!("opening {}", p.display())))?;
+            let _content = self.content_lock(ino)?.read().unwrap_or_else(|e| e.into_inner());
             f.set_len(size).map_err(Error::io(format!("truncating {}", p.display())))?;
             let mut st = self.st_mut();
             let n = st.get_mut(ino)?;

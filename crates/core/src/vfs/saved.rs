@@ -194,13 +194,16 @@ impl SnapshotFs {
     pub fn save_state(&self) -> Result<Vec<u8>> {
         use crate::codec::{put_bytes, put_varint};
         let u = self.overlay()?;
+        // The state lock first: root and base stat are leaves below it,
+        // and a rebase changes all three under it.
         let st = self.st();
+        let base_id = u.base.read().expect("base stat lock").id;
         let mut out = Vec::with_capacity(64 + st.nodes.len() * 64);
         out.extend_from_slice(OVERLAY_MAGIC);
         out.push(OVERLAY_VERSION);
         out.extend_from_slice(self.root().as_bytes());
         out.extend_from_slice(&self.time.to_le_bytes());
-        put_opt_hash(&mut out, u.base_stat_id);
+        put_opt_hash(&mut out, base_id);
         put_varint(&mut out, st.next_blob);
         // Pre-order, iteratively: (ino, index of its parent's record, the
         // name it has there).
@@ -480,7 +483,70 @@ impl SnapshotFs {
                 }
             }
         }
+        let lost = reconcile_upper(&mut st, &fs.upper_dir()?)?;
         *fs.state.write().expect("state lock") = st;
-        Ok(fs)
+        Ok(SnapshotFs { lost_on_load: lost, ..fs })
     }
+
+    /// The paths a saved state named whose upper files were missing when it
+    /// was loaded (removed from the workspace; see `reconcile_upper`).
+    pub fn lost_on_load(&self) -> &[Vec<u8>] {
+        &self.lost_on_load
+    }
+}
+
+/// After a load: every upper file's node takes the file's length (a killed
+/// daemon's last save may predate writes that reached the file: the
+/// mount, a checkpoint and a resume then all show the file's bytes), and
+/// a node whose upper file is missing (a damaged folder) loses its names,
+/// which are returned, rather than becoming a file whose every read and
+/// every checkpoint fails.
+fn reconcile_upper(st: &mut State, upper_dir: &Path) -> Result<Vec<Vec<u8>>> {
+    let uppers: Vec<(u64, u64)> = st
+        .nodes
+        .iter()
+        .filter_map(|(ino, n)| match n.body {
+            Body::Upper { blob, .. } => Some((*ino, blob)),
+            _ => None,
+        })
+        .collect();
+    let mut lost = Vec::new();
+    for (ino, blob) in uppers {
+        let p = upper_dir.join(blob.to_string());
+        match std::fs::symlink_metadata(&p) {
+            Ok(m) if m.is_file() => {
+                if let Body::Upper { size, clean, .. } = &mut st.get_mut(ino)?.body {
+                    *size = m.len();
+                    *clean = None;
+                }
+            }
+            Ok(_) => return Err(state_err(format!("{} is not a regular file", p.display()))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let n = st.get(ino)?.clone();
+                for (parent, name) in std::iter::once((n.parent, n.name.clone())).chain(n.links.iter().cloned()) {
+                    lost.push(path_in(st, parent, &name));
+                    if let Ok(c) = st.children_mut(parent) {
+                        c.remove(&name);
+                    }
+                    st.touch_dir(parent);
+                }
+                st.nodes.remove(&ino);
+            }
+            Err(e) => return Err(Error::io(format!("reading {}", p.display()))(e)),
+        }
+    }
+    lost.sort();
+    Ok(lost)
+}
+
+/// The path of entry `name` of directory `dir`, from the root.
+fn path_in(st: &State, mut dir: u64, name: &[u8]) -> Vec<u8> {
+    let mut parts = vec![name.to_vec()];
+    while dir != ROOT_INO {
+        let Ok(n) = st.get(dir) else { break };
+        parts.push(n.name.clone());
+        dir = n.parent;
+    }
+    parts.reverse();
+    parts.join(&b'/')
 }

@@ -500,6 +500,14 @@ pub async fn open_mount(
             SnapshotFs::writable(fetcher.clone(), v.root, snap.time, upper, stat)?
         }
     };
+    for p in fs.lost_on_load() {
+        warnings.push(format!(
+            "{} was lost: the saved state named it, but its bytes in {} are missing; it is removed from \
+             the workspace (the last checkpoint still holds what it held then)",
+            String::from_utf8_lossy(p),
+            sd.join("upper").display()
+        ));
+    }
     let fs = Arc::new(fs);
     save_state_at(
         &sd,
