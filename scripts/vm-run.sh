@@ -7,8 +7,9 @@
 #                     [--timeout SECONDS] [--scratch-disk SIZE] -- COMMAND...
 #   scripts/vm-run.sh --prepare   # install and build what it needs; no boot
 #
-# In the guest COMMAND (its words joined by spaces into one `sh -c` string)
-# runs as root under busybox sh, in /mnt/mado (the share), with stdin
+# In the guest COMMAND runs as root under busybox sh: one word is a shell
+# script; several words are a command and its arguments, each passed whole
+# (so `-- sh -c 'SCRIPT'` and `-- SCRIPT` do the same). It runs in /mnt/mado (the share), with stdin
 # /dev/null and PATH holding the busybox applets. Its stdout and stderr come
 # out on this script's stdout and stderr, byte for byte (pipes in the guest,
 # not a tty; streamed while it runs); kernel messages go only to the guest
@@ -84,7 +85,15 @@ case "$accel" in
   tcg) accel_args=(-machine q35 -accel tcg,thread=multi -cpu max) ;;
   *) die "MADO_VM_ACCEL must be auto, kvm or tcg, not '$accel'" ;;
 esac
-command_string="$*"
+# One word is a shell script (`-- 'echo a > f; cat f'`). Several words are
+# one command and its arguments, each kept whole (`-- sh -c 'echo a > f'`):
+# joined by spaces, that ran `sh -c echo a > f` in the guest, an `echo`
+# with no arguments, and the file held a lone newline (issue #49).
+if [ $# -eq 1 ]; then
+  command_string="$1"
+else
+  printf -v command_string '%q ' "$@"
+fi
 
 # ---- the guest's /init (busybox sh) ----------------------------------------
 read -r -d '' GUEST_INIT <<'INIT' || true

@@ -61,6 +61,9 @@ const READ_SIZE_AT: usize = IN_HEADER + 16;
 const IN_HEADER: usize = 40;
 const OUT_HEADER: usize = 16;
 
+/// The threads of a guest's FUSE session.
+const SESSION_THREADS: usize = 4;
+
 /// The largest read or write a session is told to accept: bounded by the
 /// socket pair's buffer (a message must fit in it whole).
 const MAX_IO: u32 = 1 << 20;
@@ -319,7 +322,8 @@ impl<F> Bridge<F> {
     fn end_session(&self) {
         let s = self.session.lock().expect("session lock").take();
         if let Some(s) = s {
-            let _ = rustix::net::shutdown(&*s.sock, rustix::net::Shutdown::Both);
+            close_session(&s.sock);
+            tracing::info!("the guest's session ended");
         }
         let waiting: Vec<Pending> = self.pending.lock().expect("pending lock").drain().map(|(_, p)| p).collect();
         for p in waiting {
@@ -346,7 +350,7 @@ impl<F: fuser::Filesystem + Send + 'static> Bridge<F> {
         let fs = (self.make_fs)(max_io);
         let mut config = fuser::Config::default();
         config.acl = fuser::SessionACL::All;
-        config.n_threads = Some(4);
+        config.n_threads = Some(SESSION_THREADS);
         std::thread::Builder::new().name("virtiofs-session".into()).spawn(move || {
             match fuser::Session::from_fd(fs, theirs, fuser::SessionACL::All, config) {
                 Ok(s) => {
@@ -530,6 +534,24 @@ fn reply_loop(sock: &Arc<OwnedFd>, pending: &Mutex<HashMap<u64, Pending>>) {
     }
 }
 
+/// Ends a session's threads quietly: each one ends at a FUSE_DESTROY, so
+/// one is sent per thread before our side stops writing (queued messages
+/// are read before the end, and their replies still have somewhere to
+/// go: the reply loop reads on until the session closes its end). Shut
+/// alone, every thread read a zero-length request and fuser logged it as
+/// an error at each guest's power-off.
+fn close_session(sock: &OwnedFd) {
+    let mut destroy = [0u8; IN_HEADER];
+    destroy[0..4].copy_from_slice(&(IN_HEADER as u32).to_ne_bytes());
+    destroy[4..8].copy_from_slice(&FUSE_DESTROY.to_ne_bytes());
+    for _ in 0..SESSION_THREADS {
+        if rustix::io::write(sock, &destroy).is_err() {
+            break;
+        }
+    }
+    let _ = rustix::net::shutdown(sock, rustix::net::Shutdown::Write);
+}
+
 fn read_replies(sock: &OwnedFd, pending: &Mutex<HashMap<u64, Pending>>) {
     let mut buf = vec![0u8; MAX_IO as usize + 64 * 1024];
     loop {
@@ -558,8 +580,9 @@ fn read_replies(sock: &OwnedFd, pending: &Mutex<HashMap<u64, Pending>>) {
         }
         complete(&p.vring, head, written);
         if p.destroy {
-            let _ = rustix::net::shutdown(sock, rustix::net::Shutdown::Both);
-            return;
+            // Read on: the session's threads answer their DESTROYs and
+            // close their end, which ends this loop.
+            close_session(sock);
         }
     }
 }
