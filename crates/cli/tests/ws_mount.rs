@@ -1247,8 +1247,8 @@ fn owners_and_times_behave_as_on_a_local_filesystem_while_mounted() {
 /// FIFOs and unix sockets (dev servers, language servers and test suites
 /// make them) work in a workspace mount: the kernel carries their data;
 /// they live in the upper layer, survive an unmount, and no checkpoint
-/// keeps them (trees hold files, symlinks and directories). Devices are
-/// refused.
+/// keeps them (trees hold files, symlinks and directories). So do block
+/// and character device nodes (issue #50), never opened as devices.
 #[test]
 fn fifos_and_sockets_work_in_a_workspace_mount_and_are_not_checkpointed() {
     use std::io::{Read, Write};
@@ -1282,15 +1282,32 @@ fn fifos_and_sockets_work_in_a_workspace_mount_and_are_not_checkpointed() {
     assert_eq!(got, "hello");
     assert!(std::fs::symlink_metadata(&sock).unwrap().file_type().is_socket());
 
-    // A device is refused (EPERM).
-    let dev = std::ffi::CString::new(mnt.dir.join("null").as_os_str().as_bytes()).unwrap();
-    // SAFETY: a valid NUL-terminated path; mknod only reads it.
-    let r = unsafe { libc::mknod(dev.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) };
-    assert_eq!((r, std::io::Error::last_os_error().raw_os_error()), (-1, Some(libc::EPERM)));
+    // Device nodes are made (as root: the kernel refuses others), keep
+    // their numbers, and are never opened as devices: the mount is nodev.
+    let mknod = |name: &str, kind: u32, dev: libc::dev_t| {
+        let p = std::ffi::CString::new(mnt.dir.join(name).as_os_str().as_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path; mknod only reads it.
+        let r = unsafe { libc::mknod(p.as_ptr(), kind | 0o666, dev) };
+        (r, std::io::Error::last_os_error().raw_os_error())
+    };
+    let devices = rustix::process::geteuid().is_root();
+    if devices {
+        assert_eq!(mknod("null", libc::S_IFCHR, libc::makedev(1, 3)).0, 0);
+        assert_eq!(mknod("src/disk", libc::S_IFBLK, libc::makedev(8, 1)).0, 0);
+        let md = std::fs::symlink_metadata(mnt.dir.join("null")).unwrap();
+        assert!(md.file_type().is_char_device());
+        assert_eq!(std::os::unix::fs::MetadataExt::rdev(&md), libc::makedev(1, 3));
+        let e = std::fs::OpenOptions::new().write(true).open(mnt.dir.join("null")).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EACCES), "a device node opened as a device: {e}");
+        std::os::unix::fs::chown(mnt.dir.join("null"), Some(65534), None).unwrap();
+        std::fs::hard_link(mnt.dir.join("null"), mnt.dir.join("null2")).unwrap();
+        std::fs::rename(mnt.dir.join("null2"), mnt.dir.join("src/null3")).unwrap();
+        std::fs::remove_file(mnt.dir.join("src/null3")).unwrap();
+    }
 
-    // A checkpoint succeeds, keeps neither, and counts both as left out.
+    // A checkpoint succeeds, keeps none of them, and counts each as left out.
     let cp = mnt.checkpoint("specials");
-    assert_eq!(cp["paths_ignored"], 2, "{cp}");
+    assert_eq!(cp["paths_ignored"], if devices { 4 } else { 2 }, "{cp}");
     let names = |dir: &str| -> Vec<String> {
         let mut args = vec!["ls", "ws/sp"];
         if !dir.is_empty() {
@@ -1307,6 +1324,16 @@ fn fifos_and_sockets_work_in_a_workspace_mount_and_are_not_checkpointed() {
     m.ok(&["ws", "resume", "sp", mnt.path(), "--mount"]);
     assert!(std::fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo());
     assert!(std::fs::symlink_metadata(&sock).unwrap().file_type().is_socket());
+    if devices {
+        use std::os::unix::fs::MetadataExt;
+        let md = std::fs::symlink_metadata(mnt.dir.join("null")).unwrap();
+        assert!(md.file_type().is_char_device());
+        assert_eq!((md.rdev(), md.uid()), (libc::makedev(1, 3), 65534));
+        let md = std::fs::symlink_metadata(mnt.dir.join("src/disk")).unwrap();
+        assert!(md.file_type().is_block_device());
+        assert_eq!(md.rdev(), libc::makedev(8, 1));
+        assert!(!names("").contains(&"null".to_string()), "{:?}", names(""));
+    }
     std::fs::remove_file(&fifo).unwrap();
     std::fs::remove_file(&sock).unwrap();
     assert!(!fifo.exists() && !sock.exists());
@@ -1726,4 +1753,57 @@ fn a_read_only_mount_of_a_workspace_snapshot_shows_its_mtimes() {
     assert_eq!(mtime(&dir.join("README.md")), mtime(&w.join("README.md")));
     assert_eq!(mtime(&dir.join("src")), mtime(&w.join("src")));
     g.umount();
+}
+
+/// A sticky directory (mode 1777, as /tmp) with `--allow-other`: another
+/// user can neither rename someone's file away nor rename over it, nor
+/// remove it (EPERM, as on ext4); the file's owner, the directory's owner
+/// and root can (issue #50). The kernel's may_delete decides, with the
+/// owners this mount reports.
+#[test]
+fn a_sticky_directory_keeps_other_users_from_renaming_or_removing_a_file() {
+    use std::os::unix::fs::PermissionsExt;
+    if !fuse_usable() || !rustix::process::geteuid().is_root() {
+        return;
+    }
+    let m = Mado::local();
+    setup(&m);
+    let dir = m.dir.path().join("mnt-sticky");
+    std::fs::set_permissions(m.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    m.ok(&["ws", "create", "sticky", "--from", "main", "--mount", dir.to_str().unwrap(), "--allow-other"]);
+    let mnt = WsMount { m: &m, dir };
+    let t = mnt.dir.join("tmp");
+    std::fs::create_dir(&t).unwrap();
+    std::fs::set_permissions(&t, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    // As a uid: status and stderr of a shell line.
+    let as_uid = |uid: u32, line: &str| {
+        let o = std::process::Command::new("setpriv")
+            .args(["--reuid", &uid.to_string(), "--regid", &uid.to_string(), "--clear-groups", "sh", "-c", line])
+            .current_dir(&t)
+            .output()
+            .unwrap();
+        (o.status.success(), String::from_utf8_lossy(&o.stderr).into_owned())
+    };
+    assert!(as_uid(65533, "echo theirs > theirs && echo also > also").0);
+    assert!(as_uid(65534, "echo mine > mine").0);
+    for (line, what) in [
+        ("mv theirs stolen", "renamed another user's file away"),
+        ("mv -f mine theirs", "renamed over another user's file"),
+        ("rm -f theirs", "removed another user's file"),
+        ("mv also ../also", "moved another user's file out"),
+    ] {
+        let (ok, err) = as_uid(65534, line);
+        assert!(!ok, "{what}: {line}");
+        assert!(err.contains("not permitted"), "{what}: {err}");
+    }
+    assert_eq!(std::fs::read(t.join("theirs")).unwrap(), b"theirs\n");
+    assert_eq!(std::fs::read(t.join("mine")).unwrap(), b"mine\n");
+    // The file's owner may; so may root, and the directory's owner.
+    assert!(as_uid(65533, "mv theirs theirs2").0);
+    assert!(as_uid(65534, "mv mine mine2").0);
+    assert!(std::process::Command::new("mv").arg(t.join("theirs2")).arg(t.join("by-root")).status().unwrap().success());
+    std::os::unix::fs::chown(&t, Some(65532), None).unwrap();
+    assert!(as_uid(65532, "mv mine2 by-dir-owner && mv -f also by-dir-owner").0);
+    assert_eq!(std::fs::read(t.join("by-dir-owner")).unwrap(), b"also\n");
+    mnt.umount();
 }

@@ -432,6 +432,9 @@ pub fn run(
                     fuser::MountOption::FSName(source_name(&opts.spec, ws.is_some())),
                     fuser::MountOption::Subtype("mado".into()),
                     fuser::MountOption::NoAtime,
+                    // Device nodes made in a workspace are names, never
+                    // devices.
+                    fuser::MountOption::NoDev,
                 ];
                 if kernel_checks_permissions(*allow_other) {
                     c.mount_options.push(fuser::MountOption::DefaultPermissions);

@@ -170,7 +170,9 @@ fn errno(e: &Error) -> Errno {
         Error::Fs { errno, .. } => Errno::from_i32(*errno),
         // A full disk or quota under the upper folder is the writer's to
         // see as such (it was EIO: "Input/output error" for a full disk).
-        Error::Io { source, .. } if matches!(source.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)) => {
+        Error::Io { source, .. }
+            if matches!(source.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT | libc::EFBIG)) =>
+        {
             tracing::warn!("{e}");
             Errno::from_i32(source.raw_os_error().expect("matched"))
         }
@@ -381,6 +383,17 @@ impl MadoFs {
     }
 }
 
+/// A time as seconds and nanoseconds, as the kernel gives and takes it
+/// (a time before 1970 has negative seconds and nanoseconds counted
+/// forward: 1969-12-31 23:59:59.5 is (-1, 500000000)).
+fn system_time((s, n): (i64, u32)) -> std::time::SystemTime {
+    if s >= 0 {
+        UNIX_EPOCH + Duration::new(s as u64, n)
+    } else {
+        UNIX_EPOCH - Duration::new(s.unsigned_abs(), 0) + Duration::from_nanos(n as u64)
+    }
+}
+
 fn time_of(t: TimeOrNow) -> (i64, u32) {
     let t = match t {
         TimeOrNow::SpecificTime(t) => t,
@@ -389,13 +402,13 @@ fn time_of(t: TimeOrNow) -> (i64, u32) {
     match t.duration_since(UNIX_EPOCH) {
         Ok(d) => (d.as_secs() as i64, d.subsec_nanos()),
         Err(e) => {
+            // fuser 0.18 (time.rs, `system_time_from_time`) makes the
+            // kernel's (-s, n) into the epoch minus (s, n), where n counts
+            // forward from -s: so the kernel's pair is read straight back
+            // from that distance. (Counted as a true time, a touch to
+            // 1960-01-01 00:00:00.5 was stored one second early.)
             let d = e.duration();
-            let (s, n) = (d.as_secs() as i64, d.subsec_nanos());
-            if n == 0 {
-                (-s, 0)
-            } else {
-                (-s - 1, 1_000_000_000 - n)
-            }
+            (-(d.as_secs() as i64), d.subsec_nanos())
         }
     }
 }
@@ -437,7 +450,7 @@ struct Owner {
 
 impl Owner {
     fn attr(self, a: &Attr) -> FileAttr {
-        let at = |(s, n): (i64, u32)| UNIX_EPOCH + Duration::new(s.max(0) as u64, n);
+        let at = system_time;
         let t = at((a.mtime, a.mtime_ns));
         let (uid, gid) = a.owner.unwrap_or((self.uid, self.gid));
         FileAttr {
@@ -454,12 +467,14 @@ impl Owner {
                 NodeKind::Symlink => FileType::Symlink,
                 NodeKind::Fifo => FileType::NamedPipe,
                 NodeKind::Socket => FileType::Socket,
+                NodeKind::BlockDev => FileType::BlockDevice,
+                NodeKind::CharDev => FileType::CharDevice,
             },
             perm: a.perm,
             nlink: a.nlink,
             uid,
             gid,
-            rdev: 0,
+            rdev: a.rdev,
             blksize: 4096,
             flags: 0,
         }
@@ -478,6 +493,7 @@ impl Owner {
             atime: (0, 0),
             ctime: (0, 0),
             owner: None,
+            rdev: 0,
         };
         self.attr(&a)
     }
@@ -1018,23 +1034,27 @@ impl Filesystem for MadoFs {
         name: &OsStr,
         mode: u32,
         umask: u32,
-        _rdev: u32,
+        rdev: u32,
         reply: ReplyEntry,
     ) {
         writable_or_erofs!(self, reply);
-        // FIFOs and sockets live in the upper layer while mounted (dev
-        // servers, language servers and test suites make them); they are
-        // not source, so no checkpoint keeps them. Devices: the mount is
-        // nodev. Regular files come through create.
+        // FIFOs, sockets and device nodes live in the mount's state while
+        // mounted (dev servers, language servers and test suites make
+        // them); they are not source, so no checkpoint keeps them. A
+        // device node is never opened as a device: the mount is nodev (and
+        // the kernel checks that only a privileged caller makes one).
+        // Regular files come through create.
         let kind = match mode & libc::S_IFMT {
             libc::S_IFIFO => NodeKind::Fifo,
             libc::S_IFSOCK => NodeKind::Socket,
-            _ => return reply.error(Errno::EPERM),
+            libc::S_IFBLK => NodeKind::BlockDev,
+            libc::S_IFCHR => NodeKind::CharDev,
+            _ => return reply.error(Errno::EINVAL),
         };
         let (core, name, who) = (self.core.clone(), name.as_bytes().to_vec(), self.creator(_req));
         let perm = (mode & !umask & 0o7777) as u16;
         self.entry_later(reply, async move {
-            let a = core.mknod(parent.0, &name, kind, perm).await?;
+            let a = core.mknod(parent.0, &name, kind, perm, rdev).await?;
             who.own(&core, parent.0, a).await
         });
     }
@@ -1081,12 +1101,36 @@ impl Filesystem for MadoFs {
         reply: ReplyEmpty,
     ) {
         writable_or_erofs!(self, reply);
-        if flags.contains(RenameFlags::RENAME_EXCHANGE) {
+        // Neither exchange nor whiteout is kept here: EINVAL, as a
+        // filesystem without them answers.
+        if flags.contains(RenameFlags::RENAME_EXCHANGE) || flags.contains(RenameFlags::RENAME_WHITEOUT) {
             return reply.error(Errno::EINVAL);
         }
         let no_replace = flags.contains(RenameFlags::RENAME_NOREPLACE);
         let (core, name, newname) = (self.core.clone(), name.as_bytes().to_vec(), newname.as_bytes().to_vec());
         self.empty_later(reply, async move { core.rename(parent.0, &name, newparent.0, &newname, no_replace).await });
+    }
+
+    /// The space of the filesystem under the upper layer (a workspace: what
+    /// writes use) or the cache (a snapshot: nothing free, it is
+    /// read-only); `df` and tools that check free space before writing read
+    /// it. Every figure was 0, and such tools refused to write.
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: fuser::ReplyStatfs) {
+        let dir = self.core.local_dir();
+        match rustix::fs::statvfs(&dir) {
+            Ok(s) => {
+                let (bfree, bavail, ffree) = match self.core.is_writable() {
+                    true => (s.f_bfree, s.f_bavail, s.f_ffree),
+                    false => (0, 0, 0),
+                };
+                let frsize = s.f_frsize.max(1);
+                reply.statfs(s.f_blocks, bfree, bavail, s.f_files, ffree, s.f_bsize as u32, 255, frsize as u32);
+            }
+            Err(e) => {
+                tracing::warn!("statfs of {}: {e}", dir.display());
+                reply.error(Errno::from_i32(e.raw_os_error()));
+            }
+        }
     }
 
     fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
@@ -1115,6 +1159,7 @@ mod tests {
             ctime: (0, 0),
             nlink: 1,
             owner: None,
+            rdev: 0,
         };
         (name.as_bytes().to_vec(), Owner { uid: 0, gid: 0 }.attr(&a))
     }

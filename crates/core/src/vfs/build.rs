@@ -390,7 +390,7 @@ impl SnapshotFs {
                         continue;
                     }
                     let n = st.get(ino)?;
-                    if let Body::Special(_) = &n.body {
+                    if let Body::Special(..) = &n.body {
                         // FIFOs, sockets and devices are not source: not
                         // kept (counted with what is left out).
                         b.ignored += 1;
@@ -510,7 +510,7 @@ impl SnapshotFs {
                 }
                 entry(file_kind(n.perm), chunked, size, id)
             }
-            Body::Special(_) => return Err(Error::Internal("a special file reached build_leaf".into())),
+            Body::Special(..) => return Err(Error::Internal("a special file reached build_leaf".into())),
             Body::Link(t) => {
                 let (id, _) = staged.content(ctx.cache, t)?;
                 entry(Kind::Symlink, false, t.len() as u64, id)

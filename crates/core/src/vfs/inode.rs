@@ -19,9 +19,11 @@ pub(super) enum Body {
     Upper { blob: u64, size: u64, clean: Option<(Hash, bool)> },
     /// A symlink made here.
     Link(Vec<u8>),
-    /// A FIFO or socket made here ([`NodeKind::Fifo`] or
-    /// [`NodeKind::Socket`]): kept while mounted, never checkpointed.
-    Special(NodeKind),
+    /// A FIFO, socket or device node made here ([`NodeKind::Fifo`],
+    /// [`NodeKind::Socket`], [`NodeKind::BlockDev`] or
+    /// [`NodeKind::CharDev`], with its device number): kept while mounted,
+    /// never checkpointed, never opened as a device (the mount is nodev).
+    Special(NodeKind, u32),
 }
 
 #[derive(Clone, Debug)]

@@ -400,7 +400,7 @@ impl SnapshotFs {
             Body::Lower(e) if matches!(e.kind, Kind::File | Kind::Executable) => e,
             Body::Dir { .. } | Body::Lower(_) => return Err(Error::fs(Errno::ISDIR, "not a regular file")),
             Body::Link(_) => return Err(Error::fs(Errno::LOOP, "a symlink")),
-            Body::Special(_) => return Err(Error::fs(Errno::NXIO, "a FIFO or socket")),
+            Body::Special(..) => return Err(Error::fs(Errno::NXIO, "a FIFO, socket or device node")),
         };
         let path = String::from_utf8_lossy(&e.name).into_owned();
         if e.chunked {

@@ -73,10 +73,13 @@ pub enum NodeKind {
     Dir,
     File,
     Symlink,
-    /// A FIFO or a unix socket made in a workspace: the kernel does its
-    /// I/O; it lives in the upper layer and is never checkpointed.
+    /// A FIFO, a unix socket or a device node made in a workspace: the
+    /// kernel does its I/O (a device's only elsewhere: the mount is nodev);
+    /// it lives in the mount's state and is never checkpointed.
     Fifo,
     Socket,
+    BlockDev,
+    CharDev,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -94,6 +97,8 @@ pub struct Attr {
     pub ctime: (i64, u32),
     /// The owner, when not the mount's (a mount only: no checkpoint keeps it).
     pub owner: Option<(u32, u32)>,
+    /// A device node's device number (0 for anything else).
+    pub rdev: u32,
 }
 
 /// An open file: its content source.
@@ -338,6 +343,16 @@ impl SnapshotFs {
         self.chunks.assemble.store(on, Relaxed);
     }
 
+    /// The local folder whose filesystem holds what this mount writes (a
+    /// workspace's upper layer) or reads (a snapshot's disk cache): what
+    /// statfs reports on.
+    pub fn local_dir(&self) -> PathBuf {
+        match &self.upper {
+            Some(u) => u.dir.clone(),
+            None => self.fetcher.cache.root().to_path_buf(),
+        }
+    }
+
     pub fn is_writable(&self) -> bool {
         self.upper.is_some()
     }
@@ -424,6 +439,10 @@ impl SnapshotFs {
         let n = st.get(ino)?;
         // A file's names (0 once unlinked, while a handle keeps it).
         let names = if ino == ROOT_INO { 1 } else { n.nlink() };
+        let rdev = match n.body {
+            Body::Special(_, rdev) => rdev,
+            _ => 0,
+        };
         let (kind, size, nlink) = match &n.body {
             Body::Dir { .. } => (NodeKind::Dir, 0, self.dir_links(st, &n.body)),
             Body::Lower(e) => match e.kind {
@@ -433,7 +452,7 @@ impl SnapshotFs {
             },
             Body::Upper { size, .. } => (NodeKind::File, *size, names),
             Body::Link(t) => (NodeKind::Symlink, t.len() as u64, names),
-            Body::Special(k) => (*k, 0, names),
+            Body::Special(k, _) => (*k, 0, names),
         };
         let perm = if kind == NodeKind::Symlink { 0o777 } else { n.perm };
         let meta = n.meta.as_deref();
@@ -448,6 +467,7 @@ impl SnapshotFs {
             atime: meta.and_then(|m| m.atime).unwrap_or(n.mtime),
             ctime: meta.and_then(|m| m.ctime).unwrap_or(n.mtime),
             owner: meta.and_then(|m| m.owner),
+            rdev,
         })
     }
 
@@ -467,7 +487,7 @@ impl SnapshotFs {
             Body::Lower(e) if e.kind == Kind::Directory => from_tree(&e.id),
             // A gitlink is an empty directory here.
             Body::Lower(_) => 2,
-            Body::Dir { .. } | Body::Upper { .. } | Body::Link(_) | Body::Special(_) => 1,
+            Body::Dir { .. } | Body::Upper { .. } | Body::Link(_) | Body::Special(..) => 1,
         }
     }
 

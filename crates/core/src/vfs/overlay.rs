@@ -89,7 +89,7 @@ impl SnapshotFs {
             Body::Lower(e) if matches!(e.kind, Kind::File | Kind::Executable) => e,
             Body::Dir { .. } | Body::Lower(_) => return Err(Error::fs(Errno::ISDIR, "not a regular file")),
             Body::Link(_) => return Err(Error::fs(Errno::LOOP, "a symlink")),
-            Body::Special(_) => return Err(Error::fs(Errno::NXIO, "a FIFO or socket")),
+            Body::Special(..) => return Err(Error::fs(Errno::NXIO, "a FIFO, socket or device node")),
         };
         let name = String::from_utf8_lossy(&e.name).into_owned();
         let perm = self.st().get(ino)?.perm;
@@ -377,14 +377,18 @@ impl SnapshotFs {
         self.insert(parent, name, |parent| Node::new(parent, name.to_vec(), 0o777, now(), body)).await
     }
 
-    /// Makes a FIFO or a unix socket (what `mkfifo` and a socket's `bind`
-    /// ask for). Devices are refused (the mount is `nodev`), as is any
-    /// other kind here (regular files come through `create`).
-    pub async fn mknod(&self, parent: u64, name: &[u8], kind: NodeKind, perm: u16) -> Result<Attr> {
-        if !matches!(kind, NodeKind::Fifo | NodeKind::Socket) {
-            return Err(Error::fs(Errno::PERM, "only FIFOs and sockets can be made here"));
-        }
-        let body = Body::Special(kind);
+    /// Makes a FIFO, a unix socket or a block or character device node
+    /// (`rdev`: its device number), as `mkfifo`, a socket's `bind` and
+    /// `mknod` ask. A device node is a name with a number here: the mount
+    /// is nodev, so the kernel never opens it as a device. Any other kind
+    /// is refused (regular files come through `create`).
+    pub async fn mknod(&self, parent: u64, name: &[u8], kind: NodeKind, perm: u16, rdev: u32) -> Result<Attr> {
+        let rdev = match kind {
+            NodeKind::Fifo | NodeKind::Socket => 0,
+            NodeKind::BlockDev | NodeKind::CharDev => rdev,
+            _ => return Err(Error::fs(Errno::INVAL, "mknod makes FIFOs, sockets and device nodes")),
+        };
+        let body = Body::Special(kind, rdev);
         self.insert(parent, name, |parent| Node::new(parent, name.to_vec(), perm & 0o7777, now(), body)).await
     }
 

@@ -12,9 +12,12 @@ use super::*;
 
 const OVERLAY_MAGIC: &[u8; 4] = b"MADV";
 /// Version 3 added FIFO and socket records (REC_SPECIAL), version 4 hard
-/// links (REC_ALIAS); older files (which cannot hold them) are read as
-/// they are.
+/// links (REC_ALIAS), version 5 device nodes (REC_SPECIAL kinds 2 and 3,
+/// with a device number); older files (which cannot hold them) are read
+/// as they are. A state with no device node is written as version 4, so
+/// that an older mado still reads it.
 const OVERLAY_VERSION: u8 = 4;
+const OVERLAY_VERSION_5: u8 = 5;
 const OVERLAY_VERSION_2: u8 = 2;
 const OVERLAY_VERSION_3: u8 = 3;
 /// Node bodies in the saved state.
@@ -137,11 +140,16 @@ fn read_record(r: &mut crate::codec::Reader, version: u8) -> std::result::Result
         }
         REC_UPPER => Body::Upper { blob: r.varint()?, size: r.varint()?, clean: None },
         REC_LINK => Body::Link(r.bytes()?.to_vec()),
-        REC_SPECIAL => Body::Special(match r.u8()? {
-            0 => NodeKind::Fifo,
-            1 => NodeKind::Socket,
+        REC_SPECIAL => match r.u8()? {
+            0 => Body::Special(NodeKind::Fifo, 0),
+            1 => Body::Special(NodeKind::Socket, 0),
+            k @ (2 | 3) if version >= OVERLAY_VERSION_5 => {
+                let rdev = u32::try_from(r.varint()?)
+                    .map_err(|_| DecodeError::Invalid("a device number out of range".into()))?;
+                Body::Special(if k == 2 { NodeKind::BlockDev } else { NodeKind::CharDev }, rdev)
+            }
             k => return Err(DecodeError::Invalid(format!("unknown special kind {k}"))),
-        }),
+        },
         t => return Err(DecodeError::Invalid(format!("unknown record type {t}"))),
     };
     Ok(Rec { parent, name, perm, mtime, meta, body: Ok(body) })
@@ -200,7 +208,9 @@ impl SnapshotFs {
         let base_id = u.base.read().expect("base stat lock").id;
         let mut out = Vec::with_capacity(64 + st.nodes.len() * 64);
         out.extend_from_slice(OVERLAY_MAGIC);
-        out.push(OVERLAY_VERSION);
+        let devices =
+            st.nodes.values().any(|n| matches!(n.body, Body::Special(NodeKind::BlockDev | NodeKind::CharDev, _)));
+        out.push(if devices { OVERLAY_VERSION_5 } else { OVERLAY_VERSION });
         out.extend_from_slice(self.root().as_bytes());
         out.extend_from_slice(&self.time.to_le_bytes());
         put_opt_hash(&mut out, base_id);
@@ -266,12 +276,16 @@ impl SnapshotFs {
                     out.push(REC_LINK);
                     put_bytes(&mut out, t);
                 }
-                Body::Special(k) => {
+                Body::Special(k, rdev) => {
                     out.push(REC_SPECIAL);
-                    out.push(match k {
-                        NodeKind::Socket => 1,
-                        _ => 0,
-                    });
+                    match k {
+                        NodeKind::Socket => out.push(1),
+                        NodeKind::BlockDev | NodeKind::CharDev => {
+                            out.push(if *k == NodeKind::BlockDev { 2 } else { 3 });
+                            put_varint(&mut out, *rdev as u64);
+                        }
+                        _ => out.push(0),
+                    }
                 }
             }
         }
@@ -292,11 +306,11 @@ impl SnapshotFs {
         let h = (|| {
             r.magic(OVERLAY_MAGIC)?;
             let version = r.u8()?;
-            if ![OVERLAY_VERSION, OVERLAY_VERSION_3, OVERLAY_VERSION_2].contains(&version) {
+            if ![OVERLAY_VERSION_5, OVERLAY_VERSION, OVERLAY_VERSION_3, OVERLAY_VERSION_2].contains(&version) {
                 return Err(crate::codec::DecodeError::Version {
                     format: "overlay state",
                     version,
-                    supported: OVERLAY_VERSION,
+                    supported: OVERLAY_VERSION_5,
                 });
             }
             let root = r.hash()?;
