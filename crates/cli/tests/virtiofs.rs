@@ -371,3 +371,24 @@ fn a_guests_first_writes_of_a_session_are_kept_by_every_write_path() {
         }
     }
 }
+
+/// `--socket PATH` never removes what is not a stale socket: a regular
+/// file there is refused and kept (it was unlinked), and so is the socket
+/// of a server that is running; a stale socket is replaced.
+#[test]
+fn serve_virtiofs_takes_only_a_free_path_or_a_stale_socket() {
+    let m = Mado::local();
+    setup(&m);
+    let file = m.dir.path().join("precious.txt");
+    std::fs::write(&file, "keep me\n").unwrap();
+    let err = m.fails(&["serve-virtiofs", "main", "--socket", file.to_str().unwrap()], 1);
+    assert!(err.contains("not a socket"), "{err}");
+    assert_eq!(std::fs::read(&file).unwrap(), b"keep me\n");
+    let stale = m.dir.path().join("stale.sock");
+    drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+    let s = serve(&m, "stale", &["main"]);
+    assert_eq!(s.socket, stale);
+    let err = m.fails(&["serve-virtiofs", "main", "--socket", stale.to_str().unwrap()], 1);
+    assert!(err.contains("already served") || err.contains("server that is running"), "{err}");
+    assert!(s.stop().success());
+}

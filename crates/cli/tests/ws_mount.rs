@@ -1807,3 +1807,66 @@ fn a_sticky_directory_keeps_other_users_from_renaming_or_removing_a_file() {
     assert_eq!(std::fs::read(t.join("by-dir-owner")).unwrap(), b"also\n");
     mnt.umount();
 }
+
+/// The control socket with umask 000 and a runtime folder others may read:
+/// the folder is made 0700 again, the socket is 0600, and a process of
+/// another user that reaches the socket anyway (a folder and socket opened
+/// up by hand) is refused: only the mount's owner and root are answered
+/// (issue #44: nobody made root's daemon checkpoint with `force`).
+#[test]
+fn the_control_socket_is_private_and_answers_only_its_owner_and_root() {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    use std::os::unix::process::CommandExt;
+    if !fuse_usable() || !rustix::process::geteuid().is_root() {
+        return;
+    }
+    let m = Mado::local();
+    setup(&m);
+    let run = m.dir.path().join("run");
+    std::fs::create_dir_all(run.join("mado")).unwrap();
+    for d in [m.dir.path().to_path_buf(), run.clone(), run.join("mado")] {
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let mado = |args: &[&str]| {
+        let mut c = m.cmd(args);
+        c.env("XDG_RUNTIME_DIR", &run);
+        // SAFETY: umask is async-signal-safe.
+        unsafe {
+            c.pre_exec(|| {
+                libc::umask(0);
+                Ok(())
+            });
+        }
+        let o = c.output().unwrap();
+        assert!(o.status.success(), "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    };
+    let dir = m.dir.path().join("mnt-ctl");
+    mado(&["ws", "create", "ctl", "--from", "main", "--mount", dir.to_str().unwrap()]);
+    let _mnt = WsMount { m: &m, dir: dir.clone() };
+    let mode = |p: &Path| std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode(&run.join("mado")), 0o700, "the runtime folder was left readable by others");
+    let socks: Vec<PathBuf> = std::fs::read_dir(run.join("mado"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| std::fs::symlink_metadata(p).unwrap().file_type().is_socket())
+        .collect();
+    assert!(!socks.is_empty());
+    for s in &socks {
+        assert_eq!(mode(s), 0o600, "{} follows the umask", s.display());
+    }
+    // Opened up by hand: the peer's uid is still checked.
+    std::fs::set_permissions(run.join("mado"), std::fs::Permissions::from_mode(0o711)).unwrap();
+    std::fs::set_permissions(&socks[0], std::fs::Permissions::from_mode(0o666)).unwrap();
+    let script = format!(
+        "import socket; s = socket.socket(socket.AF_UNIX); s.connect({:?}); \
+         s.sendall(b'{{\"op\": \"stats\"}}\\n'); print(s.makefile().readline())",
+        socks[0].to_str().unwrap()
+    );
+    let o = std::process::Command::new("setpriv")
+        .args(["--reuid", "65534", "--regid", "65534", "--clear-groups", "/usr/bin/python3", "-c", &script])
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("only the mount's owner and root"), "{out} {}", String::from_utf8_lossy(&o.stderr));
+    mado(&["umount", dir.to_str().unwrap()]);
+}

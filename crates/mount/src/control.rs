@@ -26,8 +26,9 @@ const MAX_SOCKET_PATH: usize = 100;
 /// A socket name: 24 hex digits, `ws-` and `.sock` at most.
 const NAME_LEN: usize = 3 + 24 + 5;
 
-/// A private directory of this user's at `dir` (made 0700 if missing);
-/// refused if another user owns it or others may write to it.
+/// A private directory of this user's at `dir` (made 0700 if missing, and
+/// made 0700 again if others may read or search it); refused if another
+/// user owns it or others may write to it (what they put there stays).
 fn private_dir(dir: &Path) -> std::io::Result<PathBuf> {
     match std::fs::create_dir(dir) {
         Ok(()) => std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?,
@@ -36,6 +37,9 @@ fn private_dir(dir: &Path) -> std::io::Result<PathBuf> {
     }
     let m = std::fs::symlink_metadata(dir)?;
     let me = rustix::process::geteuid().as_raw();
+    if m.is_dir() && m.uid() == me && m.mode() & 0o077 != 0 && m.mode() & 0o022 == 0 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    }
     if !m.is_dir() || m.uid() != me || m.mode() & 0o022 != 0 {
         return Err(std::io::Error::other(format!(
             "{} is not a private directory of this user's (owner {}, mode {:o}); remove it or set XDG_RUNTIME_DIR",
@@ -157,10 +161,43 @@ pub fn request(sock: &Path, req: &Request, wait: Duration) -> std::io::Result<Re
 pub type Answer =
     std::sync::Arc<dyn Fn(Request) -> std::pin::Pin<Box<dyn std::future::Future<Output = Reply> + Send>> + Send + Sync>;
 
+/// Binds a control socket at `path` (whatever was there goes: the caller
+/// owns the private directory it is in), mode 0600 whatever the umask.
+pub fn bind(path: &Path) -> std::io::Result<tokio::net::UnixListener> {
+    let _ = std::fs::remove_file(path);
+    let listener = tokio::net::UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(listener)
+}
+
+/// Whether the process at the other end of `stream` may be answered: the
+/// daemon's own user, or root. Anyone else (a socket's mode and folder
+/// are the first fence; this is the second) gets one error line.
+fn peer_allowed(stream: &tokio::net::UnixStream) -> bool {
+    let me = rustix::process::geteuid().as_raw();
+    stream.peer_cred().is_ok_and(|c| c.uid() == me || c.uid() == 0)
+}
+
 /// Serves requests until the listener is dropped.
 pub async fn serve(listener: tokio::net::UnixListener, answer: Answer) {
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
-    while let Ok((stream, _)) = listener.accept().await {
+    while let Ok((mut stream, _)) = listener.accept().await {
+        if !peer_allowed(&stream) {
+            let who = stream.peer_cred().map(|c| c.uid().to_string()).unwrap_or_else(|_| "unknown".into());
+            tracing::warn!(
+                "refused a control connection from uid {who}: only this mount's owner and root are answered"
+            );
+            let e = Reply::Error {
+                message: "only the mount's owner and root may use its control socket".into(),
+                user_error: true,
+            };
+            let mut out = serde_json::to_string(&e).expect("an error reply encodes");
+            out.push('\n');
+            tokio::spawn(async move {
+                let _ = stream.write_all(out.as_bytes()).await;
+            });
+            continue;
+        }
         let answer = answer.clone();
         tokio::spawn(async move {
             let (r, mut w) = stream.into_split();

@@ -266,10 +266,9 @@ pub fn run(
     // The last failed save of a workspace's state (cleared by a good one).
     let save_error: Arc<Mutex<Option<String>>> = Arc::default();
     let sock = control::socket_path(&mp).map_err(Error::io("placing the control socket"))?;
-    let _ = std::fs::remove_file(&sock);
     let listener = {
         let _g = rt.enter();
-        tokio::net::UnixListener::bind(&sock).map_err(Error::io(format!("binding {}", sock.display())))?
+        control::bind(&sock).map_err(Error::io(format!("binding {}", sock.display())))?
     };
     let saver = ws.as_ref().map(|w| Arc::new(mado_core::workspace::StateSaver::new(w.state_dir.clone())));
     // Read through packs, no small file has a whole-file backing in the

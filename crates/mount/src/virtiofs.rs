@@ -237,6 +237,7 @@ impl<F: fuser::Filesystem + Send + 'static> Server<F> {
         sync_all: Option<SyncAll>,
         counts: Arc<Counts>,
     ) -> std::io::Result<(Server<F>, Listener)> {
+        clear_socket_path(path)?;
         let listener =
             Listener::new(path, true).map_err(|e| std::io::Error::other(format!("binding {}: {e}", path.display())))?;
         let bridge = Arc::new(Bridge {
@@ -295,6 +296,32 @@ impl<F: fuser::Filesystem + Send + 'static> Server<F> {
         }
         Ok(())
     }
+}
+
+/// Makes way for the socket at `path`: nothing there, or a stale socket (no
+/// one accepts on it), which goes. Anything else is refused: a file that
+/// is not a socket (it was unlinked, whatever it was), or a socket a live
+/// server listens on.
+fn clear_socket_path(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::FileTypeExt;
+    let m = match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+        Ok(m) => m,
+    };
+    if !m.file_type().is_socket() {
+        return Err(std::io::Error::other(format!(
+            "{} exists and is not a socket; give --socket a path that is free (nothing was removed)",
+            path.display()
+        )));
+    }
+    if std::os::unix::net::UnixStream::connect(path).is_ok() {
+        return Err(std::io::Error::other(format!(
+            "{} is the socket of a server that is running; stop it first or give --socket another path",
+            path.display()
+        )));
+    }
+    std::fs::remove_file(path)
 }
 
 /// Stops a [`Server`]: ends the current connection and the accept loop.
