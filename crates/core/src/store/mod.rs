@@ -20,6 +20,7 @@ pub mod counting;
 pub mod delay;
 pub mod fault;
 pub mod layout;
+mod local;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -293,7 +294,7 @@ impl Remote {
                     crate::fsutil::create_private_dir(&root)?;
                     let fs = object_store::local::LocalFileSystem::new_with_prefix(&root)
                         .map_err(|e| Error::User(format!("remote URL {url:?}: cannot open {}: {e}", root.display())))?;
-                    (Arc::new(fs), String::new(), Some(root), None)
+                    (Arc::new(local::RegularFiles::new(fs)), String::new(), Some(root), None)
                 }
                 // A store in this process's memory, shared by every remote of
                 // the same URL and gone when the process ends: for unit tests
