@@ -530,7 +530,7 @@ impl Remote {
         let wrote = Bytes::from(bytes);
         let payload = PutPayload::from(wrote.clone());
         if let Some(root) = &self.local_root {
-            let lock_path = root.join("locks").join(format!("{}.lock", key.as_ref().replace('/', "%2F")));
+            let lock_path = root.join("locks").join(local_lock_name(key.as_ref()));
             let _lock = crate::fsutil::lock_file(lock_path).await?;
             let current = self.read_versioned(key).await?;
             let matches = match (expected, &current) {
@@ -895,6 +895,16 @@ impl Remote {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_lock_name_always_fits_in_a_file_name() {
+        assert_eq!(super::local_lock_name("refs/a/b"), "refs%2Fa%2Fb.lock");
+        // A valid ref name of 199 bytes, mostly '/': 3 bytes each escaped.
+        let long = format!("refs/{}", ["a"; 100].join("/"));
+        let n = super::local_lock_name(&long);
+        assert!(n.len() <= 255 && n.ends_with(".lock"), "{n}");
+        assert_ne!(n, super::local_lock_name(&format!("{long}b")));
+    }
+
     use super::*;
     use object_store::memory::InMemory;
 
@@ -1001,4 +1011,16 @@ mod tests {
         let stale = r.cas_ref("main", Some(&ver), RefValue::new(Hash([5; 32]), Hash([6; 32]))).await;
         assert!(matches!(stale, Err(Error::RefMoved { .. })), "{stale:?}");
     }
+}
+
+/// The file name of the local store's lock for `key`: the key with `/`
+/// escaped, or, when that would pass the 255 bytes a file name may have
+/// (a valid ref name of 199 bytes made a lock name past it, and an import
+/// failed after its packs were uploaded), `hash-` and the key's hash.
+fn local_lock_name(key: &str) -> String {
+    let escaped = format!("{}.lock", key.replace('/', "%2F"));
+    if escaped.len() <= 255 {
+        return escaped;
+    }
+    format!("hash-{}.lock", Hash::of(key.as_bytes()).to_hex())
 }
