@@ -1111,6 +1111,21 @@ impl Filesystem for MadoFs {
         self.empty_later(reply, async move { core.rename(parent.0, &name, newparent.0, &newname, no_replace).await });
     }
 
+    fn fallocate(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        writable_or_erofs!(self, reply);
+        let core = self.core.clone();
+        self.empty_later(reply, async move { core.fallocate(ino.0, offset, length, mode).await });
+    }
+
     /// The space of the filesystem under the upper layer (a workspace: what
     /// writes use) or the cache (a snapshot: nothing free, it is
     /// read-only); `df` and tools that check free space before writing read

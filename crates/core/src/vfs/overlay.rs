@@ -256,6 +256,46 @@ impl SnapshotFs {
         Ok(data.len() as u32)
     }
 
+    /// fallocate of a file (copied up first): preallocation (mode 0, which
+    /// may grow the file), the same keeping the size (`FALLOC_FL_KEEP_SIZE`),
+    /// and a hole punched (`PUNCH_HOLE | KEEP_SIZE`: zeros read back);
+    /// any other mode is EOPNOTSUPP, as on a filesystem without it.
+    pub async fn fallocate(&self, ino: u64, offset: u64, len: u64, mode: i32) -> Result<()> {
+        use rustix::fs::FallocateFlags as F;
+        self.writable_only()?;
+        let unsupported = || Error::fs(Errno::OPNOTSUPP, "this fallocate mode is not supported here");
+        let flags = u32::try_from(mode).ok().and_then(F::from_bits).ok_or_else(unsupported)?;
+        if !(flags.is_empty() || flags == F::KEEP_SIZE || flags == F::PUNCH_HOLE | F::KEEP_SIZE) {
+            return Err(unsupported());
+        }
+        let end = offset.checked_add(len).ok_or_else(|| Error::fs(Errno::FBIG, "offset and length overflow"))?;
+        let blob = self.copy_up(ino).await?;
+        let p = self.blob_path(blob)?;
+        let f =
+            std::fs::OpenOptions::new().write(true).open(&p).map_err(Error::io(format!("opening {}", p.display())))?;
+        let _content = self.content_lock(ino)?.read().unwrap_or_else(|e| e.into_inner());
+        rustix::fs::fallocate(&f, flags, offset, len).map_err(|e| Error::fs(e, "fallocate of the upper file"))?;
+        let mut st = self.st_mut();
+        let n = st.get_mut(ino)?;
+        let mut changed = flags.contains(F::PUNCH_HOLE);
+        if let Body::Upper { size, clean, .. } = &mut n.body {
+            if !flags.contains(F::KEEP_SIZE) && end > *size {
+                *size = end;
+                changed = true;
+            }
+            if changed {
+                *clean = None;
+            }
+        }
+        if changed {
+            n.modified();
+            st.dirty(ino);
+        }
+        drop(st);
+        self.changed();
+        Ok(())
+    }
+
     /// chmod, chown, truncate and utimes.
     pub async fn setattr(&self, ino: u64, a: SetAttr) -> Result<Attr> {
         self.writable_only()?;

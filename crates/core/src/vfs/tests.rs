@@ -587,3 +587,29 @@ fn a_tree_entry_whose_size_is_not_its_contents_is_refused() {
     let e = staged.tree(&cache, &Tree::normalized(vec![entry(8)]).unwrap()).unwrap_err();
     assert!(e.to_string().contains("\"f\" as 8 bytes"), "{e}");
 }
+
+/// fallocate: mode 0 grows a file (zeros read back), KEEP_SIZE leaves its
+/// size, PUNCH_HOLE|KEEP_SIZE makes zeros of a range; another mode is
+/// EOPNOTSUPP; a checkpoint records what reads back (issue #48).
+#[tokio::test]
+async fn fallocate_preallocates_keeps_size_and_punches_holes() {
+    use rustix::fs::FallocateFlags as F;
+    let d = tempfile::tempdir().unwrap();
+    let (fs, cache) = empty_workspace(d.path());
+    let (a, f) = fs.create(ROOT_INO, b"f", 0o644).await.unwrap();
+    fs.write(&f, 0, b"0123456789").unwrap();
+    fs.fallocate(a.ino, 0, 20, 0).await.unwrap();
+    assert_eq!(fs.getattr(a.ino).unwrap().size, 20);
+    fs.fallocate(a.ino, 0, 4096, F::KEEP_SIZE.bits() as i32).await.unwrap();
+    assert_eq!(fs.getattr(a.ino).unwrap().size, 20);
+    fs.fallocate(a.ino, 2, 3, (F::PUNCH_HOLE | F::KEEP_SIZE).bits() as i32).await.unwrap();
+    let r = fs.open(a.ino).await.unwrap();
+    let want = [&b"01\0\0\056789"[..], &[0u8; 10]].concat();
+    assert_eq!(&fs.read(&r, 0, 64).await.unwrap()[..], &want[..]);
+    let e = fs.fallocate(a.ino, 0, 4, F::COLLAPSE_RANGE.bits() as i32).await.unwrap_err();
+    assert!(matches!(e, Error::Fs { errno, .. } if errno == libc::EOPNOTSUPP), "{e}");
+    let b = fs.build(&cache, &mut Staged::default()).unwrap();
+    let root = Tree::decode(&cache.get(&b.root).unwrap()).unwrap();
+    assert_eq!(root.entries[0].size, 20);
+    assert_eq!(cache.get(&root.entries[0].id).unwrap(), want);
+}
