@@ -893,6 +893,18 @@ impl Remote {
     }
 }
 
+/// The file name of the local store's lock for `key`: the key with `/`
+/// escaped, or, when that would pass the 255 bytes a file name may have
+/// (a valid ref name of 199 bytes made a lock name past it, and an import
+/// failed after its packs were uploaded), `hash-` and the key's hash.
+fn local_lock_name(key: &str) -> String {
+    let escaped = format!("{}.lock", key.replace('/', "%2F"));
+    if escaped.len() <= 255 {
+        return escaped;
+    }
+    format!("hash-{}.lock", Hash::of(key.as_bytes()).to_hex())
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -1011,16 +1023,4 @@ mod tests {
         let stale = r.cas_ref("main", Some(&ver), RefValue::new(Hash([5; 32]), Hash([6; 32]))).await;
         assert!(matches!(stale, Err(Error::RefMoved { .. })), "{stale:?}");
     }
-}
-
-/// The file name of the local store's lock for `key`: the key with `/`
-/// escaped, or, when that would pass the 255 bytes a file name may have
-/// (a valid ref name of 199 bytes made a lock name past it, and an import
-/// failed after its packs were uploaded), `hash-` and the key's hash.
-fn local_lock_name(key: &str) -> String {
-    let escaped = format!("{}.lock", key.replace('/', "%2F"));
-    if escaped.len() <= 255 {
-        return escaped;
-    }
-    format!("hash-{}.lock", Hash::of(key.as_bytes()).to_hex())
 }
