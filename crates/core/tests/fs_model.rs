@@ -438,6 +438,10 @@ impl World {
                 self.fs = SnapshotFs::load_state(self.fetcher.clone(), &saved, self.upper.clone(), self.base.clone())
                     .unwrap();
             }
+            // A checkpoint while another thread truncates and rewrites a
+            // file: the raced file is recorded as one of the states it
+            // went through, whole, and every other path as the model.
+            96..=97 if is_file => self.racing_checkpoint(rng, &path, log).await,
             // Checkpoint: the built tree reads back as the model.
             96..=99 => {
                 log.push("checkpoint".into());
@@ -460,6 +464,65 @@ impl World {
             }
             _ => {}
         }
+    }
+
+    async fn racing_checkpoint(&mut self, rng: &mut Rng, path: &str, log: &mut Vec<String>) {
+        log.push(format!("checkpoint racing rewrites of {path}"));
+        let ino = resolve(&self.fs, &mut self.k, path).await.unwrap();
+        let h = self.fs.open_for_write(ino).await.unwrap();
+        if self.fs.needs_trees_for_build() {
+            self.fs.preload_trees().await.unwrap();
+        }
+        let model = std::fs::OpenOptions::new().write(true).open(self.m(path)).unwrap();
+        let mut states = vec![std::fs::read(self.m(path)).unwrap()];
+        let plan: Vec<(u64, u64, Vec<u8>)> = (0..30)
+            .map(|_| (rng.below(3000) as u64, rng.below(3000) as u64, vec![rng.next() as u8; 1 + rng.below(500)]))
+            .collect();
+        let (fs, cache) = (&self.fs, &self.cache);
+        let built = std::thread::scope(|sc| {
+            let b = sc.spawn(|| fs.build(cache, &mut Staged::default()).unwrap());
+            for (len, at, data) in &plan {
+                futures::executor::block_on(fs.setattr(ino, SetAttr { size: Some(*len), ..Default::default() }))
+                    .unwrap();
+                model.set_len(*len).unwrap();
+                states.push(std::fs::read(self.model.join(path)).unwrap());
+                fs.write(&h, *at, data).unwrap();
+                model.write_all_at(data, *at).unwrap();
+                states.push(std::fs::read(self.model.join(path)).unwrap());
+            }
+            b.join().unwrap()
+        });
+        self.fs.release(ino);
+        let stat = built.stat.encode();
+        let stat_id = Hash::of(&stat);
+        self.fs.rebase(built.root, stat_id, &built.stat);
+        self.base = Some((stat_id, built.stat.clone()));
+        let ro = SnapshotFs::new(self.fetcher.clone(), built.root, 0);
+        let mut got = fs_tree(&ro, &mut Kernel::default()).await;
+        let mut want = model_tree(&self.model);
+        for v in want.values_mut().filter(|v| v.0 == 'f') {
+            v.2 = 1;
+        }
+        // The raced file: one of its states (every hard link of it too).
+        let raced: Vec<String> = want
+            .iter()
+            .filter(|(_, v)| v.0 == 'f' && v.1 == states[states.len() - 1])
+            .map(|(k, _)| k.clone())
+            .collect();
+        for p in raced.iter().filter(|p| p.as_str() == path || self.m(p).exists()) {
+            let g = got.remove(p);
+            if let Some(g) = g {
+                if p == path {
+                    assert!(states.contains(&g.1), "{path} was recorded as no state it had after:\n{}", log.join("\n"));
+                }
+                want.remove(p);
+            }
+        }
+        for p in &raced {
+            want.remove(p);
+            got.remove(p);
+        }
+        assert_eq!(got, want, "a racing checkpoint differs from the model after:\n{}", log.join("\n"));
     }
 
     async fn check(&mut self, log: &[String]) {
