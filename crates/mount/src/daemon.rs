@@ -265,6 +265,7 @@ pub fn run(
     let status = Arc::new(attach.clone());
     // The last failed save of a workspace's state (cleared by a good one).
     let save_error: Arc<Mutex<Option<String>>> = Arc::default();
+    let stuck = watchdog(Arc::downgrade(&core));
     let sock = control::socket_path(&mp).map_err(Error::io("placing the control socket"))?;
     let listener = {
         let _g = rt.enter();
@@ -343,7 +344,14 @@ pub fn run(
                         packs: fetcher.stats(),
                         cache: fetcher.cache.stats(),
                         reads: core.reads(),
-                        nodes_in_memory: core.node_count(),
+                        // Not counted while requests are stuck: this
+                        // answer would wait behind them too.
+                        nodes_in_memory: if stuck.lock().expect("stuck lock").is_some() {
+                            0
+                        } else {
+                            core.node_count()
+                        },
+                        stuck_ms: stuck.lock().expect("stuck lock").map(|t| t.elapsed().as_millis() as u64),
                         chunks_read_ahead: core.chunks_read_ahead(),
                         files_assembled: core.files_assembled(),
                         passthrough: passthrough.load(Relaxed),
@@ -707,4 +715,41 @@ fn mount_as_fuse_mado(
         Err(rustix::io::Errno::PERM | rustix::io::Errno::ACCESS) => Ok(None),
         Err(e) => Err(e.into()),
     }
+}
+
+/// How long the watchdog waits for the inode table's lock before it calls
+/// the mount stuck.
+const STUCK_AFTER: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Watches that requests can get at the inode table: when its lock cannot
+/// be taken for [`STUCK_AFTER`], the mount is stuck (a deadlock, or a
+/// request that never returns while holding it). That is logged at once,
+/// and shown by `mado stats` (`stuck_ms`) until it clears, so a user sees a
+/// hang rather than a silent freeze. Returns when it became stuck.
+fn watchdog(core: std::sync::Weak<SnapshotFs>) -> Arc<Mutex<Option<std::time::Instant>>> {
+    let stuck: Arc<Mutex<Option<std::time::Instant>>> = Arc::default();
+    let mark = stuck.clone();
+    let _ = std::thread::Builder::new().name("watchdog".into()).spawn(move || loop {
+        std::thread::sleep(std::time::Duration::from_secs(2));
+        let Some(core) = core.upgrade() else { return };
+        let free = core.state_lock_free_within(STUCK_AFTER);
+        drop(core);
+        let mut s = mark.lock().expect("stuck lock");
+        match (free, s.is_some()) {
+            (false, false) => {
+                *s = Some(std::time::Instant::now() - STUCK_AFTER);
+                tracing::error!(
+                    "requests to this mount have waited over {} s for its inode table (a stuck request holds it); \
+                     `mado stats` shows how long; kill -9 of this daemon and `mado umount` end it (fsynced work is kept)",
+                    STUCK_AFTER.as_secs()
+                );
+            }
+            (true, true) => {
+                *s = None;
+                tracing::warn!("requests to this mount move again");
+            }
+            _ => {}
+        }
+    });
+    stuck
 }

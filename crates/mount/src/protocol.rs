@@ -89,6 +89,10 @@ pub struct MountStats {
     pub cache: CacheStats,
     pub reads: u64,
     pub nodes_in_memory: usize,
+    /// How long requests have been stuck (the inode table's lock unavailable
+    /// for over the watchdog's 10 s), while they are; `None` otherwise.
+    #[serde(default)]
+    pub stuck_ms: Option<u64>,
     /// Chunks of large files fetched or loaded ahead of a sequential reader.
     #[serde(default)]
     pub chunks_read_ahead: u64,

@@ -40,6 +40,16 @@ pub async fn run(a: StatsArgs, ctx: &Ctx) -> Result<()> {
         let ops: Vec<String> = q.by_op.iter().map(|(k, n)| format!("{k} {n}")).collect();
         println!("guest:  {} requests ({} refused): {}", q.requests, q.refused, ops.join(", "));
     }
+    if let Some(ms) = v.stuck_ms {
+        println!(
+            "warning: requests to this mount have been stuck for {} s (a request holds its inode table)",
+            ms / 1000
+        );
+        println!(
+            "  the daemon's log says more; kill -9 of pid {} and `mado umount` end it (fsynced work is kept)",
+            v.pid
+        );
+    }
     if let Some(w) = &v.workspace {
         println!("workspace: {} ({} changes since mounted)", w.name, w.changes);
         if let Some(e) = &w.last_save_error {

@@ -418,4 +418,18 @@ impl SnapshotFs {
     pub fn node_count(&self) -> usize {
         self.st().nodes.len()
     }
+
+    /// Whether the inode table's lock could be taken within `wait` (a
+    /// watchdog's probe: never blocks for longer). Every request takes it;
+    /// held past a few seconds, requests are stuck behind it.
+    pub fn state_lock_free_within(&self, wait: Duration) -> bool {
+        let t = std::time::Instant::now();
+        loop {
+            match self.state.try_read() {
+                Ok(_) | Err(std::sync::TryLockError::Poisoned(_)) => return true,
+                Err(std::sync::TryLockError::WouldBlock) if t.elapsed() >= wait => return false,
+                Err(std::sync::TryLockError::WouldBlock) => std::thread::sleep(Duration::from_millis(2)),
+            }
+        }
+    }
 }

@@ -613,3 +613,21 @@ async fn fallocate_preallocates_keeps_size_and_punches_holes() {
     assert_eq!(root.entries[0].size, 20);
     assert_eq!(cache.get(&root.entries[0].id).unwrap(), want);
 }
+
+/// The watchdog's probe: false while the inode table's lock is held past
+/// its wait, true once it is free (never blocking past the wait).
+#[test]
+fn the_state_lock_probe_sees_a_held_lock_and_never_waits_past_its_bound() {
+    let d = tempfile::tempdir().unwrap();
+    let (fs, _cache) = empty_workspace(d.path());
+    assert!(fs.state_lock_free_within(Duration::from_millis(10)));
+    let held = fs.st_mut();
+    let t = std::time::Instant::now();
+    std::thread::scope(|s| {
+        let probe = s.spawn(|| fs.state_lock_free_within(Duration::from_millis(200)));
+        assert!(!probe.join().unwrap());
+    });
+    assert!(t.elapsed() < Duration::from_secs(5));
+    drop(held);
+    assert!(fs.state_lock_free_within(Duration::from_millis(10)));
+}
