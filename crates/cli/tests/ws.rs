@@ -1285,3 +1285,26 @@ fn a_checkpoint_over_an_unpacked_base_puts_new_content_up_once() {
     assert_eq!(std::fs::read(r.join("big.bin")).unwrap(), data);
     assert_eq!(std::fs::read(r.join("README.md")).unwrap(), b"changed\n");
 }
+
+/// A damaged lease (one flipped bit, or garbage) is never read as free nor
+/// as another holder's: a resume is refused naming it, and `--steal`
+/// replaces it (issue #44).
+#[test]
+fn a_damaged_lease_is_refused_naming_it_and_steal_replaces_it() {
+    let m = Mado::local();
+    setup(&m);
+    let a = m.dir.path().join("a");
+    m.ok(&["ws", "create", "dmg", "--from", "main", "--dir", a.to_str().unwrap()]);
+    let lease = m.store_dir().join("leases/ws/dmg");
+    let mut b = std::fs::read(&lease).unwrap();
+    b[6] ^= 0x20;
+    std::fs::write(&lease, &b).unwrap();
+    let to = m.dir.path().join("b");
+    let err = m.fails(&["ws", "resume", "dmg", to.to_str().unwrap()], 1);
+    assert!(err.contains("does not decode") && err.contains("--steal"), "{err}");
+    std::fs::write(&lease, b"garbage").unwrap();
+    let err = m.fails(&["ws", "checkpoint", "--dir", a.to_str().unwrap()], 1);
+    assert!(err.contains("does not decode"), "{err}");
+    m.ok(&["ws", "resume", "dmg", to.to_str().unwrap(), "--steal"]);
+    assert!(to.join("README.md").exists());
+}

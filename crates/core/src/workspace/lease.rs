@@ -97,11 +97,17 @@ fn lease_expected_from(
 ) -> Result<Option<RefVersion>> {
     Ok(match cur {
         None => None,
-        Some((bytes, ver)) => match Lease::decode(bytes).ok() {
-            Some(l) if l.holder == holder || l.holder.is_empty() || from == Some(l.holder.as_str()) => {
-                Some(ver.clone())
+        Some((bytes, ver)) => match Lease::decode(bytes) {
+            // Damaged: never read as free, nor as another holder's.
+            Err(e) if !steal => {
+                return Err(Error::User(format!(
+                    "the lease of workspace {name} (leases/ws/{name} in the store) does not decode: {e}; \
+                     whoever held it, `--steal` replaces it (a holder whose checkpoint it was then loses it)"
+                )))
             }
-            Some(l) if l.expires > now() || !steal => {
+            Err(_) => Some(ver.clone()),
+            Ok(l) if l.holder == holder || l.holder.is_empty() || from == Some(l.holder.as_str()) => Some(ver.clone()),
+            Ok(l) if l.expires > now() || !steal => {
                 return Err(Error::LeaseHeld {
                     name: name.to_string(),
                     holder: l.holder,
@@ -109,8 +115,8 @@ fn lease_expected_from(
                     expired: l.expires <= now(),
                 })
             }
-            // Expired and stolen, or undecodable (overwritten).
-            _ => Some(ver.clone()),
+            // Expired and stolen.
+            Ok(_) => Some(ver.clone()),
         },
     })
 }
