@@ -157,6 +157,11 @@ impl Error {
         }
     }
 
+    /// A full disk or quota (ENOSPC, EDQUOT) under a local write.
+    pub fn is_no_space(&self) -> bool {
+        matches!(self, Error::Io { source, .. } if matches!(source.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)))
+    }
+
     /// A problem of mado's own local state at `path`.
     pub fn local_state(path: &std::path::Path, detail: impl Into<String>) -> Error {
         Error::LocalState { path: path.display().to_string(), detail: detail.into() }

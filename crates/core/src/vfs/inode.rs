@@ -53,6 +53,9 @@ pub(super) struct Node {
     /// the mount's (`chown`, or a file another user made), an access time
     /// and a change time apart from the mtime. `None` for most nodes.
     pub(super) meta: Option<Box<Meta>>,
+    /// `changes()` when its last name went (a save counted past it no
+    /// longer names its upper file); `None` while it has a name.
+    pub(super) detached_at: Option<u64>,
     pub(super) body: Body,
 }
 
@@ -80,6 +83,7 @@ impl Node {
             touched: false,
             links: Vec::new(),
             meta: None,
+            detached_at: None,
             body,
         }
     }
@@ -353,7 +357,8 @@ impl SnapshotFs {
         // while a saved state may still name it.
         if let Body::Upper { blob, size, .. } = n.body {
             if n.lookups == 0 {
-                self.recycle(st, blob, size);
+                let freed = n.detached_at.unwrap_or_else(|| self.changes());
+                self.recycle(st, blob, size, freed);
             }
         }
         let Ok(n) = st.get(ino) else { return true };

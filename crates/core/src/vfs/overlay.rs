@@ -180,11 +180,11 @@ impl SnapshotFs {
     /// kill -9 would bring back a saved state whose node has no bytes).
     /// Its bytes stay as they are until then: a crash brings back a saved
     /// state that may still name it, whole.
-    pub(super) fn recycle(&self, st: &mut State, blob: u64, size: u64) {
+    /// `freed`: the change count when the node lost its last name (read
+    /// under the state lock it left under: a save whose count is above it
+    /// serialized the state without it).
+    pub(super) fn recycle(&self, st: &mut State, blob: u64, size: u64, freed: u64) {
         let Ok(p) = self.blob_path(blob) else { return };
-        // Read under the state lock the node left under: a save whose
-        // count is above this one serialized the state without it.
-        let freed = self.changes();
         // The file's own length: a node's `size` is what it was made with
         // (0 for a new file), not what was written since. Judged by that,
         // every deleted file was kept, whole, until reused: a deleted
@@ -194,7 +194,11 @@ impl SnapshotFs {
             return;
         };
         if st.spare.len() >= SPARE_MAX || size.max(m.len()) > SPARE_BYTES {
-            if let Ok(u) = self.overlay() {
+            if freed < self.saved_changes.load(Relaxed) {
+                // A durable save names it no more already (the kernel
+                // forgot the node after that save).
+                let _ = std::fs::remove_file(p);
+            } else if let Ok(u) = self.overlay() {
                 u.doomed.lock().unwrap_or_else(|e| e.into_inner()).push((blob, freed));
             }
             return;
@@ -218,6 +222,20 @@ impl SnapshotFs {
         for b in gone {
             let _ = std::fs::remove_file(u.dir.join(b.to_string()));
         }
+    }
+
+    /// Unlinks the doomed upper files now, before a save that no longer
+    /// names them: when a save fails for want of space (a full disk), the
+    /// space they hold is what lets it succeed. A crash before that save
+    /// brings back names whose files are gone; loading drops such names
+    /// and reports them (`lost_on_load`). Returns how many went.
+    pub fn free_doomed_now(&self) -> usize {
+        let Ok(u) = self.overlay() else { return 0 };
+        let gone: Vec<(u64, u64)> = u.doomed.lock().unwrap_or_else(|e| e.into_inner()).drain(..).collect();
+        for (b, _) in &gone {
+            let _ = std::fs::remove_file(u.dir.join(b.to_string()));
+        }
+        gone.len()
     }
 
     /// Unlinks every spare and doomed upper file (at unmount, after the
@@ -441,6 +459,7 @@ impl SnapshotFs {
         let n = st.get_mut(ino)?;
         if n.drop_name(parent, name) {
             n.parent = 0;
+            n.detached_at = Some(self.changes());
             self.reap(st, ino);
         } else {
             n.changed_now();

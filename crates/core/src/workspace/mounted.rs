@@ -229,7 +229,14 @@ impl StateSaver {
         if now <= *saved {
             return Ok(());
         }
-        save_mount_state(fs, &self.state_dir)?;
+        if let Err(e) = save_mount_state(fs, &self.state_dir) {
+            // A full disk: the files deleted since the last save hold the
+            // space the save needs (see `free_doomed_now`).
+            if !e.is_no_space() || fs.free_doomed_now() == 0 {
+                return Err(e);
+            }
+            save_mount_state(fs, &self.state_dir)?;
+        }
         *saved = now;
         fs.note_saved(now);
         Ok(())
