@@ -1869,3 +1869,57 @@ fn the_control_socket_is_private_and_answers_only_its_owner_and_root() {
     assert!(out.contains("only the mount's owner and root"), "{out} {}", String::from_utf8_lossy(&o.stderr));
     mado(&["umount", dir.to_str().unwrap()]);
 }
+
+/// What a local filesystem answers and the red team found wrong (issue
+/// #44): a time before 1970 is kept to the nanosecond (every pre-1970
+/// mtime showed as 1970-01-01, and one set through the mount was stored a
+/// second early); statfs reports the upper filesystem's space (every
+/// figure was 0, and tools that check free space refused to write);
+/// RENAME_WHITEOUT is EINVAL; fallocate preallocates, keeps the size and
+/// punches holes (issue #48; it was EOPNOTSUPP in every mode).
+#[test]
+fn old_times_statfs_whiteout_and_fallocate_answer_as_a_local_filesystem() {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::MetadataExt;
+    if !fuse_usable() {
+        return;
+    }
+    let m = Mado::local();
+    setup(&m);
+    let mnt = create(&m, "posix");
+    let d = mnt.dir.clone();
+    let c = |p: &str| std::ffi::CString::new(d.join(p).as_os_str().as_bytes()).unwrap();
+    // 1960-01-01 00:00:00.5 UTC.
+    let t = libc::timespec { tv_sec: -315_619_200, tv_nsec: 500_000_000 };
+    // SAFETY: a valid NUL-terminated path and two timespecs.
+    assert_eq!(unsafe { libc::utimensat(libc::AT_FDCWD, c("README.md").as_ptr(), [t, t].as_ptr(), 0) }, 0);
+    let md = std::fs::metadata(d.join("README.md")).unwrap();
+    assert_eq!((md.mtime(), md.mtime_nsec()), (-315_619_200, 500_000_000));
+    mnt.umount();
+    m.ok(&["ws", "resume", "posix", mnt.path(), "--mount"]);
+    let md = std::fs::metadata(d.join("README.md")).unwrap();
+    assert_eq!((md.mtime(), md.mtime_nsec()), (-315_619_200, 500_000_000), "after a remount");
+
+    let s = rustix::fs::statvfs(&d).unwrap();
+    assert!(s.f_blocks > 0 && s.f_bavail > 0 && s.f_bsize > 0, "statfs: {} blocks, {} free", s.f_blocks, s.f_bavail);
+
+    std::fs::write(d.join("a"), "a").unwrap();
+    // SAFETY: valid NUL-terminated paths.
+    let r = unsafe {
+        libc::renameat2(libc::AT_FDCWD, c("a").as_ptr(), libc::AT_FDCWD, c("b").as_ptr(), libc::RENAME_WHITEOUT)
+    };
+    assert_eq!((r, std::io::Error::last_os_error().raw_os_error()), (-1, Some(libc::EINVAL)));
+
+    let f = std::fs::OpenOptions::new().write(true).open(d.join("a")).unwrap();
+    use rustix::fs::FallocateFlags as F;
+    rustix::fs::fallocate(&f, F::empty(), 0, 4096).unwrap();
+    assert_eq!(std::fs::metadata(d.join("a")).unwrap().len(), 4096);
+    rustix::fs::fallocate(&f, F::KEEP_SIZE, 0, 1 << 20).unwrap();
+    assert_eq!(std::fs::metadata(d.join("a")).unwrap().len(), 4096);
+    rustix::fs::fallocate(&f, F::PUNCH_HOLE | F::KEEP_SIZE, 0, 1).unwrap();
+    assert_eq!(std::fs::read(d.join("a")).unwrap(), vec![0u8; 4096]);
+    let e = rustix::fs::fallocate(&f, F::COLLAPSE_RANGE, 0, 4096).unwrap_err();
+    assert_eq!(e, rustix::io::Errno::OPNOTSUPP);
+    drop(f);
+    mnt.umount();
+}

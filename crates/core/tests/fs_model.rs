@@ -1,6 +1,7 @@
 //! The read-write filesystem against a reference model: random sequences of
 //! creates, in-place writes, appends, renames over existing files, unlinks
-//! of open files, hard links (and their `nlink`), mkdir/rmdir, kernel forgets (every reference dropped, as
+//! of open files, hard links (and their `nlink`), mkdir/rmdir, device nodes (as root), checkpoints racing
+//! rewrites of a file, kernel forgets (every reference dropped, as
 //! `echo 2 > /proc/sys/vm/drop_caches` does), remounts (save, reload) and
 //! checkpoints, applied both to `SnapshotFs` and to a plain directory. After
 //! every step group the two trees must be equal, handles held open must read
@@ -127,9 +128,14 @@ fn model_tree(root: &Path) -> BTreeMap<String, (char, Vec<u8>, u32)> {
             let e = e.unwrap();
             let name = e.file_name().to_string_lossy().into_owned();
             let p = if rel.is_empty() { name.clone() } else { format!("{rel}/{name}") };
-            if e.file_type().unwrap().is_dir() {
+            let t = e.file_type().unwrap();
+            if t.is_dir() {
                 out.insert(p.clone(), ('d', Vec::new(), 0));
                 stack.push((e.path(), p));
+            } else if std::os::unix::fs::FileTypeExt::is_char_device(&t) {
+                use std::os::unix::fs::MetadataExt;
+                let md = e.metadata().unwrap();
+                out.insert(p, ('c', md.rdev().to_string().into_bytes(), md.nlink() as u32));
             } else {
                 use std::os::unix::fs::MetadataExt;
                 let links = e.metadata().unwrap().nlink() as u32;
@@ -156,6 +162,9 @@ async fn fs_tree(fs: &SnapshotFs, k: &mut Kernel) -> BTreeMap<String, (char, Vec
                 NodeKind::Dir => {
                     out.insert(p.clone(), ('d', Vec::new(), 0));
                     stack.push((a.ino, p));
+                }
+                NodeKind::CharDev => {
+                    out.insert(p, ('c', a.rdev.to_string().into_bytes(), a.nlink));
                 }
                 _ => {
                     let h = fs.open(a.ino).await.unwrap_or_else(|e| panic!("listed but cannot open {p}: {e}"));
@@ -289,7 +298,7 @@ impl World {
         let dir = DIRS[rng.below(DIRS.len())];
         let name = NAMES[rng.below(NAMES.len())];
         let path = if dir.is_empty() { name.to_string() } else { format!("{dir}/{name}") };
-        let op = rng.below(100);
+        let op = rng.below(104);
         let fs = &self.fs;
         let mp = self.m(&path);
         let is_file = mp.is_file() && !mp.is_symlink();
@@ -438,6 +447,31 @@ impl World {
                 self.fs = SnapshotFs::load_state(self.fetcher.clone(), &saved, self.upper.clone(), self.base.clone())
                     .unwrap();
             }
+            // A character device node made or removed (as root: the model
+            // is a plain directory), at names no other step uses: kept
+            // across remounts, never checkpointed.
+            100..=103 if rustix::process::geteuid().is_root() => {
+                let n = ["n0", "n1"][rng.below(2)];
+                if !self.m(dir).is_dir() {
+                    return;
+                }
+                let dp = if dir.is_empty() { n.to_string() } else { format!("{dir}/{n}") };
+                let parent = resolve(fs, &mut self.k, dir).await.unwrap();
+                if self.m(&dp).exists() {
+                    log.push(format!("unlink device {dp}"));
+                    std::fs::remove_file(self.m(&dp)).unwrap();
+                    fs.unlink(parent, n.as_bytes()).await.unwrap();
+                    self.k.invalidate(&dp);
+                } else {
+                    log.push(format!("mknod {dp}"));
+                    let rdev = libc::makedev(1, 3);
+                    let c = std::ffi::CString::new(self.m(&dp).to_str().unwrap()).unwrap();
+                    // SAFETY: a valid NUL-terminated path.
+                    assert_eq!(unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o644, rdev) }, 0);
+                    let a = fs.mknod(parent, n.as_bytes(), NodeKind::CharDev, 0o644, rdev as u32).await.unwrap();
+                    self.k.took(fs, a.ino);
+                }
+            }
             // A checkpoint while another thread truncates and rewrites a
             // file: the raced file is recorded as one of the states it
             // went through, whole, and every other path as the model.
@@ -457,6 +491,8 @@ impl World {
                 let got = fs_tree(&ro, &mut Kernel::default()).await;
                 // A checkpoint records each path as a file of its own.
                 let mut want = model_tree(&self.model);
+                // Device nodes are not checkpointed.
+                want.retain(|_, v| v.0 != 'c');
                 for v in want.values_mut().filter(|v| v.0 == 'f') {
                     v.2 = 1;
                 }
@@ -500,6 +536,7 @@ impl World {
         let ro = SnapshotFs::new(self.fetcher.clone(), built.root, 0);
         let mut got = fs_tree(&ro, &mut Kernel::default()).await;
         let mut want = model_tree(&self.model);
+        want.retain(|_, v| v.0 != 'c');
         for v in want.values_mut().filter(|v| v.0 == 'f') {
             v.2 = 1;
         }

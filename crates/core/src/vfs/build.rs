@@ -410,6 +410,14 @@ impl SnapshotFs {
                         stack.extend(kids.into_iter().rev().map(|(name, c)| Step::Enter(c, join(&path, &name), ino)));
                     } else {
                         let e = self.build_leaf(st, ino, &path, staged, ctx, b)?;
+                        // An entry that is not the file's content now (the
+                        // bytes hashed before a later write): the
+                        // directories above stay unclean, or the next
+                        // build would reuse their trees and never look at
+                        // the file again.
+                        if matches!(st.get(ino)?.body, Body::Upper { clean: None, .. }) {
+                            held.insert(parent);
+                        }
                         out.push(e);
                     }
                 }
