@@ -868,3 +868,40 @@ fn a_store_that_never_answers_is_named_while_the_command_waits() {
     let said = got.expect("no word from mado in 20 s while the store stayed silent");
     assert!(said.contains(&format!("127.0.0.1:{port}")) && said.contains("ref main"), "{said}");
 }
+
+/// A damaged pack index (the top layer, or a lower one after a second
+/// import) read from a cold cache is named, with its layer, instead of
+/// reported as a missing tree: trees travel inline in indexes (issue #44).
+#[test]
+fn a_damaged_pack_index_is_named_not_reported_as_a_missing_tree() {
+    let m = Mado::local();
+    let repo = setup(&m);
+    // A second commit: a layered index over the first.
+    std::fs::write(repo.join("added.txt"), "more\n").unwrap();
+    commit_all(&repo, "second");
+    m.ok(&["import-git", repo.to_str().unwrap()]);
+    let indexes = files_under(&m.store_dir().join("packs/index"));
+    assert!(indexes.len() >= 2, "{indexes:?}");
+    let mut named = 0;
+    for flip in &indexes {
+        let other = Mado { dir: tempfile::tempdir().unwrap(), remote: m.remote.clone() };
+        let good = std::fs::read(flip).unwrap();
+        let mut bad = good.clone();
+        let at = bad.len() / 2;
+        bad[at] ^= 1;
+        std::fs::write(flip, &bad).unwrap();
+        let to = other.dir.path().join("co");
+        let o = other.run(&["checkout", "main", to.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        std::fs::write(flip, &good).unwrap();
+        let name = flip.file_name().unwrap().to_str().unwrap();
+        if o.status.success() {
+            // A layer the newest snapshot does not read (an older top).
+            continue;
+        }
+        assert!(err.contains("pack index") && err.contains("packs/index/"), "{name}: {err}");
+        assert!(!err.contains("(tree) not found"), "{name}: {err}");
+        named += 1;
+    }
+    assert!(named >= 2, "the top layer and the one below it are both read by a checkout of main");
+}

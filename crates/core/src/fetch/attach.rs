@@ -74,7 +74,11 @@ impl Fetcher {
     pub async fn attach_hinted(&self, tree: Hash, hint: &[Hash]) -> Result<Attach> {
         Ok(match load_index(&self.remote, &self.cache, tree, hint).await? {
             Ok((idx, via)) => self.install(idx, via),
-            Err(reason) => reason,
+            Err(Attach::NoIndex) => Attach::NoIndex,
+            Err(reason) => {
+                self.index_failures.lock().expect("index failures lock").push((tree, reason.describe()));
+                reason
+            }
         })
     }
 

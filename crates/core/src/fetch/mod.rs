@@ -100,6 +100,11 @@ pub struct Fetcher {
     /// Run packs being downloaded at once (see [`packs::RUN_FLIGHTS`]).
     run_flights: Arc<tokio::sync::Semaphore>,
     warnings: Mutex<Vec<String>>,
+    /// Pack indexes that could not be attached for a reason other than
+    /// their absence (undecodable, of another tree, a layer or pack
+    /// missing): (tree, why). A tree then missing from the store is named
+    /// as that index's fault: trees travel inline in indexes.
+    index_failures: Mutex<Vec<(Hash, String)>>,
     /// What the current walk will read (see [`Fetcher::want`]).
     wanted: RwLock<Option<Arc<HashSet<Hash>>>>,
     pub counters: FetchCounters,
@@ -135,6 +140,7 @@ impl Fetcher {
             piece_permits: Arc::new(tokio::sync::Semaphore::new(typed::PIECE_PERMITS)),
             run_flights: Arc::new(tokio::sync::Semaphore::new(packs::RUN_FLIGHTS)),
             warnings: Mutex::new(Vec::new()),
+            index_failures: Mutex::new(Vec::new()),
             wanted: RwLock::new(None),
             counters: FetchCounters::default(),
         })

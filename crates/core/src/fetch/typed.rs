@@ -41,9 +41,30 @@ impl Fetcher {
         let inline = self.packs.read().expect("packs lock").trees.get(&id).cloned();
         let b = match inline {
             Some(t) => Bytes::from((*t).clone()),
-            None => self.get(Space::Objects, id, "tree").await.map_err(|e| e.at_path(path))?,
+            None => self.get(Space::Objects, id, "tree").await.map_err(|e| self.blame_index(e.at_path(path)))?,
         };
         Tree::decode(&b).map_err(|e| Error::corrupt(id, "tree", path, e))
+    }
+
+    /// A tree missing from the store while a pack index could not be
+    /// attached (it carries the trees inline): the index is named, with
+    /// why, rather than the tree alone (a damaged index read as a missing
+    /// tree, from a cold cache).
+    fn blame_index(&self, e: Error) -> Error {
+        let Error::ObjectMissing { id, what: "tree", path } = &e else { return e };
+        let failures = self.index_failures.lock().expect("index failures lock");
+        let Some((tree, why)) = failures.last() else { return e };
+        Error::Corrupt {
+            id: *tree,
+            what: "pack index",
+            path: format!("packs/index/{}", tree.to_hex()),
+            detail: format!(
+                "{why}; it carries this snapshot's trees, so tree {} ({}) cannot be read; \
+                 re-import or re-checkpoint the snapshot, or restore that file",
+                id.short(),
+                if path.is_empty() { "/" } else { path }
+            ),
+        }
     }
 
     pub async fn snapshot(self: &Arc<Self>, id: Hash) -> Result<Snapshot> {
