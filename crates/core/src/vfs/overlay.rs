@@ -211,17 +211,7 @@ impl SnapshotFs {
     /// doomed ones are unlinked now.
     pub fn note_saved(&self, changes: u64) {
         self.saved_changes.fetch_max(changes, Relaxed);
-        let saved = self.saved_changes.load(Relaxed);
-        let Ok(u) = self.overlay() else { return };
-        let gone: Vec<u64> = {
-            let mut d = u.doomed.lock().unwrap_or_else(|e| e.into_inner());
-            let (go, keep) = d.drain(..).partition(|(_, freed)| *freed < saved);
-            *d = keep;
-            go.into_iter().map(|(b, _)| b).collect()
-        };
-        for b in gone {
-            let _ = std::fs::remove_file(u.dir.join(b.to_string()));
-        }
+        self.unlink_doomed(self.saved_changes.load(Relaxed));
     }
 
     /// Unlinks the doomed upper files now, before a save that no longer
@@ -230,9 +220,20 @@ impl SnapshotFs {
     /// brings back names whose files are gone; loading drops such names
     /// and reports them (`lost_on_load`). Returns how many went.
     pub fn free_doomed_now(&self) -> usize {
+        self.unlink_doomed(u64::MAX)
+    }
+
+    /// Unlinks the doomed upper files freed before change count `before`;
+    /// returns how many went.
+    fn unlink_doomed(&self, before: u64) -> usize {
         let Ok(u) = self.overlay() else { return 0 };
-        let gone: Vec<(u64, u64)> = u.doomed.lock().unwrap_or_else(|e| e.into_inner()).drain(..).collect();
-        for (b, _) in &gone {
+        let gone: Vec<u64> = {
+            let mut d = u.doomed.lock().unwrap_or_else(|e| e.into_inner());
+            let (go, keep): (Vec<_>, Vec<_>) = d.drain(..).partition(|(_, freed)| *freed < before);
+            *d = keep;
+            go.into_iter().map(|(b, _)| b).collect()
+        };
+        for b in &gone {
             let _ = std::fs::remove_file(u.dir.join(b.to_string()));
         }
         gone.len()
@@ -241,15 +242,13 @@ impl SnapshotFs {
     /// Unlinks every spare and doomed upper file (at unmount, after the
     /// last save: no state names them).
     pub fn drop_spares(&self) {
-        let mut gone: Vec<u64> = self.st_mut().spare.drain(..).map(|(b, _)| b).collect();
-        if let Ok(u) = self.overlay() {
-            gone.extend(u.doomed.lock().unwrap_or_else(|e| e.into_inner()).drain(..).map(|(b, _)| b));
-        }
-        for b in gone {
+        let spare: Vec<u64> = self.st_mut().spare.drain(..).map(|(b, _)| b).collect();
+        for b in spare {
             if let Ok(p) = self.blob_path(b) {
                 let _ = std::fs::remove_file(p);
             }
         }
+        self.unlink_doomed(u64::MAX);
     }
 
     /// Writes `data` at `offset` of a file opened for writing.
