@@ -3,7 +3,7 @@
 
 mod common;
 
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -692,4 +692,55 @@ fn mount_at<'a>(m: &'a Mado, spec: &str, dir: &Path, extra: &[&str]) -> Mounted<
     let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
     assert!(o.status.success(), "mount failed: {stderr}");
     Mounted { m, dir: dir.to_path_buf(), stderr }
+}
+
+/// A user other than root mounts through fusermount3 where /dev/fuse lets
+/// users in; where it does not (mode 0600, as on this project's machines),
+/// the error says exactly that and what to do, not "is fuse3 installed?".
+#[test]
+fn a_mount_by_another_user_works_or_says_why_not() {
+    if !fuse_usable() || !rustix::process::geteuid().is_root() {
+        eprintln!("skipping: needs FUSE and root (to act as another user)");
+        return;
+    }
+    // Everything the other user touches sits in a directory it may search:
+    // the binary (the build's folder may be private), its HOME and store.
+    let base = tempfile::Builder::new().prefix("mado-nobody").tempdir_in("/tmp").unwrap();
+    std::fs::set_permissions(base.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let bin = base.path().join("mado");
+    std::fs::copy(env!("CARGO_BIN_EXE_mado"), &bin).unwrap();
+    let (home, mp) = (base.path().join("home"), base.path().join("home/mp"));
+    std::fs::create_dir(&home).unwrap();
+    let repo = fixture_repo(base.path());
+    let o = std::process::Command::new("chown").args(["-R", "65534:65534"]).arg(&home).arg(&repo).output().unwrap();
+    assert!(o.status.success());
+    let run = |args: &[&str]| {
+        let mut all = vec![
+            "env".to_string(),
+            format!("HOME={}", home.display()),
+            "XDG_RUNTIME_DIR=".into(),
+            format!("MADO_REMOTE_ADDR=file://{}/store", home.display()),
+            bin.to_str().unwrap().into(),
+        ];
+        all.extend(args.iter().map(|a| a.to_string()));
+        as_nobody(&all.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let (code, err) = run(&["import-git", repo.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{err}");
+    let (code, err) = run(&["mount", "main", mp.to_str().unwrap()]);
+    let mode = std::fs::metadata("/dev/fuse").unwrap().mode();
+    if mode & 0o006 == 0o006 {
+        assert_eq!(code, Some(0), "{err}");
+        let (code, err) = as_nobody(&["cat", mp.join("README.md").to_str().unwrap()]);
+        assert_eq!(code, Some(0), "{err}");
+        let (code, err) = run(&["umount", mp.to_str().unwrap()]);
+        assert_eq!(code, Some(0), "{err}");
+    } else {
+        assert_ne!(code, Some(0), "a mount with /dev/fuse mode {mode:o} worked for another user");
+        assert!(err.contains(&format!("/dev/fuse is mode {:o}", mode & 0o7777)), "{err}");
+        assert!(err.contains("uid 65534 cannot open it") && err.contains("chmod 0666 /dev/fuse"), "{err}");
+        assert!(!err.contains("is fuse3 installed"), "{err}");
+        // Nothing is left mounted or running.
+        assert!(mount_type(&mp).is_none(), "{err}");
+    }
 }

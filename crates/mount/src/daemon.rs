@@ -475,12 +475,7 @@ pub fn run(
                 }
                 Err(e) => {
                     let _ = std::fs::remove_file(&sock);
-                    let hint = if *allow_other {
-                        "--allow-other needs root, or `user_allow_other` in /etc/fuse.conf"
-                    } else {
-                        "is fuse3 installed and /dev/fuse usable?"
-                    };
-                    let e = Error::User(format!("mounting at {}: {e} ({hint})", mp.display()));
+                    let e = Error::User(format!("mounting at {}: {e} ({})", mp.display(), why_no_mount(*allow_other)));
                     ready(Err(&e));
                     return Err(e);
                 }
@@ -667,6 +662,45 @@ enum Served {
 /// an `rm -rf`).
 fn kernel_checks_permissions(allow_other: bool) -> bool {
     allow_other || !rustix::process::geteuid().is_root()
+}
+
+/// What most likely kept a FUSE mount from starting, and what to do: the
+/// device missing, the device closed to this user (fusermount3 opens it as
+/// the calling user too, so its setuid bit does not help), fusermount3
+/// missing, or `--allow-other` refused.
+fn why_no_mount(allow_other: bool) -> String {
+    use std::os::unix::fs::MetadataExt;
+    let dev = Path::new("/dev/fuse");
+    let Ok(meta) = std::fs::metadata(dev) else {
+        return "/dev/fuse does not exist: load the module (`modprobe fuse`), or in a container pass the device in \
+                (`--device /dev/fuse`)"
+            .into();
+    };
+    let root = rustix::process::geteuid().is_root();
+    if !root && rustix::fs::access(dev, rustix::fs::Access::READ_OK | rustix::fs::Access::WRITE_OK).is_err() {
+        return format!(
+            "/dev/fuse is mode {:o} owned by uid {}, so uid {} cannot open it, and fusermount3 opens it as the \
+             calling user too; mount as root, or make the device usable by users (`chmod 0666 /dev/fuse`, the \
+             usual default, or a udev rule)",
+            meta.mode() & 0o7777,
+            meta.uid(),
+            rustix::process::getuid().as_raw()
+        );
+    }
+    if !root && !on_path("fusermount3") {
+        return "a mount by a user other than root needs fusermount3, which is not on PATH (Debian: \
+                `apt install fuse3`)"
+            .into();
+    }
+    if allow_other {
+        return "--allow-other needs root, or `user_allow_other` in /etc/fuse.conf".into();
+    }
+    "is fuse3 installed, and is the mount point an empty directory of yours?".into()
+}
+
+/// Whether an executable named `name` is in a directory of `$PATH`.
+fn on_path(name: &str) -> bool {
+    std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(name).is_file()))
 }
 
 /// Mounts `/dev/fuse` at `mp` with the type `fuse.mado` (what
