@@ -1923,3 +1923,91 @@ fn old_times_statfs_whiteout_and_fallocate_answer_as_a_local_filesystem() {
     drop(f);
     mnt.umount();
 }
+
+/// Bytes the files under `dir` take on disk.
+fn disk_bytes(dir: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    files_under(dir).iter().filter_map(|p| std::fs::symlink_metadata(p).ok()).map(|m| m.blocks() * 512).sum()
+}
+
+/// A 10 GiB file with 1 MiB of data, written in a workspace mount as a
+/// sparse file: its checkpoint uploads and caches about the 1 MiB, a
+/// resume writes it as a sparse file again, and a read-only mount of the
+/// checkpoint reads its holes as zeros (issue #48.2).
+#[test]
+fn a_sparse_file_checkpoints_uploads_and_resumes_as_its_data() {
+    use std::os::unix::fs::{FileExt, MetadataExt};
+    if !fuse_usable() {
+        return;
+    }
+    let m = Mado::local();
+    setup(&m);
+    let mnt = create(&m, "sparse");
+    let (size, at) = (10u64 << 30, (3u64 << 30) + 12_345);
+    let data = pseudo_random(1 << 20, 48);
+    {
+        let f = std::fs::File::create(mnt.dir.join("disk.img")).unwrap();
+        f.set_len(size).unwrap();
+        f.write_all_at(&data, at).unwrap();
+        f.sync_all().unwrap();
+    }
+    // The upper file's holes show through the mount.
+    let f = std::fs::File::open(mnt.dir.join("disk.img")).unwrap();
+    let first = rustix::fs::seek(&f, rustix::fs::SeekFrom::Data(0)).unwrap();
+    assert!(first > 2 << 30 && first <= at, "data starts at {first}");
+    drop(f);
+    let (store0, cache0) = (disk_bytes(&m.store_dir()), disk_bytes(&m.cache_dir()));
+    mnt.checkpoint("a sparse file");
+    let (store1, cache1) = (disk_bytes(&m.store_dir()), disk_bytes(&m.cache_dir()));
+    assert!(store1 - store0 < 4 << 20, "the store grew by {} bytes for 1 MiB of data", store1 - store0);
+    assert!(cache1.saturating_sub(cache0) < 4 << 20, "the cache grew by {} bytes", cache1 - cache0);
+    mnt.umount();
+
+    // A resume writes the holes as holes.
+    let w = m.dir.path().join("resumed");
+    m.ok(&["ws", "resume", "sparse", w.to_str().unwrap()]);
+    let img = w.join("disk.img");
+    let md = std::fs::metadata(&img).unwrap();
+    assert_eq!(md.len(), size);
+    assert!(md.blocks() * 512 < 4 << 20, "the resumed file takes {} bytes on disk", md.blocks() * 512);
+    let f = std::fs::File::open(&img).unwrap();
+    let mut back = vec![0u8; data.len()];
+    f.read_exact_at(&mut back, at).unwrap();
+    assert!(back == data, "the data came back changed");
+    let mut hole = vec![1u8; 1 << 16];
+    f.read_exact_at(&mut hole, 5 << 30).unwrap();
+    assert!(hole.iter().all(|&b| b == 0));
+    let first = rustix::fs::seek(&f, rustix::fs::SeekFrom::Data(0)).unwrap();
+    assert!(first > 2 << 30 && first <= at, "data starts at {first}");
+    // Touched, so hashed again: the resumed copy is what was checkpointed.
+    drop(f);
+    set_mtime(&img, 1_000_000_000);
+    let st = m.json(&["ws", "status", "--dir", w.to_str().unwrap()]);
+    assert_eq!(st["modified"].as_array().map(Vec::len), Some(0), "{st}");
+
+    // A read-only mount of the checkpoint reads holes as zeros and the
+    // data as it was, fetching no hole.
+    let ro = m.dir.path().join("ro");
+    std::fs::create_dir_all(&ro).unwrap();
+    m.ok(&["mount", "ws/sparse", ro.to_str().unwrap()]);
+    let g = WsMount { m: &m, dir: ro.clone() };
+    let f = std::fs::File::open(ro.join("disk.img")).unwrap();
+    assert_eq!(f.metadata().unwrap().len(), size);
+    let mut edge = vec![1u8; 3 << 20];
+    f.read_exact_at(&mut edge, at - (1 << 20)).unwrap();
+    assert!(
+        edge[..1 << 20].iter().all(|&b| b == 0)
+            && edge[1 << 20..2 << 20] == data[..]
+            && edge[2 << 20..].iter().all(|&b| b == 0)
+    );
+    f.read_exact_at(&mut hole, size - (1 << 16)).unwrap();
+    assert!(hole.iter().all(|&b| b == 0));
+    // And the manifest's holes show through a mount of the checkpoint.
+    let first = rustix::fs::seek(&f, rustix::fs::SeekFrom::Data(0)).unwrap();
+    assert!(first > 2 << 30 && first <= at, "data starts at {first}");
+    let next_hole = rustix::fs::seek(&f, rustix::fs::SeekFrom::Hole(at)).unwrap();
+    assert!(next_hole >= at + (1 << 20) && next_hole < at + (4 << 20), "the hole after the data starts at {next_hole}");
+    assert_eq!(rustix::fs::seek(&f, rustix::fs::SeekFrom::Data(next_hole)), Err(rustix::io::Errno::NXIO));
+    drop(f);
+    g.umount();
+}

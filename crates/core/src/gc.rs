@@ -207,7 +207,7 @@ async fn gc_locked(f: &Arc<Fetcher>, grace: Duration, dry_run: bool) -> Result<G
         }
         let b = f.get(Space::Objects, m, "chunk manifest").await?;
         let man = ChunkManifest::decode(&b).map_err(|e| Error::corrupt(m, "chunk manifest", "", e))?;
-        live.extend(man.chunks.iter().map(|(_, c)| *c));
+        live.extend(man.data_chunks());
     }
     report.snapshots_kept = snaps.len();
     report.objects_kept = live.len();

@@ -84,12 +84,12 @@ pub async fn materialize(
         async move {
             if e.chunked {
                 let m = f.manifest(&e, &p).await?;
-                futures::stream::iter(m.chunks.iter().map(|(_, c)| {
+                futures::stream::iter(m.data_chunks().map(|c| {
                     let f = f.clone();
                     let p = &p;
                     async move {
                         let _slot = slots.acquire().await;
-                        f.get(Space::Objects, *c, "chunk").await.map(drop).map_err(|er| er.at_path(p))
+                        f.get(Space::Objects, c, "chunk").await.map(drop).map_err(|er| er.at_path(p))
                     }
                 }))
                 .buffer_unordered(CONCURRENCY)

@@ -16,7 +16,7 @@ use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 
 use crate::cache::DiskCache;
-use crate::chunk::{split, split_stream, Split, Streamed};
+use crate::chunk::{split, split_file, split_stream, Split, Streamed};
 use crate::error::{Error, Result};
 use crate::hash::Hash;
 use crate::object::{Kind, Tree};
@@ -158,7 +158,35 @@ impl Staged {
         what: &str,
         known: Option<Hash>,
     ) -> Result<(Hash, bool, u64)> {
-        match split_stream(reader, what, |id, piece| cache.put(id, piece))? {
+        let streamed = split_stream(reader, what, |id, piece| cache.put(id, piece))?;
+        self.streamed(cache, streamed, known)
+    }
+
+    /// Stores the regular file `file` as [`Staged::content_from`] stores
+    /// its bytes, without reading its holes ([`split_file`]): a sparse
+    /// file costs its data.
+    pub fn content_of_file(
+        &mut self,
+        cache: &DiskCache,
+        file: &std::fs::File,
+        what: &str,
+    ) -> Result<(Hash, bool, u64)> {
+        self.content_of_file_was(cache, file, what, None)
+    }
+
+    fn content_of_file_was(
+        &mut self,
+        cache: &DiskCache,
+        file: &std::fs::File,
+        what: &str,
+        known: Option<Hash>,
+    ) -> Result<(Hash, bool, u64)> {
+        let streamed = split_file(file, what, |id, piece| cache.put(id, piece))?;
+        self.streamed(cache, streamed, known)
+    }
+
+    fn streamed(&mut self, cache: &DiskCache, streamed: Streamed, known: Option<Hash>) -> Result<(Hash, bool, u64)> {
+        match streamed {
             Streamed::Whole { data } => {
                 let (id, chunked) = self.content_was(cache, &data, known)?;
                 Ok((id, chunked, data.len() as u64))
@@ -191,7 +219,7 @@ impl Staged {
         known: Option<Hash>,
     ) -> Result<(Hash, bool, u64)> {
         let f = crate::fsutil::open_regular(path).map_err(Error::io(format!("reading {}", path.display())))?;
-        self.content_from_was(cache, f, &path.display().to_string(), known)
+        self.content_of_file_was(cache, &f, &path.display().to_string(), known)
     }
 
     /// Stores a tree in the cache (in memory only, in in-memory mode) and

@@ -678,8 +678,8 @@ async fn a_large_file_is_written_as_its_chunks_arrive_whatever_their_order() {
     let whole = raws.concat();
     let manifest = ChunkManifest {
         size: whole.len() as u64,
-        content: Hash::of(&whole),
-        chunks: raws.iter().map(|r| (len as u64, Hash::of(r))).collect(),
+        content: Some(Hash::of(&whole)),
+        chunks: raws.iter().map(|r| (len as u64, Some(Hash::of(r)))).collect(),
     }
     .encode();
     let mid = Hash::of(&manifest);

@@ -1126,6 +1126,25 @@ impl Filesystem for MadoFs {
         self.empty_later(reply, async move { core.fallocate(ino.0, offset, length, mode).await });
     }
 
+    /// `SEEK_DATA` and `SEEK_HOLE` (the kernel answers the other kinds of
+    /// seek itself): a sparse file's holes show through the mount, so `cp`
+    /// and `tar` of it keep them.
+    fn lseek(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: i64, whence: i32, reply: fuser::ReplyLseek) {
+        let data = match whence {
+            libc::SEEK_DATA => true,
+            libc::SEEK_HOLE => false,
+            _ => return reply.error(Errno::EINVAL),
+        };
+        let Ok(offset) = u64::try_from(offset) else { return reply.error(Errno::ENXIO) };
+        let core = self.core.clone();
+        self.drive(async move {
+            match core.seek_data_or_hole(ino.0, offset, data).await {
+                Ok(at) => reply.offset(at as i64),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
     /// The space of the filesystem under the upper layer (a workspace: what
     /// writes use) or the cache (a snapshot: nothing free, it is
     /// read-only); `df` and tools that check free space before writing read

@@ -29,8 +29,17 @@ pub async fn run(a: CatArgs, ctx: &Ctx) -> Result<()> {
     // A piece at a time: a large file streams through a bounded window.
     let mut pieces = fetcher.pieces(&entry, &a.path).await?;
     let mut out = std::io::stdout();
+    let zeros = vec![0u8; 1 << 16];
     while let Some(piece) = futures::StreamExt::next(&mut pieces).await {
-        out.write_all(&piece?.bytes)?;
+        let piece = piece?;
+        out.write_all(&piece.bytes)?;
+        // A hole of a large file: its zeros, a block at a time.
+        let mut left = piece.zeros;
+        while left > 0 {
+            let n = left.min(zeros.len() as u64) as usize;
+            out.write_all(&zeros[..n])?;
+            left -= n as u64;
+        }
     }
     out.flush()?;
     Ok(check.await?)

@@ -33,6 +33,9 @@ pub(super) const PIECE_PERMITS: usize = PIECE_BYTES_IN_MEMORY / PERMIT_BYTES as 
 pub struct Piece {
     pub offset: u64,
     pub bytes: Bytes,
+    /// A hole of a chunked file: this many zero bytes at `offset`, and
+    /// `bytes` empty.
+    pub zeros: u64,
     _permit: tokio::sync::OwnedSemaphorePermit,
 }
 
@@ -156,11 +159,17 @@ impl Fetcher {
         let m = self.manifest(e, path).await?;
         // Owned ids and path: futures that borrow across a stream trip up
         // the compiler's Send checks when spawned.
-        let ids: Vec<Hash> = m.chunks.iter().map(|(_, id)| *id).collect();
-        let parts: Vec<Bytes> = futures::stream::iter(ids.into_iter().map(|id| {
+        let spans: Vec<(u64, Option<Hash>)> = m.chunks.clone();
+        let parts: Vec<Bytes> = futures::stream::iter(spans.into_iter().map(|(len, id)| {
             let me = self.clone();
             let path = path.to_string();
-            async move { me.get_in_order(id, "chunk").await.map_err(|er| er.at_path(&path)) }
+            async move {
+                match id {
+                    Some(id) => me.get_in_order(id, "chunk").await.map_err(|er| er.at_path(&path)),
+                    // A hole: as many zeros.
+                    None => Ok(Bytes::from(vec![0u8; len as usize])),
+                }
+            }
         }))
         .buffered(CONCURRENCY)
         .try_collect()
@@ -169,7 +178,9 @@ impl Fetcher {
         for p in parts {
             out.extend_from_slice(&p);
         }
-        if !m.content.verifies(&out) {
+        // Each chunk was verified by its id; a manifest without holes also
+        // names the whole content.
+        if m.content.is_some_and(|c| !c.verifies(&out)) || out.len() as u64 != m.size {
             return Err(Error::Corrupt {
                 id: e.id,
                 what: "chunk manifest",
@@ -216,21 +227,19 @@ impl Fetcher {
             return Ok(futures::stream::iter([Ok(piece)]).boxed());
         }
         let m = self.manifest(e, path).await?;
-        let mut at = 0;
-        let spans: Vec<(u64, u64, Hash)> = m
-            .chunks
-            .iter()
-            .map(|(len, id)| {
-                at += len;
-                (at - len, *len, *id)
-            })
-            .collect();
+        let spans: Vec<(u64, u64, Option<Hash>)> = m.spans().collect();
         let me = self.clone();
         let path = path.to_string();
         let each = futures::stream::iter(spans).map(move |(offset, len, id)| {
             let me = me.clone();
             let path = path.clone();
             async move {
+                let Some(id) = id else {
+                    // A hole: no bytes, no fetch, no memory.
+                    let permit = me.piece_permits.clone().acquire_many_owned(0).await;
+                    let permit = permit.expect("the semaphore is never closed");
+                    return Ok(Piece { offset, bytes: Bytes::new(), zeros: len, _permit: permit });
+                };
                 let permit = me.piece_permits.clone().acquire_many_owned(permits_for(len)).await;
                 let permit = permit.expect("the semaphore is never closed");
                 // A cached chunk is read and verified on a blocking thread,
@@ -254,7 +263,7 @@ impl Fetcher {
                         detail: format!("{} bytes, its manifest says {len}", bytes.len()),
                     });
                 }
-                Ok(Piece { offset, bytes, _permit: permit })
+                Ok(Piece { offset, bytes, zeros: 0, _permit: permit })
             }
         });
         Ok(match ordered {
@@ -271,24 +280,31 @@ impl Fetcher {
     /// readers parked on the same stream hold.
     pub async fn piece_in(budget: &Arc<tokio::sync::Semaphore>, bytes: Bytes) -> Piece {
         let permit = budget.clone().acquire_many_owned(permits_for(bytes.len() as u64)).await;
-        Piece { offset: 0, bytes, _permit: permit.expect("the semaphore is never closed") }
+        Piece { offset: 0, bytes, zeros: 0, _permit: permit.expect("the semaphore is never closed") }
     }
 
     pub async fn whole(self: &Arc<Self>, e: &Entry, path: &str) -> Result<Piece> {
         let permit = self.piece_permits.clone().acquire_many_owned(permits_for(e.size)).await;
         let permit = permit.expect("the semaphore is never closed");
         let bytes = self.content(e, path).await?;
-        Ok(Piece { offset: 0, bytes, _permit: permit })
+        Ok(Piece { offset: 0, bytes, zeros: 0, _permit: permit })
     }
 
     /// Writes a file entry's content into `file` as its pieces arrive, each
     /// at its own offset and in whatever order they come (see
-    /// [`Fetcher::pieces`]); returns the bytes written.
+    /// [`Fetcher::pieces`]), holes left as holes (`file` is new and
+    /// empty); returns the file's length.
     pub async fn write_content(self: &Arc<Self>, e: &Entry, path: &str, file: Arc<std::fs::File>) -> Result<u64> {
         let mut pieces = self.pieces_in(e, path, false).await?;
         let mut n = 0;
+        let mut holes = false;
         while let Some(piece) = pieces.next().await {
             let piece = piece?;
+            if piece.zeros > 0 {
+                n += piece.zeros;
+                holes = true;
+                continue;
+            }
             let f = file.clone();
             let at = path.to_string();
             n += piece.bytes.len() as u64;
@@ -300,6 +316,10 @@ impl Fetcher {
             })
             .await
             .map_err(|er| Error::Io { context: "write task".into(), source: std::io::Error::other(er) })??;
+        }
+        if holes {
+            // A hole at the end: the length says it.
+            file.set_len(n).map_err(Error::io(format!("writing {path:?}")))?;
         }
         Ok(n)
     }

@@ -301,27 +301,73 @@ impl Snapshot {
     }
 }
 
-/// The chunk list of a file split with FastCDC.
+/// The chunk list of a file split with FastCDC, with its runs of zeros
+/// left out as holes (`crate::chunk`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ChunkManifest {
     pub size: u64,
-    /// BLAKE3 of the whole file content.
-    pub content: Hash,
-    /// (length, chunk id), in file order.
-    pub chunks: Vec<(u64, Hash)>,
+    /// BLAKE3 of the whole file content, for a file without holes (version
+    /// 1). A manifest with holes (version 2) has none: hashing the zeros
+    /// would cost what the holes spare, and its pieces name the content.
+    pub content: Option<Hash>,
+    /// (length, chunk id), in file order; `None` is a hole, that many
+    /// zero bytes stored as nothing.
+    pub chunks: Vec<(u64, Option<Hash>)>,
 }
 
+/// A manifest with holes.
+const MANIFEST_SPARSE: u8 = 2;
+
 impl ChunkManifest {
+    /// Each piece as (offset in the file, length, chunk id or `None` for
+    /// a hole), in file order.
+    pub fn spans(&self) -> impl Iterator<Item = (u64, u64, Option<Hash>)> + '_ {
+        let mut at = 0;
+        self.chunks.iter().map(move |(len, id)| {
+            at += len;
+            (at - len, *len, *id)
+        })
+    }
+
+    /// The ids of the chunks that hold bytes, in file order.
+    pub fn data_chunks(&self) -> impl Iterator<Item = Hash> + '_ {
+        self.chunks.iter().filter_map(|(_, id)| *id)
+    }
+
+    /// Whether some of the file is a hole.
+    pub fn has_holes(&self) -> bool {
+        self.chunks.iter().any(|(_, id)| id.is_none())
+    }
+
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(48 + self.chunks.len() * 36);
+        let mut out = Vec::with_capacity(48 + self.chunks.len() * 37);
         out.extend_from_slice(MANIFEST_MAGIC);
-        out.push(FORMAT_VERSION);
-        put_varint(&mut out, self.size);
-        out.extend_from_slice(self.content.as_bytes());
-        put_varint(&mut out, self.chunks.len() as u64);
-        for (len, id) in &self.chunks {
-            put_varint(&mut out, *len);
-            out.extend_from_slice(id.as_bytes());
+        match self.content {
+            Some(content) => {
+                out.push(FORMAT_VERSION);
+                put_varint(&mut out, self.size);
+                out.extend_from_slice(content.as_bytes());
+                put_varint(&mut out, self.chunks.len() as u64);
+                for (len, id) in &self.chunks {
+                    put_varint(&mut out, *len);
+                    out.extend_from_slice(id.expect("a manifest with a content hash has no holes").as_bytes());
+                }
+            }
+            None => {
+                out.push(MANIFEST_SPARSE);
+                put_varint(&mut out, self.size);
+                put_varint(&mut out, self.chunks.len() as u64);
+                for (len, id) in &self.chunks {
+                    put_varint(&mut out, *len);
+                    match id {
+                        Some(id) => {
+                            out.push(0);
+                            out.extend_from_slice(id.as_bytes());
+                        }
+                        None => out.push(1),
+                    }
+                }
+            }
         }
         out
     }
@@ -329,11 +375,15 @@ impl ChunkManifest {
     pub fn decode(buf: &[u8]) -> Result<ChunkManifest, DecodeError> {
         let mut r = Reader::new(buf);
         r.magic(MANIFEST_MAGIC)?;
-        r.version("chunk manifest", FORMAT_VERSION)?;
+        let version = r.u8()?;
+        if version != FORMAT_VERSION && version != MANIFEST_SPARSE {
+            return Err(DecodeError::Version { format: "chunk manifest", version, supported: MANIFEST_SPARSE });
+        }
+        let sparse = version == MANIFEST_SPARSE;
         let size = r.varint()?;
-        let content = r.hash()?;
-        let n = r.count(33)?;
-        let mut chunks = Vec::with_capacity(n);
+        let content = if sparse { None } else { Some(r.hash()?) };
+        let n = r.count(if sparse { 2 } else { 33 })?;
+        let mut chunks: Vec<(u64, Option<Hash>)> = Vec::with_capacity(n.min(1 << 16));
         let mut total: u64 = 0;
         for _ in 0..n {
             let len = r.varint()?;
@@ -341,13 +391,28 @@ impl ChunkManifest {
                 return Err(DecodeError::Invalid("empty chunk".into()));
             }
             total = total.checked_add(len).ok_or_else(|| DecodeError::Invalid("chunk lengths overflow".into()))?;
-            chunks.push((len, r.hash()?));
+            let id = match sparse {
+                false => Some(r.hash()?),
+                true => match r.u8()? {
+                    0 => Some(r.hash()?),
+                    1 if chunks.last().is_some_and(|(_, id)| id.is_none()) => {
+                        return Err(DecodeError::Invalid("two holes in a row".into()))
+                    }
+                    1 => None,
+                    t => return Err(DecodeError::Invalid(format!("bad piece tag {t}"))),
+                },
+            };
+            chunks.push((len, id));
         }
         r.finish()?;
         if total != size {
             return Err(DecodeError::Invalid(format!("chunk lengths add up to {total}, manifest says {size}")));
         }
-        Ok(ChunkManifest { size, content, chunks })
+        let m = ChunkManifest { size, content, chunks };
+        if sparse && !m.has_holes() {
+            return Err(DecodeError::Invalid("a version-2 manifest without a hole".into()));
+        }
+        Ok(m)
     }
 }
 
@@ -552,7 +617,7 @@ mod tests {
 
     #[test]
     fn manifest_and_ref_golden_bytes() {
-        let m = ChunkManifest { size: 5, content: h(1), chunks: vec![(2, h(2)), (3, h(3))] };
+        let m = ChunkManifest { size: 5, content: Some(h(1)), chunks: vec![(2, Some(h(2))), (3, Some(h(3)))] };
         let enc = m.encode();
         assert_eq!(
             hex(&enc),
@@ -647,7 +712,9 @@ mod tests {
                 stat_layers: vec![],
             }
             .encode(),
-            ChunkManifest { size: 3, content: h(1), chunks: vec![(1, h(2)), (2, h(3))] }.encode(),
+            ChunkManifest { size: 3, content: Some(h(1)), chunks: vec![(1, Some(h(2))), (2, Some(h(3)))] }.encode(),
+            ChunkManifest { size: 7, content: None, chunks: vec![(1, Some(h(2))), (4, None), (2, Some(h(3)))] }
+                .encode(),
             RefValue::new(h(1), h(2)).encode(),
         ];
         for enc in &encodings {
@@ -676,8 +743,40 @@ mod tests {
     }
 
     #[test]
+    fn a_manifest_with_holes_golden_bytes_and_rules() {
+        let m = ChunkManifest { size: 0x90, content: None, chunks: vec![(2, Some(h(2))), (0x8e, None)] };
+        let enc = m.encode();
+        assert_eq!(
+            hex(&enc),
+            concat!(
+                "4d41444d02",
+                "9001",
+                "02",
+                "02",
+                "00",
+                "0202020202020202020202020202020202020202020202020202020202020202",
+                "8e01",
+                "01"
+            )
+        );
+        assert_eq!(ChunkManifest::decode(&enc).unwrap(), m);
+        assert!(m.has_holes());
+        assert_eq!(m.spans().collect::<Vec<_>>(), vec![(0, 2, Some(h(2))), (2, 0x8e, None)]);
+        assert_eq!(m.data_chunks().collect::<Vec<_>>(), vec![h(2)]);
+        let bad = |chunks: Vec<(u64, Option<Hash>)>| {
+            let size = chunks.iter().map(|c| c.0).sum();
+            ChunkManifest::decode(&ChunkManifest { size, content: None, chunks }.encode()).unwrap_err().to_string()
+        };
+        assert!(bad(vec![(1, None), (2, None)]).contains("two holes"));
+        assert!(bad(vec![(1, Some(h(1)))]).contains("without a hole"));
+        let mut tagged = enc.clone();
+        tagged[9] = 7;
+        assert!(ChunkManifest::decode(&tagged).unwrap_err().to_string().contains("tag 7"));
+    }
+
+    #[test]
     fn manifest_lengths_must_add_up() {
-        let m = ChunkManifest { size: 9, content: h(1), chunks: vec![(2, h(2))] };
+        let m = ChunkManifest { size: 9, content: Some(h(1)), chunks: vec![(2, Some(h(2)))] };
         assert!(ChunkManifest::decode(&m.encode()).is_err());
     }
 

@@ -147,7 +147,7 @@ impl<'a> Walk<'a> {
             self.trees.push((e.id, mb));
         }
         let mut members = vec![(e.id, MemberKind::Manifest)];
-        members.extend(m.chunks.iter().map(|(_, c)| (*c, MemberKind::Chunk)));
+        members.extend(m.data_chunks().map(|c| (c, MemberKind::Chunk)));
         if bytes > self.cap {
             self.runs.push(members);
             return Ok(None);

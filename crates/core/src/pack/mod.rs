@@ -930,11 +930,11 @@ mod tests {
     /// A chunked file of `n` distinct chunks of `len` bytes (`tag` makes
     /// its bytes its own).
     fn chunked(m: &mut Mem, name: &str, tag: u8, n: usize, len: usize) -> Entry {
-        let chunks: Vec<(u64, Hash)> = (0..n)
-            .map(|i| (len as u64, m.put(format!("{tag}:{i}:").repeat(len / 4).as_bytes()[..len].to_vec())))
+        let chunks: Vec<(u64, Option<Hash>)> = (0..n)
+            .map(|i| (len as u64, Some(m.put(format!("{tag}:{i}:").repeat(len / 4).as_bytes()[..len].to_vec()))))
             .collect();
         let size = chunks.iter().map(|c| c.0).sum();
-        let manifest = ChunkManifest { size, content: Hash([tag; 32]), chunks };
+        let manifest = ChunkManifest { size, content: Some(Hash([tag; 32])), chunks };
         Entry { name: name.into(), kind: Kind::File, chunked: true, size, id: m.put(manifest.encode()) }
     }
 
@@ -958,11 +958,11 @@ mod tests {
             .index
             .packs
             .iter()
-            .filter(|p| p.members.iter().any(|x| x.id == big.id || manifest.chunks.iter().any(|c| c.1 == x.id)))
+            .filter(|p| p.members.iter().any(|x| x.id == big.id || manifest.data_chunks().any(|c| c == x.id)))
             .collect();
         assert!(runs.iter().all(|p| is_run_pack(p)), "a run pack holds no blob");
         let order: Vec<Hash> = runs.iter().flat_map(|p| p.members.iter().map(|x| x.id)).collect();
-        let want: Vec<Hash> = std::iter::once(big.id).chain(manifest.chunks.iter().map(|c| c.1)).collect();
+        let want: Vec<Hash> = std::iter::once(big.id).chain(manifest.data_chunks()).collect();
         assert_eq!(order, want, "the manifest, then the chunks in file order, each once");
         for (k, p) in runs.iter().enumerate() {
             let raw: u64 = p.members.iter().map(|x| x.raw_len).sum();
@@ -987,7 +987,7 @@ mod tests {
         // An append: a new last chunk and a new manifest.
         let mut grown = manifest.clone();
         let extra = m.put(b"appended bytes".to_vec());
-        grown.chunks.push((14, extra));
+        grown.chunks.push((14, Some(extra)));
         grown.size += 14;
         let big2 = Entry { size: grown.size, id: m.put(grown.encode()), ..big.clone() };
         let root2 = m.dir("", vec![small, big2.clone(), other]).id;

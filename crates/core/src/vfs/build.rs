@@ -322,7 +322,7 @@ impl SnapshotFs {
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
                 Err(e) => return Err(Error::io(format!("reading {}", p.display()))(e)),
             };
-            let (id, chunked, size) = staged.content_from(cache, file, &p.display().to_string())?;
+            let (id, chunked, size) = staged.content_of_file(cache, &file, &p.display().to_string())?;
             hashed.insert(*ino, Hashing { blob: *blob, version, id, chunked, size });
         }
         between();

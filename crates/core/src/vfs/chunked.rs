@@ -162,21 +162,30 @@ impl SnapshotFs {
     /// handle, when the mount asked for it, the copy is not there yet and
     /// no other handle is building it, and the file takes at most a
     /// quarter of a capped cache.
+    /// A file with holes has no whole-content hash to name or check a copy
+    /// by, and is read through this process.
     fn start_assembly(&self, manifest: &ChunkManifest, ahead: &Readahead) {
         if !self.chunks.assemble.load(Relaxed) || ahead.tried.swap(true, Relaxed) || self.is_writable() {
             return;
         }
+        let Some(content) = manifest.content else { return };
         let cache = &self.fetcher.cache;
-        if cache.cap().is_some_and(|cap| manifest.size > cap / 4) || cache.entry_path(&manifest.content).exists() {
+        if cache.cap().is_some_and(|cap| manifest.size > cap / 4) || cache.entry_path(&content).exists() {
             return;
         }
-        if !self.chunks.assembling.set.lock().expect("assembling lock").insert(manifest.content) {
+        if !self.chunks.assembling.set.lock().expect("assembling lock").insert(content) {
             return;
         }
-        match Assembly::new(cache.clone(), manifest, self.chunks.assembling.clone(), self.chunks.assembled.clone()) {
+        match Assembly::new(
+            cache.clone(),
+            content,
+            manifest,
+            self.chunks.assembling.clone(),
+            self.chunks.assembled.clone(),
+        ) {
             Ok(a) => *ahead.assembly.lock().expect("assembly lock") = Some(Arc::new(a)),
             Err(e) => {
-                self.chunks.assembling.set.lock().expect("assembling lock").remove(&manifest.content);
+                self.chunks.assembling.set.lock().expect("assembling lock").remove(&content);
                 tracing::debug!("not keeping a whole copy of a large file: {e}");
             }
         }
@@ -217,15 +226,15 @@ impl SnapshotFs {
                 (held == data[..]).then_some(file)
             }
             OpenFile::Chunked { manifest, backing: Some(p), .. } => {
+                let id = manifest.content?;
                 let file = open(p)?;
                 if file.metadata().ok()?.len() != manifest.size {
                     return None;
                 }
                 let cache = &self.fetcher.cache;
-                if cache.whole_trusted(&manifest.content, &file) {
+                if cache.whole_trusted(&id, &file) {
                     return Some(file);
                 }
-                let id = manifest.content;
                 if self.chunks.checking.lock().expect("checking lock").insert(id) {
                     let (cache, checking) = (cache.clone(), self.chunks.checking.clone());
                     tokio::task::spawn_blocking(move || {
@@ -256,17 +265,23 @@ impl SnapshotFs {
         // (no pass through this process); the others are loaded (decoded,
         // verified, fetched if evicted) and written. Then the whole file
         // is hashed (`finish`).
-        let (fetcher, m, at) = (self.fetcher.clone(), manifest.chunks.clone(), starts.clone());
+        // (An assembly is only made for a file without holes.)
+        let m: Arc<Vec<(u64, Hash)>> =
+            Arc::new(manifest.chunks.iter().filter_map(|(n, id)| Some((*n, (*id)?))).collect());
+        if m.len() != manifest.chunks.len() {
+            return;
+        }
+        let (fetcher, m2, at) = (self.fetcher.clone(), m.clone(), starts.clone());
         let a2 = a.clone();
         let Ok((copied, missing)) = tokio::task::spawn_blocking(move || {
-            (0..m.len()).partition::<Vec<usize>, _>(|&i| fetcher.copy_cached(&m[i].1, m[i].0, &a2.file, at[i]))
+            (0..m2.len()).partition::<Vec<usize>, _>(|&i| fetcher.copy_cached(&m2[i].1, m2[i].0, &a2.file, at[i]))
         })
         .await
         else {
             return;
         };
         for i in missing {
-            let Ok(b) = self.chunks.load(&self.fetcher, manifest.chunks[i].1, true).await else { return };
+            let Ok(b) = self.chunks.load(&self.fetcher, m[i].1, true).await else { return };
             let (a, at) = (a.clone(), starts[i]);
             // One write at a time: this loop runs at the disk's pace.
             match tokio::task::spawn_blocking(move || a.write(at, &b)).await {
@@ -274,7 +289,7 @@ impl SnapshotFs {
                 _ => return,
             }
         }
-        let (fetcher, m) = (self.fetcher.clone(), manifest.chunks.clone());
+        let fetcher = self.fetcher.clone();
         let _ = tokio::task::spawn_blocking(move || {
             if !a.finish() {
                 // The kernel copied those chunks unchecked, and the whole
@@ -334,9 +349,16 @@ impl SnapshotFs {
         let own = self.timed(
             "reading a file",
             futures::stream::iter((first..=last).map(|i| {
-                let id = manifest.chunks[i].1;
+                let (len, id) = manifest.chunks[i];
                 let name = name.clone();
+                let (cs, offset) = (starts[i], offset);
                 async move {
+                    let Some(id) = id else {
+                        // A hole: the zeros this read covers of it.
+                        let from = offset.saturating_sub(cs);
+                        let to = (end - cs).min(len);
+                        return Ok(Bytes::from(vec![0u8; to.saturating_sub(from) as usize]));
+                    };
                     if let Some(b) = self.chunks.recent(&id) {
                         return Ok(b);
                     }
@@ -362,7 +384,8 @@ impl SnapshotFs {
         if let Some(a) = ahead.assembly.lock().expect("assembly lock").as_ref() {
             a.seen(first..=last);
         }
-        if let [p] = &parts[..] {
+        let hole_at = |k: usize| manifest.chunks[first + k].1.is_none();
+        if let ([p], false) = (&parts[..], hole_at(0)) {
             // Within one chunk (the usual case): a view, no copy.
             let from = (offset - starts[first]) as usize;
             let to = ((end - starts[first]) as usize).min(p.len());
@@ -370,6 +393,11 @@ impl SnapshotFs {
         }
         let mut out = crate::bufpool::take((end - offset) as usize);
         for (k, p) in parts.iter().enumerate() {
+            if hole_at(k) {
+                // Already just the zeros this read covers.
+                out.extend_from_slice(p);
+                continue;
+            }
             let cs = starts[first + k];
             let from = offset.saturating_sub(cs) as usize;
             let to = ((end - cs) as usize).min(p.len());
@@ -418,7 +446,7 @@ impl SnapshotFs {
         let from = ahead.ahead_to.fetch_max(upto + 1, Relaxed).max(last + 1);
         let mut loads = Vec::new();
         for j in from..=upto {
-            let id = manifest.chunks[j].1;
+            let Some(id) = manifest.chunks[j].1 else { continue };
             if self.chunks.recent(&id).is_some() {
                 continue;
             }
@@ -506,6 +534,7 @@ pub(super) struct Assembly {
 impl Assembly {
     fn new(
         cache: Arc<crate::cache::DiskCache>,
+        content: Hash,
         manifest: &ChunkManifest,
         assembling: Arc<Building>,
         assembled: Arc<AtomicU64>,
@@ -520,7 +549,7 @@ impl Assembly {
         file.set_len(manifest.size).map_err(Error::io(format!("sizing {}", path.display())))?;
         Ok(Assembly {
             cache,
-            content: manifest.content,
+            content,
             size: manifest.size,
             path,
             file,

@@ -416,7 +416,9 @@ impl SnapshotFs {
             // a passthrough open, once checked (`backing_file`).
             let backing = match self.is_writable() {
                 true => None,
-                false => Some(self.fetcher.cache.entry_path(&manifest.content))
+                false => manifest
+                    .content
+                    .map(|c| self.fetcher.cache.entry_path(&c))
                     .filter(|p| std::fs::symlink_metadata(p).is_ok_and(|m| m.is_file() && m.len() == manifest.size)),
             };
             return Ok(OpenFile::Chunked { entry: e, manifest, starts, ino, ahead: Readahead::default(), backing });
@@ -492,5 +494,84 @@ impl SnapshotFs {
             level.dedup();
         }
         Ok(n)
+    }
+}
+
+/// `SEEK_DATA` (`data`) or `SEEK_HOLE` from `offset` in a file of `size`
+/// bytes laid out as `spans` (offset, length, whether it holds data): the
+/// first offset at or after `offset` in data (or in a hole; the end of the
+/// file counts as one). ENXIO at or past the end, or with no data after.
+pub(crate) fn seek_in(
+    spans: impl Iterator<Item = (u64, u64, bool)>,
+    size: u64,
+    offset: u64,
+    data: bool,
+) -> Result<u64> {
+    let past = || Error::fs(Errno::NXIO, "no data at or after that offset");
+    if offset >= size {
+        return Err(past());
+    }
+    for (at, len, has_data) in spans {
+        if at + len > offset && has_data == data {
+            return Ok(at.max(offset));
+        }
+    }
+    match data {
+        true => Err(past()),
+        false => Ok(size),
+    }
+}
+
+impl SnapshotFs {
+    /// `lseek(SEEK_DATA)` (`data`) or `SEEK_HOLE` on a file: an upper file
+    /// answers for itself; a lower chunked file from its manifest's holes;
+    /// any other file is data to its end.
+    pub async fn seek_data_or_hole(&self, ino: u64, offset: u64, data: bool) -> Result<u64> {
+        let body = self.st().get(ino)?.body.clone();
+        match body {
+            Body::Upper { blob, .. } => {
+                let p = self.blob_path(blob)?;
+                let f = crate::fsutil::open_regular(&p).map_err(Error::io(format!("opening {}", p.display())))?;
+                let whence = match data {
+                    true => rustix::fs::SeekFrom::Data(offset),
+                    false => rustix::fs::SeekFrom::Hole(offset),
+                };
+                rustix::fs::seek(&f, whence).map_err(|e| Error::fs(e, "seeking in the upper file"))
+            }
+            Body::Lower(e) if e.chunked && matches!(e.kind, Kind::File | Kind::Executable) => {
+                let name = String::from_utf8_lossy(&e.name).into_owned();
+                let m = self.timed("reading a manifest", self.fetcher.manifest(&e, &name)).await?;
+                seek_in(m.spans().map(|(at, len, id)| (at, len, id.is_some())), m.size, offset, data)
+            }
+            Body::Lower(e) if matches!(e.kind, Kind::File | Kind::Executable) => {
+                seek_in(std::iter::once((0, e.size, true)), e.size, offset, data)
+            }
+            Body::Dir { .. } => Err(Error::fs(Errno::ISDIR, "a directory")),
+            _ => Err(Error::fs(Errno::INVAL, "not a regular file")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod seek_tests {
+    use super::seek_in;
+
+    #[test]
+    fn seek_data_and_hole_follow_the_spans() {
+        // Data 0..10, a hole 10..30, data 30..40, a hole 40..50.
+        let spans = || [(0, 10, true), (10, 20, false), (30, 10, true), (40, 10, false)].into_iter();
+        let at = |offset, data| seek_in(spans(), 50, offset, data).ok();
+        assert_eq!(
+            (at(0, true), at(5, true), at(10, true), at(35, true), at(40, true)),
+            (Some(0), Some(5), Some(30), Some(35), None)
+        );
+        assert_eq!(
+            (at(0, false), at(15, false), at(30, false), at(45, false)),
+            (Some(10), Some(15), Some(40), Some(45))
+        );
+        assert_eq!((at(50, true), at(50, false), at(99, false)), (None, None, None));
+        // A file of data only has its one hole at the end.
+        let dense = |offset, data| seek_in(std::iter::once((0, 8, true)), 8, offset, data).ok();
+        assert_eq!((dense(3, true), dense(3, false), dense(8, false)), (Some(3), Some(8), None));
     }
 }
