@@ -1,7 +1,9 @@
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::Result;
 use clap::{Args, Subcommand};
+use mado_core::fetch::Fetcher;
 use mado_core::store::Stats;
 use mado_core::workspace;
 use mado_mount::protocol::{Op, Reply};
@@ -217,7 +219,21 @@ fn print_resume(ctx: &Ctx, verb: &str, r: &workspace::ResumeReport) -> Result<()
 pub async fn run(c: WsCommand, ctx: &Ctx) -> Result<()> {
     let fetcher = ctx.fetcher()?;
     match c {
-        WsCommand::Create(CreateArgs { name, from, mount: Some(mp), allow_other, .. }) => {
+        WsCommand::Create(a) => create(a, ctx, &fetcher).await,
+        WsCommand::Resume(a) => resume(a, ctx, &fetcher).await,
+        WsCommand::Checkpoint(a) => checkpoint(a, ctx, &fetcher).await,
+        WsCommand::Status(a) => status(a, ctx, &fetcher).await,
+        WsCommand::List => list(ctx, &fetcher).await,
+        WsCommand::Log(a) => log(a, ctx).await,
+        WsCommand::Release(a) => release(a, ctx, &fetcher).await,
+        WsCommand::Recover(a) => recover(a, ctx, &fetcher).await,
+        WsCommand::Rm(a) => rm(a, ctx, &fetcher).await,
+    }
+}
+
+async fn create(a: CreateArgs, ctx: &Ctx, fetcher: &Arc<Fetcher>) -> Result<()> {
+    match a {
+        CreateArgs { name, from, mount: Some(mp), allow_other, .. } => {
             // A new workspace's mount point is made for it, as `ws create
             // --dir` and `checkout` make their directory.
             let made = !mp.exists();
@@ -253,7 +269,7 @@ pub async fn run(c: WsCommand, ctx: &Ctx) -> Result<()> {
             }
             mounted
         }
-        WsCommand::Create(a) if a.no_checkout => {
+        a if a.no_checkout => {
             let id = workspace::create_ref(&fetcher, &a.name, &a.from).await?.snapshot;
             if ctx.json {
                 return ctx.print_json(&serde_json::json!({ "workspace": a.name, "snapshot": id.to_hex() }));
@@ -261,17 +277,22 @@ pub async fn run(c: WsCommand, ctx: &Ctx) -> Result<()> {
             say!(ctx, "created workspace {} at {} (no working copy)", a.name, &id.to_hex()[..12]);
             Ok(())
         }
-        WsCommand::Create(a) => {
+        a => {
             let dir = a.dir.expect("clap requires --dir, --mount or --no-checkout");
             let (pb, p) = ctx.progress_counter("checking out");
             let r = workspace::create(&fetcher, &a.name, &a.from, &dir, &p).await;
             pb.finish_and_clear();
             print_resume(ctx, "created", &r?)
         }
-        WsCommand::Resume(a) if a.mount => {
+    }
+}
+
+async fn resume(a: ResumeArgs, ctx: &Ctx, fetcher: &Arc<Fetcher>) -> Result<()> {
+    match a {
+        a if a.mount => {
             super::mount::run(super::mount::workspace_args(&a.name, a.dir, a.steal, a.allow_other), ctx).await
         }
-        WsCommand::Resume(a) => {
+        a => {
             // Work a mount here saved and never checkpointed would not be
             // in this copy, and a checkpoint from it would leave that work
             // behind: said before anything is fetched or written.
@@ -288,188 +309,198 @@ pub async fn run(c: WsCommand, ctx: &Ctx) -> Result<()> {
             pb.finish_and_clear();
             print_resume(ctx, "resumed", &r?)
         }
-        WsCommand::Checkpoint(a) => {
-            let start = match a.dir.clone() {
-                Some(d) => d,
-                None => std::env::current_dir()?,
-            };
-            // A mount around the directory first (a working copy's `.mado`
-            // is looked up through it, then above it); else a workspace
-            // served to a VM guest (`mado serve-virtiofs --workspace`),
-            // which has no directory here: found by its name.
-            let mounted = mado_mount::control::find_mount(&start)?.is_some();
-            let served = match (&a.name, mounted) {
-                (Some(n), false) => {
-                    Some(mado_mount::control::workspace_socket_path(fetcher.remote.url(), n)?).filter(|s| s.exists())
-                }
-                _ => None,
-            };
-            // Named, from outside any copy of it: its mount on this machine
-            // (the daemon checks the name is its workspace's).
-            let mounted_here = match (&a.name, mounted, a.dir.is_some(), &served) {
-                (Some(n), false, false, None) if workspace::find_working_copy(&start).is_none() => {
-                    workspace::last_mounted_at(&fetcher, n)
-                        .filter(|at| mado_mount::control::find_mount(at).is_ok_and(|m| m.is_some()))
-                }
-                _ => None,
-            };
-            let by_daemon = mounted || mounted_here.is_some() || served.is_some();
-            let (r, remote) = if mounted {
-                // The daemon did the work: its counts.
-                checkpoint_mount(&start, &a)?
-            } else if let Some(at) = mounted_here {
-                checkpoint_mount(&at, &a)?
-            } else if let Some(sock) = served {
-                checkpoint_served(&sock, &a)?
-            } else {
-                let dir = working_copy_around(&start)?;
-                (checkpoint_dir(&fetcher, &dir, &a).await?, fetcher.remote.stats())
-            };
-            if by_daemon {
-                // --verbose closes with this process's own counts, which
-                // are not the checkpoint's (they read 0 PUTs after 8 MB
-                // went up: found by a review).
-                ctx.step(format!("the daemon serving the workspace checkpointed it; its remote: {remote}"));
-            }
-            print_checkpoint(ctx, &r, remote)
+    }
+}
+
+async fn checkpoint(a: CheckpointArgs, ctx: &Ctx, fetcher: &Arc<Fetcher>) -> Result<()> {
+    let start = match a.dir.clone() {
+        Some(d) => d,
+        None => std::env::current_dir()?,
+    };
+    // A mount around the directory first (a working copy's `.mado`
+    // is looked up through it, then above it); else a workspace
+    // served to a VM guest (`mado serve-virtiofs --workspace`),
+    // which has no directory here: found by its name.
+    let mounted = mado_mount::control::find_mount(&start)?.is_some();
+    let served = match (&a.name, mounted) {
+        (Some(n), false) => {
+            Some(mado_mount::control::workspace_socket_path(fetcher.remote.url(), n)?).filter(|s| s.exists())
         }
-        WsCommand::Status(a) => {
-            let start = match a.dir {
-                Some(d) => d,
-                None => std::env::current_dir()?,
-            };
-            // Inside a workspace mount: its daemon answers.
-            let s = if mado_mount::control::find_mount(&start)?.is_some() {
-                let op = Op::Status { no_ignore: a.no_ignore };
-                match super::ask_daemon(Some(&start), op, std::time::Duration::from_secs(24 * 3600))? {
-                    Reply::Status { status } => status,
-                    r => return Err(super::unexpected(&r)),
-                }
-            } else {
-                let dir = working_copy_around(&start)?;
-                workspace::status(&fetcher, &dir, a.no_ignore).await?
-            };
-            if ctx.json {
-                return ctx.print_json(&s);
-            }
-            for (tag, paths) in [("A", &s.added), ("M", &s.modified), ("D", &s.deleted)] {
-                for p in paths {
-                    println!("{tag} {}", super::shown(p));
-                }
-            }
-            if s.paths_ignored > 0 {
-                note!(ctx, "({} paths left out: .git, ignore rules, FIFOs and sockets)", s.paths_ignored);
-            }
-            if s.added.is_empty() && s.modified.is_empty() && s.deleted.is_empty() {
-                note!(ctx, "nothing changed since {} (workspace {})", mado_core::hash::short_hex(&s.base), s.workspace);
-            }
-            if let Some(to) = &s.moved_to {
-                note!(
-                    ctx,
-                    "note: workspace {} moved on to {} since this copy's base {} (another copy checkpointed): \
-                     a checkpoint here would be refused; resume it elsewhere to continue from there, \
-                     or `mado ws checkpoint --force` to replace it with this copy",
-                    s.workspace,
-                    mado_core::hash::short_hex(to),
-                    mado_core::hash::short_hex(&s.base)
-                );
-            }
-            Ok(())
+        _ => None,
+    };
+    // Named, from outside any copy of it: its mount on this machine
+    // (the daemon checks the name is its workspace's).
+    let mounted_here = match (&a.name, mounted, a.dir.is_some(), &served) {
+        (Some(n), false, false, None) if workspace::find_working_copy(&start).is_none() => {
+            workspace::last_mounted_at(&fetcher, n)
+                .filter(|at| mado_mount::control::find_mount(at).is_ok_and(|m| m.is_some()))
         }
-        WsCommand::List => {
-            let l = workspace::list(&fetcher).await?;
-            if ctx.json {
-                return ctx.print_json(&l);
-            }
-            if !l.is_empty() {
-                println!("{:<24} {:<12}  MESSAGE", "WORKSPACE", "SNAPSHOT");
-            }
-            for w in l {
-                println!("{:<24} {}  {}", w.name, &w.snapshot[..12], w.message.lines().next().unwrap_or(""));
-            }
-            Ok(())
+        _ => None,
+    };
+    let by_daemon = mounted || mounted_here.is_some() || served.is_some();
+    let (r, remote) = if mounted {
+        // The daemon did the work: its counts.
+        checkpoint_mount(&start, &a)?
+    } else if let Some(at) = mounted_here {
+        checkpoint_mount(&at, &a)?
+    } else if let Some(sock) = served {
+        checkpoint_served(&sock, &a)?
+    } else {
+        let dir = working_copy_around(&start)?;
+        (checkpoint_dir(&fetcher, &dir, &a).await?, fetcher.remote.stats())
+    };
+    if by_daemon {
+        // --verbose closes with this process's own counts, which
+        // are not the checkpoint's (they read 0 PUTs after 8 MB
+        // went up: found by a review).
+        ctx.step(format!("the daemon serving the workspace checkpointed it; its remote: {remote}"));
+    }
+    print_checkpoint(ctx, &r, remote)
+}
+
+async fn status(a: StatusArgs, ctx: &Ctx, fetcher: &Arc<Fetcher>) -> Result<()> {
+    let start = match a.dir {
+        Some(d) => d,
+        None => std::env::current_dir()?,
+    };
+    // Inside a workspace mount: its daemon answers.
+    let s = if mado_mount::control::find_mount(&start)?.is_some() {
+        let op = Op::Status { no_ignore: a.no_ignore };
+        match super::ask_daemon(Some(&start), op, std::time::Duration::from_secs(24 * 3600))? {
+            Reply::Status { status } => status,
+            r => return Err(super::unexpected(&r)),
         }
-        WsCommand::Log(a) => {
-            let args = super::log::LogArgs::for_ref(format!("ws/{}", a.name), a.max);
-            super::log::run(args, ctx).await.map_err(|e| {
-                // "no ref named ws/x" would point at import-git.
-                match e.downcast_ref::<mado_core::Error>() {
-                    Some(mado_core::Error::NotFound(_)) => {
-                        mado_core::Error::NotFound(format!("no workspace named {}; see `mado ws list`", a.name)).into()
-                    }
-                    _ => e,
-                }
-            })
+    } else {
+        let dir = working_copy_around(&start)?;
+        workspace::status(&fetcher, &dir, a.no_ignore).await?
+    };
+    if ctx.json {
+        return ctx.print_json(&s);
+    }
+    for (tag, paths) in [("A", &s.added), ("M", &s.modified), ("D", &s.deleted)] {
+        for p in paths {
+            println!("{tag} {}", super::shown(p));
         }
-        WsCommand::Release(a) => {
-            let start = match a.dir {
-                Some(d) => d,
-                None => std::env::current_dir()?,
-            };
-            // The partial copy of an interrupted resume: its lease.
-            if let Some((name, released)) = workspace::release_interrupted(&fetcher, &start, a.name.as_deref()).await? {
-                if ctx.json {
-                    return ctx.print_json(&serde_json::json!({ "workspace": name, "released": released }));
-                }
-                if released {
-                    say!(
-                        ctx,
-                        "released the lease of workspace {name} that an interrupted resume into {} held",
-                        start.display()
-                    );
-                } else {
-                    say!(
-                        ctx,
-                        "the interrupted resume into {} did not hold the lease of workspace {name}; nothing to release",
-                        start.display()
-                    );
-                }
-                note!(
-                    ctx,
-                    "note: {} holds that resume's partial copy: remove it, or `mado ws resume {name} {}` (which removes it and finishes)",
-                    start.display(),
-                    start.display()
-                );
-                return Ok(());
+    }
+    if s.paths_ignored > 0 {
+        note!(ctx, "({} paths left out: .git, ignore rules, FIFOs and sockets)", s.paths_ignored);
+    }
+    if s.added.is_empty() && s.modified.is_empty() && s.deleted.is_empty() {
+        note!(ctx, "nothing changed since {} (workspace {})", mado_core::hash::short_hex(&s.base), s.workspace);
+    }
+    if let Some(to) = &s.moved_to {
+        note!(
+            ctx,
+            "note: workspace {} moved on to {} since this copy's base {} (another copy checkpointed): \
+             a checkpoint here would be refused; resume it elsewhere to continue from there, \
+             or `mado ws checkpoint --force` to replace it with this copy",
+            s.workspace,
+            mado_core::hash::short_hex(to),
+            mado_core::hash::short_hex(&s.base)
+        );
+    }
+    Ok(())
+}
+
+async fn list(ctx: &Ctx, fetcher: &Arc<Fetcher>) -> Result<()> {
+    let l = workspace::list(&fetcher).await?;
+    if ctx.json {
+        return ctx.print_json(&l);
+    }
+    if !l.is_empty() {
+        println!("{:<24} {:<12}  MESSAGE", "WORKSPACE", "SNAPSHOT");
+    }
+    for w in l {
+        println!("{:<24} {}  {}", w.name, &w.snapshot[..12], w.message.lines().next().unwrap_or(""));
+    }
+    Ok(())
+}
+
+async fn log(a: LogArgs, ctx: &Ctx) -> Result<()> {
+    let args = super::log::LogArgs::for_ref(format!("ws/{}", a.name), a.max);
+    super::log::run(args, ctx).await.map_err(|e| {
+        // "no ref named ws/x" would point at import-git.
+        match e.downcast_ref::<mado_core::Error>() {
+            Some(mado_core::Error::NotFound(_)) => {
+                mado_core::Error::NotFound(format!("no workspace named {}; see `mado ws list`", a.name)).into()
             }
-            let dir = workspace::find_working_copy(&start).ok_or_else(|| {
-                match mado_mount::control::find_mount(&start).ok().flatten() {
-                    // A mount holds its lease while mounted.
-                    Some((mp, _)) => mado_core::Error::User(format!(
-                        "{} is in the mount at {}, which holds its workspace's lease while mounted; \
-                         `mado umount {}` gives it back",
-                        start.display(),
-                        mp.display(),
-                        mp.display()
-                    )),
-                    None => mado_core::Error::User(format!(
-                        "{} is not inside a plain working copy; pass the copy's directory with --dir \
-                         (a mount gives its lease back when unmounted: `mado umount DIR`)",
-                        start.display()
-                    )),
-                }
-            })?;
-            let st = workspace::load_state(&dir)?;
-            if let Some(n) = a.name.as_ref().filter(|n| **n != st.name) {
-                return Err(mado_core::Error::User(format!(
-                    "{} is a working copy of workspace {}, not {n}",
-                    dir.display(),
-                    st.name
-                ))
-                .into());
-            }
-            let (name, released) = workspace::release(&fetcher, &dir).await?;
-            if ctx.json {
-                return ctx.print_json(&serde_json::json!({ "workspace": name, "released": released }));
-            }
-            if released {
-                say!(ctx, "released the lease of workspace {name}: it can be resumed elsewhere now");
-            } else {
-                say!(ctx, "this working copy did not hold the lease of workspace {name}; nothing to release");
-            }
-            Ok(())
+            _ => e,
         }
-        WsCommand::Recover(RecoverArgs { aside: None, .. }) => {
+    })
+}
+
+async fn release(a: ReleaseArgs, ctx: &Ctx, fetcher: &Arc<Fetcher>) -> Result<()> {
+    let start = match a.dir {
+        Some(d) => d,
+        None => std::env::current_dir()?,
+    };
+    // The partial copy of an interrupted resume: its lease.
+    if let Some((name, released)) = workspace::release_interrupted(&fetcher, &start, a.name.as_deref()).await? {
+        if ctx.json {
+            return ctx.print_json(&serde_json::json!({ "workspace": name, "released": released }));
+        }
+        if released {
+            say!(
+                ctx,
+                "released the lease of workspace {name} that an interrupted resume into {} held",
+                start.display()
+            );
+        } else {
+            say!(
+                ctx,
+                "the interrupted resume into {} did not hold the lease of workspace {name}; nothing to release",
+                start.display()
+            );
+        }
+        note!(
+            ctx,
+            "note: {} holds that resume's partial copy: remove it, or `mado ws resume {name} {}` (which removes it and finishes)",
+            start.display(),
+            start.display()
+        );
+        return Ok(());
+    }
+    let dir = workspace::find_working_copy(&start).ok_or_else(|| {
+        match mado_mount::control::find_mount(&start).ok().flatten() {
+            // A mount holds its lease while mounted.
+            Some((mp, _)) => mado_core::Error::User(format!(
+                "{} is in the mount at {}, which holds its workspace's lease while mounted; \
+                 `mado umount {}` gives it back",
+                start.display(),
+                mp.display(),
+                mp.display()
+            )),
+            None => mado_core::Error::User(format!(
+                "{} is not inside a plain working copy; pass the copy's directory with --dir \
+                 (a mount gives its lease back when unmounted: `mado umount DIR`)",
+                start.display()
+            )),
+        }
+    })?;
+    let st = workspace::load_state(&dir)?;
+    if let Some(n) = a.name.as_ref().filter(|n| **n != st.name) {
+        return Err(mado_core::Error::User(format!(
+            "{} is a working copy of workspace {}, not {n}",
+            dir.display(),
+            st.name
+        ))
+        .into());
+    }
+    let (name, released) = workspace::release(&fetcher, &dir).await?;
+    if ctx.json {
+        return ctx.print_json(&serde_json::json!({ "workspace": name, "released": released }));
+    }
+    if released {
+        say!(ctx, "released the lease of workspace {name}: it can be resumed elsewhere now");
+    } else {
+        say!(ctx, "this working copy did not hold the lease of workspace {name}; nothing to release");
+    }
+    Ok(())
+}
+
+async fn recover(a: RecoverArgs, ctx: &Ctx, fetcher: &Arc<Fetcher>) -> Result<()> {
+    match a {
+        RecoverArgs { aside: None, .. } => {
             let all = workspace::list_set_aside(&fetcher)?;
             if ctx.json {
                 return ctx.print_json(&all);
@@ -490,7 +521,7 @@ pub async fn run(c: WsCommand, ctx: &Ctx) -> Result<()> {
             }
             Ok(())
         }
-        WsCommand::Recover(RecoverArgs { aside: Some(aside), as_name, to }) => {
+        RecoverArgs { aside: Some(aside), as_name, to } => {
             // A bare folder name is looked up beside the workspaces' states.
             let path = if aside.components().count() == 1 && !aside.exists() {
                 workspace::workspaces_root()?.join(&aside)
@@ -505,9 +536,9 @@ pub async fn run(c: WsCommand, ctx: &Ctx) -> Result<()> {
                 say!(
                     ctx,
                     "wrote the changes set aside from workspace {} (made on checkpoint {}) into {}: \
-                     {} files ({} bytes), {} symlinks, {} new directories\n\
-                     these are what the mount wrote; files it removed or left unchanged are not there. \
-                     {} still holds them: remove it once you have what you need",
+                 {} files ({} bytes), {} symlinks, {} new directories\n\
+                 these are what the mount wrote; files it removed or left unchanged are not there. \
+                 {} still holds them: remove it once you have what you need",
                     x.workspace,
                     mado_core::hash::short_hex(&x.checkpoint),
                     x.dir,
@@ -528,52 +559,53 @@ pub async fn run(c: WsCommand, ctx: &Ctx) -> Result<()> {
             say!(
                 ctx,
                 "recovered the changes set aside from workspace {} (made on checkpoint {}) as workspace {new}\n\
-                 next: `mado ws resume {new} --mount DIR` shows them; `mado ws checkpoint` there saves them",
+             next: `mado ws resume {new} --mount DIR` shows them; `mado ws checkpoint` there saves them",
                 r.workspace,
                 &r.checkpoint[..12]
             );
             Ok(())
         }
-        WsCommand::Rm(a) => {
-            // No mount of it starts here meanwhile; one running now keeps
-            // its state (with --force: set aside when it ends).
-            let held = workspace::lock_for_removal(&fetcher, &a.name);
-            if let (Err(e), false) = (&held, a.force) {
-                return Err(mado_core::Error::User(format!(
-                    "{e}\n  hint: unmount it first; with --force the workspace goes now, and that mount's \
-                     work is set aside when it ends (`mado ws recover` lists it)"
-                ))
-                .into());
-            }
-            // A lease held by a mount of it here whose daemon died (the
-            // state lock is ours, so no daemon serves it) refuses nothing.
-            let dead = held.as_ref().ok().and_then(|_| workspace::local_mount_holder(&fetcher, &a.name));
-            workspace::remove(&fetcher.remote, &a.name, a.force, dead.as_deref()).await?;
-            let aside = match &held {
-                Ok(lock) => workspace::set_aside_removed(&fetcher, &a.name, lock),
-                Err(_) => Ok(None),
-            };
-            drop(held);
-            match aside {
-                Ok(Some(aside)) => note!(
-                    ctx,
-                    "note: changes a mount of {} on this machine saved and never checkpointed were set aside in {}; \
-                     `mado ws recover {}` makes them a workspace (before `mado gc` deletes the checkpoint they \
-                     were made on)",
-                    a.name,
-                    aside.display(),
-                    aside.display()
-                ),
-                Ok(None) => {}
-                Err(e) => note!(ctx, "warning: the saved state of a mount of {} here: {e}", a.name),
-            }
-            if ctx.json {
-                return ctx.print_json(&serde_json::json!({ "removed": a.name }));
-            }
-            say!(ctx, "removed workspace {} (working copies are untouched)", a.name);
-            Ok(())
-        }
     }
+}
+
+async fn rm(a: RmArgs, ctx: &Ctx, fetcher: &Arc<Fetcher>) -> Result<()> {
+    // No mount of it starts here meanwhile; one running now keeps
+    // its state (with --force: set aside when it ends).
+    let held = workspace::lock_for_removal(&fetcher, &a.name);
+    if let (Err(e), false) = (&held, a.force) {
+        return Err(mado_core::Error::User(format!(
+            "{e}\n  hint: unmount it first; with --force the workspace goes now, and that mount's \
+             work is set aside when it ends (`mado ws recover` lists it)"
+        ))
+        .into());
+    }
+    // A lease held by a mount of it here whose daemon died (the
+    // state lock is ours, so no daemon serves it) refuses nothing.
+    let dead = held.as_ref().ok().and_then(|_| workspace::local_mount_holder(&fetcher, &a.name));
+    workspace::remove(&fetcher.remote, &a.name, a.force, dead.as_deref()).await?;
+    let aside = match &held {
+        Ok(lock) => workspace::set_aside_removed(&fetcher, &a.name, lock),
+        Err(_) => Ok(None),
+    };
+    drop(held);
+    match aside {
+        Ok(Some(aside)) => note!(
+            ctx,
+            "note: changes a mount of {} on this machine saved and never checkpointed were set aside in {}; \
+             `mado ws recover {}` makes them a workspace (before `mado gc` deletes the checkpoint they \
+             were made on)",
+            a.name,
+            aside.display(),
+            aside.display()
+        ),
+        Ok(None) => {}
+        Err(e) => note!(ctx, "warning: the saved state of a mount of {} here: {e}", a.name),
+    }
+    if ctx.json {
+        return ctx.print_json(&serde_json::json!({ "removed": a.name }));
+    }
+    say!(ctx, "removed workspace {} (working copies are untouched)", a.name);
+    Ok(())
 }
 
 /// Before `ws resume NAME DIR`: work a mount here saved and never
