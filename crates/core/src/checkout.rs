@@ -262,9 +262,9 @@ fn write_entry(parent: Arc<OwnedFd>, path: &[u8], kind: Kind, data: &[u8], force
             }
             rustix::fs::symlinkat(OsStr::from_bytes(data), &t.parent, &t.name).map_err(io_at(path, "creating symlink"))
         }
-        _ => t
-            .create_file(path, kind)
-            .and_then(|mut f| f.write_all(data).map_err(Error::io(format!("writing {:?}", lossy(path))))),
+        _ => t.create_file(path, kind).and_then(|f| {
+            crate::fsutil::write_sparse(&f, data, 0).map_err(Error::io(format!("writing {:?}", lossy(path))))
+        }),
     };
     if let Err(e) = written {
         t.discard();

@@ -211,7 +211,16 @@ pub fn split_file(
 ) -> Result<Streamed> {
     use std::os::unix::fs::FileExt;
     let io_err = |e: std::io::Error| Error::Io { context: format!("reading {what}"), source: e };
-    let size = file.metadata().map_err(io_err)?.len();
+    let meta = file.metadata().map_err(io_err)?;
+    let size = meta.len();
+    // Holes are asked for only where the filesystem holds fewer blocks than
+    // the length: a dense file is read through, and a filesystem that
+    // wrongly reports holes over unsynced data (OpenZFS before 2.2.2) cannot
+    // make a dense file read as zeros.
+    let sparse = {
+        use std::os::unix::fs::MetadataExt;
+        meta.blocks().saturating_mul(512) < size
+    };
     if !needs_chunking(size) {
         struct At<'a>(&'a std::fs::File, u64);
         impl std::io::Read for At<'_> {
@@ -228,11 +237,14 @@ pub fn split_file(
         let mut at = 0u64;
         while at < size {
             // Where the next data is: the whole blocks before it are zeros.
-            let data = match rustix::fs::seek(file, rustix::fs::SeekFrom::Data(at)) {
-                Ok(d) => d.min(size),
-                Err(rustix::io::Errno::NXIO) => size,
-                // No SEEK_DATA here: every byte is read.
-                Err(_) => at,
+            let data = match sparse.then(|| rustix::fs::seek(file, rustix::fs::SeekFrom::Data(at))) {
+                Some(Ok(d)) => d.min(size),
+                // No data from `at` to the end as it is now: zeros to there
+                // (if the file got shorter since its length was taken, it
+                // ends there: the read below finds its end).
+                Some(Err(rustix::io::Errno::NXIO)) => file.metadata().map_err(io_err)?.len().clamp(at, size),
+                // Not sparse, or no SEEK_DATA here: every byte is read.
+                _ => at,
             };
             let zero_to = data / HOLE_BLOCK * HOLE_BLOCK;
             if zero_to > at {
@@ -241,7 +253,10 @@ pub fn split_file(
                 continue;
             }
             // Read the blocks from here to the next hole.
-            let hole = rustix::fs::seek(file, rustix::fs::SeekFrom::Hole(data)).map_or(size, |h| h.min(size));
+            let hole = match sparse {
+                true => rustix::fs::seek(file, rustix::fs::SeekFrom::Hole(data)).map_or(size, |h| h.min(size)),
+                false => size,
+            };
             let to = hole.div_ceil(HOLE_BLOCK).saturating_mul(HOLE_BLOCK).min(size).max(at + 1);
             while at < to {
                 let want = (size - at).min(HOLE_BLOCK) as usize;
@@ -583,6 +598,19 @@ pub(crate) mod tests {
             panic!("not chunked")
         };
         assert_eq!(streamed, want);
+        // A dense copy (every block on disk, no hole reported) is read
+        // through, zeros and all, to the same id.
+        std::fs::write(dir.path().join("d"), &dense).unwrap();
+        let d = std::fs::File::open(dir.path().join("d")).unwrap();
+        let mut read = 0u64;
+        let Streamed::Chunked { id: from_dense, .. } = split_file(&d, "d", |_, b| {
+            read += b.len() as u64;
+            Ok(())
+        })
+        .unwrap() else {
+            panic!("not chunked")
+        };
+        assert_eq!(from_dense, want);
 
         // 16 GiB apparent, 1 MiB of data: only the data is read.
         let big = std::fs::File::options()

@@ -49,6 +49,49 @@ fn replace(path: &Path, bytes: &[u8], durable: bool) -> Result<()> {
     })
 }
 
+/// The filesystem block whose zeros [`write_sparse`] leaves unwritten.
+const SPARSE_BLOCK: usize = 4096;
+
+/// Writes `bytes` at `at` in `f`, a file that holds nothing (a hole or
+/// past its end) in that range, leaving each whole block of zeros (4 KiB,
+/// aligned in the file) unwritten: the file reads the same, and its zeros
+/// take no disk. The length is set when the last block was left out.
+pub fn write_sparse(f: &std::fs::File, bytes: &[u8], at: u64) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    static ZEROS: [u8; SPARSE_BLOCK] = [0; SPARSE_BLOCK];
+    if bytes.len() < 2 * SPARSE_BLOCK {
+        return f.write_all_at(bytes, at);
+    }
+    let end = at + bytes.len() as u64;
+    // Cut points: the file's block boundaries within the range.
+    let first = SPARSE_BLOCK - (at % SPARSE_BLOCK as u64) as usize;
+    let mut run: Option<usize> = None;
+    let mut i = 0;
+    let mut zero_tail = false;
+    while i < bytes.len() {
+        let next = if i == 0 { first.min(bytes.len()) } else { (i + SPARSE_BLOCK).min(bytes.len()) };
+        let block = &bytes[i..next];
+        let zero = block.len() == SPARSE_BLOCK && block == &ZEROS[..];
+        match (zero, run) {
+            (true, Some(from)) => {
+                f.write_all_at(&bytes[from..i], at + from as u64)?;
+                run = None;
+            }
+            (false, None) => run = Some(i),
+            _ => {}
+        }
+        zero_tail = zero;
+        i = next;
+    }
+    if let Some(from) = run {
+        f.write_all_at(&bytes[from..], at + from as u64)?;
+    }
+    if zero_tail && f.metadata()?.len() < end {
+        f.set_len(end)?;
+    }
+    Ok(())
+}
+
 /// Reads a file that must be a regular file: opened without following a
 /// symlink and without blocking (a FIFO or device planted where a cache
 /// entry or a store object should be would otherwise hang the open), then
@@ -239,6 +282,34 @@ pub async fn lock_file(path: PathBuf) -> Result<std::fs::File> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn write_sparse_reads_back_the_same_and_leaves_zero_blocks_unwritten() {
+        use std::os::unix::fs::{FileExt, MetadataExt};
+        let dir = tempfile::tempdir().unwrap();
+        for (at, tail_zero) in [(0u64, false), (123, true), (4096, true), (5000, false)] {
+            let mut bytes = vec![0u8; 64 << 10];
+            bytes[..10].fill(7);
+            bytes[20_000..20_010].fill(9);
+            if !tail_zero {
+                *bytes.last_mut().unwrap() = 1;
+            }
+            let p = dir.path().join(format!("f{at}"));
+            let f = std::fs::File::options().create(true).truncate(true).read(true).write(true).open(&p).unwrap();
+            write_sparse(&f, &bytes, at).unwrap();
+            assert_eq!(f.metadata().unwrap().len(), at + bytes.len() as u64);
+            let mut back = vec![1u8; bytes.len()];
+            f.read_exact_at(&mut back, at).unwrap();
+            assert!(back == bytes, "at {at}");
+            // Three or four blocks of data, not sixteen.
+            assert!(
+                f.metadata().unwrap().blocks() * 512 <= 5 * 4096,
+                "at {at}: {} blocks",
+                f.metadata().unwrap().blocks()
+            );
+        }
+    }
+
     use super::*;
 
     #[test]

@@ -724,3 +724,48 @@ async fn a_large_file_is_written_as_its_chunks_arrive_whatever_their_order() {
     assert!(std::fs::read(&out).unwrap() == whole, "the file's bytes differ");
     assert_eq!(faults.pending(), 0);
 }
+
+/// A hostile store's manifests with holes: a file of 2^40 bytes that is
+/// all hole is refused in memory (no allocation of its size), and chunks
+/// shorter than their manifest says are corrupt, not bytes shifted across
+/// a hole, in every path that reads them.
+#[tokio::test]
+async fn hostile_manifests_with_holes_are_refused_by_every_reader() {
+    use futures::StreamExt;
+    use mado_core::object::{ChunkManifest, Entry, Kind};
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}/store", dir.path().display());
+    let remote = Arc::new(Remote::open(&url, &OpenOptions::default()).unwrap());
+    let cache = Arc::new(DiskCache::open(dir.path().join("cache"), None).unwrap());
+    let f = Fetcher::new(remote.clone(), cache);
+    let put = |b: Vec<u8>| {
+        let remote = remote.clone();
+        async move {
+            let id = Hash::of(&b);
+            remote.put_object(Space::Objects, &id, Bytes::from(b)).await.unwrap();
+            id
+        }
+    };
+    let huge = 1u64 << 40;
+    let m = ChunkManifest { size: huge, content: None, chunks: vec![(huge, None)] };
+    let e =
+        Entry { name: b".gitignore".to_vec(), kind: Kind::File, chunked: true, size: huge, id: put(m.encode()).await };
+    let err = f.content(&e, ".gitignore").await.unwrap_err().to_string();
+    assert!(err.contains("too large to hold in memory"), "{err}");
+
+    let (a, b) = (put(vec![1u8; 20]).await, put(vec![2u8; 20]).await);
+    let m =
+        ChunkManifest { size: 30 + 100 + 10, content: None, chunks: vec![(30, Some(a)), (100, None), (10, Some(b))] };
+    let e = Entry { name: b"f".to_vec(), kind: Kind::File, chunked: true, size: 140, id: put(m.encode()).await };
+    let err = f.content(&e, "f").await.unwrap_err().to_string();
+    assert!(err.contains("20 bytes, its manifest says 30"), "{err}");
+    let mut pieces = f.pieces(&e, "f").await.unwrap();
+    let mut failed = None;
+    while let Some(p) = pieces.next().await {
+        if let Err(e) = p {
+            failed = Some(e.to_string());
+            break;
+        }
+    }
+    assert!(failed.is_some_and(|e| e.contains("its manifest says 30")));
+}

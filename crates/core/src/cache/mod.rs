@@ -27,7 +27,7 @@
 
 use std::collections::HashMap;
 use std::fs;
-use std::io::{ErrorKind, Write};
+use std::io::ErrorKind;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -297,14 +297,15 @@ impl DiskCache {
         let dir = p.parent().expect("cache paths have a parent");
         let tmp = dir.join(format!(".tmp-{}-{}", std::process::id(), rand::random::<u64>()));
         let write = |tmp: &Path| -> std::io::Result<()> {
-            let mut f = match fs::File::create(tmp) {
+            let f = match fs::File::create(tmp) {
                 Err(e) if e.kind() == ErrorKind::NotFound => {
                     fs::create_dir_all(dir)?;
                     fs::File::create(tmp)?
                 }
                 r => r?,
             };
-            f.write_all(bytes)?;
+            // A sparse file's blocks of zeros take no disk here either.
+            crate::fsutil::write_sparse(&f, bytes, 0)?;
             fs::rename(tmp, &p)
         };
         if let Err(e) = write(&tmp) {

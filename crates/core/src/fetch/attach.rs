@@ -2,7 +2,16 @@
 //! derived pointer in the store) and attaching it: members by id, inline
 //! trees, and why no index could be attached.
 
-use super::*;
+use super::Fetcher;
+use crate::cache::DiskCache;
+use crate::error::Result;
+use crate::hash::Hash;
+use crate::pack::{PackEntry, PackIndex};
+use crate::store::Remote;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
 
 /// How the index of an attached tree was found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

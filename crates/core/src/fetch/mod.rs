@@ -21,21 +21,17 @@
 //! (index discovery), `packs` (pack streaming), `typed` (typed readers).
 
 use std::collections::{HashMap, HashSet};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, RwLock};
 
 use bytes::Bytes;
 use futures::future::{BoxFuture, FutureExt, Shared};
-use futures::{StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 
 use crate::cache::DiskCache;
 use crate::error::{Error, Result};
 use crate::hash::Hash;
-use crate::object::{ChunkManifest, Entry, Kind, Snapshot, StatObject, Tree};
-use crate::pack::{decode_member_owned, PackEntry, PackIndex};
-use crate::store::{Remote, Space, CONCURRENCY};
+use crate::store::{Remote, Space};
 
 mod attach;
 mod packs;

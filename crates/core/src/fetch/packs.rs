@@ -2,7 +2,16 @@
 //! bytes kept in the cache as one file as they stream in, each waiter woken
 //! when its own member has verified; a member read alone when its pack fails.
 
-use super::*;
+use super::Fetcher;
+use crate::error::{Error, Result};
+use crate::hash::Hash;
+use crate::pack::{decode_member_owned, PackEntry};
+use bytes::Bytes;
+use futures::future::{BoxFuture, FutureExt};
+use futures::StreamExt;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex};
 
 /// Fetched pack bytes are decoded, and go to the disk cache, in segments
 /// of at least this many bytes while the decoders are busy.

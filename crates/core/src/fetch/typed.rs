@@ -1,7 +1,15 @@
 //! Typed reads on top of [`Fetcher::get`]: trees, snapshots, chunk
 //! manifests, file content (whole or chunked) and path lookup.
 
-use super::*;
+use super::Fetcher;
+use crate::error::{Error, Result};
+use crate::hash::Hash;
+use crate::object::{ChunkManifest, Entry, Kind, Snapshot, StatObject, Tree};
+use crate::store::{Space, CONCURRENCY};
+use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
+use std::collections::HashMap;
+use std::sync::Arc;
 
 /// Chunks of one file fetched ahead of the one being consumed: the
 /// parallelism of a large file's sequential read. At 1 MiB a chunk and a
@@ -38,6 +46,11 @@ pub struct Piece {
     pub zeros: u64,
     _permit: tokio::sync::OwnedSemaphorePermit,
 }
+
+/// The largest chunked file [`Fetcher::content`] assembles in memory (a
+/// hostile tree could name a file of 2^40 bytes, holes costing the store
+/// nothing); larger files are read a piece at a time.
+pub const CONTENT_IN_MEMORY_MAX: u64 = 256 << 20;
 
 impl Fetcher {
     pub async fn tree(self: &Arc<Self>, id: Hash, path: &str) -> Result<Tree> {
@@ -156,27 +169,43 @@ impl Fetcher {
             }
             return Ok(b);
         }
+        if e.size > CONTENT_IN_MEMORY_MAX {
+            return Err(Error::User(format!(
+                "{path} is {} bytes, too large to hold in memory (at most {CONTENT_IN_MEMORY_MAX})",
+                e.size
+            )));
+        }
         let m = self.manifest(e, path).await?;
         // Owned ids and path: futures that borrow across a stream trip up
         // the compiler's Send checks when spawned.
         let spans: Vec<(u64, Option<Hash>)> = m.chunks.clone();
-        let parts: Vec<Bytes> = futures::stream::iter(spans.into_iter().map(|(len, id)| {
+        let parts: Vec<(u64, Option<Bytes>)> = futures::stream::iter(spans.into_iter().map(|(len, id)| {
             let me = self.clone();
             let path = path.to_string();
             async move {
-                match id {
-                    Some(id) => me.get_in_order(id, "chunk").await.map_err(|er| er.at_path(&path)),
-                    // A hole: as many zeros.
-                    None => Ok(Bytes::from(vec![0u8; len as usize])),
+                let Some(id) = id else { return Ok((len, None)) };
+                let b = me.get_in_order(id, "chunk").await.map_err(|er| er.at_path(&path))?;
+                if b.len() as u64 != len {
+                    return Err(Error::Corrupt {
+                        id,
+                        what: "chunk",
+                        path,
+                        detail: format!("{} bytes, its manifest says {len}", b.len()),
+                    });
                 }
+                Ok((len, Some(b)))
             }
         }))
         .buffered(CONCURRENCY)
         .try_collect()
         .await?;
         let mut out = Vec::with_capacity(m.size as usize);
-        for p in parts {
-            out.extend_from_slice(&p);
+        for (len, p) in parts {
+            match p {
+                Some(p) => out.extend_from_slice(&p),
+                // A hole: as many zeros.
+                None => out.resize(out.len() + len as usize, 0),
+            }
         }
         // Each chunk was verified by its id; a manifest without holes also
         // names the whole content.
@@ -309,10 +338,10 @@ impl Fetcher {
             let at = path.to_string();
             n += piece.bytes.len() as u64;
             tokio::task::spawn_blocking(move || {
-                use std::os::unix::fs::FileExt;
                 // A test interrupts a checkout here, its temp file half written.
                 crate::failpoint::pause("content-write");
-                f.write_all_at(&piece.bytes, piece.offset).map_err(Error::io(format!("writing {at:?}")))
+                crate::fsutil::write_sparse(&f, &piece.bytes, piece.offset)
+                    .map_err(Error::io(format!("writing {at:?}")))
             })
             .await
             .map_err(|er| Error::Io { context: "write task".into(), source: std::io::Error::other(er) })??;

@@ -4,7 +4,11 @@
 
 use std::collections::HashSet;
 
-use super::*;
+use super::{build_pack, MemberKind, Mode, PackEntry, PackIndex, MAX_INDEX_LAYERS, PER_DIR_MIN_FILES, RUN_PACK_BYTES};
+use crate::chunk::CHUNK_THRESHOLD;
+use crate::error::{Error, Result};
+use crate::hash::Hash;
+use crate::object::{ChunkManifest, Kind, Tree};
 
 /// Reads an object's bytes while building (from the disk cache at import).
 pub type Source<'a> = dyn Fn(&Hash) -> Result<Vec<u8>> + 'a;
@@ -139,7 +143,8 @@ impl<'a> Walk<'a> {
         }
         let mb = (self.src)(&e.id)?;
         let m = ChunkManifest::decode(&mb).map_err(|er| Error::corrupt(e.id, "chunk manifest", "", er))?;
-        let bytes = mb.len() as u64 + m.size;
+        // Its stored bytes: holes take none.
+        let bytes = mb.len() as u64 + m.spans().filter(|s| s.2.is_some()).map(|s| s.1).sum::<u64>();
         // Inline in the index too (beside the trees): a reader then needs
         // no round trip for it before the chunks (a cold random read of a
         // large file is one GET). It stays a member or an object as well.

@@ -23,11 +23,9 @@
 
 use std::collections::HashSet;
 
-use crate::chunk::CHUNK_THRESHOLD;
 use crate::codec::{put_varint, DecodeError, Reader};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::hash::Hash;
-use crate::object::{ChunkManifest, Kind, Tree};
 
 mod build;
 
@@ -634,6 +632,10 @@ impl PackIndex {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::object::ChunkManifest;
+    use crate::object::Kind;
+    use crate::object::Tree;
+    use crate::Error;
 
     #[test]
     fn a_member_decodes_onto_the_end_of_a_buffer_with_room_for_it() {

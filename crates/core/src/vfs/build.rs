@@ -4,7 +4,17 @@
 
 use std::os::unix::ffi::OsStrExt;
 
-use super::*;
+use super::inode::{Body, State};
+use super::{file_kind, join, SnapshotFs, ROOT_INO};
+use crate::cache::DiskCache;
+use crate::error::{Error, Result};
+use crate::hash::Hash;
+use crate::object::StatObject;
+use crate::object::{Entry, Kind, Tree};
+use crate::upload::Staged;
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
 
 /// What a checkpoint of a read-write mount staged.
 #[derive(Debug)]

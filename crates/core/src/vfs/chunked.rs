@@ -17,10 +17,17 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Mutex;
 
-use futures::FutureExt;
-
-use super::*;
+use super::{OpenFile, SnapshotFs};
+use crate::error::{Error, Result};
+use crate::fetch::Fetcher;
 use crate::fetch::CHUNK_WINDOW;
+use crate::hash::Hash;
+use crate::object::{ChunkManifest, Entry};
+use crate::store::Space;
+use bytes::Bytes;
+use futures::FutureExt;
+use futures::{StreamExt, TryStreamExt};
+use std::sync::Arc;
 
 /// Bytes of decoded chunks kept in memory.
 pub const RECENT_BYTES: u64 = 64 << 20;
@@ -359,10 +366,25 @@ impl SnapshotFs {
                         let to = (end - cs).min(len);
                         return Ok(Bytes::from(vec![0u8; to.saturating_sub(from) as usize]));
                     };
-                    if let Some(b) = self.chunks.recent(&id) {
-                        return Ok(b);
+                    let b = match self.chunks.recent(&id) {
+                        Some(b) => b,
+                        None => self
+                            .chunks
+                            .load(&self.fetcher, id, in_order)
+                            .await
+                            .map_err(|e| unshare(e).at_path(&name))?,
+                    };
+                    // A chunk of another length than its manifest says would
+                    // shift every byte after it.
+                    if b.len() as u64 != len {
+                        return Err(Error::Corrupt {
+                            id,
+                            what: "chunk",
+                            path: name,
+                            detail: format!("{} bytes, its manifest says {len}", b.len()),
+                        });
                     }
-                    self.chunks.load(&self.fetcher, id, in_order).await.map_err(|e| unshare(e).at_path(&name))
+                    Ok(b)
                 }
             }))
             .buffered(CHUNK_WINDOW)

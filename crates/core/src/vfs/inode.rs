@@ -2,7 +2,14 @@
 //! each holds, the kernel's references and open handles, and folding idle
 //! directories back into their tree id so memory follows what is in use.
 
-use super::*;
+use super::{now, NodeKind, SnapshotFs, ROOT_INO};
+use crate::error::{Error, Result};
+use crate::hash::Hash;
+use crate::object::{Entry, Kind};
+use rustix::io::Errno;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
 
 /// What a node holds.
 #[derive(Clone, Debug)]

@@ -2,7 +2,19 @@
 //! into nodes, lookup, readdir, readlink, open and read, each bounded by
 //! the read timeout. The same paths serve a snapshot and a workspace.
 
-use super::*;
+use super::chunked::Readahead;
+use super::inode::{Body, Node, State};
+use super::overlay::read_upper;
+use super::{join, Attr, DirList, OpenFile, SnapshotFs, ROOT_INO};
+use crate::error::{Error, Result};
+use crate::hash::Hash;
+use crate::object::{Entry, Kind, Tree};
+use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
+use rustix::io::Errno;
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
 
 /// Directories [`SnapshotFs::warm_dir`] looks into for a walk's first
 /// file, at most (the search stays short, and a tree thousands of levels

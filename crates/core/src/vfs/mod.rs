@@ -26,24 +26,19 @@
 //! (checkpoint) and `saved` (the state file).
 
 use std::collections::{BTreeMap, HashMap};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use futures::{StreamExt, TryStreamExt};
 use rustix::io::Errno;
 
-use crate::cache::DiskCache;
 use crate::error::{Error, Result};
 use crate::fetch::Fetcher;
 use crate::hash::Hash;
 use crate::object::StatObject;
 use crate::object::{check_name, ChunkManifest, Entry, Kind, Tree};
-use crate::store::Space;
-use crate::upload::Staged;
 
 mod build;
 mod chunked;
@@ -58,8 +53,7 @@ pub use build::{Built, Skips};
 pub use saved::SavedChange;
 
 pub use chunked::Readahead;
-use inode::{Body, Meta, Node, State};
-use overlay::read_upper;
+use inode::{Body, Node, State};
 
 pub const ROOT_INO: u64 = 1;
 

@@ -3,7 +3,17 @@
 //! filesystem has one; every entry point here refuses with EROFS
 //! otherwise (`SnapshotFs::overlay` decides).
 
-use super::*;
+use super::inode::{Body, Node, State};
+use super::{mount_owner, new_name_ok, now, Attr, NodeKind, OpenFile, SetAttr, SnapshotFs, ROOT_INO};
+use crate::error::{Error, Result};
+use crate::object::Kind;
+use bytes::Bytes;
+use rustix::io::Errno;
+use std::collections::BTreeMap;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::PathBuf;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
 
 /// The mode of a file's upper copy: the file's own permission bits (a
 /// 0600 file stays 0600 on the disk too), plus what the daemon needs to

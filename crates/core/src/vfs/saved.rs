@@ -1,7 +1,16 @@
 //! The saved state of a workspace mount (`overlay.state`, format in
 //! docs/FORMAT.md): what a restarted or killed daemon picks up.
 
-use super::*;
+use super::inode::{Body, Meta, Node, State};
+use super::{NodeKind, SnapshotFs, ROOT_INO};
+use crate::error::{Error, Result};
+use crate::fetch::Fetcher;
+use crate::hash::Hash;
+use crate::object::StatObject;
+use crate::object::{check_name, Entry, Kind};
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 // ---- The saved state of a read-write mount (`overlay.state`) ----
 //

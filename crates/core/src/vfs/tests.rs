@@ -2,7 +2,10 @@
 //! between the steps of a checkpoint, node counts).
 
 use super::*;
+use crate::cache::DiskCache;
 use crate::store::{OpenOptions, Remote};
+use crate::upload::Staged;
+use std::path::Path;
 
 /// A read-write filesystem over an empty tree, in `dir`.
 fn empty_workspace(dir: &Path) -> (SnapshotFs, Arc<DiskCache>) {

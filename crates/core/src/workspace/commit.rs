@@ -2,7 +2,22 @@
 //! ref and store lock together, the upload in closure order, packs, the
 //! snapshot, and last the ref's compare-and-swap.
 
-use super::*;
+use super::lease::release_lease;
+use super::lease::take_lease_was;
+use super::working_copy::LocalState;
+use super::{now, ws_ref, CheckpointLease, CheckpointReport};
+use crate::cache::DiskCache;
+use crate::error::{Error, Result};
+use crate::failpoint::hit as failpoint;
+use crate::fetch::Fetcher;
+use crate::hash::Hash;
+use crate::object::{RefValue, Snapshot, StatObject};
+use crate::store::Space;
+use crate::workspace::working_copy::save_state_at;
+use crate::workspace::working_copy::StatCache;
+use bytes::Bytes;
+use std::path::Path;
+use std::sync::Arc;
 
 pub(super) fn author() -> String {
     let user = std::env::var("USER").unwrap_or_else(|_| "mado".into());

@@ -1,8 +1,15 @@
 //! The single-writer lease of a workspace: taken and renewed by
 //! compare-and-swap, released so another working copy can take it.
-
-use super::*;
+use super::working_copy::load_state;
+use super::{now, ws_ref, LEASE_SECS};
+use crate::error::{Error, Result};
+use crate::fetch::Fetcher;
+use crate::object::Lease;
 use crate::store::RefVersion;
+use crate::store::Remote;
+use bytes::Bytes;
+use std::path::Path;
+use std::sync::Arc;
 
 /// The lease object of workspace `name` as stored, with its version (one
 /// GET; `None`: no lease was ever taken). Read in a command's first round

@@ -20,24 +20,18 @@
 //! workspace served by a mount: open, saved state, checkpoint), `commit`
 //! (what both checkpoints share: lease, upload, snapshot, ref CAS).
 
-use std::collections::BTreeMap;
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use crate::workspace::working_copy::materialize_into;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-use crate::cache::DiskCache;
 use crate::error::{Error, Result};
 use crate::fetch::Fetcher;
-use crate::hash::Hash;
-use crate::object::{check_ref_name, Entry, Kind, Lease, RefValue, Snapshot, StatObject, Tree};
+use crate::object::{check_ref_name, Lease, RefValue};
 use crate::store::{Remote, Space};
-use crate::upload::{Staged, UploadReport};
-use crate::vfs::SnapshotFs;
+use crate::upload::UploadReport;
 
 mod commit;
 pub(crate) mod ignore;
@@ -47,9 +41,8 @@ mod statcache;
 mod status;
 mod working_copy;
 
-use commit::*;
+use lease::read_lease;
 pub use lease::{check_lease_free, release, release_interrupted, release_lease, take_lease};
-use lease::{lease_expected, read_lease, take_lease_from, take_lease_seen, take_lease_was, Seen};
 pub use mounted::{
     checkpoint_mount, export_set_aside, forget_unused_mount_state, last_mounted_at, list_set_aside, local_mount_holder,
     lock_for_removal, open_mount, record_unmounted, recover_set_aside, save_mount_state, set_aside_if_removed,
@@ -57,7 +50,7 @@ pub use mounted::{
     StateSaver,
 };
 pub use status::{mount_status, status, Status};
-use working_copy::*;
+
 pub use working_copy::{checkpoint, find_working_copy, interrupted_resume_of, load_state, load_state_at, LocalState};
 
 /// The folder inside a working copy that holds mado's state for it.
@@ -85,8 +78,6 @@ fn ws_ref(name: &str) -> Result<String> {
     check_ref_name(&r).map_err(Error::User)?;
     Ok(r)
 }
-
-use crate::failpoint::hit as failpoint;
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct CheckpointReport {

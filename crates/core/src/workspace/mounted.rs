@@ -2,8 +2,26 @@
 //! stat object and lease together), saving its overlay state, and
 //! checkpointing from the filesystem core.
 
-use super::*;
+use super::lease::release_lease;
+use super::lease::{read_lease, take_lease_from};
+use super::working_copy::{load_state_at, LocalState};
+use super::{
+    create_ref_or_moved, holder_id, holder_prefix, now, read_ws_ref, remove, CheckpointLease, CheckpointReport,
+    OVERLAY_FILE,
+};
+use crate::cache::DiskCache;
+use crate::error::{Error, Result};
+use crate::fetch::Fetcher;
+use crate::hash::Hash;
+use crate::upload::Staged;
+use crate::vfs::SnapshotFs;
+use crate::workspace::commit::commit;
+use crate::workspace::commit::Walked;
+use crate::workspace::working_copy::save_state_at;
+use serde::Serialize;
 use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// Checkpoints a read-write mount: only files written since the last
 /// checkpoint are hashed and only the directories above them re-encoded.

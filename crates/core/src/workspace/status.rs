@@ -6,7 +6,14 @@
 //! every subtree whose id did not change. Nothing is uploaded, no lease is
 //! taken, and the working copy's state is not written.
 
-use super::*;
+use super::working_copy::{self};
+use super::working_copy::{load_state, load_state_at};
+use crate::error::{Error, Result};
+use crate::fetch::Fetcher;
+use crate::hash::Hash;
+use crate::upload::Staged;
+use std::path::Path;
+use std::sync::Arc;
 
 /// What changed in a working copy since its base snapshot.
 #[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -2,10 +2,27 @@
 //! spares unchanged files a re-read, the walk that stages a checkpoint,
 //! and materializing a snapshot into it (resume).
 
+use crate::workspace::commit::commit;
+use crate::workspace::commit::Walked;
 use std::collections::HashMap;
 use std::os::unix::ffi::OsStringExt;
 
-use super::*;
+use super::lease::release_lease;
+use super::lease::{lease_expected, take_lease_seen, Seen};
+use super::{holder_id, holder_prefix, CheckpointLease, CheckpointReport, ResumeLease, ResumeReport, STATE_DIR};
+use crate::cache::DiskCache;
+use crate::error::{Error, Result};
+use crate::fetch::Fetcher;
+use crate::hash::Hash;
+use crate::object::{Entry, Kind, Lease, RefValue, StatObject, Tree};
+use crate::upload::Staged;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 /// The working copy's state (`DIR/.mado/workspace.json`).
 #[derive(Clone, Debug, Serialize, Deserialize)]
