@@ -251,7 +251,7 @@ async fn create(a: CreateArgs, ctx: &Ctx, fetcher: &Arc<Fetcher>) -> Result<()> 
                     let _ = std::fs::remove_dir(mp);
                 }
             };
-            if let Err(e) = workspace::create_ref(&fetcher, &name, &from).await {
+            if let Err(e) = workspace::create_ref(fetcher, &name, &from).await {
                 unmake(&mp);
                 return Err(e.into());
             }
@@ -265,12 +265,12 @@ async fn create(a: CreateArgs, ctx: &Ctx, fetcher: &Arc<Fetcher>) -> Result<()> 
                 // again works (rather than "already exists").
                 let _ = workspace::remove(&fetcher.remote, &name, true, None).await;
                 // Nor its state folder, if the daemon made one.
-                let _ = workspace::forget_unused_mount_state(&fetcher, &name);
+                let _ = workspace::forget_unused_mount_state(fetcher, &name);
             }
             mounted
         }
         a if a.no_checkout => {
-            let id = workspace::create_ref(&fetcher, &a.name, &a.from).await?.snapshot;
+            let id = workspace::create_ref(fetcher, &a.name, &a.from).await?.snapshot;
             if ctx.json {
                 return ctx.print_json(&serde_json::json!({ "workspace": a.name, "snapshot": id.to_hex() }));
             }
@@ -280,7 +280,7 @@ async fn create(a: CreateArgs, ctx: &Ctx, fetcher: &Arc<Fetcher>) -> Result<()> 
         a => {
             let dir = a.dir.expect("clap requires --dir, --mount or --no-checkout");
             let (pb, p) = ctx.progress_counter("checking out");
-            let r = workspace::create(&fetcher, &a.name, &a.from, &dir, &p).await;
+            let r = workspace::create(fetcher, &a.name, &a.from, &dir, &p).await;
             pb.finish_and_clear();
             print_resume(ctx, "created", &r?)
         }
@@ -296,8 +296,8 @@ async fn resume(a: ResumeArgs, ctx: &Ctx, fetcher: &Arc<Fetcher>) -> Result<()> 
             // Work a mount here saved and never checkpointed would not be
             // in this copy, and a checkpoint from it would leave that work
             // behind: said before anything is fetched or written.
-            if let Some(st) = workspace::uncheckpointed_mount_state(&fetcher, &a.name)? {
-                check_mount_changes(ctx, &fetcher, &a, &st).await?;
+            if let Some(st) = workspace::uncheckpointed_mount_state(fetcher, &a.name)? {
+                check_mount_changes(ctx, fetcher, &a, &st).await?;
             }
             let (pb, p) = ctx.progress_counter("restoring");
             let lease = if a.read_only {
@@ -305,7 +305,7 @@ async fn resume(a: ResumeArgs, ctx: &Ctx, fetcher: &Arc<Fetcher>) -> Result<()> 
             } else {
                 workspace::ResumeLease::Take { steal: a.steal }
             };
-            let r = workspace::resume(&fetcher, &a.name, &a.dir, lease, &p).await;
+            let r = workspace::resume(fetcher, &a.name, &a.dir, lease, &p).await;
             pb.finish_and_clear();
             print_resume(ctx, "resumed", &r?)
         }
@@ -332,7 +332,7 @@ async fn checkpoint(a: CheckpointArgs, ctx: &Ctx, fetcher: &Arc<Fetcher>) -> Res
     // (the daemon checks the name is its workspace's).
     let mounted_here = match (&a.name, mounted, a.dir.is_some(), &served) {
         (Some(n), false, false, None) if workspace::find_working_copy(&start).is_none() => {
-            workspace::last_mounted_at(&fetcher, n)
+            workspace::last_mounted_at(fetcher, n)
                 .filter(|at| mado_mount::control::find_mount(at).is_ok_and(|m| m.is_some()))
         }
         _ => None,
@@ -347,7 +347,7 @@ async fn checkpoint(a: CheckpointArgs, ctx: &Ctx, fetcher: &Arc<Fetcher>) -> Res
         checkpoint_served(&sock, &a)?
     } else {
         let dir = working_copy_around(&start)?;
-        (checkpoint_dir(&fetcher, &dir, &a).await?, fetcher.remote.stats())
+        (checkpoint_dir(fetcher, &dir, &a).await?, fetcher.remote.stats())
     };
     if by_daemon {
         // --verbose closes with this process's own counts, which
@@ -372,7 +372,7 @@ async fn status(a: StatusArgs, ctx: &Ctx, fetcher: &Arc<Fetcher>) -> Result<()> 
         }
     } else {
         let dir = working_copy_around(&start)?;
-        workspace::status(&fetcher, &dir, a.no_ignore).await?
+        workspace::status(fetcher, &dir, a.no_ignore).await?
     };
     if ctx.json {
         return ctx.print_json(&s);
@@ -403,7 +403,7 @@ async fn status(a: StatusArgs, ctx: &Ctx, fetcher: &Arc<Fetcher>) -> Result<()> 
 }
 
 async fn list(ctx: &Ctx, fetcher: &Arc<Fetcher>) -> Result<()> {
-    let l = workspace::list(&fetcher).await?;
+    let l = workspace::list(fetcher).await?;
     if ctx.json {
         return ctx.print_json(&l);
     }
@@ -435,7 +435,7 @@ async fn release(a: ReleaseArgs, ctx: &Ctx, fetcher: &Arc<Fetcher>) -> Result<()
         None => std::env::current_dir()?,
     };
     // The partial copy of an interrupted resume: its lease.
-    if let Some((name, released)) = workspace::release_interrupted(&fetcher, &start, a.name.as_deref()).await? {
+    if let Some((name, released)) = workspace::release_interrupted(fetcher, &start, a.name.as_deref()).await? {
         if ctx.json {
             return ctx.print_json(&serde_json::json!({ "workspace": name, "released": released }));
         }
@@ -486,7 +486,7 @@ async fn release(a: ReleaseArgs, ctx: &Ctx, fetcher: &Arc<Fetcher>) -> Result<()
         ))
         .into());
     }
-    let (name, released) = workspace::release(&fetcher, &dir).await?;
+    let (name, released) = workspace::release(fetcher, &dir).await?;
     if ctx.json {
         return ctx.print_json(&serde_json::json!({ "workspace": name, "released": released }));
     }
@@ -501,7 +501,7 @@ async fn release(a: ReleaseArgs, ctx: &Ctx, fetcher: &Arc<Fetcher>) -> Result<()
 async fn recover(a: RecoverArgs, ctx: &Ctx, fetcher: &Arc<Fetcher>) -> Result<()> {
     match a {
         RecoverArgs { aside: None, .. } => {
-            let all = workspace::list_set_aside(&fetcher)?;
+            let all = workspace::list_set_aside(fetcher)?;
             if ctx.json {
                 return ctx.print_json(&all);
             }
@@ -550,7 +550,7 @@ async fn recover(a: RecoverArgs, ctx: &Ctx, fetcher: &Arc<Fetcher>) -> Result<()
                 );
                 return Ok(());
             }
-            let (r, new) = workspace::recover_set_aside(&fetcher, &path, as_name.as_deref()).await?;
+            let (r, new) = workspace::recover_set_aside(fetcher, &path, as_name.as_deref()).await?;
             if ctx.json {
                 return ctx.print_json(&serde_json::json!({
                     "workspace": new, "from": r.workspace, "snapshot": r.checkpoint, "state": r.dir,
@@ -571,7 +571,7 @@ async fn recover(a: RecoverArgs, ctx: &Ctx, fetcher: &Arc<Fetcher>) -> Result<()
 async fn rm(a: RmArgs, ctx: &Ctx, fetcher: &Arc<Fetcher>) -> Result<()> {
     // No mount of it starts here meanwhile; one running now keeps
     // its state (with --force: set aside when it ends).
-    let held = workspace::lock_for_removal(&fetcher, &a.name);
+    let held = workspace::lock_for_removal(fetcher, &a.name);
     if let (Err(e), false) = (&held, a.force) {
         return Err(mado_core::Error::User(format!(
             "{e}\n  hint: unmount it first; with --force the workspace goes now, and that mount's \
@@ -581,10 +581,10 @@ async fn rm(a: RmArgs, ctx: &Ctx, fetcher: &Arc<Fetcher>) -> Result<()> {
     }
     // A lease held by a mount of it here whose daemon died (the
     // state lock is ours, so no daemon serves it) refuses nothing.
-    let dead = held.as_ref().ok().and_then(|_| workspace::local_mount_holder(&fetcher, &a.name));
+    let dead = held.as_ref().ok().and_then(|_| workspace::local_mount_holder(fetcher, &a.name));
     workspace::remove(&fetcher.remote, &a.name, a.force, dead.as_deref()).await?;
     let aside = match &held {
-        Ok(lock) => workspace::set_aside_removed(&fetcher, &a.name, lock),
+        Ok(lock) => workspace::set_aside_removed(fetcher, &a.name, lock),
         Err(_) => Ok(None),
     };
     drop(held);
