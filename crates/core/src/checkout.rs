@@ -50,9 +50,11 @@ pub struct CheckoutReport {
 pub struct CheckoutOptions<'a> {
     /// Write into a non-empty directory, replacing what is in the way.
     pub force: bool,
-    /// The target may hold a working copy's state folder (`.mado`, made by
-    /// the resume writing into it) and nothing else.
-    pub marked: bool,
+    /// The target may hold an entry of this name and nothing else (a
+    /// working copy's state folder, made by the resume writing into it,
+    /// which marks its own progress): the checkout leaves no mark of its
+    /// own.
+    pub allow_name: Option<&'a str>,
     /// Only these paths of the tree (directories or files), each written at
     /// its own path under the target; empty: the whole tree.
     pub paths: &'a [String],
@@ -580,11 +582,11 @@ pub async fn checkout(
 ) -> Result<CheckoutReport> {
     // A file where `dest` goes is refused here, with --force too.
     let made = std::fs::symlink_metadata(dest).is_err();
-    let mut empty = is_empty_dir_but(dest, opts.marked.then_some(crate::workspace::STATE_DIR))?;
+    let mut empty = is_empty_dir_but(dest, opts.allow_name)?;
     // What an interrupted checkout (kill -9) left is removed, and the
     // checkout done again; with --force, written over.
     let mut removed_partial = false;
-    let partial_left = !empty && !opts.marked && is_partial_checkout(dest);
+    let partial_left = !empty && opts.allow_name.is_none() && is_partial_checkout(dest);
     if partial_left && !opts.force {
         // Only what that checkout could have written: anything else there
         // is someone's, and stops this.
@@ -639,7 +641,7 @@ pub async fn checkout(
     // it found it, and one killed leaves the mark, so the next checkout
     // there knows whose files they are. A tree that holds a file of the
     // mark's name at its top is not marked.
-    let marks = !opts.marked
+    let marks = opts.allow_name.is_none()
         && (empty || partial_left)
         && !fetcher.tree(root, "").await?.entries.iter().any(|e| e.name == PARTIAL_MARK.as_bytes());
     let partial = if marks && empty { Some(Partial::mark(&root_fd, dest, made)?) } else { None };

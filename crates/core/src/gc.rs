@@ -70,10 +70,13 @@ fn chrono_now_minus(grace: Duration) -> i64 {
     now.as_secs() as i64 - grace.as_secs() as i64
 }
 
-/// Marks and sweeps. With `dry_run`, only counts.
-pub async fn gc(f: &Arc<Fetcher>, grace: Duration, dry_run: bool) -> Result<GcReport> {
+/// Marks and sweeps. With `dry_run`, only counts. `keep`: snapshots kept
+/// besides those the refs reach (the checkpoints that work set aside on
+/// this machine was made on: a workspace removed while it had
+/// uncheckpointed changes; `ws recover` needs them), missing ones skipped.
+pub async fn gc(f: &Arc<Fetcher>, grace: Duration, dry_run: bool, keep: &[Hash]) -> Result<GcReport> {
     if dry_run {
-        return gc_locked(f, grace, true).await;
+        return gc_locked(f, grace, true, keep).await;
     }
     // The exclusive side of the writers' protocol (docs/DESIGN.md, "gc and
     // writers"): announce the sweep, then give way to any writer at work.
@@ -98,7 +101,7 @@ pub async fn gc(f: &Arc<Fetcher>, grace: Duration, dry_run: bool) -> Result<GcRe
             crate::error::local_time(expires)
         )));
     }
-    let r = gc_locked(f, grace, false).await;
+    let r = gc_locked(f, grace, false, keep).await;
     f.remote.drop_lock(lock).await;
     r
 }
@@ -144,23 +147,16 @@ impl Marked {
     }
 }
 
-async fn gc_locked(f: &Arc<Fetcher>, grace: Duration, dry_run: bool) -> Result<GcReport> {
+async fn gc_locked(f: &Arc<Fetcher>, grace: Duration, dry_run: bool, keep: &[Hash]) -> Result<GcReport> {
     let mut report = GcReport { dry_run, ..Default::default() };
     // Mark snapshots.
     let refs = f.remote.list_refs().await?;
     report.refs = refs.len();
     let mut marked = Marked::default();
     marked.reach(f, refs.iter().map(|(_, v)| v.snapshot).collect(), false).await?;
-    // Then the checkpoints that work set aside on this machine was made
-    // on (a workspace removed while it had uncheckpointed changes): kept
-    // as if a ref named them, or `ws recover` could no longer bring the
-    // work back. Other machines' are not known here.
-    let aside: Vec<Hash> = crate::workspace::list_set_aside(f)
-        .unwrap_or_default()
-        .iter()
-        .filter_map(|a| a.checkpoint.parse().ok())
-        .collect();
-    report.kept_for_set_aside = marked.reach(f, aside, true).await?;
+    // Then the snapshots the caller keeps (set-aside work's checkpoints):
+    // as if a ref named them.
+    report.kept_for_set_aside = marked.reach(f, keep.to_vec(), true).await?;
     let Marked { snaps, roots, stats } = marked;
     // Mark objects: stat objects directly (they are leaves), trees level
     // by level (the roots' indexes carry the trees inline), manifests to

@@ -14,6 +14,7 @@ pub mod fetch;
 pub mod fsutil;
 pub mod gc;
 pub mod hash;
+pub mod ignore_rules;
 pub mod import;
 pub mod materialize;
 pub mod object;

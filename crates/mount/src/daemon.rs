@@ -9,7 +9,6 @@
 //! (`fusermount3 -uz`); the stale socket file is replaced.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -19,7 +18,8 @@ use mado_core::{Error, Result};
 
 use crate::control;
 use crate::fs::MadoFs;
-use crate::protocol::{MountStats, Op, PackStatus, Reply, Request, WorkspaceStats};
+use crate::handler::{ControlHandler, Ws};
+use crate::protocol::{Op, Reply, Request};
 
 pub struct MountOptions {
     /// A ref or snapshot id (read-only), or with `workspace` the workspace name.
@@ -69,17 +69,6 @@ pub struct Ready {
     pub advisory: Option<String>,
     /// Warnings for the user (a workspace's lease, set-aside changes).
     pub warnings: Vec<String>,
-}
-
-/// A workspace being served read-write.
-struct Ws {
-    name: String,
-    state_dir: PathBuf,
-    reopened: bool,
-    /// The lease holder id; the lease is released when the mount ends.
-    holder: String,
-    /// This machine's one mount of the workspace, held to the end.
-    _lock: mado_core::workspace::MountLock,
 }
 
 /// Is `p` a mount point whose daemon is gone?
@@ -150,43 +139,6 @@ pub fn unmount(p: &Path) -> std::io::Result<()> {
     Err(std::io::Error::other(String::from_utf8_lossy(&out.stderr).trim().to_string()))
 }
 
-fn reason_text(a: &Attach) -> String {
-    match a {
-        Attach::Attached { mode, version, layers, dirs, packs, members, via } => format!(
-            "prefetcher attached: {mode} packs (index v{version}, {layers} layer{}), {dirs} directories, {packs} packs, {members} objects; discovered via {}",
-            if *layers == 1 { "" } else { "s" },
-            match via {
-                mado_core::fetch::Discovery::LocalPointer => "local pointer",
-                mado_core::fetch::Discovery::DerivedPointer => "derived pointer",
-            }
-        ),
-        Attach::NoIndex => "no prefetcher: no pack index was built for this tree (run `mado pack --recursive`)".into(),
-        Attach::OtherTree { found } => {
-            format!("no prefetcher: the index found covers another tree ({}); run `mado pack --recursive`", &found[..12])
-        }
-        Attach::Undecodable { detail } => {
-            format!("no prefetcher: the pack index is undecodable ({detail}); run `mado pack --recursive`")
-        }
-        Attach::Swept { missing, packs } => format!(
-            "the index's packs were swept: {missing} of its {packs} found missing so far (their files are read one by one); run `mado pack --recursive`"
-        ),
-    }
-}
-
-/// The index's state, or `Swept` once a read found packs it names gone
-/// from the store. Found by the reads themselves (a GET that finds no pack
-/// marks it bad, and its objects are read one by one): a HEAD of every
-/// pack at each mount cost as many requests as the index has packs, all
-/// at once beside the first reads, to spare one failed GET in the rare
-/// case of a gc that swept them.
-fn swept_or(attach: &Attach, fetcher: &Fetcher) -> Attach {
-    let missing = fetcher.stats().packs_missing as usize;
-    match attach {
-        Attach::Attached { packs, .. } if missing > 0 => Attach::Swept { missing, packs: *packs },
-        a => a.clone(),
-    }
-}
-
 /// A packed snapshot keeps FUSE's OPEN (for passthrough of large files'
 /// whole copies) when at least one entry in this many is a large file.
 const LARGE_FILES_SHARE: usize = 100;
@@ -199,361 +151,152 @@ pub fn run(
     rt: &tokio::runtime::Handle,
     ready: impl FnOnce(std::result::Result<Ready, &Error>),
 ) -> Result<()> {
-    let mp = control::absolute(opts.serve.path()).map_err(Error::io("resolving the mount point"))?;
-    let fuse = matches!(opts.serve, Serve::Fuse { .. });
-    if !fuse {
-        // A live server on this socket keeps it: binding would take the
-        // socket (and the control socket named after it) from under it.
-        let live = control::socket_path(&mp)
-            .ok()
-            .and_then(|sock| control::request(&sock, &Request::new(Op::Stats), Duration::from_secs(5)).ok());
-        if let Some(Reply::Stats(s)) = live {
-            let e =
-                Error::User(format!("{} is already served by mado (pid {}); stop that one first", mp.display(), s.pid));
-            ready(Err(&e));
-            return Err(e);
-        }
-    }
-    if fuse && is_disconnected(&mp) {
-        unmount(&mp).map_err(Error::io(format!("cleaning up the dead mount at {}", mp.display())))?;
-    }
-    let started = Instant::now();
-    // The daemon's code, mapped while the snapshot opens (see `resident`).
-    let mapping = std::thread::Builder::new()
-        .name("mado-map-code".into())
-        .spawn(crate::resident::map_executable)
-        .map_err(Error::io("starting a thread"))?;
-    let opened = rt.block_on(async {
-        let (id, core, attach, ws, warnings) = if opts.workspace {
-            let m = mado_core::workspace::open_mount(&fetcher, &opts.spec, &mp, opts.steal).await?;
-            let warnings = m.warnings;
-            let ws = Ws {
-                name: opts.spec.clone(),
-                state_dir: m.state_dir,
-                reopened: m.reopened,
-                holder: m.holder,
-                _lock: m.lock,
-            };
-            (m.snapshot, m.fs, m.attach, Some(ws), warnings)
-        } else {
-            let (id, snap, attach) = mado_core::resolve::open(&fetcher, &opts.spec).await?;
-            // A workspace checkpoint's mtimes (its stat object); an
-            // imported snapshot has none and shows its own time.
-            let fs = match fetcher.stat_of(&snap).await? {
-                Some(stat) => SnapshotFs::with_mtimes(fetcher.clone(), snap.root, snap.time, stat),
-                None => SnapshotFs::new(fetcher.clone(), snap.root, snap.time),
-            };
-            (id, Arc::new(fs), attach, None, Vec::new())
-        };
-        core.set_read_timeout(opts.read_timeout);
-        if matches!(attach, Attach::Attached { .. }) {
-            // Inline trees: no network.
-            core.preload_trees().await?;
-        } else {
-            // At least the root, so the first `ls` needs no round trip.
-            core.readdir(mado_core::vfs::ROOT_INO).await?;
-        }
-        Ok::<_, Error>((id, core, attach, ws, warnings))
-    });
-    let (id, core, attach, ws, warnings) = match opened {
+    let (daemon, report) = match Daemon::start(opts, fetcher, rt) {
         Ok(v) => v,
         Err(e) => {
             ready(Err(&e));
             return Err(e);
         }
     };
-    let status = Arc::new(attach.clone());
-    // The last failed save of a workspace's state (cleared by a good one).
-    let save_error: Arc<Mutex<Option<String>>> = Arc::default();
-    let stuck = watchdog(Arc::downgrade(&core));
-    let sock = control::socket_path(&mp).map_err(Error::io("placing the control socket"))?;
-    let listener = {
-        let _g = rt.enter();
-        control::bind(&sock).map_err(Error::io(format!("binding {}", sock.display())))?
-    };
-    let saver = ws.as_ref().map(|w| Arc::new(mado_core::workspace::StateSaver::new(w.state_dir.clone())));
-    // Read through packs, no small file has a whole-file backing in the
-    // cache (a member is compressed, at an offset), so passthrough could
-    // serve none: the mount then runs without OPEN and RELEASE, which saves
-    // a cold walk two requests a file and a warm one all of them. A
-    // snapshot where at least one entry in LARGE_FILES_SHARE is a large
-    // (chunked) file keeps OPEN: a large file read whole leaves a whole
-    // copy in the cache, and later opens pass through to it at the local
-    // disk's speed. The kernel's no-open mode is all or nothing, so a
-    // source tree with a few large files keeps it, and their warm reads go
-    // through the daemon.
-    let (chunked, entries) = core.chunked_share();
-    let (attached, large) = (matches!(attach, Attach::Attached { .. }), chunked * LARGE_FILES_SHARE >= entries.max(1));
-    let make_fs = {
-        let (core, rt, saver) = (core.clone(), rt.clone(), saver.clone());
-        move |passthrough: bool| {
-            // Without passthrough (not asked for, or a VM guest's session),
-            // OPEN would serve nothing.
-            let packed = attached && !(large && passthrough);
-            let mut fs = MadoFs::new(core.clone(), rt.clone(), passthrough && !packed);
-            if core.is_writable() || packed {
-                // No passthrough for a workspace (see `with_no_open`).
-                fs = fs.with_no_open();
-            }
-            match &saver {
-                Some(saver) => {
-                    let (saver, core) = (saver.clone(), core.clone());
-                    fs.with_durable_save(Arc::new(move || saver.save(&core)))
-                }
-                None => fs,
-            }
-        }
-    };
-    let fs = make_fs(opts.passthrough && fuse);
-    let passthrough = fs.passthrough_flag();
-    let requests = fs.request_counters();
-    let ws = ws.map(Arc::new);
-    let vfs_counts = (!fuse).then(|| Arc::new(crate::virtiofs::Counts::default()));
-    let answer: control::Answer = {
-        let (status, core, fetcher, spec) = (status.clone(), core.clone(), fetcher.clone(), opts.spec.clone());
-        let mp = mp.clone();
-        let snapshot = id.to_hex();
-        let passthrough = passthrough.clone();
-        let requests = requests.clone();
-        let ws = ws.clone();
-        let save_error = save_error.clone();
-        let vfs_counts = vfs_counts.clone();
-        Arc::new(move |req: Request| {
-            let (message, steal, force, name, no_ignore) = match req.op {
-                Op::Checkpoint { message, steal, force, name, no_ignore } => (message, steal, force, name, no_ignore),
-                Op::PackStatus => {
-                    let s = swept_or(&status, &fetcher);
-                    let reply = Reply::PackStatus(PackStatus {
-                        mountpoint: mp.clone(),
-                        spec: spec.clone(),
-                        snapshot: snapshot.clone(),
-                        attached: matches!(s, Attach::Attached { .. }),
-                        message: reason_text(&s),
-                        status: s,
-                    });
-                    return Box::pin(async move { reply });
-                }
-                Op::Stats => {
-                    let reply = Reply::Stats(Box::new(MountStats {
-                        mountpoint: mp.clone(),
-                        spec: spec.clone(),
-                        snapshot: snapshot.clone(),
-                        uptime_ms: started.elapsed().as_millis() as u64,
-                        pid: std::process::id(),
-                        remote: fetcher.remote.stats(),
-                        packs: fetcher.stats(),
-                        cache: fetcher.cache.stats(),
-                        reads: core.reads(),
-                        // Not counted while requests are stuck: this
-                        // answer would wait behind them too.
-                        nodes_in_memory: if stuck.lock().expect("stuck lock").is_some() {
-                            0
-                        } else {
-                            core.node_count()
-                        },
-                        stuck_ms: stuck.lock().expect("stuck lock").map(|t| t.elapsed().as_millis() as u64),
-                        chunks_read_ahead: core.chunks_read_ahead(),
-                        files_assembled: core.files_assembled(),
-                        passthrough: passthrough.load(Relaxed),
-                        opens: requests.opens.load(Relaxed),
-                        lookups: requests.lookups.load(Relaxed),
-                        workspace: ws.as_ref().map(|w| WorkspaceStats {
-                            name: w.name.clone(),
-                            state_dir: w.state_dir.clone(),
-                            reopened: w.reopened,
-                            changes: core.changes(),
-                            last_save_error: save_error.lock().expect("save error lock").clone(),
-                        }),
-                        virtiofs: vfs_counts.as_ref().map(|c| c.snapshot()),
-                    }));
-                    return Box::pin(async move { reply });
-                }
-                Op::Status { no_ignore } => {
-                    let (fetcher, core, ws) = (fetcher.clone(), core.clone(), ws.clone());
-                    return Box::pin(async move {
-                        let Some(ws) = ws else {
-                            return Reply::Error {
-                                message: "this mount is a read-only snapshot, not a workspace: nothing changes".into(),
-                                user_error: true,
-                            };
-                        };
-                        let h = tokio::runtime::Handle::current();
-                        let r = tokio::task::spawn_blocking(move || {
-                            h.block_on(mado_core::workspace::mount_status(&fetcher, &core, &ws.state_dir, no_ignore))
-                        })
-                        .await;
-                        match r {
-                            Ok(Ok(status)) => Reply::Status { status },
-                            Ok(Err(e)) => Reply::Error { message: e.to_string(), user_error: e.is_user_error() },
-                            Err(e) => Reply::Error { message: format!("status task failed: {e}"), user_error: false },
-                        }
-                    });
-                }
-            };
-            let (fetcher, core, ws, mp) = (fetcher.clone(), core.clone(), ws.clone(), mp.clone());
-            let save_error = save_error.clone();
-            Box::pin(async move {
-                let Some(ws) = ws else {
-                    return Reply::Error {
-                        message: "this mount is a read-only snapshot, not a workspace".into(),
-                        user_error: true,
-                    };
-                };
-                // Refused before anything is done: a checkpoint asked for
-                // by name must be of this mount's workspace.
-                if let Some(n) = name.filter(|n| *n != ws.name) {
-                    return Reply::Error {
-                        message: format!("{} is a mount of workspace {}, not {n}", mp.display(), ws.name),
-                        user_error: true,
-                    };
-                }
-                let lease = mado_core::workspace::CheckpointLease { steal, force, no_ignore };
-                // On a thread of its own: the checkpoint's future is not
-                // Send (it borrows across its upload streams).
-                let h = tokio::runtime::Handle::current();
-                let before = fetcher.remote.stats();
-                let f2 = fetcher.clone();
-                let r = tokio::task::spawn_blocking(move || {
-                    h.block_on(mado_core::workspace::checkpoint_mount(&fetcher, &core, &ws.state_dir, &message, lease))
-                })
-                .await;
-                match r {
-                    Ok(Ok(report)) => {
-                        // The checkpoint saved the state itself.
-                        *save_error.lock().expect("save error lock") = None;
-                        Reply::Checkpoint { report, remote: f2.remote.stats().since(&before) }
-                    }
-                    Ok(Err(e)) => Reply::Error { message: e.to_string(), user_error: e.is_user_error() },
-                    Err(e) => Reply::Error { message: format!("checkpoint task failed: {e}"), user_error: false },
-                }
-            })
-        })
-    };
-    rt.spawn(control::serve(listener, answer));
-    let served = match &opts.serve {
-        Serve::Fuse { allow_other, .. } => {
-            let config = {
-                let mut c = fuser::Config::default();
-                c.mount_options = vec![
-                    // The source findmnt and df show: what is mounted.
-                    fuser::MountOption::FSName(source_name(&opts.spec, ws.is_some())),
-                    fuser::MountOption::Subtype("mado".into()),
-                    fuser::MountOption::NoAtime,
-                    // Device nodes made in a workspace are names, never
-                    // devices.
-                    fuser::MountOption::NoDev,
-                ];
-                if kernel_checks_permissions(*allow_other) {
-                    c.mount_options.push(fuser::MountOption::DefaultPermissions);
-                }
-                if ws.is_none() {
-                    c.mount_options.push(fuser::MountOption::RO);
-                }
-                if *allow_other {
-                    c.acl = fuser::SessionACL::All;
-                }
-                c.n_threads = Some(4);
-                c
-            };
-            // As root, mount(2) here with the type `fuse.mado`; fuser's own
-            // direct mount says only `fuse`. Others go through fusermount3,
-            // which passes the subtype on.
-            let spawned =
-                match mount_as_fuse_mado(&source_name(&opts.spec, ws.is_some()), &mp, ws.is_none(), *allow_other) {
-                    Ok(Some(fd)) => {
-                        fuser::Session::from_fd(fs, fd, config.acl, config).and_then(|s| s.spawn()).inspect_err(|_| {
-                            let _ = rustix::mount::unmount(&mp, rustix::mount::UnmountFlags::DETACH);
-                        })
-                    }
-                    Ok(None) => fuser::spawn_mount(fs, &mp, &config),
-                    Err(e) => Err(e),
-                };
-            match spawned {
-                Ok(s) => {
-                    tracing::info!(pid = std::process::id(), "serving {} at {}", opts.spec, mp.display());
-                    Served::Fuse(s)
-                }
-                Err(e) => {
-                    let _ = std::fs::remove_file(&sock);
-                    let e = Error::User(format!("mounting at {}: {e} ({})", mp.display(), why_no_mount(*allow_other)));
-                    ready(Err(&e));
-                    return Err(e);
-                }
-            }
-        }
-        Serve::VirtioFs { socket } => {
-            drop(fs);
-            let make: crate::virtiofs::MakeFs<MadoFs> =
-                Arc::new(move |max_io| make_fs(false).with_max_io(max_io).with_no_open());
-            // A guest's `sync`: every upper file's bytes, then the state
-            // naming them.
-            let sync_all: Option<crate::virtiofs::SyncAll> = match (&ws, &saver) {
-                (Some(w), Some(saver)) => {
-                    let (upper, saver, core) = (w.state_dir.join("upper"), saver.clone(), core.clone());
-                    Some(Arc::new(move || {
-                        let dir = std::fs::File::open(&upper)?;
-                        rustix::fs::syncfs(&dir)?;
-                        saver.save(&core).map_err(std::io::Error::other)
-                    }))
-                }
-                _ => None,
-            };
-            let counts = vfs_counts.clone().unwrap_or_default();
-            match crate::virtiofs::Server::bind(socket, make, sync_all, counts) {
-                Ok((server, listener)) => {
-                    let server = Arc::new(server);
-                    let stopper = server.stopper();
-                    let s2 = server.clone();
-                    let h = std::thread::Builder::new()
-                        .name("virtiofs-accept".into())
-                        .spawn(move || s2.run(listener))
-                        .map_err(Error::io("starting the virtio-fs server"))?;
-                    Served::VirtioFs(h, stopper)
-                }
-                Err(e) => {
-                    let _ = std::fs::remove_file(&sock);
-                    let e = Error::User(format!("serving virtio-fs on {}: {e}", socket.display()));
-                    ready(Err(&e));
-                    return Err(e);
-                }
-            }
-        }
-    };
-    // A workspace served to a VM has no directory on this machine: once
-    // it is served, its control socket is also found by the workspace's
-    // name.
-    let by_name = match (&ws, fuse) {
-        (Some(w), false) => {
-            let alias = control::workspace_socket_path(fetcher.remote.url(), &w.name)
-                .map_err(Error::io("placing the control socket"))?;
-            let _ = std::fs::remove_file(&alias);
-            std::os::unix::fs::symlink(&sock, &alias).map_err(Error::io(format!("linking {}", alias.display())))?;
-            Some(alias)
-        }
-        _ => None,
-    };
-    let advisory = match &attach {
-        Attach::Attached { .. } => None,
-        // The snapshot mounted, not `main` (`mado pack`'s default).
-        _ => Some(format!(
-            "cold reads are per-file — run `mado pack -r {}` to pack this snapshot",
-            if opts.workspace { format!("ws/{}", opts.spec) } else { opts.spec.clone() }
-        )),
-    };
+    ready(Ok(report));
+    daemon.save_on_change();
+    daemon.stop_on_signal();
+    daemon.wait_and_tear_down()
+}
 
-    match mapping.join() {
-        Ok(Ok(n)) => tracing::debug!("mapped {} MiB of the daemon's code", n >> 20),
-        Ok(Err(e)) => tracing::debug!("not mapping the daemon's code: {e}"),
-        Err(_) => tracing::warn!("mapping the daemon's code stopped unexpectedly"),
+/// A mount being served: what its end needs.
+struct Daemon {
+    spec: String,
+    fuse: bool,
+    rt: tokio::runtime::Handle,
+    fetcher: Arc<Fetcher>,
+    core: Arc<SnapshotFs>,
+    mountpoint: PathBuf,
+    /// The control socket, and its alias by workspace name (a workspace
+    /// served to a VM has no directory here).
+    sock: PathBuf,
+    by_name: Option<PathBuf>,
+    ws: Option<Arc<Ws>>,
+    saver: Option<Arc<mado_core::workspace::StateSaver>>,
+    save_error: Arc<Mutex<Option<String>>>,
+    served: Served,
+}
+
+/// A snapshot or workspace opened for a mount.
+struct Opened {
+    id: mado_core::Hash,
+    core: Arc<SnapshotFs>,
+    attach: Attach,
+    ws: Option<Ws>,
+    warnings: Vec<String>,
+}
+
+impl Daemon {
+    /// Everything up to the moment the mount serves: the target checked,
+    /// the snapshot opened, the control socket answering, the transport up.
+    fn start(opts: MountOptions, fetcher: Arc<Fetcher>, rt: &tokio::runtime::Handle) -> Result<(Daemon, Ready)> {
+        let mp = control::absolute(opts.serve.path()).map_err(Error::io("resolving the mount point"))?;
+        let fuse = matches!(opts.serve, Serve::Fuse { .. });
+        check_target(&mp, fuse)?;
+        let started = Instant::now();
+        // The daemon's code, mapped while the snapshot opens (see `resident`).
+        let mapping = std::thread::Builder::new()
+            .name("mado-map-code".into())
+            .spawn(crate::resident::map_executable)
+            .map_err(Error::io("starting a thread"))?;
+        let Opened { id, core, attach, ws, warnings } = rt.block_on(open(&opts, &fetcher, &mp))?;
+        let stuck = watchdog(Arc::downgrade(&core));
+        let sock = control::socket_path(&mp).map_err(Error::io("placing the control socket"))?;
+        let listener = {
+            let _g = rt.enter();
+            control::bind(&sock).map_err(Error::io(format!("binding {}", sock.display())))?
+        };
+        let saver = ws.as_ref().map(|w| Arc::new(mado_core::workspace::StateSaver::new(w.state_dir.clone())));
+        let make_fs = fs_maker(&core, rt, &saver, &attach);
+        let fs = make_fs(opts.passthrough && fuse);
+        let ws = ws.map(Arc::new);
+        let handler = Arc::new(ControlHandler {
+            status: Arc::new(attach.clone()),
+            core: core.clone(),
+            fetcher: fetcher.clone(),
+            spec: opts.spec.clone(),
+            mountpoint: mp.clone(),
+            snapshot: id.to_hex(),
+            started,
+            passthrough: fs.passthrough_flag(),
+            requests: fs.request_counters(),
+            ws: ws.clone(),
+            save_error: Arc::default(),
+            virtiofs: (!fuse).then(|| Arc::new(crate::virtiofs::Counts::default())),
+            stuck,
+        });
+        let answer: control::Answer = {
+            let handler = handler.clone();
+            Arc::new(move |req: Request| handler.answer(req))
+        };
+        rt.spawn(control::serve(listener, answer));
+        let served = match &opts.serve {
+            Serve::Fuse { allow_other, .. } => serve_fuse(fs, &opts.spec, &mp, ws.is_some(), *allow_other),
+            Serve::VirtioFs { socket } => {
+                drop(fs);
+                let counts = handler.virtiofs.clone().unwrap_or_default();
+                serve_virtiofs(socket, make_fs, guest_sync(&ws, &saver, &core), counts)
+            }
+        };
+        let served = served.inspect_err(|_| {
+            let _ = std::fs::remove_file(&sock);
+        })?;
+        let by_name = match (&ws, fuse) {
+            (Some(w), false) => {
+                let alias = control::workspace_socket_path(fetcher.remote.url(), &w.name)
+                    .map_err(Error::io("placing the control socket"))?;
+                let _ = std::fs::remove_file(&alias);
+                std::os::unix::fs::symlink(&sock, &alias).map_err(Error::io(format!("linking {}", alias.display())))?;
+                Some(alias)
+            }
+            _ => None,
+        };
+        let advisory = match &attach {
+            Attach::Attached { .. } => None,
+            // The snapshot mounted, not `main` (`mado pack`'s default).
+            _ => Some(format!(
+                "cold reads are per-file — run `mado pack -r {}` to pack this snapshot",
+                if opts.workspace { format!("ws/{}", opts.spec) } else { opts.spec.clone() }
+            )),
+        };
+        match mapping.join() {
+            Ok(Ok(n)) => tracing::debug!("mapped {} MiB of the daemon's code", n >> 20),
+            Ok(Err(e)) => tracing::debug!("not mapping the daemon's code: {e}"),
+            Err(_) => tracing::warn!("mapping the daemon's code stopped unexpectedly"),
+        }
+        let report = Ready { snapshot: id.to_hex(), attach, advisory, warnings };
+        let daemon = Daemon {
+            spec: opts.spec,
+            fuse,
+            rt: rt.clone(),
+            fetcher,
+            core,
+            mountpoint: mp,
+            sock,
+            by_name,
+            ws,
+            saver,
+            save_error: handler.save_error.clone(),
+            served,
+        };
+        Ok((daemon, report))
     }
-    ready(Ok(Ready { snapshot: id.to_hex(), attach: attach.clone(), advisory, warnings }));
-    // A workspace's state is saved soon after each change (woken by the
-    // change; the short sleep gathers a burst into one write), so a killed
-    // daemon loses at most the last moment's renames; file contents are
-    // already in the upper layer.
-    if let (Some(ws), Some(changed), Some(saver)) = (&ws, core.change_notifier(), &saver) {
-        let (ws, core, save_error, saver) = (ws.clone(), core.clone(), save_error.clone(), saver.clone());
-        rt.spawn(async move {
+
+    /// A workspace's state is saved soon after each change (woken by the
+    /// change; the short sleep gathers a burst into one write), so a killed
+    /// daemon loses at most the last moment's renames; file contents are
+    /// already in the upper layer.
+    fn save_on_change(&self) {
+        let (Some(ws), Some(changed), Some(saver)) = (&self.ws, self.core.change_notifier(), &self.saver) else {
+            return;
+        };
+        let (ws, core, save_error, saver) = (ws.clone(), self.core.clone(), self.save_error.clone(), saver.clone());
+        self.rt.spawn(async move {
             loop {
                 changed.notified().await;
                 tokio::time::sleep(Duration::from_millis(200)).await;
@@ -571,77 +314,260 @@ pub fn run(
             }
         });
     }
-    // Wait for the unmount, or a signal asking us to unmount (or to stop
-    // serving the guest).
-    let mp2 = mp.clone();
-    let stopper = match &served {
-        Served::VirtioFs(_, s) => Some(s.clone()),
-        Served::Fuse(_) => None,
-    };
-    rt.spawn(async move {
-        use tokio::signal::unix::{signal, SignalKind};
-        if let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
-            }
-            match stopper {
-                Some(s) => s.stop(),
-                None => {
-                    let _ = unmount(&mp2);
+
+    /// SIGTERM or SIGINT unmounts (or stops serving the guest).
+    fn stop_on_signal(&self) {
+        let mp = self.mountpoint.clone();
+        let stopper = match &self.served {
+            Served::VirtioFs(_, s) => Some(s.clone()),
+            Served::Fuse(_) => None,
+        };
+        self.rt.spawn(async move {
+            use tokio::signal::unix::{signal, SignalKind};
+            if let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
+                }
+                match stopper {
+                    Some(s) => s.stop(),
+                    None => {
+                        let _ = unmount(&mp);
+                    }
                 }
             }
-        }
-    });
-    let r = match served {
-        Served::Fuse(session) => {
-            let r = session.join();
-            tracing::info!("unmounted {}: {}", mp.display(), fetcher.remote.stats());
-            // A large file's whole copy being finished (hashed) is kept,
-            // not lost with the process; a partial one goes.
-            let left = core.wait_assemblies(Duration::from_secs(30));
-            if left > 0 {
-                tracing::warn!("{left} whole copies of large files were not finished; dropped");
+        });
+    }
+
+    /// Waits for the unmount (or the guest server's end), then saves a
+    /// workspace's state and gives its lease back.
+    fn wait_and_tear_down(self) -> Result<()> {
+        let Daemon { spec, fuse, rt, fetcher, core, mountpoint, sock, by_name, ws, served, .. } = self;
+        let r = match served {
+            Served::Fuse(session) => {
+                let r = session.join();
+                tracing::info!("unmounted {} ({spec}): {}", mountpoint.display(), fetcher.remote.stats());
+                // A large file's whole copy being finished (hashed) is kept,
+                // not lost with the process; a partial one goes.
+                let left = core.wait_assemblies(Duration::from_secs(30));
+                if left > 0 {
+                    tracing::warn!("{left} whole copies of large files were not finished; dropped");
+                }
+                r
             }
-            r
+            Served::VirtioFs(h, _) => {
+                h.join().unwrap_or_else(|_| Err(std::io::Error::other("the virtio-fs server panicked")))
+            }
+        };
+        let _ = std::fs::remove_file(&sock);
+        if let Some(alias) = &by_name {
+            let _ = std::fs::remove_file(alias);
         }
-        Served::VirtioFs(h, _) => {
-            h.join().unwrap_or_else(|_| Err(std::io::Error::other("the virtio-fs server panicked")))
+        if let Some(ws) = &ws {
+            end_workspace(&rt, &fetcher, &core, ws)?;
         }
+        r.map_err(Error::io(if fuse { "FUSE session" } else { "virtio-fs server" }))
+    }
+}
+
+/// Refuses a socket a live server holds; cleans up a dead mount.
+fn check_target(mp: &Path, fuse: bool) -> Result<()> {
+    if !fuse {
+        // A live server on this socket keeps it: binding would take the
+        // socket (and the control socket named after it) from under it.
+        let live = control::socket_path(mp)
+            .ok()
+            .and_then(|sock| control::request(&sock, &Request::new(Op::Stats), Duration::from_secs(5)).ok());
+        if let Some(Reply::Stats(s)) = live {
+            return Err(Error::User(format!(
+                "{} is already served by mado (pid {}); stop that one first",
+                mp.display(),
+                s.pid
+            )));
+        }
+    }
+    if fuse && is_disconnected(mp) {
+        unmount(mp).map_err(Error::io(format!("cleaning up the dead mount at {}", mp.display())))?;
+    }
+    Ok(())
+}
+
+/// Opens the workspace (with its lease and saved state) or the snapshot,
+/// and loads its trees: all of them from an attached index (no network),
+/// else the root's, so the first `ls` needs no round trip.
+async fn open(opts: &MountOptions, fetcher: &Arc<Fetcher>, mp: &Path) -> Result<Opened> {
+    let opened = if opts.workspace {
+        let m = mado_core::workspace::open_mount(fetcher, &opts.spec, mp, opts.steal).await?;
+        let ws = Ws {
+            name: opts.spec.clone(),
+            state_dir: m.state_dir,
+            reopened: m.reopened,
+            holder: m.holder,
+            _lock: m.lock,
+        };
+        Opened { id: m.snapshot, core: m.fs, attach: m.attach, ws: Some(ws), warnings: m.warnings }
+    } else {
+        let (id, snap, attach) = mado_core::resolve::open(fetcher, &opts.spec).await?;
+        // A workspace checkpoint's mtimes (its stat object); an imported
+        // snapshot has none and shows its own time.
+        let fs = match fetcher.stat_of(&snap).await? {
+            Some(stat) => SnapshotFs::with_mtimes(fetcher.clone(), snap.root, snap.time, stat),
+            None => SnapshotFs::new(fetcher.clone(), snap.root, snap.time),
+        };
+        Opened { id, core: Arc::new(fs), attach, ws: None, warnings: Vec::new() }
     };
-    let _ = std::fs::remove_file(&sock);
-    if let Some(alias) = &by_name {
-        let _ = std::fs::remove_file(alias);
+    opened.core.set_read_timeout(opts.read_timeout);
+    if matches!(opened.attach, Attach::Attached { .. }) {
+        opened.core.preload_trees().await?;
+    } else {
+        opened.core.readdir(mado_core::vfs::ROOT_INO).await?;
     }
-    if let Some(ws) = &ws {
-        // The final save, then the lease: another machine may resume the
-        // workspace at once (its uncheckpointed changes stay here, picked
-        // up by the next mount of the same checkpoint on this machine).
-        mado_core::workspace::save_mount_state(&core, &ws.state_dir)?;
-        // The state just saved names no spare upper file.
-        core.drop_spares();
-        let uncheckpointed = core.uncheckpointed();
-        if let Err(e) = mado_core::workspace::record_unmounted(&ws.state_dir, uncheckpointed) {
-            tracing::warn!("recording whether workspace {} holds uncheckpointed changes: {e}", ws.name);
+    Ok(opened)
+}
+
+/// Makes the filesystem a session serves, with or without passthrough.
+///
+/// Read through packs, no small file has a whole-file backing in the cache
+/// (a member is compressed, at an offset), so passthrough could serve
+/// none: the mount then runs without OPEN and RELEASE, which saves a cold
+/// walk two requests a file and a warm one all of them. A snapshot where at
+/// least one entry in LARGE_FILES_SHARE is a large (chunked) file keeps
+/// OPEN: a large file read whole leaves a whole copy in the cache, and
+/// later opens pass through to it at the local disk's speed. The kernel's
+/// no-open mode is all or nothing, so a source tree with a few large files
+/// keeps it, and their warm reads go through the daemon.
+fn fs_maker(
+    core: &Arc<SnapshotFs>,
+    rt: &tokio::runtime::Handle,
+    saver: &Option<Arc<mado_core::workspace::StateSaver>>,
+    attach: &Attach,
+) -> Arc<dyn Fn(bool) -> MadoFs + Send + Sync> {
+    let (chunked, entries) = core.chunked_share();
+    let (attached, large) = (matches!(attach, Attach::Attached { .. }), chunked * LARGE_FILES_SHARE >= entries.max(1));
+    let (core, rt, saver) = (core.clone(), rt.clone(), saver.clone());
+    Arc::new(move |passthrough: bool| {
+        // Without passthrough (not asked for, or a VM guest's session),
+        // OPEN would serve nothing.
+        let packed = attached && !(large && passthrough);
+        let mut fs = MadoFs::new(core.clone(), rt.clone(), passthrough && !packed);
+        if core.is_writable() || packed {
+            // No passthrough for a workspace (see `with_no_open`).
+            fs = fs.with_no_open();
         }
-        if uncheckpointed {
-            match rt.block_on(mado_core::workspace::set_aside_if_removed(&fetcher, &ws.name, &ws.state_dir)) {
-                Ok(Some(aside)) => tracing::warn!(
-                    "workspace {} was removed while mounted; its uncheckpointed work was set aside in {} \
-                     (`mado ws recover` lists it)",
-                    ws.name,
-                    aside.display()
-                ),
-                Ok(None) => {}
-                Err(e) => tracing::warn!("checking whether workspace {} still exists: {e}", ws.name),
+        match &saver {
+            Some(saver) => {
+                let (saver, core) = (saver.clone(), core.clone());
+                fs.with_durable_save(Arc::new(move || saver.save(&core)))
             }
+            None => fs,
         }
-        match rt.block_on(mado_core::workspace::release_lease(&fetcher.remote, &ws.name, &ws.holder)) {
-            Ok(_) => {}
-            Err(e) => tracing::error!("releasing the lease of workspace {}: {e}", ws.name),
+    })
+}
+
+/// Mounts `fs` at `mp`.
+fn serve_fuse(fs: MadoFs, spec: &str, mp: &Path, workspace: bool, allow_other: bool) -> Result<Served> {
+    let mut c = fuser::Config::default();
+    c.mount_options = vec![
+        // The source findmnt and df show: what is mounted.
+        fuser::MountOption::FSName(source_name(spec, workspace)),
+        fuser::MountOption::Subtype("mado".into()),
+        fuser::MountOption::NoAtime,
+        // Device nodes made in a workspace are names, never devices.
+        fuser::MountOption::NoDev,
+    ];
+    if kernel_checks_permissions(allow_other) {
+        c.mount_options.push(fuser::MountOption::DefaultPermissions);
+    }
+    if !workspace {
+        c.mount_options.push(fuser::MountOption::RO);
+    }
+    if allow_other {
+        c.acl = fuser::SessionACL::All;
+    }
+    c.n_threads = Some(4);
+    // As root, mount(2) here with the type `fuse.mado`; fuser's own direct
+    // mount says only `fuse`. Others go through fusermount3, which passes
+    // the subtype on.
+    let spawned = match mount_as_fuse_mado(&source_name(spec, workspace), mp, !workspace, allow_other) {
+        Ok(Some(fd)) => fuser::Session::from_fd(fs, fd, c.acl, c).and_then(|s| s.spawn()).inspect_err(|_| {
+            let _ = rustix::mount::unmount(mp, rustix::mount::UnmountFlags::DETACH);
+        }),
+        Ok(None) => fuser::spawn_mount(fs, mp, &c),
+        Err(e) => Err(e),
+    };
+    match spawned {
+        Ok(s) => {
+            tracing::info!(pid = std::process::id(), "serving {spec} at {}", mp.display());
+            Ok(Served::Fuse(s))
+        }
+        Err(e) => Err(Error::User(format!("mounting at {}: {e} ({})", mp.display(), why_no_mount(allow_other)))),
+    }
+}
+
+/// A guest's `sync` of a workspace: every upper file's bytes, then the
+/// state naming them.
+fn guest_sync(
+    ws: &Option<Arc<Ws>>,
+    saver: &Option<Arc<mado_core::workspace::StateSaver>>,
+    core: &Arc<SnapshotFs>,
+) -> Option<crate::virtiofs::SyncAll> {
+    let (Some(w), Some(saver)) = (ws, saver) else { return None };
+    let (upper, saver, core) = (w.state_dir.join("upper"), saver.clone(), core.clone());
+    Some(Arc::new(move || {
+        let dir = std::fs::File::open(&upper)?;
+        rustix::fs::syncfs(&dir)?;
+        saver.save(&core).map_err(std::io::Error::other)
+    }))
+}
+
+/// Serves a VM guest on `socket`, one session per connection.
+fn serve_virtiofs(
+    socket: &Path,
+    make_fs: Arc<dyn Fn(bool) -> MadoFs + Send + Sync>,
+    sync_all: Option<crate::virtiofs::SyncAll>,
+    counts: Arc<crate::virtiofs::Counts>,
+) -> Result<Served> {
+    let make: crate::virtiofs::MakeFs<MadoFs> =
+        Arc::new(move |max_io| make_fs(false).with_max_io(max_io).with_no_open());
+    let (server, listener) = crate::virtiofs::Server::bind(socket, make, sync_all, counts)
+        .map_err(|e| Error::User(format!("serving virtio-fs on {}: {e}", socket.display())))?;
+    let server = Arc::new(server);
+    let stopper = server.stopper();
+    let h = std::thread::Builder::new()
+        .name("virtiofs-accept".into())
+        .spawn(move || server.run(listener))
+        .map_err(Error::io("starting the virtio-fs server"))?;
+    Ok(Served::VirtioFs(h, stopper))
+}
+
+/// A workspace mount's end: the final save, then the lease, so another
+/// machine may resume the workspace at once (its uncheckpointed changes
+/// stay here, picked up by the next mount of the same checkpoint on this
+/// machine); its work set aside if the workspace was removed meanwhile.
+fn end_workspace(rt: &tokio::runtime::Handle, fetcher: &Arc<Fetcher>, core: &Arc<SnapshotFs>, ws: &Ws) -> Result<()> {
+    mado_core::workspace::save_mount_state(core, &ws.state_dir)?;
+    // The state just saved names no spare upper file.
+    core.drop_spares();
+    let uncheckpointed = core.uncheckpointed();
+    if let Err(e) = mado_core::workspace::record_unmounted(&ws.state_dir, uncheckpointed) {
+        tracing::warn!("recording whether workspace {} holds uncheckpointed changes: {e}", ws.name);
+    }
+    if uncheckpointed {
+        match rt.block_on(mado_core::workspace::set_aside_if_removed(fetcher, &ws.name, &ws.state_dir)) {
+            Ok(Some(aside)) => tracing::warn!(
+                "workspace {} was removed while mounted; its uncheckpointed work was set aside in {} \
+                 (`mado ws recover` lists it)",
+                ws.name,
+                aside.display()
+            ),
+            Ok(None) => {}
+            Err(e) => tracing::warn!("checking whether workspace {} still exists: {e}", ws.name),
         }
     }
-    r.map_err(Error::io(if fuse { "FUSE session" } else { "virtio-fs server" }))
+    if let Err(e) = rt.block_on(mado_core::workspace::release_lease(&fetcher.remote, &ws.name, &ws.holder)) {
+        tracing::error!("releasing the lease of workspace {}: {e}", ws.name);
+    }
+    Ok(())
 }
 
 /// A running transport.

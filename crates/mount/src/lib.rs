@@ -9,6 +9,7 @@
 pub mod control;
 pub mod daemon;
 pub mod fs;
+mod handler;
 pub mod protocol;
 pub mod resident;
 pub mod virtiofs;

@@ -54,7 +54,7 @@ pub async fn run(a: CheckoutArgs, ctx: &Ctx) -> Result<()> {
             &a.dir,
             mado_core::checkout::CheckoutOptions {
                 force: a.force,
-                marked: false,
+                allow_name: None,
                 paths: &a.paths,
                 progress: &progress
             },

@@ -28,7 +28,16 @@ pub struct GcArgs {
 
 pub async fn run(a: GcArgs, ctx: &Ctx) -> Result<()> {
     let fetcher = ctx.fetcher()?;
-    let r = mado_core::gc::gc(&fetcher, Duration::from_secs(a.grace), a.dry_run).await?;
+    // The checkpoints that work set aside on this machine was made on (a
+    // workspace removed while it had uncheckpointed changes) are kept as if
+    // a ref named them, or `ws recover` could no longer bring the work
+    // back. Other machines' are not known here.
+    let keep: Vec<mado_core::Hash> = mado_core::workspace::list_set_aside(&fetcher)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|s| s.checkpoint.parse().ok())
+        .collect();
+    let r = mado_core::gc::gc(&fetcher, Duration::from_secs(a.grace), a.dry_run, &keep).await?;
     if ctx.json {
         return ctx.print_json(&r);
     }

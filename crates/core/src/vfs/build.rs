@@ -126,9 +126,7 @@ impl SnapshotFs {
                     let is_dir = matches!(k.body, Body::Dir { .. });
                     let lower = matches!(k.body, Body::Lower(_));
                     d.kids.push((name.clone(), *c, is_dir, lower));
-                    if let Some(f) =
-                        crate::workspace::ignore::RULE_FILES.iter().find(|f| f.as_bytes() == name.as_slice())
-                    {
+                    if let Some(f) = crate::ignore_rules::RULE_FILES.iter().find(|f| f.as_bytes() == name.as_slice()) {
                         match &k.body {
                             Body::Lower(e) if e.kind.has_content() => d.rules.push((f.to_string(), Ok(e.clone()))),
                             Body::Upper { blob, .. } => d.rules.push((f.to_string(), Err(*blob))),
@@ -156,7 +154,7 @@ impl SnapshotFs {
             let abs = std::path::Path::new("/").join(std::ffi::OsStr::from_bytes(&d.path));
             let mut texts = Vec::new();
             // .gitignore before .madoignore: the later one wins.
-            for f in crate::workspace::ignore::RULE_FILES {
+            for f in crate::ignore_rules::RULE_FILES {
                 let Some((_, src)) = d.rules.iter().find(|(n, _)| n == f) else { continue };
                 let bytes = match src {
                     Ok(e) => {
@@ -170,7 +168,7 @@ impl SnapshotFs {
                 texts.push((f.to_string(), String::from_utf8_lossy(&bytes).into_owned()));
             }
             let parent_stack = stacks.get(&d.parent).cloned().unwrap_or_default();
-            let stack = match crate::workspace::ignore::matcher_from_texts(&abs, &texts)? {
+            let stack = match crate::ignore_rules::matcher_from_texts(&abs, &texts)? {
                 Some(gi) => {
                     let mut v = parent_stack.as_ref().clone();
                     v.push(gi);
@@ -213,7 +211,7 @@ impl SnapshotFs {
                     continue;
                 }
                 let p = abs.join(std::ffi::OsStr::from_bytes(name));
-                if crate::workspace::ignore::ignored(&stack, &p, *is_dir) {
+                if crate::ignore_rules::ignored(&stack, &p, *is_dir) {
                     skips.skip.insert(*ino);
                 }
             }

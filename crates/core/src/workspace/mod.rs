@@ -34,7 +34,6 @@ use crate::store::{Remote, Space};
 use crate::upload::UploadReport;
 
 mod commit;
-pub(crate) mod ignore;
 mod lease;
 mod mounted;
 mod statcache;

@@ -150,7 +150,7 @@ struct Listing {
 
 /// A directory waiting to be scanned: where it is, its path in the tree,
 /// and the ignore rules in force above it.
-type ScanItem = (PathBuf, Vec<u8>, super::ignore::Stack);
+type ScanItem = (PathBuf, Vec<u8>, crate::ignore_rules::Stack);
 
 struct ScanQueue {
     todo: Vec<ScanItem>,
@@ -165,7 +165,7 @@ struct ScanQueue {
 /// ignore rules skip. Directories are the unit of work, taken from one
 /// shared queue; nothing recurses, so no depth can overflow a stack.
 /// Returns the listings by path and how many paths were left out.
-fn scan(dir: &Path, sc: &StatCache, ign: &super::ignore::Ignores) -> Result<(HashMap<Vec<u8>, Listing>, u64)> {
+fn scan(dir: &Path, sc: &StatCache, ign: &crate::ignore_rules::Ignores) -> Result<(HashMap<Vec<u8>, Listing>, u64)> {
     use std::sync::{Condvar, Mutex};
     let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).clamp(1, 4);
     let queue = Mutex::new(ScanQueue {
@@ -224,7 +224,7 @@ fn scan(dir: &Path, sc: &StatCache, ign: &super::ignore::Ignores) -> Result<(Has
 fn scan_dir(
     (abs, rel, above): ScanItem,
     sc: &StatCache,
-    ign: &super::ignore::Ignores,
+    ign: &crate::ignore_rules::Ignores,
     skipped: &std::sync::atomic::AtomicU64,
 ) -> Result<(Listing, Vec<ScanItem>)> {
     let read = |e: std::io::Error| Error::Io { context: format!("reading {}", abs.display()), source: e };
@@ -244,7 +244,7 @@ fn scan_dir(
             de.metadata().map_err(|e| Error::Io { context: format!("reading {}", de.path().display()), source: e })?;
         let r = if rel.is_empty() { name.clone() } else { [&rel[..], b"/", &name].concat() };
         let p = abs.join(std::ffi::OsStr::from_bytes(&name));
-        if ign.skips(&rules, &name, &p, m.is_dir(), &r, sc) {
+        if ign.skips(&rules, &name, &p, m.is_dir(), || tracked(sc, &r, m.is_dir())) {
             skipped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             continue;
         }
@@ -389,7 +389,7 @@ pub(super) fn stage(dir: &Path, cache: &DiskCache, no_ignore: bool, base: Option
     let mut staged = Staged::default();
     let sc = load_statcache(dir);
     let written_ns = ns(Ok(SystemTime::now()));
-    let ign = super::ignore::Ignores::new(!no_ignore, &sc);
+    let ign = crate::ignore_rules::Ignores::new(!no_ignore, !sc.rows.is_empty());
     let root_meta = std::fs::symlink_metadata(dir).map_err(Error::io(format!("reading {}", dir.display())))?;
     let (listings, ignored) = scan(dir, &sc, &ign)?;
     let mut w = Walked {
@@ -588,7 +588,7 @@ pub(super) async fn materialize_into(
         fetcher,
         snap.root,
         dir,
-        crate::checkout::CheckoutOptions { force: false, marked: true, paths: &[], progress },
+        crate::checkout::CheckoutOptions { force: false, allow_name: Some(super::STATE_DIR), paths: &[], progress },
     );
     let lease_fut = async {
         match lease_mode {
@@ -662,4 +662,16 @@ pub(super) async fn materialize_into(
     .await
     .map_err(|e| Error::Io { context: "stat cache".into(), source: std::io::Error::other(e) })?;
     Ok(report)
+}
+
+/// Whether the stat cache knows `key`, or (a directory) anything below it.
+fn tracked(sc: &StatCache, key: &[u8], is_dir: bool) -> bool {
+    if sc.rows.contains_key(key) {
+        return true;
+    }
+    if !is_dir {
+        return false;
+    }
+    let prefix = [key, b"/"].concat();
+    sc.rows.range(prefix.clone()..).next().is_some_and(|(k, _)| k.starts_with(&prefix))
 }

@@ -4,24 +4,27 @@
 //! ignores (build outputs, `node_modules`, `target/`), with git's syntax
 //! and precedence (a deeper file and a later line win; `!` re-includes).
 //!
-//! As in git, rules only apply to untracked paths: a path the working
-//! copy's stat cache knows (it was in the last snapshot written or
-//! checkpointed here) stays, ignored or not. Without a stat cache (a lost
+//! As in git, rules only apply to untracked paths: a path the caller says
+//! is tracked (a working copy: its stat cache knows it, as it was in the
+//! last snapshot written or checkpointed there) stays, ignored or not.
+//! Where the caller cannot tell (a working copy that lost
 //! `.mado/statcache.bin`), no rule applies but `.git`: nothing tracked is
 //! ever dropped because local state went missing.
 //! `--no-ignore` turns all of it off.
+//!
+//! Below vfs and workspace: both read rules here, and neither's notion of
+//! "tracked" is known to it.
 
 use std::path::Path;
 
 use ignore::gitignore::{Gitignore, GitignoreBuilder};
 
-use super::working_copy::StatCache;
 use crate::error::{Error, Result};
 
 /// The rule files read in each directory, in increasing precedence.
 pub(crate) const RULE_FILES: [&str; 2] = [".gitignore", ".madoignore"];
 
-pub(super) struct Ignores {
+pub(crate) struct Ignores {
     on: bool,
     /// Rules apply (there is a stat cache to tell tracked paths).
     rules: bool,
@@ -30,16 +33,18 @@ pub(super) struct Ignores {
 /// The matchers of the directories from the root down to one being
 /// walked, outermost first; shared by the directories below it that add
 /// no rules of their own.
-pub(super) type Stack = std::sync::Arc<Vec<Gitignore>>;
+pub(crate) type Stack = std::sync::Arc<Vec<Gitignore>>;
 
 impl Ignores {
-    pub(super) fn new(on: bool, sc: &StatCache) -> Ignores {
-        Ignores { on, rules: on && !sc.rows.is_empty() }
+    /// `on`: whether anything is left out; `can_tell`: whether the caller
+    /// can tell tracked paths (rules apply only then).
+    pub(crate) fn new(on: bool, can_tell: bool) -> Ignores {
+        Ignores { on, rules: on && can_tell }
     }
 
     /// The rules in force inside directory `abs`, whose entries are
     /// `names`: `parent`'s, plus its own rule files if it lists any.
-    pub(super) fn enter(
+    pub(crate) fn enter(
         &self,
         abs: &Path,
         names: impl Iterator<Item = std::ffi::OsString>,
@@ -75,21 +80,21 @@ impl Ignores {
         Ok(std::sync::Arc::new(stack))
     }
 
-    /// Whether the entry `name` at `path` (`key`: its stat cache key),
-    /// under the rules `stack`, is left out of the checkpoint.
-    pub(super) fn skips(
+    /// Whether the entry `name` at `path`, under the rules `stack`, is
+    /// left out of the checkpoint; `tracked` says whether the path (a
+    /// directory: anything below it) is tracked.
+    pub(crate) fn skips(
         &self,
         stack: &[Gitignore],
         name: &[u8],
         path: &Path,
         is_dir: bool,
-        key: &[u8],
-        sc: &StatCache,
+        tracked: impl FnOnce() -> bool,
     ) -> bool {
         if !self.on {
             return false;
         }
-        name == b".git" || (self.rules && ignored(stack, path, is_dir) && !tracked(sc, key, is_dir))
+        name == b".git" || (self.rules && ignored(stack, path, is_dir) && !tracked())
     }
 }
 
@@ -105,18 +110,6 @@ pub(crate) fn ignored(stack: &[Gitignore], path: &Path, is_dir: bool) -> bool {
         }
     }
     false
-}
-
-/// Whether the stat cache knows `key`, or (a directory) anything below it.
-fn tracked(sc: &StatCache, key: &[u8], is_dir: bool) -> bool {
-    if sc.rows.contains_key(key) {
-        return true;
-    }
-    if !is_dir {
-        return false;
-    }
-    let prefix = [key, b"/"].concat();
-    sc.rows.range(prefix.clone()..).next().is_some_and(|(k, _)| k.starts_with(&prefix))
 }
 
 /// The matcher of rule files' contents (`(file name, text)`, in increasing

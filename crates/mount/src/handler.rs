@@ -1,0 +1,218 @@
+//! The control socket's answers for one mount: one method per [`Op`].
+//! The daemon builds a [`ControlHandler`] once the snapshot is open and
+//! hands [`ControlHandler::answer`] to `control::serve`.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use mado_core::fetch::{Attach, Fetcher};
+use mado_core::vfs::SnapshotFs;
+
+use crate::fs::RequestCounters;
+use crate::protocol::{MountStats, Op, PackStatus, Reply, Request, WorkspaceStats};
+
+/// A workspace being served read-write.
+pub(crate) struct Ws {
+    pub name: String,
+    pub state_dir: PathBuf,
+    pub reopened: bool,
+    /// The lease holder id; the lease is released when the mount ends.
+    pub holder: String,
+    /// This machine's one mount of the workspace, held to the end.
+    pub _lock: mado_core::workspace::MountLock,
+}
+
+/// What the control socket's answers read: the mount's parts and counters.
+pub(crate) struct ControlHandler {
+    pub status: Arc<Attach>,
+    pub core: Arc<SnapshotFs>,
+    pub fetcher: Arc<Fetcher>,
+    pub spec: String,
+    pub mountpoint: PathBuf,
+    pub snapshot: String,
+    pub started: Instant,
+    pub passthrough: Arc<AtomicBool>,
+    pub requests: RequestCounters,
+    pub ws: Option<Arc<Ws>>,
+    /// The last failed save of a workspace's state (cleared by a good one).
+    pub save_error: Arc<Mutex<Option<String>>>,
+    pub virtiofs: Option<Arc<crate::virtiofs::Counts>>,
+    /// Since when the watchdog has found the mount stuck.
+    pub stuck: Arc<Mutex<Option<Instant>>>,
+}
+
+type Answering = std::pin::Pin<Box<dyn std::future::Future<Output = Reply> + Send>>;
+
+impl ControlHandler {
+    /// The reply to `req`: at once for what counters say, on a blocking
+    /// thread for what walks the workspace.
+    pub fn answer(self: &Arc<Self>, req: Request) -> Answering {
+        match req.op {
+            Op::PackStatus => {
+                let reply = self.pack_status();
+                Box::pin(async move { reply })
+            }
+            Op::Stats => {
+                let reply = self.stats();
+                Box::pin(async move { reply })
+            }
+            Op::Status { no_ignore } => {
+                let me = self.clone();
+                Box::pin(async move { me.status(no_ignore).await })
+            }
+            Op::Checkpoint { message, steal, force, name, no_ignore } => {
+                let me = self.clone();
+                Box::pin(async move { me.checkpoint(message, steal, force, name, no_ignore).await })
+            }
+        }
+    }
+
+    fn pack_status(&self) -> Reply {
+        let s = swept_or(&self.status, &self.fetcher);
+        Reply::PackStatus(PackStatus {
+            mountpoint: self.mountpoint.clone(),
+            spec: self.spec.clone(),
+            snapshot: self.snapshot.clone(),
+            attached: matches!(s, Attach::Attached { .. }),
+            message: reason_text(&s),
+            status: s,
+        })
+    }
+
+    fn stats(&self) -> Reply {
+        let (core, fetcher) = (&self.core, &self.fetcher);
+        let stuck = *self.stuck.lock().expect("stuck lock");
+        Reply::Stats(Box::new(MountStats {
+            mountpoint: self.mountpoint.clone(),
+            spec: self.spec.clone(),
+            snapshot: self.snapshot.clone(),
+            uptime_ms: self.started.elapsed().as_millis() as u64,
+            pid: std::process::id(),
+            remote: fetcher.remote.stats(),
+            packs: fetcher.stats(),
+            cache: fetcher.cache.stats(),
+            reads: core.reads(),
+            // Not counted while requests are stuck: this answer would wait
+            // behind them too.
+            nodes_in_memory: if stuck.is_some() { 0 } else { core.node_count() },
+            stuck_ms: stuck.map(|t| t.elapsed().as_millis() as u64),
+            chunks_read_ahead: core.chunks_read_ahead(),
+            files_assembled: core.files_assembled(),
+            passthrough: self.passthrough.load(Relaxed),
+            opens: self.requests.opens.load(Relaxed),
+            lookups: self.requests.lookups.load(Relaxed),
+            workspace: self.ws.as_ref().map(|w| WorkspaceStats {
+                name: w.name.clone(),
+                state_dir: w.state_dir.clone(),
+                reopened: w.reopened,
+                changes: core.changes(),
+                last_save_error: self.save_error.lock().expect("save error lock").clone(),
+            }),
+            virtiofs: self.virtiofs.as_ref().map(|c| c.snapshot()),
+        }))
+    }
+
+    /// What a checkpoint would record; changes nothing.
+    async fn status(&self, no_ignore: bool) -> Reply {
+        let Some(ws) = self.ws.clone() else {
+            return Reply::Error {
+                message: "this mount is a read-only snapshot, not a workspace: nothing changes".into(),
+                user_error: true,
+            };
+        };
+        let (fetcher, core) = (self.fetcher.clone(), self.core.clone());
+        let h = tokio::runtime::Handle::current();
+        let r = tokio::task::spawn_blocking(move || {
+            h.block_on(mado_core::workspace::mount_status(&fetcher, &core, &ws.state_dir, no_ignore))
+        })
+        .await;
+        match r {
+            Ok(Ok(status)) => Reply::Status { status },
+            Ok(Err(e)) => Reply::Error { message: e.to_string(), user_error: e.is_user_error() },
+            Err(e) => Reply::Error { message: format!("status task failed: {e}"), user_error: false },
+        }
+    }
+
+    async fn checkpoint(
+        &self,
+        message: String,
+        steal: bool,
+        force: bool,
+        name: Option<String>,
+        no_ignore: bool,
+    ) -> Reply {
+        let Some(ws) = self.ws.clone() else {
+            return Reply::Error {
+                message: "this mount is a read-only snapshot, not a workspace".into(),
+                user_error: true,
+            };
+        };
+        // Refused before anything is done: a checkpoint asked for by name
+        // must be of this mount's workspace.
+        if let Some(n) = name.filter(|n| *n != ws.name) {
+            return Reply::Error {
+                message: format!("{} is a mount of workspace {}, not {n}", self.mountpoint.display(), ws.name),
+                user_error: true,
+            };
+        }
+        let lease = mado_core::workspace::CheckpointLease { steal, force, no_ignore };
+        // On a thread of its own: the checkpoint's future is not Send (it
+        // borrows across its upload streams).
+        let h = tokio::runtime::Handle::current();
+        let before = self.fetcher.remote.stats();
+        let (fetcher, core) = (self.fetcher.clone(), self.core.clone());
+        let r = tokio::task::spawn_blocking(move || {
+            h.block_on(mado_core::workspace::checkpoint_mount(&fetcher, &core, &ws.state_dir, &message, lease))
+        })
+        .await;
+        match r {
+            Ok(Ok(report)) => {
+                // The checkpoint saved the state itself.
+                *self.save_error.lock().expect("save error lock") = None;
+                Reply::Checkpoint { report, remote: self.fetcher.remote.stats().since(&before) }
+            }
+            Ok(Err(e)) => Reply::Error { message: e.to_string(), user_error: e.is_user_error() },
+            Err(e) => Reply::Error { message: format!("checkpoint task failed: {e}"), user_error: false },
+        }
+    }
+}
+
+/// The pack status in words, for `mado pack-status`.
+pub(crate) fn reason_text(a: &Attach) -> String {
+    match a {
+        Attach::Attached { mode, version, layers, dirs, packs, members, via } => format!(
+            "prefetcher attached: {mode} packs (index v{version}, {layers} layer{}), {dirs} directories, {packs} packs, {members} objects; discovered via {}",
+            if *layers == 1 { "" } else { "s" },
+            match via {
+                mado_core::fetch::Discovery::LocalPointer => "local pointer",
+                mado_core::fetch::Discovery::DerivedPointer => "derived pointer",
+            }
+        ),
+        Attach::NoIndex => "no prefetcher: no pack index was built for this tree (run `mado pack --recursive`)".into(),
+        Attach::OtherTree { found } => {
+            format!("no prefetcher: the index found covers another tree ({}); run `mado pack --recursive`", &found[..12])
+        }
+        Attach::Undecodable { detail } => {
+            format!("no prefetcher: the pack index is undecodable ({detail}); run `mado pack --recursive`")
+        }
+        Attach::Swept { missing, packs } => format!(
+            "the index's packs were swept: {missing} of its {packs} found missing so far (their files are read one by one); run `mado pack --recursive`"
+        ),
+    }
+}
+
+/// The index's state, or `Swept` once a read found packs it names gone
+/// from the store. Found by the reads themselves (a GET that finds no pack
+/// marks it bad, and its objects are read one by one): a HEAD of every
+/// pack at each mount cost as many requests as the index has packs, all
+/// at once beside the first reads, to spare one failed GET in the rare
+/// case of a gc that swept them.
+fn swept_or(attach: &Attach, fetcher: &Fetcher) -> Attach {
+    let missing = fetcher.stats().packs_missing as usize;
+    match attach {
+        Attach::Attached { packs, .. } if missing > 0 => Attach::Swept { missing, packs: *packs },
+        a => a.clone(),
+    }
+}
