@@ -40,7 +40,8 @@ impl Relayed {
             causes.push(c.to_string());
             at = c.source();
         }
-        Relayed { message: e.to_string(), causes, code, kind: kind_of(code, [e]).into() }
+        let message = crate::hint::with_hints(&e.to_string(), &e.next_steps());
+        Relayed { message, causes, code, kind: kind_of(code, [e]).into() }
     }
 }
 
@@ -58,8 +59,8 @@ impl std::error::Error for Relayed {}
 fn kind_of<'a>(code: i32, errs: impl IntoIterator<Item = &'a Error>) -> &'static str {
     let (mut busy, mut remote) = (false, false);
     for m in errs {
-        busy |= matches!(m, Error::Busy(_));
-        remote |= matches!(m, Error::Remote { .. });
+        busy |= matches!(m.base(), Error::Busy(_));
+        remote |= matches!(m.base(), Error::Remote { .. });
     }
     match code {
         _ if busy => "busy",
@@ -100,9 +101,15 @@ pub fn code_of_usage(e: &clap::Error) -> i32 {
 /// `exit_code` and `kind` (`user` or `internal`).
 pub fn report(e: &anyhow::Error, json: bool) -> i32 {
     let code = code_of(e);
+    // The steps past it, worded here (the core names them as data).
+    let mut message = e.to_string();
+    for h in crate::hint::lines(e) {
+        message.push_str("\n  hint: ");
+        message.push_str(&h);
+    }
     // Error types that print their source in their own message would
     // otherwise repeat it at every level.
-    let mut shown = e.to_string();
+    let mut shown = message.clone();
     let mut causes = Vec::new();
     let relayed_causes = relayed(e).map(|r| r.causes.clone()).unwrap_or_default();
     for c in e.chain().skip(1).map(|c| c.to_string()).chain(relayed_causes) {
@@ -113,15 +120,16 @@ pub fn report(e: &anyhow::Error, json: bool) -> i32 {
         causes.push(c);
     }
     if json {
-        let mut v = json_error(&e.to_string(), &causes, code);
+        let mut v = json_error(&message, &causes, code);
         v["kind"] = match relayed(e) {
             Some(r) => r.kind.clone().into(),
             None => kind_of(code, e.chain().filter_map(|c| c.downcast_ref::<Error>())).into(),
         };
         // A held lease, for a script to wait on or steal: its fields as
         // numbers, not only the sentence.
-        if let Some(Error::LeaseHeld { name, holder, expires, expired }) =
-            e.chain().find_map(|c| c.downcast_ref::<Error>().filter(|m| matches!(m, Error::LeaseHeld { .. })))
+        if let Some(Error::LeaseHeld { name, holder, expires, expired }) = e
+            .chain()
+            .find_map(|c| c.downcast_ref::<Error>().map(Error::base).filter(|m| matches!(m, Error::LeaseHeld { .. })))
         {
             v["lease"] = serde_json::json!({
                 "workspace": name, "holder": holder, "expires": expires, "expired": expired,
@@ -130,7 +138,7 @@ pub fn report(e: &anyhow::Error, json: bool) -> i32 {
         eprintln!("{v}");
         return code;
     }
-    eprintln!("error: {e}");
+    eprintln!("error: {message}");
     for c in causes {
         eprintln!("  caused by: {c}");
     }

@@ -7,6 +7,7 @@ mod ctx;
 mod cmd;
 mod config;
 mod exit;
+mod hint;
 
 use clap::Parser;
 

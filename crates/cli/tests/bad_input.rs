@@ -527,7 +527,7 @@ fn a_local_store_that_does_not_exist_is_named_and_not_made() {
     let o = m.cmd(&["import-git", repo.to_str().unwrap()]).env("MADO_REMOTE_ADDR", &addr).output().unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");
-    assert!(err.contains("holds no mado store"), "{err}");
+    assert!(err.contains("holds no store"), "{err}");
     assert_eq!(std::fs::read_dir(&unrelated).unwrap().count(), 1, "the import wrote into it");
     // A URL missing a slash is not taken for a folder named `s3:`.
     for addr in ["s3:/bucket/x", "s3:bucket", "gs:/b"] {

@@ -27,7 +27,7 @@ use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Next, Result};
 use crate::fetch::Fetcher;
 use crate::hash::Hash;
 use crate::object::{Entry, Kind, StatObject};
@@ -88,11 +88,11 @@ fn open_dir_beneath(root: &OwnedFd, rel: &[u8]) -> Result<OwnedFd> {
             reason: "a symlink or non-directory is in the way of a directory".into(),
         },
         rustix::io::Errno::NAMETOOLONG => Error::User(format!(
-            "cannot check out directory {:?}: its path ({} bytes) is longer than this system allows (PATH_MAX, 4096 bytes); \
-             check out a subtree below it, or use `mado mount`, which has no such limit",
+            "cannot check out directory {:?}: its path ({} bytes) is longer than this system allows (PATH_MAX, 4096 bytes)",
             lossy(rel),
             rel.len()
-        )),
+        ))
+        .then(Next::SubtreeOrMount),
         e => Error::Io { context: format!("opening directory {:?}", lossy(rel)), source: e.into() },
     })
 }
@@ -485,11 +485,10 @@ fn is_empty_dir_but(p: &Path, but: Option<&str>) -> Result<bool> {
             Err(Error::User(format!("{} is not a directory; choose an empty or new directory", p.display())))
         }
         // A mount whose daemon died (kill -9): the mount is still there.
-        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => Err(Error::User(format!(
-            "{} is a mount whose daemon is gone; `mado umount {}` first (a workspace's saved changes stay)",
-            p.display(),
-            p.display()
-        ))),
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+            Err(Error::User(format!("{} is a mount whose daemon is gone", p.display()))
+                .then(Next::UnmountDead { at: p.display().to_string() }))
+        }
         Err(e) => Err(Error::Io { context: format!("reading {}", p.display()), source: e }),
     }
 }
@@ -959,7 +958,7 @@ impl Partial {
         let partial = Partial { dest: dest.to_path_buf(), made, finished: false, times };
         std::fs::File::from(fd)
             .write_all(
-                b"A mado checkout into this directory has not finished (or was killed): \
+                b"A checkout (by mado) into this directory has not finished (or was killed): \
                   what is here may be incomplete. Run the same checkout again: it removes what it wrote \
                   and starts over (a file of a path its tree does not have stops it, and stays).\n",
             )

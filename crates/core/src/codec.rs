@@ -10,7 +10,7 @@ use crate::hash::Hash;
 pub enum DecodeError {
     #[error("bad magic: expected {expected:?}")]
     BadMagic { expected: &'static str },
-    #[error("unsupported {format} version {version} (this mado reads version {supported})")]
+    #[error("unsupported {format} version {version} (this build reads version {supported})")]
     Version { format: &'static str, version: u8, supported: u8 },
     #[error("truncated at byte {0}")]
     Truncated(usize),

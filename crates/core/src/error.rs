@@ -61,6 +61,11 @@ pub enum Error {
     #[error("{path}: {detail}")]
     LocalState { path: String, detail: String },
 
+    /// An error and the steps that get the user past it, as data (the
+    /// CLI words them as `hint:` lines; see [`Next`]).
+    #[error("{error}")]
+    Then { error: Box<Error>, next: Vec<Next> },
+
     /// A broken invariant: a bug in mado, never the user's doing.
     #[error("internal error (a bug in mado, please report it): {0}")]
     Internal(String),
@@ -87,20 +92,103 @@ pub fn local_time(secs: i64) -> String {
 
 fn lease_message(name: &str, holder: &str, expires: i64, expired: bool) -> String {
     let who = describe_holder(holder);
-    if expired {
-        format!(
-            "workspace {name} is leased by {who}; the lease expired at {}.\n  \
-             hint: run again with --steal to take it (its checkpoints stay), or `mado ws release {name}` on the holder",
-            local_time(expires)
-        )
-    } else {
-        format!(
-            "workspace {name} is leased by {who} until {}.\n  \
-             hint: `mado ws release {name}` (or unmount) on the holder; --steal once it has expired; \
-             or `mado ws resume --read-only` for a copy that will not checkpoint",
-            local_time(expires)
-        )
+    match expired {
+        true => format!("workspace {name} is leased by {who}; the lease expired at {}", local_time(expires)),
+        false => format!("workspace {name} is leased by {who} until {}", local_time(expires)),
     }
+}
+
+/// Something a command reports and goes on from: what happened, and the
+/// steps that would help (worded by the CLI).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Warning {
+    pub text: String,
+    pub next: Vec<Next>,
+}
+
+impl From<String> for Warning {
+    fn from(text: String) -> Warning {
+        Warning { text, next: Vec::new() }
+    }
+}
+
+/// A step that gets the user past an error or a warning, with what it
+/// needs to be taken; the CLI words it (and names the command). The core
+/// says what happened and what would help, never how to type it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "step", rename_all = "snake_case")]
+pub enum Next {
+    /// The history of `base`, to pick an older snapshot that exists.
+    Log { base: String },
+    /// The store's refs, and a ref's snapshot ids.
+    ListRefs,
+    /// A store that could not be asked: a full snapshot id is read from
+    /// the cache alone (a short one needs the store).
+    FullIdOffline,
+    /// An empty store: import a repository into it.
+    ImportGit,
+    /// The snapshot's objects are not in the cache: materialize it.
+    Materialize,
+    /// The directory is no working copy: create a workspace.
+    CreateWorkspace,
+    /// The store's workspaces.
+    ListWorkspaces,
+    /// Workspace `name` exists: resume it to get a working copy.
+    ResumeExisting { name: String },
+    /// A resume into `dir` was interrupted: run it again, or release the
+    /// lease it took.
+    FinishResume { name: String, dir: String },
+    /// `name` named a checkpoint (`ws~1`): check it out, or start a
+    /// workspace from it.
+    CheckpointOfWorkspace { name: String },
+    /// The lease's holder can release it, or unmount.
+    ReleaseOnHolder { name: String },
+    /// Take the lease (`--steal`): at once when it expired, else once it
+    /// has.
+    Steal { expired: bool },
+    /// A read-only copy needs no lease.
+    ReadOnlyCopy,
+    /// The working copy holding the lease releases it (or unmounts), or
+    /// the workspace is removed anyway.
+    ReleaseOrForceRemove { name: String },
+    /// A workspace served to a guest by a virtio-fs server here: stop it
+    /// first.
+    StopServer,
+    /// Mounted at `at` already: work there, or unmount it first.
+    UseOrUnmount { at: String },
+    /// A mount at `at` whose daemon is gone: unmount it.
+    UnmountDead { at: String },
+    /// A path too long to check out: a subtree, or a mount.
+    SubtreeOrMount,
+    /// The workspace moved on elsewhere: resume it there, or checkpoint
+    /// over it.
+    ResumeOrForce,
+    /// Another checkpoint won: checkpoint again, on top of it.
+    CheckpointAgain,
+    /// The workspace's ref is gone but its checkpoint `from` is in the
+    /// store: make it again there (without a checkout), then checkpoint.
+    RecreateAt { name: String, from: String },
+    /// The workspace's ref and its checkpoint are gone: make it again
+    /// from any snapshot, then checkpoint this copy over it.
+    RecreateAndForce { name: String },
+    /// The folders of set-aside changes.
+    ListSetAside,
+    /// The set-aside changes in `aside`, as a workspace of their own.
+    RecoverAside { aside: String },
+    /// The files of the set-aside changes in `aside`, written to a folder.
+    RecoverTo { aside: String },
+    /// A workspace's own saved changes come back with a mount of it.
+    ResumeMount { name: String },
+    /// Checkpoint a mount's unsaved work before resuming elsewhere, or
+    /// resume anyway.
+    MountFirstOrIgnore { name: String },
+    /// A workspace's ref moves only under its lease: import elsewhere and
+    /// start a workspace from that ref.
+    WorkspaceFromRef,
+    /// An empty store: make it.
+    InitStore { url: String },
+    /// The packs of an import could not be published: pack again.
+    RepackRecursive,
 }
 
 /// `user@host:/path:nonce` as "user on host (working copy /path)".
@@ -147,6 +235,7 @@ impl Error {
             | Error::UnsafePath { .. }
             | Error::LeaseHeld { .. }
             | Error::LocalState { .. } => true,
+            Error::Then { error, .. } => error.is_user_error(),
             // The machine's to fix, not mado's: a full disk, a read-only
             // or forbidden place (the message names it).
             Error::Io { source, .. } => matches!(
@@ -154,6 +243,57 @@ impl Error {
                 Some(libc::ENOSPC | libc::EDQUOT | libc::EROFS | libc::EACCES | libc::EPERM)
             ),
             _ => false,
+        }
+    }
+
+    /// `self`, and then `step` (after any it has).
+    pub fn then(self, step: Next) -> Error {
+        match self {
+            Error::Then { error, mut next } => {
+                next.push(step);
+                Error::Then { error, next }
+            }
+            error => Error::Then { error: Box::new(error), next: vec![step] },
+        }
+    }
+
+    /// The error itself, without the steps added to it.
+    pub fn base(&self) -> &Error {
+        match self {
+            Error::Then { error, .. } => error.base(),
+            e => e,
+        }
+    }
+
+    /// The error itself, owned.
+    pub fn into_base(self) -> Error {
+        match self {
+            Error::Then { error, .. } => error.into_base(),
+            e => e,
+        }
+    }
+
+    /// Whether the thing asked for does not exist ([`Error::NotFound`]).
+    pub fn is_not_found(&self) -> bool {
+        matches!(self.base(), Error::NotFound(_))
+    }
+
+    /// The steps that get the user past this error: those added with
+    /// [`Error::then`], and a held lease's.
+    pub fn next_steps(&self) -> Vec<Next> {
+        match self {
+            Error::Then { error, next } => {
+                let mut v = error.next_steps();
+                v.extend(next.iter().cloned());
+                v
+            }
+            Error::LeaseHeld { name, expired: true, .. } => {
+                vec![Next::Steal { expired: true }, Next::ReleaseOnHolder { name: name.clone() }]
+            }
+            Error::LeaseHeld { name, expired: false, .. } => {
+                vec![Next::ReleaseOnHolder { name: name.clone() }, Next::Steal { expired: false }, Next::ReadOnlyCopy]
+            }
+            _ => Vec::new(),
         }
     }
 
@@ -181,6 +321,7 @@ impl Error {
             Error::Corrupt { id, what, path, detail } if path.is_empty() => {
                 Error::Corrupt { id, what, path: p.to_string(), detail }
             }
+            Error::Then { error, next } => Error::Then { error: Box::new(error.at_path(p)), next },
             e => e,
         }
     }

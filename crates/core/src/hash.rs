@@ -55,7 +55,7 @@ impl fmt::Debug for Hash {
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error("not a mado object id (64 hex digits): {0:?}")]
+#[error("not an object id (64 hex digits): {0:?}")]
 pub struct ParseHashError(pub String);
 
 /// Parses hex digits (either case) into bytes; `None` on odd length or a bad digit.

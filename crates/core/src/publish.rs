@@ -19,7 +19,7 @@ use futures::StreamExt;
 use serde::Serialize;
 
 use crate::cache::DiskCache;
-use crate::error::{Error, Result};
+use crate::error::{Error, Next, Result};
 use crate::fsutil::save_cache_file;
 use crate::hash::Hash;
 use crate::pack::{build, MemberKind, Mode};
@@ -229,9 +229,7 @@ async fn build_and_publish(
                 .or_else(|| from_base(id))
                 .or_else(|| from_store(id))
                 .or_else(fetched)
-                .ok_or_else(|| {
-                    Error::User(format!("object {id} is not in the disk cache; run `mado materialize` first"))
-                })
+                .ok_or_else(|| Error::User(format!("object {id} is not in the disk cache")).then(Next::Materialize))
         };
         let mut emit = |id, bytes| {
             tx.blocking_send((id, bytes))
@@ -495,8 +493,9 @@ async fn upload_loose(
         loose.iter().zip(have).filter(|(_, present)| !present).map(|(m, _)| *m).collect();
     let (manifests, leaves): (Vec<_>, Vec<_>) = missing.into_iter().partition(|(_, k)| *k == MemberKind::Manifest);
     let ids = |v: Vec<(Hash, MemberKind)>| v.into_iter().map(|(id, _)| id).collect();
-    let absent =
-        |id: &Hash| format!("object {id} is neither in the store nor in the disk cache; run `mado materialize` first");
+    let absent = |id: &Hash| {
+        Error::User(format!("object {id} is neither in the store nor in the disk cache")).then(Next::Materialize)
+    };
     crate::upload::put_from_cache(remote, cache, staged, ids(leaves), ids(manifests), &absent).await
 }
 

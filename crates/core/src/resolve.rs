@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Next, Result};
 use crate::fetch::{Attach, Fetcher};
 use crate::hash::{is_hex_prefix, Hash};
 use crate::object::{check_ref_name, Snapshot};
@@ -47,7 +47,8 @@ pub async fn resolve(fetcher: &Arc<Fetcher>, spec: &str) -> Result<Resolved> {
                 0 => base.to_string(),
                 n => format!("{n} step{} back from {base}", if n == 1 { "" } else { "s" }),
             };
-            Error::NotFound(format!("{spec}: snapshot {} ({which}) has {has}; see `mado log {base}`", id.short()))
+            Error::NotFound(format!("{spec}: snapshot {} ({which}) has {has}", id.short()))
+                .then(Next::Log { base: base.to_string() })
         })?;
     }
     Ok(Resolved { snapshot: id, root: None, layers: Vec::new() })
@@ -58,13 +59,8 @@ pub async fn resolve(fetcher: &Arc<Fetcher>, spec: &str) -> Result<Resolved> {
 /// was then (a full id is read from the cache alone, without the store);
 /// a short id gets the hint that its full id is.
 fn offline_hint(cache: &crate::cache::DiskCache, store: &str, name: &str, mut e: Error) -> Error {
+    let short = is_hex_prefix(name) && name.len() < 64;
     if let Error::Remote { hint, .. } = &mut e {
-        if is_hex_prefix(name) && name.len() < 64 {
-            hint.push_str(
-                "\n  hint: a short snapshot id is looked up in the store; the full id (`mado log --json`, \
-                 `mado refs --json`) is read from the cache alone",
-            );
-        }
         if let Some((id, when)) = cache.seen_ref(store, name) {
             let ago = when.elapsed().map(|d| d.as_secs()).unwrap_or(0);
             let ago = match ago {
@@ -77,6 +73,9 @@ fn offline_hint(cache: &crate::cache::DiskCache, store: &str, name: &str, mut e:
                 "\n  hint: this machine last read {name} as snapshot {id} ({ago} ago); that full id in its place \
                  reads what this cache holds of it without the store"
             ));
+        }
+        if short {
+            return e.then(Next::FullIdOffline);
         }
     }
     e
@@ -134,9 +133,7 @@ async fn resolve_name(remote: &Remote, spec: &str) -> Result<Resolved> {
         let found = remote.snapshots_with_prefix(spec).await?;
         return match found.as_slice() {
             [one] => Ok(Resolved { snapshot: *one, root: None, layers: Vec::new() }),
-            [] => Err(Error::NotFound(format!(
-                "no ref or snapshot named {spec:?}; see `mado refs` for refs and `mado log REF` for snapshot ids"
-            ))),
+            [] => Err(Error::NotFound(format!("no ref or snapshot named {spec:?}")).then(Next::ListRefs)),
             many => Err(Error::User(format!(
                 "{spec:?} matches {} snapshots; give more digits ({} …)",
                 many.len(),
@@ -150,15 +147,15 @@ async fn resolve_name(remote: &Remote, spec: &str) -> Result<Resolved> {
     // store whose bucket is missing fails here with that, not as a
     // missing ref.
     let names = remote.ref_names().await?;
-    let have = match names.len() {
-        0 => format!("the store at {} has no refs yet; import one with `mado import-git`", remote.url()),
+    let (have, next) = match names.len() {
+        0 => (format!("the store at {} has no refs yet", remote.url()), Next::ImportGit),
         n => {
             let shown: Vec<&str> = names.iter().take(8).map(String::as_str).collect();
-            let more = if n > 8 { format!(" and {} more (`mado refs`)", n - 8) } else { String::new() };
-            format!("refs there: {}{more}", shown.join(", "))
+            let more = if n > 8 { format!(" and {} more", n - 8) } else { String::new() };
+            (format!("refs there: {}{more}", shown.join(", ")), Next::ListRefs)
         }
     };
-    Err(Error::NotFound(format!("no ref named {spec:?}{short}; {have}")))
+    Err(Error::NotFound(format!("no ref named {spec:?}{short}; {have}")).then(next))
 }
 
 /// Resolves `spec`, reads its snapshot and attaches the root tree's pack

@@ -307,9 +307,9 @@ pub async fn upload_closure(
     let (manifests, plain): (Vec<Hash>, Vec<Hash>) =
         missing_leaves.into_iter().partition(|id| staged.manifests.contains_key(id));
     let evicted = |id: &Hash| {
-        format!(
-            "object {id} was evicted from the disk cache before upload; raise the cache cap (`mado config set cache.max_size`, or MADO_DISK_CACHE_MAX_BYTES) and import again"
-        )
+        Error::User(format!(
+            "object {id} was evicted from the disk cache before upload; raise the cache cap (setting cache.max_size, or MADO_DISK_CACHE_MAX_BYTES) and import again"
+        ))
     };
     let memory = staged.memory.as_ref().map(|m| &*m.objects);
     let (n, bytes) = put_from_cache(remote, cache, memory, plain, manifests, &evicted).await?;
@@ -354,14 +354,14 @@ pub(crate) async fn put_from_cache(
     memory: Option<&InMemory>,
     leaves: Vec<Hash>,
     manifests: Vec<Hash>,
-    absent: &(dyn Fn(&Hash) -> String + Sync),
+    absent: &(dyn Fn(&Hash) -> Error + Sync),
 ) -> Result<(u64, u64)> {
     let (mut n, mut bytes) = (0, 0);
     for batch in [leaves, manifests] {
         let sizes: Vec<u64> = futures::stream::iter(batch.into_iter().map(|id| async move {
             let b = match memory.and_then(|m| m.get(&id)) {
                 Some(b) => b.clone(),
-                None => Bytes::from(cache.get(&id).ok_or_else(|| Error::User(absent(&id)))?),
+                None => Bytes::from(cache.get(&id).ok_or_else(|| absent(&id))?),
             };
             let len = b.len() as u64;
             remote.put_object(Space::Objects, &id, b).await?;

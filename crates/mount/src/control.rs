@@ -187,10 +187,7 @@ pub async fn serve(listener: tokio::net::UnixListener, answer: Answer) {
             tracing::warn!(
                 "refused a control connection from uid {who}: only this mount's owner and root are answered"
             );
-            let e = Reply::Error {
-                message: "only the mount's owner and root may use its control socket".into(),
-                user_error: true,
-            };
+            let e = Reply::error("only the mount's owner and root may use its control socket", true);
             let mut out = serde_json::to_string(&e).expect("an error reply encodes");
             out.push('\n');
             tokio::spawn(async move {
@@ -205,10 +202,10 @@ pub async fn serve(listener: tokio::net::UnixListener, answer: Answer) {
             while let Ok(Some(line)) = lines.next_line().await {
                 let reply = match decode_request(&line) {
                     Ok(req) => answer(req).await,
-                    Err(message) => Reply::Error { message, user_error: true },
+                    Err(message) => Reply::error(message, true),
                 };
                 let mut out = serde_json::to_string(&reply).unwrap_or_else(|e| {
-                    let e = Reply::Error { message: format!("encoding the reply: {e}"), user_error: false };
+                    let e = Reply::error(format!("encoding the reply: {e}"), false);
                     serde_json::to_string(&e).expect("an error reply encodes")
                 });
                 out.push('\n');

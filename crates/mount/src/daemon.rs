@@ -68,7 +68,7 @@ pub struct Ready {
     /// The advisory for a large tree served without packs.
     pub advisory: Option<String>,
     /// Warnings for the user (a workspace's lease, set-aside changes).
-    pub warnings: Vec<String>,
+    pub warnings: Vec<mado_core::error::Warning>,
 }
 
 /// Is `p` a mount point whose daemon is gone?
@@ -188,7 +188,7 @@ struct Opened {
     core: Arc<SnapshotFs>,
     attach: Attach,
     ws: Option<Ws>,
-    warnings: Vec<String>,
+    warnings: Vec<mado_core::error::Warning>,
 }
 
 impl Daemon {

@@ -117,10 +117,7 @@ impl ControlHandler {
     /// What a checkpoint would record; changes nothing.
     async fn status(&self, no_ignore: bool) -> Reply {
         let Some(ws) = self.ws.clone() else {
-            return Reply::Error {
-                message: "this mount is a read-only snapshot, not a workspace: nothing changes".into(),
-                user_error: true,
-            };
+            return Reply::error("this mount is a read-only snapshot, not a workspace: nothing changes", true);
         };
         let (fetcher, core) = (self.fetcher.clone(), self.core.clone());
         let h = tokio::runtime::Handle::current();
@@ -130,8 +127,8 @@ impl ControlHandler {
         .await;
         match r {
             Ok(Ok(status)) => Reply::Status { status },
-            Ok(Err(e)) => Reply::Error { message: e.to_string(), user_error: e.is_user_error() },
-            Err(e) => Reply::Error { message: format!("status task failed: {e}"), user_error: false },
+            Ok(Err(e)) => Reply::of_error(&e),
+            Err(e) => Reply::error(format!("status task failed: {e}"), false),
         }
     }
 
@@ -144,18 +141,15 @@ impl ControlHandler {
         no_ignore: bool,
     ) -> Reply {
         let Some(ws) = self.ws.clone() else {
-            return Reply::Error {
-                message: "this mount is a read-only snapshot, not a workspace".into(),
-                user_error: true,
-            };
+            return Reply::error("this mount is a read-only snapshot, not a workspace", true);
         };
         // Refused before anything is done: a checkpoint asked for by name
         // must be of this mount's workspace.
         if let Some(n) = name.filter(|n| *n != ws.name) {
-            return Reply::Error {
-                message: format!("{} is a mount of workspace {}, not {n}", self.mountpoint.display(), ws.name),
-                user_error: true,
-            };
+            return Reply::error(
+                format!("{} is a mount of workspace {}, not {n}", self.mountpoint.display(), ws.name),
+                true,
+            );
         }
         let lease = mado_core::workspace::CheckpointLease { steal, force, no_ignore };
         // On a thread of its own: the checkpoint's future is not Send (it
@@ -173,8 +167,8 @@ impl ControlHandler {
                 *self.save_error.lock().expect("save error lock") = None;
                 Reply::Checkpoint { report, remote: self.fetcher.remote.stats().since(&before) }
             }
-            Ok(Err(e)) => Reply::Error { message: e.to_string(), user_error: e.is_user_error() },
-            Err(e) => Reply::Error { message: format!("checkpoint task failed: {e}"), user_error: false },
+            Ok(Err(e)) => Reply::of_error(&e),
+            Err(e) => Reply::error(format!("checkpoint task failed: {e}"), false),
         }
     }
 }

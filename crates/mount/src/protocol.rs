@@ -59,9 +59,32 @@ impl Request {
 pub enum Reply {
     PackStatus(PackStatus),
     Stats(Box<MountStats>),
-    Checkpoint { report: CheckpointReport, remote: Stats },
-    Status { status: mado_core::workspace::Status },
-    Error { message: String, user_error: bool },
+    Checkpoint {
+        report: CheckpointReport,
+        remote: Stats,
+    },
+    Status {
+        status: mado_core::workspace::Status,
+    },
+    /// `next`: the steps past it, as data (the CLI words them).
+    Error {
+        message: String,
+        user_error: bool,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        next: Vec<mado_core::error::Next>,
+    },
+}
+
+impl Reply {
+    /// An error reply with no step to suggest.
+    pub fn error(message: impl Into<String>, user_error: bool) -> Reply {
+        Reply::Error { message: message.into(), user_error, next: Vec::new() }
+    }
+
+    /// The reply for `e`: its message, whose it is to fix, its steps.
+    pub fn of_error(e: &mado_core::Error) -> Reply {
+        Reply::Error { message: e.base().to_string(), user_error: e.is_user_error(), next: e.next_steps() }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

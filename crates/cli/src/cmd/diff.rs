@@ -91,7 +91,8 @@ fn git_mode(k: mado_core::object::Kind) -> &'static str {
 async fn side(fetcher: &std::sync::Arc<mado_core::fetch::Fetcher>, root: mado_core::Hash, path: &str) -> Result<Side> {
     let e = match fetcher.lookup(root, path).await {
         Ok(Some(e)) => e,
-        Ok(None) | Err(mado_core::Error::NotFound(_)) => {
+        Ok(None) => return Ok(Side { data: Default::default(), size: 0, present: false, mode: None }),
+        Err(e) if e.is_not_found() => {
             return Ok(Side { data: Default::default(), size: 0, present: false, mode: None })
         }
         Err(e) => return Err(e.into()),

@@ -97,6 +97,9 @@ pub async fn run(mut a: ImportGitArgs, ctx: &Ctx) -> Result<()> {
     for w in &report.warnings {
         eprintln!("warning: {w}");
     }
+    for n in &report.next {
+        eprintln!("  hint: {}", crate::hint::words(n));
+    }
     if let Some(n) = dirty.and_then(|t| t.join().ok().flatten()).filter(|&n| n > 0) {
         eprintln!(
             "warning: {} has {n} uncommitted change(s), which are not imported: mado imports commits (HEAD), \

@@ -97,10 +97,41 @@ impl Command {
 }
 
 pub async fn run(cmd: Command, ctx: &Ctx) -> Result<()> {
-    let r = dispatch(cmd, ctx).await;
+    // One span per command: every line it logs (MADO_LOG=debug) says which.
+    let span = tracing::info_span!("command", name = cmd.name());
+    let r = tracing::Instrument::instrument(dispatch(cmd, ctx), span).await;
     // Pack downloads finish writing the cache before the process exits.
     ctx.drain_fetches().await;
     r
+}
+
+impl Command {
+    /// The command's name as typed (`ws checkpoint`), for its span.
+    fn name(&self) -> &'static str {
+        match self {
+            Command::Init(_) => "init",
+            Command::ImportGit(_) => "import-git",
+            Command::Log(_) => "log",
+            Command::Diff(_) => "diff",
+            Command::Refs(_) => "refs",
+            Command::Ls(_) => "ls",
+            Command::Cat(_) => "cat",
+            Command::Checkout(_) => "checkout",
+            Command::Pack(_) => "pack",
+            Command::Materialize(_) => "materialize",
+            Command::Gc(_) => "gc",
+            Command::Mount(_) => "mount",
+            Command::Umount(_) => "umount",
+            Command::ServeVirtiofs(_) => "serve-virtiofs",
+            Command::PackStatus(_) => "pack-status",
+            Command::Stats(_) => "stats",
+            Command::Ws(c) => c.name(),
+            Command::Cache(_) => "cache",
+            Command::Config(_) => "config",
+            Command::Completion(_) => "completion",
+            Command::Man(_) => "man",
+        }
+    }
 }
 
 async fn dispatch(cmd: Command, ctx: &Ctx) -> Result<()> {
@@ -177,8 +208,13 @@ fn ask_socket(sock: &std::path::Path, what: &str, hint: &str, op: Op, wait: std:
     let reply = mado_mount::control::request(sock, &Request::new(op), wait)
         .map_err(|e| mado_core::Error::User(format!("the daemon of {what} does not answer ({e}); {hint}")))?;
     match reply {
-        Reply::Error { message, user_error: true } => Err(mado_core::Error::User(message).into()),
-        Reply::Error { message, user_error: false } => Err(anyhow::anyhow!(message)),
+        // As if raised here: the same exit code, the hints worded here.
+        Reply::Error { message, user_error: true, next } => {
+            Err(next.into_iter().fold(mado_core::Error::User(message), mado_core::Error::then).into())
+        }
+        Reply::Error { message, user_error: false, next } => {
+            Err(anyhow::anyhow!(crate::hint::with_hints(&message, &next)))
+        }
         r => Ok(r),
     }
 }

@@ -209,7 +209,7 @@ fn run_daemon(a: MountArgs, ctx: &Ctx) -> Result<()> {
                 advisory: ready.advisory,
                 error: None,
                 failed: None,
-                warnings: ready.warnings,
+                warnings: ready.warnings.iter().map(|w| crate::hint::with_hints(&w.text, &w.next)).collect(),
             },
             Err(e) => ReadyMsg {
                 ok: false,

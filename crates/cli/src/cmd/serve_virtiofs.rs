@@ -60,7 +60,7 @@ pub fn run(a: ServeVirtiofsArgs, ctx: &Ctx) -> Result<()> {
     let report = move |r: std::result::Result<daemon::Ready, &mado_core::Error>| {
         if let Ok(ready) = r {
             for w in &ready.warnings {
-                eprintln!("warning: {w}");
+                eprintln!("warning: {}", crate::hint::with_hints(&w.text, &w.next));
             }
             if json {
                 let v = serde_json::json!({

@@ -445,7 +445,7 @@ impl DiskCache {
         if e.raw_os_error().is_some_and(|n| full.contains(&n)) && !self.full_warned.swap(true, Relaxed) {
             eprintln!(
                 "warning: the disk cache at {} is full ({e}); reads go on, but nothing more is cached \
-                 until space is freed (or cap it: `mado config set cache.max_size 10G`)",
+                 until space is freed (or the cache is capped: setting cache.max_size)",
                 self.root.display()
             );
         }

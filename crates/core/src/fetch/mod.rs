@@ -35,6 +35,7 @@ use crate::store::{Remote, Space};
 
 mod attach;
 mod packs;
+mod stream;
 mod typed;
 
 use attach::PackSet;

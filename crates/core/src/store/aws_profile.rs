@@ -190,7 +190,7 @@ impl Profile {
         if !self.unsupported.is_empty() || self.role_arn.is_some() {
             let p = &self.name;
             return Err(Error::User(format!(
-                "AWS profile {p:?} gets its credentials through {} , which mado cannot follow; \
+                "AWS profile {p:?} gets its credentials through {} , which cannot be followed here; \
                  hand them over instead: `eval \"$(aws configure export-credentials --profile {p} --format env)\"`, \
                  or give the profile a credential_process",
                 if self.unsupported.is_empty() { "role_arn".to_string() } else { self.unsupported.join(", ") }

@@ -7,7 +7,7 @@ use super::lease::take_lease_was;
 use super::working_copy::LocalState;
 use super::{now, ws_ref, CheckpointLease, CheckpointReport};
 use crate::cache::DiskCache;
-use crate::error::{Error, Result};
+use crate::error::{Error, Next, Result};
 use crate::failpoint::hit as failpoint;
 use crate::fetch::Fetcher;
 use crate::hash::Hash;
@@ -189,23 +189,15 @@ pub(super) async fn commit_locked(
             Ok(h) => remote.has_object(crate::store::Space::Snapshots, &h).await.unwrap_or(true),
             Err(_) => false,
         };
-        let hint = match kept {
-            true => format!(
-                "`mado ws create {} --from {} --no-checkout` makes it again at this copy's last checkpoint; \
-                 then checkpoint here again",
-                st.name, st.head
-            ),
-            false => format!(
-                "this copy's last checkpoint is gone from the store too (swept by `mado gc`); \
-                 `mado ws create {} --from main --no-checkout` (or any snapshot), then \
-                 `mado ws checkpoint --force` here, make it again with this copy's files",
-                st.name
-            ),
+        let next = match kept {
+            true => Next::RecreateAt { name: st.name.clone(), from: st.head.clone() },
+            false => Next::RecreateAndForce { name: st.name.clone() },
         };
         return Err(Error::NotFound(format!(
-            "workspace {} is no longer in the store (no ref {refname}: removed with `mado ws rm`?)\n  hint: {hint}",
+            "workspace {} is no longer in the store (no ref {refname}: removed with ws rm?)",
             st.name
-        )));
+        ))
+        .then(next));
     };
     // Like a push that is not a fast-forward: the workspace moved on since
     // this working copy's base (another copy checkpointed), and a
@@ -219,12 +211,12 @@ pub(super) async fn commit_locked(
         // locked out.
         give_back().await;
         return Err(Error::User(format!(
-            "workspace {} moved to {}{by} since this working copy's base {}; \
-             resume it elsewhere to continue from there, or `mado ws checkpoint --force` to replace it with this copy",
+            "workspace {} moved to {}{by} since this working copy's base {}",
             st.name,
             &cur.snapshot.to_hex()[..12],
             crate::hash::short_hex(&st.head)
-        )));
+        ))
+        .then(Next::ResumeOrForce));
     }
     let walked = walked?;
     // The parent's whole stat object (what changed goes up as a layer; its
@@ -363,11 +355,11 @@ pub(super) async fn commit_locked(
         match e {
             // Two checkpoints of one copy at once: the other won.
             Error::RefMoved { found, .. } => Error::User(format!(
-                "another checkpoint of workspace {} finished first (it is now at {}); \
-                 run `mado ws checkpoint` again to checkpoint on top of it",
+                "another checkpoint of workspace {} finished first (it is now at {})",
                 st.name,
                 crate::hash::short_hex(&found)
-            )),
+            ))
+            .then(Next::CheckpointAgain),
             e => e,
         }
     })?;

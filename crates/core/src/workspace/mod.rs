@@ -27,7 +27,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Next, Result};
 use crate::fetch::Fetcher;
 use crate::object::{check_ref_name, Lease, RefValue};
 use crate::store::{Remote, Space};
@@ -68,10 +68,8 @@ fn now() -> i64 {
 fn ws_ref(name: &str) -> Result<String> {
     if name.contains(['~', '^']) {
         // `ws resume a~1`: a checkpoint, where a workspace is named.
-        return Err(Error::User(format!(
-            "{name:?} is not a workspace name: this command takes the name alone; for an older checkpoint, \
-             `mado checkout ws/{name} DIR` writes it, `mado ws create NEW --from ws/{name}` starts a workspace there"
-        )));
+        return Err(Error::User(format!("{name:?} is not a workspace name: this command takes the name alone"))
+            .then(Next::CheckpointOfWorkspace { name: name.to_string() }));
     }
     let r = format!("ws/{name}");
     check_ref_name(&r).map_err(Error::User)?;
@@ -166,11 +164,11 @@ pub async fn create(
     if !crate::checkout::is_empty_dir(dir)? {
         if let Some((ws, _)) = interrupted_resume_of(dir) {
             return Err(Error::User(format!(
-                "{} holds the partial copy of workspace {ws}, whose creation or resume was interrupted\n  \
-                 hint: `mado ws resume {ws} {}` finishes it (the workspace exists)",
+                "{} holds the partial copy of workspace {ws}, whose creation or resume was interrupted \
+                 (the workspace exists)",
                 dir.display(),
-                dir.display()
-            )));
+            ))
+            .then(Next::FinishResume { name: ws, dir: dir.display().to_string() }));
         }
         return Err(Error::User(format!("{} is not empty; create into a new or empty directory", dir.display())));
     }
@@ -196,7 +194,7 @@ async fn read_ws_ref(fetcher: &Fetcher, name: &str) -> Result<RefValue> {
         .remote
         .read_ref(&refname)
         .await?
-        .ok_or_else(|| Error::NotFound(format!("no workspace named {name}; see `mado ws list`")))?;
+        .ok_or_else(|| Error::NotFound(format!("no workspace named {name}")).then(Next::ListWorkspaces))?;
     Ok(v)
 }
 
@@ -231,9 +229,8 @@ async fn create_ref_or_moved(fetcher: &Arc<Fetcher>, name: &str, spec: &str) -> 
 /// refused, pointing at a resume of it.
 pub async fn create_ref(fetcher: &Arc<Fetcher>, name: &str, spec: &str) -> Result<RefValue> {
     create_ref_or_moved(fetcher, name, spec).await.map_err(|e| match e {
-        Error::RefMoved { .. } => Error::User(format!(
-            "workspace {name} already exists; use `mado ws resume {name} DIR` to get a working copy"
-        )),
+        Error::RefMoved { .. } => Error::User(format!("workspace {name} already exists"))
+            .then(Next::ResumeExisting { name: name.to_string() }),
         e => e,
     })
 }
@@ -299,10 +296,11 @@ pub async fn remove(remote: &Remote, name: &str, force: bool, dead: Option<&str>
             Ok(l) if !force && !l.holder.is_empty() && l.expires > now() && dead != Some(l.holder.as_str()) => {
                 return Err(Error::User(format!(
                     "workspace {name} is leased by {} until {}: that working copy could not checkpoint \
-                     after this\n  hint: `mado ws release` in it first (or unmount it), or `mado ws rm --force {name}`",
+                     after this",
                     crate::error::describe_holder(&l.holder),
                     crate::error::local_time(l.expires)
-                )));
+                ))
+                .then(Next::ReleaseOrForceRemove { name: name.to_string() }));
             }
             _ => {}
         }

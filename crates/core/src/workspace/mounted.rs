@@ -10,7 +10,7 @@ use super::{
     OVERLAY_FILE,
 };
 use crate::cache::DiskCache;
-use crate::error::{Error, Result};
+use crate::error::{Error, Next, Result, Warning};
 use crate::fetch::Fetcher;
 use crate::hash::Hash;
 use crate::upload::Staged;
@@ -172,7 +172,7 @@ pub fn workspaces_root() -> Result<PathBuf> {
 /// The state folder of workspace `name` of this fetcher's remote while it
 /// is mounted. A state an older mado left in the cache is moved here first
 /// (kept where it is, with a warning, if it cannot be moved).
-fn mount_state_dir(fetcher: &Fetcher, name: &str, warnings: &mut Vec<String>) -> Result<PathBuf> {
+fn mount_state_dir(fetcher: &Fetcher, name: &str, warnings: &mut Vec<Warning>) -> Result<PathBuf> {
     let (root, key) = state_key(fetcher, name)?;
     // Private: the upper layers hold copies of the user's files.
     crate::fsutil::create_private_dir(&root)?;
@@ -180,12 +180,15 @@ fn mount_state_dir(fetcher: &Fetcher, name: &str, warnings: &mut Vec<String>) ->
     let old = fetcher.cache.legacy_workspace_dir(fetcher.remote.url(), name);
     if old.is_dir() && !sd.exists() {
         if let Err(e) = std::fs::rename(&old, &sd) {
-            warnings.push(format!(
-                "the state of workspace {name} is still in the cache at {} (moving it to {} failed: {e}); \
-                 do not wipe the cache before checkpointing",
-                old.display(),
-                sd.display()
-            ));
+            warnings.push(
+                format!(
+                    "the state of workspace {name} is still in the cache at {} (moving it to {} failed: {e}); \
+                     do not wipe the cache before checkpointing",
+                    old.display(),
+                    sd.display()
+                )
+                .into(),
+            );
             return Ok(old);
         }
     }
@@ -303,21 +306,18 @@ fn lock_state(root: &Path, key: &str, by: &str, name: &str) -> Result<MountLock>
             if !at.starts_with('/') {
                 return Err(Error::User(format!(
                     "workspace {name} is busy on this machine ({}); try again",
-                    if at.is_empty() { "another mado holds its state" } else { at }
+                    if at.is_empty() { "another process holds its state" } else { at }
                 )));
             }
             use std::os::unix::fs::FileTypeExt;
             if std::fs::metadata(at).is_ok_and(|m| m.file_type().is_socket()) {
                 return Err(Error::User(format!(
-                    "workspace {name} is already served on this machine by `mado serve-virtiofs` at {at}; \
-                     stop that server first (SIGTERM; two servers of one workspace would overwrite each \
-                     other's changes)"
-                )));
+                    "workspace {name} is already served to a VM guest on this machine (control socket {at})"
+                ))
+                .then(Next::StopServer));
             }
-            return Err(Error::User(format!(
-                "workspace {name} is already mounted on this machine at {at}; work in that mount, \
-                 or `mado umount` it first (two mounts of one workspace would overwrite each other's changes)"
-            )));
+            return Err(Error::User(format!("workspace {name} is already mounted on this machine at {at}"))
+                .then(Next::UseOrUnmount { at: at.to_string() }));
         }
         Err(e) => return Err(Error::Io { context: format!("locking {}", path.display()), source: e.into() }),
     }
@@ -342,7 +342,7 @@ pub fn last_mounted_at(fetcher: &Fetcher, name: &str) -> Option<PathBuf> {
 pub fn lock_for_removal(fetcher: &Fetcher, name: &str) -> Result<MountLock> {
     let (root, key) = state_key(fetcher, name)?;
     crate::fsutil::create_private_dir(&root)?;
-    lock_state(&root, &key, "being removed by `mado ws rm`", name)
+    lock_state(&root, &key, "being removed (ws rm)", name)
 }
 
 /// The lease holder id a mount of workspace `name` on this machine took
@@ -359,7 +359,7 @@ pub fn local_mount_holder(fetcher: &Fetcher, name: &str) -> Option<String> {
 pub async fn set_aside_if_removed(fetcher: &Fetcher, name: &str, state_dir: &Path) -> Result<Option<PathBuf>> {
     match read_ws_ref(fetcher, name).await {
         Ok(_) => Ok(None),
-        Err(Error::NotFound(_)) => set_aside(state_dir).map(Some),
+        Err(e) if e.is_not_found() => set_aside(state_dir).map(Some),
         Err(e) => Err(e),
     }
 }
@@ -391,7 +391,7 @@ pub struct MountedWorkspace {
     pub reopened: bool,
     /// The lease holder id this mount took the lease as.
     pub holder: String,
-    pub warnings: Vec<String>,
+    pub warnings: Vec<Warning>,
 }
 
 /// Opens workspace `name` for a read-write mount at `mountpoint`. Round
@@ -417,13 +417,15 @@ pub async fn open_mount(
         // kept changes of a mount of it: set aside now, so that `ws
         // recover` lists them (nothing else would) and a new workspace of
         // the name starts clean.
-        Err(Error::NotFound(why)) if uncheckpointed_at(&root, &key).is_some() => {
+        Err(e) if e.is_not_found() && uncheckpointed_at(&root, &key).is_some() => {
             let aside = set_aside(&root.join(&key))?;
             return Err(Error::NotFound(format!(
-                "{why}\n  note: changes a mount of it saved on this machine, which no checkpoint holds, \
-                 were set aside in {}; `mado ws recover` lists them",
+                "{}\n  note: changes a mount of it saved on this machine, which no checkpoint holds, \
+                 were set aside in {}",
+                e.base(),
                 aside.display()
-            )));
+            ))
+            .then(Next::ListSetAside));
         }
         v => v?,
     };
@@ -491,14 +493,15 @@ pub async fn open_mount(
     lease?;
     if let Some(head) = set_aside_head {
         match set_aside(&sd) {
-            Ok(aside) => warnings.push(format!(
-                "local changes made on top of checkpoint {} were set aside in {} (the workspace is now at {}); \
-                 `mado ws recover {}` makes them a workspace of their own",
-                crate::hash::short_hex(&head),
-                aside.display(),
-                &v.snapshot.to_hex()[..12],
-                aside.display()
-            )),
+            Ok(aside) => warnings.push(Warning {
+                text: format!(
+                    "local changes made on top of checkpoint {} were set aside in {} (the workspace is now at {})",
+                    crate::hash::short_hex(&head),
+                    aside.display(),
+                    &v.snapshot.to_hex()[..12],
+                ),
+                next: vec![Next::RecoverAside { aside: aside.display().to_string() }],
+            }),
             Err(e) => {
                 let _ = release_lease(&fetcher.remote, name, &holder).await;
                 return Err(e);
@@ -526,12 +529,15 @@ pub async fn open_mount(
         }
     };
     for p in fs.lost_on_load() {
-        warnings.push(format!(
-            "{} was lost: the saved state named it, but its bytes in {} are missing; it is removed from \
-             the workspace (the last checkpoint still holds what it held then)",
-            String::from_utf8_lossy(p),
-            sd.join("upper").display()
-        ));
+        warnings.push(
+            format!(
+                "{} was lost: the saved state named it, but its bytes in {} are missing; it is removed from \
+                 the workspace (the last checkpoint still holds what it held then)",
+                String::from_utf8_lossy(p),
+                sd.join("upper").display()
+            )
+            .into(),
+        );
     }
     let fs = Arc::new(fs);
     save_state_at(
@@ -633,16 +639,15 @@ pub async fn recover_set_aside(
     // refused resume names) moved away would lose its mount's changes.
     if set_aside_time(aside).is_none() {
         return Err(Error::User(format!(
-            "{} is not a folder of set-aside changes (those end in .old-<time>; `mado ws recover` lists them); \
-             a workspace's own saved changes come back with `mado ws resume NAME DIR --mount`",
+            "{} is not a folder of set-aside changes (those end in .old-<time>)",
             aside.display()
-        )));
+        ))
+        .then(Next::ListSetAside)
+        .then(Next::ResumeMount { name: "NAME".into() }));
     }
     if !aside.join(OVERLAY_FILE).is_file() {
-        return Err(Error::User(format!(
-            "{} holds no set-aside changes (no {OVERLAY_FILE}); `mado ws recover` lists those there are",
-            aside.display()
-        )));
+        return Err(Error::User(format!("{} holds no set-aside changes (no {OVERLAY_FILE})", aside.display()))
+            .then(Next::ListSetAside));
     }
     let mut st = load_state_at(aside)?;
     if st.remote != fetcher.remote.url() {
@@ -672,14 +677,13 @@ pub async fn recover_set_aside(
         Error::RefMoved { .. } => {
             Error::User(format!("a workspace named {new_name} already exists; choose another name with --as"))
         }
-        Error::NotFound(_) => Error::User(format!(
+        e if e.is_not_found() => Error::User(format!(
             "the checkpoint {} these changes were made on is no longer in the store (its workspace was \
-             removed and gc ran), so they cannot become a workspace; {} keeps them: \
-             `mado ws recover {} --to DIR` writes the files they hold into DIR",
+             removed and gc ran), so they cannot become a workspace; {} keeps them",
             head.short(),
             aside.display(),
-            aside.display()
-        )),
+        ))
+        .then(Next::RecoverTo { aside: aside.display().to_string() }),
         e => e,
     })?;
     if let Err(e) = std::fs::rename(aside, &target) {
@@ -717,14 +721,14 @@ pub fn export_set_aside(aside: &Path, to: &Path) -> Result<Exported> {
     use std::os::unix::fs::{symlink, PermissionsExt};
     if set_aside_time(aside).is_none() {
         return Err(Error::User(format!(
-            "{} is not a folder of set-aside changes (those end in .old-<time>; `mado ws recover` lists them)",
+            "{} is not a folder of set-aside changes (those end in .old-<time>)",
             aside.display()
-        )));
+        ))
+        .then(Next::ListSetAside));
     }
-    let saved = std::fs::read(aside.join(OVERLAY_FILE)).map_err(Error::io(format!(
-        "reading {} (`mado ws recover` lists the folders of set-aside changes)",
-        aside.join(OVERLAY_FILE).display()
-    )))?;
+    let saved = std::fs::read(aside.join(OVERLAY_FILE)).map_err(|e| {
+        Error::io(format!("reading {}", aside.join(OVERLAY_FILE).display()))(e).then(Next::ListSetAside)
+    })?;
     let st = load_state_at(aside)?;
     let changes = crate::vfs::SnapshotFs::saved_changes(&saved)?;
     if std::fs::read_dir(to).is_ok_and(|mut d| d.next().is_some()) {

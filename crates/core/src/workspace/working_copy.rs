@@ -11,7 +11,7 @@ use super::lease::release_lease;
 use super::lease::{lease_expected, take_lease_seen, Seen};
 use super::{holder_id, holder_prefix, CheckpointLease, CheckpointReport, ResumeLease, ResumeReport, STATE_DIR};
 use crate::cache::DiskCache;
-use crate::error::{Error, Result};
+use crate::error::{Error, Next, Result};
 use crate::fetch::Fetcher;
 use crate::hash::Hash;
 use crate::object::{Entry, Kind, Lease, RefValue, StatObject, Tree};
@@ -90,10 +90,11 @@ pub fn load_state_at(sd: &Path) -> Result<LocalState> {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             return Err(Error::User(format!(
-                "{} is not a mado workspace (no {}); create one with `mado ws create`",
+                "{} is not a workspace's working copy (no {})",
                 dir.display(),
                 p.display()
-            )))
+            ))
+            .then(Next::CreateWorkspace))
         }
         Err(e) => {
             return Err(Error::local_state(&p, format!("unreadable ({e}); remove it and resume the workspace afresh")))
@@ -493,14 +494,10 @@ fn explain_held(e: Error) -> Error {
     let Error::LeaseHeld { name, holder, .. } = &e else { return e };
     let Some(dir) = holder_dir_here(holder) else { return e };
     match interrupted_resume_of(&dir) {
-        Some((_, h)) if h == *holder => Error::User(format!(
-            "workspace {name} is leased by a resume into {} that was interrupted\n  \
-             hint: run it again (`mado ws resume {name} {}`: it removes the partial copy and finishes), \
-             or `mado ws release --dir {}` to free the lease",
-            dir.display(),
-            dir.display(),
-            dir.display()
-        )),
+        Some((_, h)) if h == *holder => {
+            Error::User(format!("workspace {name} is leased by a resume into {} that was interrupted", dir.display()))
+                .then(Next::FinishResume { name: name.clone(), dir: dir.display().to_string() })
+        }
         _ => e,
     }
 }
