@@ -4,6 +4,7 @@
 
 #[macro_use]
 mod ctx;
+mod alloc;
 mod cmd;
 mod config;
 mod exit;
@@ -14,9 +15,10 @@ use clap::Parser;
 /// mimalloc rather than glibc's malloc: the walk of a checkpoint and a
 /// checkout allocate from several threads at once, and glibc grows each
 /// thread's arena a page range at a time (one `mprotect` each: ~7,500 of
-/// them in a checkpoint of a 40k-file working copy).
+/// them in a checkpoint of a 40k-file working copy). Large zeroed blocks
+/// are mapped instead (alloc.rs).
 #[global_allocator]
-static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOC: alloc::Alloc = alloc::Alloc::new();
 
 /// mado: lazy, content-addressed workspaces for source trees.
 ///

@@ -62,10 +62,21 @@ pub(super) fn locate(fetcher: &Fetcher, name: Option<&str>, dir: Option<&Path>) 
 pub(super) async fn checkpoint(a: CheckpointArgs, ctx: &Ctx, fetcher: &Arc<Fetcher>) -> Result<()> {
     let at = locate(fetcher, a.name.as_deref(), a.dir.as_deref())?;
     let (r, remote) = match &at {
-        // The daemon did the work: its counts.
-        Location::Mount(inside) => checkpoint_mount(inside, &a)?,
-        Location::Served(sock) => checkpoint_served(sock, &a)?,
         Location::Dir(dir) => (checkpoint_dir(fetcher, dir, &a).await?, fetcher.remote.stats()),
+        // The daemon did the work: its counts.
+        by_daemon => {
+            let op = Op::Checkpoint {
+                message: a.message.clone(),
+                steal: a.steal,
+                force: a.force,
+                name: a.name.clone(),
+                no_ignore: a.no_ignore,
+            };
+            match ask_daemon_at(by_daemon, op)? {
+                Reply::Checkpoint { report, remote } => (report, remote),
+                r => return Err(super::super::unexpected(&r)),
+            }
+        }
     };
     if !matches!(at, Location::Dir(_)) {
         // --verbose closes with this process's own counts, which are not
@@ -76,19 +87,13 @@ pub(super) async fn checkpoint(a: CheckpointArgs, ctx: &Ctx, fetcher: &Arc<Fetch
 }
 
 pub(super) async fn status(a: StatusArgs, ctx: &Ctx, fetcher: &Arc<Fetcher>) -> Result<()> {
-    let op = Op::Status { no_ignore: a.no_ignore };
-    let day = std::time::Duration::from_secs(24 * 3600);
     let s = match locate(fetcher, None, a.dir.as_deref())? {
-        // Inside a workspace mount: its daemon answers.
-        Location::Mount(inside) => match super::super::ask_daemon(Some(&inside), op, day)? {
-            Reply::Status { status } => status,
-            r => return Err(super::super::unexpected(&r)),
-        },
-        Location::Served(sock) => match super::super::ask_socket(&sock, "the workspace", SERVED_HINT, op, day)? {
-            Reply::Status { status } => status,
-            r => return Err(super::super::unexpected(&r)),
-        },
         Location::Dir(dir) => workspace::status(fetcher, &dir, a.no_ignore).await?,
+        // Inside a workspace mount: its daemon answers.
+        by_daemon => match ask_daemon_at(&by_daemon, Op::Status { no_ignore: a.no_ignore })? {
+            Reply::Status { status } => status,
+            r => return Err(super::super::unexpected(&r)),
+        },
     };
     if ctx.json {
         return ctx.print_json(&s);
@@ -152,36 +157,19 @@ async fn checkpoint_dir(
     Ok(workspace::checkpoint(fetcher, dir, &a.message, lease).await?)
 }
 
-/// Asks the daemon of the workspace mount holding `start` to checkpoint
-/// (it refuses a `name` other than its workspace's before doing anything).
-fn checkpoint_mount(start: &std::path::Path, a: &CheckpointArgs) -> Result<(workspace::CheckpointReport, Stats)> {
-    let op = Op::Checkpoint {
-        message: a.message.clone(),
-        steal: a.steal,
-        force: a.force,
-        name: a.name.clone(),
-        no_ignore: a.no_ignore,
-    };
-    // A checkpoint of a large change may take long: no short bound here.
-    match super::super::ask_daemon(Some(start), op, std::time::Duration::from_secs(24 * 3600))? {
-        Reply::Checkpoint { report, remote } => Ok((report, remote)),
-        r => Err(super::super::unexpected(&r)),
-    }
-}
-
-fn checkpoint_served(sock: &std::path::Path, a: &CheckpointArgs) -> Result<(workspace::CheckpointReport, Stats)> {
-    let name = a.name.clone().unwrap_or_default();
-    let op = Op::Checkpoint {
-        message: a.message.clone(),
-        steal: a.steal,
-        force: a.force,
-        name: a.name.clone(),
-        no_ignore: a.no_ignore,
-    };
-    let what = format!("workspace {name}");
-    match super::super::ask_socket(sock, &what, SERVED_HINT, op, std::time::Duration::from_secs(24 * 3600))? {
-        Reply::Checkpoint { report, remote } => Ok((report, remote)),
-        r => Err(super::super::unexpected(&r)),
+/// Sends `op` to the daemon serving `at`, a mount or a workspace served
+/// to a VM guest (a mount's daemon refuses a checkpoint naming another
+/// workspace than its own before doing anything). A checkpoint of a large
+/// change may take long: no short bound here.
+fn ask_daemon_at(at: &Location, op: Op) -> Result<Reply> {
+    let day = std::time::Duration::from_secs(24 * 3600);
+    match at {
+        Location::Mount(inside) => super::super::ask_daemon(Some(inside), op, day),
+        Location::Served(sock) => {
+            let what = format!("the workspace served at {}", sock.display());
+            super::super::ask_socket(sock, &what, SERVED_HINT, op, day)
+        }
+        Location::Dir(dir) => Err(anyhow::anyhow!("no daemon serves the plain working copy {}", dir.display())),
     }
 }
 
