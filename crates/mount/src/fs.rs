@@ -28,14 +28,13 @@ use fuser::{
     ReplyOpen, ReplyWrite, Request, TimeOrNow, WriteFlags,
 };
 use mado_core::vfs::{NodeKind, OpenFile, SetAttr, SnapshotFs};
-use mado_core::Error;
 
 mod later;
 mod opens;
 mod reply;
 
 use opens::{IoMode, LazyOpens, OpenFiles};
-use reply::{fill, fill_plus, time_of, Cookies, Creator, Owner};
+use reply::{errno, fill, fill_plus, time_of, Cookies, Creator, Owner};
 
 /// Kernel cache timeout for entries and attributes of a snapshot: content
 /// never changes.
@@ -86,28 +85,6 @@ pub struct RequestCounters {
 
 /// Saves a workspace's state durably; called by fsync and fsyncdir.
 pub type DurableSave = Arc<dyn Fn() -> mado_core::Result<()> + Send + Sync>;
-
-/// The one place errors become errnos.
-fn errno(e: &Error) -> Errno {
-    match e.base() {
-        Error::Fs { errno, .. } => Errno::from_i32(*errno),
-        // A full disk or quota under the upper folder is the writer's to
-        // see as such (it was EIO: "Input/output error" for a full disk).
-        Error::Io { source, .. }
-            if matches!(source.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT | libc::EFBIG)) =>
-        {
-            tracing::warn!("{e}");
-            Errno::from_i32(source.raw_os_error().expect("matched"))
-        }
-        Error::NotFound(_) => Errno::ENOENT,
-        Error::User(_) => Errno::EINVAL,
-        e => {
-            // The caller only sees EIO: the daemon's log says why.
-            tracing::warn!("EIO: {e}");
-            Errno::EIO
-        }
-    }
-}
 
 impl MadoFs {
     pub fn new(core: Arc<SnapshotFs>, rt: tokio::runtime::Handle, want_passthrough: bool) -> MadoFs {

@@ -157,57 +157,9 @@ pub async fn run(a: DiffArgs, ctx: &Ctx) -> Result<()> {
             .await;
         for ((path, status), s) in lines.iter().zip(sides) {
             let (old, new) = s?;
-            let too_big = old.size > MAX_DIFF_BYTES || new.size > MAX_DIFF_BYTES;
-            let binary = too_big || !is_text(&old.data) || !is_text(&new.data);
-            let (mut added, mut removed, mut text) = (0, 0, String::new());
-            if binary {
-                text = if too_big {
-                    format!(
-                        "{path}: over {} MiB, not compared ({} -> {} bytes)\n",
-                        MAX_DIFF_BYTES >> 20,
-                        old.size,
-                        new.size
-                    )
-                } else {
-                    format!("Binary files {path} differ ({} -> {} bytes)\n", old.size, new.size)
-                };
-            } else {
-                let (o, n) = (std::str::from_utf8(&old.data)?, std::str::from_utf8(&new.data)?);
-                let d = similar::TextDiff::from_lines(o, n);
-                for c in d.iter_all_changes() {
-                    match c.tag() {
-                        similar::ChangeTag::Insert => added += 1,
-                        similar::ChangeTag::Delete => removed += 1,
-                        similar::ChangeTag::Equal => {}
-                    }
-                }
-                if a.patch {
-                    let (ha, hb) = (
-                        if old.present { format!("a/{path}") } else { "/dev/null".into() },
-                        if new.present { format!("b/{path}") } else { "/dev/null".into() },
-                    );
-                    text = d.unified_diff().context_radius(3).header(&ha, &hb).to_string();
-                }
-            }
-            // A mode change (chmod +x), with or without new content, as git
-            // shows it.
-            if let (true, Some(om), Some(nm)) = (a.patch, old.mode, new.mode) {
-                if om != nm {
-                    text = format!("old mode {om}\nnew mode {nm}\n{text}");
-                }
-            }
-            stats.push(FileStat {
-                path: path.clone(),
-                status: *status,
-                binary,
-                lines_added: added,
-                lines_removed: removed,
-                old_size: old.size,
-                new_size: new.size,
-            });
-            if a.patch {
-                patches.push(Patch { path: path.clone(), text });
-            }
+            let (stat, patch) = compare(path, *status, &old, &new, a.patch)?;
+            stats.push(stat);
+            patches.extend(patch);
         }
     }
     if ctx.json {
@@ -253,4 +205,52 @@ pub async fn run(a: DiffArgs, ctx: &Ctx) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// One changed path's line counts, and its patch when `patch`: a binary
+/// or too large file is named, not compared; a mode change is shown as
+/// git shows it.
+fn compare(path: &str, status: char, old: &Side, new: &Side, patch: bool) -> Result<(FileStat, Option<Patch>)> {
+    let too_big = old.size > MAX_DIFF_BYTES || new.size > MAX_DIFF_BYTES;
+    let binary = too_big || !is_text(&old.data) || !is_text(&new.data);
+    let (mut added, mut removed, mut text) = (0, 0, String::new());
+    if binary {
+        text = if too_big {
+            format!("{path}: over {} MiB, not compared ({} -> {} bytes)\n", MAX_DIFF_BYTES >> 20, old.size, new.size)
+        } else {
+            format!("Binary files {path} differ ({} -> {} bytes)\n", old.size, new.size)
+        };
+    } else {
+        let (o, n) = (std::str::from_utf8(&old.data)?, std::str::from_utf8(&new.data)?);
+        let d = similar::TextDiff::from_lines(o, n);
+        for c in d.iter_all_changes() {
+            match c.tag() {
+                similar::ChangeTag::Insert => added += 1,
+                similar::ChangeTag::Delete => removed += 1,
+                similar::ChangeTag::Equal => {}
+            }
+        }
+        if patch {
+            let (ha, hb) = (
+                if old.present { format!("a/{path}") } else { "/dev/null".into() },
+                if new.present { format!("b/{path}") } else { "/dev/null".into() },
+            );
+            text = d.unified_diff().context_radius(3).header(&ha, &hb).to_string();
+        }
+    }
+    if let (true, Some(om), Some(nm)) = (patch, old.mode, new.mode) {
+        if om != nm {
+            text = format!("old mode {om}\nnew mode {nm}\n{text}");
+        }
+    }
+    let stat = FileStat {
+        path: path.to_string(),
+        status,
+        binary,
+        lines_added: added,
+        lines_removed: removed,
+        old_size: old.size,
+        new_size: new.size,
+    };
+    Ok((stat, patch.then(|| Patch { path: path.to_string(), text })))
 }

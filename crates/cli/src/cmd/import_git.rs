@@ -108,6 +108,17 @@ pub async fn run(mut a: ImportGitArgs, ctx: &Ctx) -> Result<()> {
         );
     }
     let secs = started.elapsed().as_secs_f64().max(1e-3);
+    print_report(ctx, &report, remote.stats(), secs)
+}
+
+/// What was imported and sent: step lines, then the JSON object or the
+/// summary lines.
+fn print_report(
+    ctx: &Ctx,
+    report: &mado_core::import::ImportReport,
+    remote: mado_core::store::Stats,
+    secs: f64,
+) -> Result<()> {
     for p in &report.packs {
         ctx.step(format!(
             "packed tree {}: {} packs, {} members, {} uploaded, built in {} ms",
@@ -136,7 +147,7 @@ pub async fn run(mut a: ImportGitArgs, ctx: &Ctx) -> Result<()> {
             report: &'a mado_core::import::ImportReport,
             remote: mado_core::store::Stats,
         }
-        return ctx.print_json(&Out { report: &report, remote: remote.stats() });
+        return ctx.print_json(&Out { report, remote });
     }
     for i in &report.imported {
         let note = if i.new_snapshot { "" } else { " (unchanged)" };

@@ -5,8 +5,9 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::time::{Duration, UNIX_EPOCH};
 
-use fuser::{FileAttr, FileType, Generation, INodeNo, ReplyDirectory, ReplyDirectoryPlus, TimeOrNow};
+use fuser::{Errno, FileAttr, FileType, Generation, INodeNo, ReplyDirectory, ReplyDirectoryPlus, TimeOrNow};
 use mado_core::vfs::{Attr, NodeKind, SetAttr, SnapshotFs, ROOT_INO};
+use mado_core::Error;
 
 /// A time as seconds and nanoseconds, as the kernel gives and takes it
 /// (a time before 1970 has negative seconds and nanoseconds counted
@@ -222,6 +223,28 @@ pub(super) fn fill(mut reply: ReplyDirectory, entries: Vec<(u64, Vec<u8>, FileAt
         }
     }
     reply.ok();
+}
+
+/// The one place errors become errnos.
+pub(super) fn errno(e: &Error) -> Errno {
+    match e.base() {
+        Error::Fs { errno, .. } => Errno::from_i32(*errno),
+        // A full disk or quota under the upper folder is the writer's to
+        // see as such (it was EIO: "Input/output error" for a full disk).
+        Error::Io { source, .. }
+            if matches!(source.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT | libc::EFBIG)) =>
+        {
+            tracing::warn!("{e}");
+            Errno::from_i32(source.raw_os_error().expect("matched"))
+        }
+        Error::NotFound(_) => Errno::ENOENT,
+        Error::User(_) => Errno::EINVAL,
+        e => {
+            // The caller only sees EIO: the daemon's log says why.
+            tracing::warn!("EIO: {e}");
+            Errno::EIO
+        }
+    }
 }
 
 #[cfg(test)]
