@@ -102,11 +102,7 @@ pub fn code_of_usage(e: &clap::Error) -> i32 {
 pub fn report(e: &anyhow::Error, json: bool) -> i32 {
     let code = code_of(e);
     // The steps past it, worded here (the core names them as data).
-    let mut message = e.to_string();
-    for h in crate::hint::lines(e) {
-        message.push_str("\n  hint: ");
-        message.push_str(&h);
-    }
+    let message = crate::hint::with_lines(&e.to_string(), crate::hint::lines(e));
     // Error types that print their source in their own message would
     // otherwise repeat it at every level.
     let mut shown = message.clone();

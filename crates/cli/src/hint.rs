@@ -91,10 +91,15 @@ pub fn lines(e: &anyhow::Error) -> Vec<String> {
 
 /// `message` with `  hint: …` lines for `steps`.
 pub fn with_hints(message: &str, steps: &[Next]) -> String {
+    with_lines(message, steps.iter().map(words))
+}
+
+/// `message` with a `  hint: …` line for each of `hints`, already worded.
+pub fn with_lines(message: &str, hints: impl IntoIterator<Item = String>) -> String {
     let mut s = message.to_string();
-    for n in steps {
+    for h in hints {
         s.push_str("\n  hint: ");
-        s.push_str(&words(n));
+        s.push_str(&h);
     }
     s
 }
