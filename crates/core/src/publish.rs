@@ -215,8 +215,7 @@ async fn build_and_publish(
             if let Some(t) = base_trees.get(id) {
                 return Ok((*t).clone());
             }
-            let through =
-                |f: &Arc<crate::fetch::Fetcher>| f.cached(id).or_else(|| f.inline_tree(id).map(|t| (*t).clone()));
+            let through = |f: &Arc<crate::fetch::Fetcher>| f.cached(id).or_else(|| f.inline_tree(id));
             // Last, the store (a lazy mount may never have read a file the
             // delta build must re-read).
             let fetched = || {
@@ -321,6 +320,7 @@ async fn build_and_publish(
                     _ => (Bytes::from(enc), idx),
                 };
                 save_cache_file(&cache.index_path(&tree), &bytes);
+                crate::fetch::keep_flat(cache, &layer);
                 report.tree = tree.to_hex();
                 report.index_existed = true;
                 report.loose_uploaded = loose.0;
@@ -362,6 +362,7 @@ async fn build_and_publish(
         report.bytes_uploaded += enc.len() as u64;
     }
     save_cache_file(&cache.index_path(&tree), &enc);
+    crate::fetch::keep_flat(cache, &idx);
     let members = idx.member_count();
     report.tree = tree.to_hex();
     report.mode = idx.mode.label().to_string();

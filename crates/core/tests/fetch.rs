@@ -769,3 +769,88 @@ async fn hostile_manifests_with_holes_are_refused_by_every_reader() {
     }
     assert!(failed.is_some_and(|e| e.contains("its manifest says 30")));
 }
+
+/// An attached index is read in place from its flat copy in the cache
+/// (one per layer, made on the first attach or by the layer's writer): a
+/// warm attach reads no index at all, not even the local copy; a flat copy
+/// that is damaged or of another tree is made again, and reads stay right.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_index_is_read_in_place_from_its_flat_copy_and_a_bad_copy_is_made_again() {
+    use mado_core::fetch::Attach;
+    use mado_core::pack::{build_pack, MemberKind, Mode, PackIndex};
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}/store", dir.path().display());
+    let remote = Arc::new(Remote::open(&url, &OpenOptions { inject_rtt: Some(Duration::from_millis(20)) }).unwrap());
+    let raws = noise(0x1234_5678_9abc_def1, 12, 2 << 10);
+    let pack_of = |rs: &[Vec<u8>]| {
+        let members: Vec<(Hash, MemberKind, &[u8])> =
+            rs.iter().map(|r| (Hash::of(r), MemberKind::Blob, &r[..])).collect();
+        build_pack(&members)
+    };
+    let ((bytes_a, pack_a), (bytes_b, pack_b)) = (pack_of(&raws[..8]), pack_of(&raws[8..]));
+    remote.put_pack(&pack_a.id, Bytes::from(bytes_a)).await.unwrap();
+    remote.put_pack(&pack_b.id, Bytes::from(bytes_b)).await.unwrap();
+    let (tree_a, tree_b) = (b"MADT the bottom's tree".to_vec(), b"MADT the top's tree".to_vec());
+    let (a, b) = (Hash([0xa; 32]), Hash([0xb; 32]));
+    let bottom = PackIndex {
+        tree: a,
+        mode: Mode::Recursive,
+        dirs: 1,
+        packs: vec![pack_a],
+        trees: vec![(Hash::of(&tree_a), tree_a.clone())],
+        base: vec![],
+    };
+    let top = PackIndex {
+        tree: b,
+        mode: Mode::Recursive,
+        dirs: 2,
+        packs: vec![pack_b],
+        trees: vec![(Hash::of(&tree_b), tree_b.clone())],
+        base: vec![a],
+    };
+    remote.put_index(&a, Bytes::from(bottom.encode())).await.unwrap();
+    remote.put_index(&b, Bytes::from(top.encode())).await.unwrap();
+    let cache = Arc::new(DiskCache::open(dir.path().join("cache"), None).unwrap());
+
+    async fn check(f: Arc<Fetcher>, raws: &[Vec<u8>], inline: &[&Vec<u8>]) {
+        for r in raws {
+            assert_eq!(&f.get(Space::Objects, Hash::of(r), "blob").await.unwrap()[..], &r[..]);
+        }
+        for t in inline {
+            assert_eq!(f.inline_tree(&Hash::of(t)).as_ref(), Some(*t));
+        }
+        assert_eq!(f.inline_tree(&Hash([0xc; 32])), None);
+    }
+    let inline = [&tree_a, &tree_b];
+    // Cold: both layers in one round trip, each kept flat.
+    let f = Fetcher::new(remote.clone(), cache.clone());
+    let before = remote.stats();
+    let got = f.attach_hinted(b, &[a]).await.unwrap();
+    let d = remote.stats().since(&before);
+    assert!(matches!(got, Attach::Attached { layers: 2, packs: 2, members: 12, dirs: 2, .. }), "{got:?}");
+    assert_eq!((d.gets, d.round_trips), (2, 1), "{d:?}");
+    let flat_len = |t: &Hash| std::fs::metadata(cache.flat_index_path(t)).unwrap().len();
+    let (len_a, len_b) = (flat_len(&a), flat_len(&b));
+    check(f, &raws, &inline).await;
+
+    // Warm, with the compressed local copies gone: nothing is read but
+    // the flat copies.
+    std::fs::remove_file(cache.index_path(&a)).unwrap();
+    std::fs::remove_file(cache.index_path(&b)).unwrap();
+    let g = Fetcher::new(remote.clone(), cache.clone());
+    let before = remote.stats();
+    assert!(matches!(g.attach(b).await.unwrap(), Attach::Attached { layers: 2, .. }));
+    assert_eq!(remote.stats().since(&before).gets, 0);
+    check(g, &raws, &inline).await;
+
+    // A cut copy of the bottom, and in the top's place a sound flat
+    // layer of another tree (the bottom's): both made again.
+    let flat_a = cache.flat_index_path(&a);
+    let whole = std::fs::read(&flat_a).unwrap();
+    std::fs::write(&flat_a, &whole[..whole.len() / 2]).unwrap();
+    std::fs::write(cache.flat_index_path(&b), &whole).unwrap();
+    let h = Fetcher::new(remote.clone(), cache.clone());
+    assert!(matches!(h.attach(b).await.unwrap(), Attach::Attached { layers: 2, .. }));
+    assert_eq!((flat_len(&a), flat_len(&b)), (len_a, len_b), "both made again");
+    check(h, &raws, &inline).await;
+}

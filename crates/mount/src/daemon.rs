@@ -417,11 +417,12 @@ async fn open(opts: &MountOptions, fetcher: &Arc<Fetcher>, mp: &Path) -> Result<
         Opened { id, core: Arc::new(fs), attach, ws: None, warnings: Vec::new() }
     };
     opened.core.set_read_timeout(opts.read_timeout);
-    if matches!(opened.attach, Attach::Attached { .. }) {
-        opened.core.preload_trees().await?;
-    } else {
-        opened.core.readdir(mado_core::vfs::ROOT_INO).await?;
-    }
+    // The root's listing before the mount answers anything: its tree is
+    // the one read that may wait on the network. Every other tree comes
+    // when its directory is first looked into (from the attached index,
+    // read in place, with no request), so opening costs the same for ten
+    // files or a million.
+    opened.core.readdir(mado_core::vfs::ROOT_INO).await?;
     Ok(opened)
 }
 

@@ -199,6 +199,11 @@ impl DiskCache {
         self.root.join("packs").join("index").join(tree.to_hex())
     }
 
+    /// Where the flat form of that index layer is kept (read in place).
+    pub fn flat_index_path(&self, tree: &Hash) -> PathBuf {
+        self.root.join("packs").join("flat").join(tree.to_hex())
+    }
+
     /// The lock one process holds while it fetches pack `id` into the
     /// cache (or writes one it built), waited for off the async workers.
     pub async fn lock_pack(&self, id: &Hash) -> Result<PackLock> {

@@ -6,12 +6,13 @@ use super::Fetcher;
 use crate::cache::DiskCache;
 use crate::error::Result;
 use crate::hash::Hash;
+use crate::pack::flat::FlatIndex;
 use crate::pack::{PackEntry, PackIndex};
 use crate::store::Remote;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// How the index of an attached tree was found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -47,11 +48,62 @@ pub enum Attach {
     Swept { missing: usize, packs: usize },
 }
 
+/// The attached index layers, read in place ([`FlatIndex`]), with the
+/// packs lately read out of them.
 #[derive(Default)]
 pub(super) struct PackSet {
-    /// Member id -> (pack, index of the member in it).
-    pub(super) members: HashMap<Hash, (Arc<PackEntry>, usize)>,
-    pub(super) trees: HashMap<Hash, Arc<Vec<u8>>>,
+    layers: Vec<Arc<FlatIndex>>,
+    /// Packs by (layer's tree, number in it): the last few a lookup built,
+    /// so a walk through one pack does not rebuild its table each time.
+    recent: Mutex<HashMap<(Hash, usize), Arc<PackEntry>>>,
+}
+
+/// Packs [`PackSet`] keeps built at most (each a table of its members;
+/// any number stay alive while a reader holds them).
+const RECENT_PACKS: usize = 16;
+
+impl PackSet {
+    /// The pack holding member `id`, and where in it.
+    pub(super) fn member(&self, id: &Hash) -> Option<(Arc<PackEntry>, usize)> {
+        self.layers.iter().find_map(|l| {
+            let (p, i) = l.member(id)?;
+            let key = (l.tree(), p);
+            if let Some(pack) = self.recent.lock().expect("recent packs lock").get(&key) {
+                return Some((pack.clone(), i));
+            }
+            let pack = match l.pack(p) {
+                Ok(pack) => Arc::new(pack),
+                Err(why) => {
+                    let layer = l.tree().short();
+                    tracing::warn!("pack index layer {layer} is damaged ({why}): reading {} without it", id.short());
+                    return None;
+                }
+            };
+            let mut recent = self.recent.lock().expect("recent packs lock");
+            if recent.len() >= RECENT_PACKS {
+                recent.clear();
+            }
+            recent.insert(key, pack.clone());
+            Some((pack, i))
+        })
+    }
+
+    /// Summed over the attached layers: see [`FlatIndex::file_shape`].
+    pub(super) fn file_shape(&self) -> Option<(u64, u64)> {
+        (!self.layers.is_empty())
+            .then(|| self.layers.iter().map(|l| l.file_shape()).fold((0, 0), |(a, b), (c, d)| (a + c, b + d)))
+    }
+
+    /// Whether an attached layer lists `id` inline (not verified).
+    pub(super) fn has_inline(&self, id: &Hash) -> bool {
+        self.layers.iter().any(|l| l.has_inline(id))
+    }
+
+    /// An object that came inline with an attached layer (a tree, or a
+    /// chunked file's manifest).
+    pub(super) fn inline(&self, id: &Hash) -> Option<Vec<u8>> {
+        self.layers.iter().find_map(|l| l.inline(id).map(<[u8]>::to_vec))
+    }
 }
 
 impl Fetcher {
@@ -60,9 +112,26 @@ impl Fetcher {
         self.cache.index_path(tree)
     }
 
-    /// A tree that came inline with an attached index, if any.
-    pub fn inline_tree(&self, id: &Hash) -> Option<Arc<Vec<u8>>> {
-        self.packs.read().expect("packs lock").trees.get(id).cloned()
+    /// Chunked files' manifests and whole small files the attached
+    /// indexes list; `None` when no index is attached.
+    pub fn file_shape(&self) -> Option<(u64, u64)> {
+        self.packs.read().expect("packs lock").file_shape()
+    }
+
+    /// Object `id` when it can be had without the network: inline in an
+    /// attached index, or in the disk cache (verified either way).
+    pub fn local(&self, id: &Hash) -> Option<Vec<u8>> {
+        self.inline_tree(id).or_else(|| self.cached(id))
+    }
+
+    /// Whether [`Fetcher::local`] would find `id` (not read or verified).
+    pub fn is_local(&self, id: &Hash) -> bool {
+        self.packs.read().expect("packs lock").has_inline(id) || self.is_cached(id)
+    }
+
+    /// A tree (or manifest) that came inline with an attached index, if any.
+    pub fn inline_tree(&self, id: &Hash) -> Option<Vec<u8>> {
+        self.packs.read().expect("packs lock").inline(id)
     }
 
     /// Finds and attaches the pack index of `tree`: the local pointer
@@ -81,8 +150,8 @@ impl Fetcher {
     /// Attaches `tree`'s index, fetching the layers `hint` names (from the
     /// ref) together with it.
     pub async fn attach_hinted(&self, tree: Hash, hint: &[Hash]) -> Result<Attach> {
-        Ok(match load_index(&self.remote, &self.cache, tree, hint).await? {
-            Ok((idx, via)) => self.install(idx, via),
+        Ok(match load_flat_layers(&self.remote, &self.cache, tree, hint).await? {
+            Ok((layers, via)) => self.install(layers, via),
             Err(Attach::NoIndex) => Attach::NoIndex,
             Err(reason) => {
                 self.index_failures.lock().expect("index failures lock").push((tree, reason.describe()));
@@ -91,25 +160,21 @@ impl Fetcher {
         })
     }
 
-    fn install(&self, idx: PackIndex, via: Discovery) -> Attach {
-        let mut set = self.packs.write().expect("packs lock");
+    fn install(&self, layers: Vec<Arc<FlatIndex>>, via: Discovery) -> Attach {
         let status = Attach::Attached {
-            mode: idx.mode.label().to_string(),
+            mode: layers[0].mode().label().to_string(),
             version: crate::pack::PACK_VERSION,
-            layers: 1 + idx.base.len(),
-            dirs: idx.dirs,
-            packs: idx.packs.len(),
-            members: idx.member_count(),
+            layers: layers.len(),
+            dirs: layers[0].dirs(),
+            packs: layers.iter().map(|l| l.pack_count()).sum(),
+            members: layers.iter().map(|l| l.member_count()).sum(),
             via,
         };
-        for p in idx.packs {
-            let p = Arc::new(p);
-            for (i, m) in p.members.iter().enumerate() {
-                set.members.entry(m.id).or_insert_with(|| (p.clone(), i));
+        let mut set = self.packs.write().expect("packs lock");
+        for l in layers {
+            if !set.layers.iter().any(|have| have.tree() == l.tree()) {
+                set.layers.push(l);
             }
-        }
-        for (id, t) in idx.trees {
-            set.trees.insert(id, Arc::new(t));
         }
         status
     }
@@ -199,6 +264,89 @@ async fn one_layer(remote: &Remote, cache: &DiskCache, tree: Hash) -> Result<Loc
     }
     crate::fsutil::save_cache_file(&local, &bytes);
     Ok(Ok((idx, Discovery::DerivedPointer)))
+}
+
+type FlatLayer = std::result::Result<(Arc<FlatIndex>, Discovery), Attach>;
+
+/// Tree `tree`'s index layers, flat (the top first, then every layer it
+/// names, checked to be the chain named): each from its flat file in the
+/// cache, else made from the index (its local copy, else the store) and
+/// kept there. As in [`load_index_layers`], the layers `hint` names come
+/// in the top's round trip; nothing is merged or held decoded.
+pub async fn load_flat_layers(
+    remote: &Remote,
+    cache: &DiskCache,
+    tree: Hash,
+    hint: &[Hash],
+) -> Result<std::result::Result<(Vec<Arc<FlatIndex>>, Discovery), Attach>> {
+    let mut want = vec![tree];
+    want.extend(hint.iter().copied().filter(|h| *h != tree).take(crate::pack::MAX_INDEX_LAYERS * 4));
+    let mut got: HashMap<Hash, FlatLayer> = HashMap::new();
+    for (t, r) in want.iter().zip(futures::future::join_all(want.iter().map(|t| one_flat(remote, cache, *t))).await) {
+        got.insert(*t, r?);
+    }
+    let (top, via) = match got.remove(&tree).expect("the top was asked for") {
+        Ok(x) => x,
+        Err(reason) => return Ok(Err(reason)),
+    };
+    let base = top.base().to_vec();
+    let missing: Vec<Hash> = base.iter().copied().filter(|b| !got.contains_key(b)).collect();
+    let fetched = futures::future::join_all(missing.iter().map(|t| one_flat(remote, cache, *t))).await;
+    for (t, r) in missing.iter().zip(fetched) {
+        got.insert(*t, r?);
+    }
+    let mut layers = vec![top];
+    for (i, b) in base.iter().enumerate() {
+        let below = match got.remove(b) {
+            Some(Ok((l, _))) => l,
+            Some(Err(reason)) => {
+                let detail = format!("index layer {} below {}: {}", b.short(), tree.short(), reason.describe());
+                return Ok(Err(Attach::Undecodable { detail }));
+            }
+            None => unreachable!("every layer below was asked for"),
+        };
+        if below.base() != &base[i + 1..] {
+            let detail = format!("layer {} is not the one named", b.short());
+            return Ok(Err(Attach::Undecodable { detail }));
+        }
+        layers.push(below);
+    }
+    Ok(Ok((layers, via)))
+}
+
+/// Keeps the flat form of index layer `layer` (as stored: not a merged
+/// view) in the cache, so that the first attach of it reads it in place.
+/// A writer that just made the layer calls it; failing is harmless.
+pub fn keep_flat(cache: &DiskCache, layer: &PackIndex) {
+    crate::fsutil::save_cache_file(&cache.flat_index_path(&layer.tree), &crate::pack::flat::encode(layer));
+}
+
+/// One index layer, flat: its flat file in the cache, else one made now
+/// from the index ([`one_layer`]) and saved for every later attach.
+async fn one_flat(remote: &Remote, cache: &DiskCache, tree: Hash) -> Result<FlatLayer> {
+    let path = cache.flat_index_path(&tree);
+    match FlatIndex::open(&path) {
+        Ok(Some(f)) if f.tree() == tree => return Ok(Ok((Arc::new(f), Discovery::LocalPointer))),
+        Ok(None) => {}
+        // Unsound, or of another tree: made again below.
+        _ => {
+            let _ = std::fs::remove_file(&path);
+        }
+    }
+    let (idx, via) = match one_layer(remote, cache, tree).await? {
+        Ok(x) => x,
+        Err(reason) => return Ok(Err(reason)),
+    };
+    let bytes = crate::pack::flat::encode(&idx);
+    drop(idx);
+    let saved = crate::fsutil::replace_cache_file(&path, &bytes).ok();
+    let flat = match saved.and_then(|_| FlatIndex::open(&path).ok().flatten()) {
+        Some(f) => f,
+        // A cache that cannot take the file: the same tables, in memory.
+        None => FlatIndex::from_bytes(bytes)
+            .map_err(|e| crate::Error::Internal(format!("a flat index just made does not read: {e}")))?,
+    };
+    Ok(Ok((Arc::new(flat), via)))
 }
 
 /// For people (`--verbose`): what was attached, or why not.

@@ -39,7 +39,7 @@ mod stream;
 mod typed;
 
 use attach::PackSet;
-pub use attach::{load_index, load_index_layers, Attach, Discovery};
+pub use attach::{keep_flat, load_flat_layers, load_index, load_index_layers, Attach, Discovery};
 use packs::PackFlight;
 pub use packs::Sink;
 pub use typed::{merge_stat_chain, piece_budget, Piece, CHUNK_WINDOW, PIECE_BYTES_IN_MEMORY};
@@ -209,7 +209,7 @@ impl Fetcher {
 
     async fn get_as(self: &Arc<Self>, space: Space, id: Hash, what: &'static str, in_order: bool) -> Result<Bytes> {
         let hit = match space {
-            Space::Objects => self.packs.read().expect("packs lock").members.get(&id).cloned(),
+            Space::Objects => self.packs.read().expect("packs lock").member(&id),
             _ => None,
         };
         if let Some((pack, _)) = &hit {

@@ -311,11 +311,7 @@ impl Fetcher {
         let packs: Vec<Arc<PackEntry>> = {
             let set = self.packs.read().expect("packs lock");
             let mut seen = HashSet::new();
-            ids.iter()
-                .filter_map(|id| set.members.get(id))
-                .filter(|(p, _)| seen.insert(p.id))
-                .map(|(p, _)| p.clone())
-                .collect()
+            ids.iter().filter_map(|id| set.member(id)).filter(|(p, _)| seen.insert(p.id)).map(|(p, _)| p).collect()
         };
         for pack in packs {
             let bad = self.bad_packs.lock().expect("bad packs lock").contains(&pack.id);
@@ -349,11 +345,10 @@ impl Fetcher {
     pub fn warm_until(self: &Arc<Self>, id: &Hash, last: Option<&Hash>) -> bool {
         let (pack, i, end) = {
             let set = self.packs.read().expect("packs lock");
-            let Some((pack, i)) = set.members.get(id).cloned() else {
+            let Some((pack, i)) = set.member(id) else {
                 return false;
             };
-            let end =
-                last.and_then(|l| set.members.get(l)).filter(|(p, j)| p.id == pack.id && *j >= i).map(|(_, j)| *j);
+            let end = last.and_then(|l| set.member(l)).filter(|(p, j)| p.id == pack.id && *j >= i).map(|(_, j)| j);
             (pack, i, end)
         };
         let m = &pack.members[i];
@@ -383,7 +378,7 @@ impl Fetcher {
 
     /// The pack an attached index places object `id` in.
     pub fn pack_of(&self, id: &Hash) -> Option<Hash> {
-        self.packs.read().expect("packs lock").members.get(id).map(|(p, _)| p.id)
+        self.packs.read().expect("packs lock").member(id).map(|(p, _)| p.id)
     }
 
     /// The packs a reader of every object in `ids` can stream with
@@ -394,7 +389,7 @@ impl Fetcher {
     pub fn pack_spans(&self, ids: &HashSet<Hash>) -> Vec<(Arc<PackEntry>, usize, usize)> {
         let found: Vec<(Arc<PackEntry>, usize)> = {
             let set = self.packs.read().expect("packs lock");
-            ids.iter().filter_map(|id| set.members.get(id)).map(|(p, i)| (p.clone(), *i)).collect()
+            ids.iter().filter_map(|id| set.member(id)).collect()
         };
         let bad = self.bad_packs.lock().expect("bad packs lock").clone();
         let mut skip: HashMap<Hash, bool> = HashMap::new();

@@ -54,9 +54,8 @@ pub const CONTENT_IN_MEMORY_MAX: u64 = 256 << 20;
 
 impl Fetcher {
     pub async fn tree(self: &Arc<Self>, id: Hash, path: &str) -> Result<Tree> {
-        let inline = self.packs.read().expect("packs lock").trees.get(&id).cloned();
-        let b = match inline {
-            Some(t) => Bytes::from((*t).clone()),
+        let b = match self.inline_tree(&id) {
+            Some(t) => Bytes::from(t),
             None => self.get(Space::Objects, id, "tree").await.map_err(|e| self.blame_index(e.at_path(path)))?,
         };
         Tree::decode(&b).map_err(|e| Error::corrupt(id, "tree", path, e))
@@ -136,7 +135,7 @@ impl Fetcher {
         // Inline in an attached index (checked against its id when the
         // index was read), else fetched.
         let mb = match self.inline_tree(&e.id) {
-            Some(b) => Bytes::from((*b).clone()),
+            Some(b) => Bytes::from(b),
             None => self.get(Space::Objects, e.id, "chunk manifest").await.map_err(|er| er.at_path(path))?,
         };
         let m = ChunkManifest::decode(&mb).map_err(|er| Error::corrupt(e.id, "chunk manifest", path, er))?;

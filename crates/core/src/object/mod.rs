@@ -96,7 +96,7 @@ pub struct Tree {
 
 const TREE_MAGIC: &[u8; 4] = b"MADT";
 const SNAP_MAGIC: &[u8; 4] = b"MADS";
-const MANIFEST_MAGIC: &[u8; 4] = b"MADM";
+pub(crate) const MANIFEST_MAGIC: &[u8; 4] = b"MADM";
 const REF_MAGIC: &[u8; 4] = b"MADR";
 pub const FORMAT_VERSION: u8 = 1;
 

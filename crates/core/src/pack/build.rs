@@ -4,7 +4,10 @@
 
 use std::collections::HashSet;
 
-use super::{build_pack, MemberKind, Mode, PackEntry, PackIndex, MAX_INDEX_LAYERS, PER_DIR_MIN_FILES, RUN_PACK_BYTES};
+use super::{
+    build_pack, MemberKind, Mode, PackEntry, PackIndex, MAX_INDEX_LAYERS, MAX_PACK_MEMBERS, PER_DIR_MIN_FILES,
+    RUN_PACK_BYTES,
+};
 use crate::chunk::CHUNK_THRESHOLD;
 use crate::error::{Error, Result};
 use crate::hash::Hash;
@@ -514,12 +517,20 @@ pub fn build(
         let stored = super::stored_members(&members);
         drop(data);
         let bytes: u64 = stored.iter().map(|m| m.body.len() as u64).sum();
-        if mode == Mode::PerDir || pending_bytes + bytes > cap {
+        if mode == Mode::PerDir || pending_bytes + bytes > cap || pending.len() + stored.len() > MAX_PACK_MEMBERS {
             flush(&mut pending, &mut packs)?;
             pending_bytes = 0;
         }
-        pending.extend(stored);
-        pending_bytes += bytes;
+        for m in stored {
+            // A group of more members than a pack takes goes on, in walk
+            // order, in the next pack.
+            if pending.len() == MAX_PACK_MEMBERS {
+                flush(&mut pending, &mut packs)?;
+                pending_bytes = 0;
+            }
+            pending_bytes += m.body.len() as u64;
+            pending.push(m);
+        }
     }
     flush(&mut pending, &mut packs)?;
     if mode == Mode::PerDir {
@@ -544,8 +555,8 @@ pub fn build(
     })
 }
 
-/// Members in the order given, in packs of at most `cap` raw bytes each
-/// (a member larger than that alone), each handed to `emit` as it is made:
+/// Members in the order given, in packs of at most `cap` raw bytes and
+/// [`MAX_PACK_MEMBERS`] members each (a member larger than that alone), each handed to `emit` as it is made:
 /// at most one pack's members in memory.
 fn pack_in_order(
     members: Vec<(Hash, MemberKind)>,
@@ -569,7 +580,7 @@ fn pack_in_order(
     };
     for (id, kind) in members {
         let data = src(&id)?;
-        if bytes + data.len() as u64 > cap && !group.is_empty() {
+        if (bytes + data.len() as u64 > cap || group.len() == MAX_PACK_MEMBERS) && !group.is_empty() {
             flush(&mut group, packs)?;
             bytes = 0;
         }

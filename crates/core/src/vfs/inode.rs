@@ -179,6 +179,15 @@ impl State {
         }
     }
 
+    /// Gives memory back once most nodes are gone (a table never shrinks
+    /// by itself: after a walk of a million files and the kernel's
+    /// forgetting them, it would keep room for a million).
+    pub(super) fn shrink(&mut self) {
+        if self.nodes.capacity() > 1024 && self.nodes.len() * 4 < self.nodes.capacity() {
+            self.nodes.shrink_to(self.nodes.len() * 2);
+        }
+    }
+
     pub(super) fn get(&self, ino: u64) -> Result<&Node> {
         self.nodes.get(&ino).ok_or_else(|| Error::NotFound(format!("inode {ino}")))
     }
@@ -371,6 +380,7 @@ impl SnapshotFs {
         let Ok(n) = st.get(ino) else { return true };
         if n.lookups == 0 {
             st.nodes.remove(&ino);
+            st.shrink();
             return true;
         }
         false
@@ -399,8 +409,9 @@ impl SnapshotFs {
         let Ok(Node { body: Body::Dir { clean: Some(id), children: Some(kids), .. }, .. }) = st.get(dir) else {
             return false;
         };
-        // Only a tree in memory can be unfolded again without waiting.
-        if self.tree_now(id).is_none() {
+        // Only a tree in memory, or read locally, can be unfolded again
+        // without waiting.
+        if self.trees.read().expect("trees lock").get(id).is_none() && !self.fetcher.is_local(id) {
             return false;
         }
         let idle = |c: &u64| {
@@ -420,6 +431,7 @@ impl SnapshotFs {
         for k in kids {
             st.nodes.remove(&k);
         }
+        st.shrink();
         if let Ok(Node { body: Body::Dir { children, .. }, .. }) = st.get_mut(dir) {
             *children = None;
         }

@@ -48,9 +48,16 @@ fn packed_small(e: &Entry) -> bool {
 pub type NamePicker<'a> = dyn Fn(&[u8]) -> bool + 'a;
 
 impl SnapshotFs {
-    /// The tree of a directory, if already in memory.
+    /// The tree of a directory, if it can be had without waiting: in
+    /// memory, else read locally (inline in the attached index, which is
+    /// mapped, or in the disk cache) and kept.
     pub(super) fn tree_now(&self, id: &Hash) -> Option<Arc<Tree>> {
-        self.trees.read().expect("trees lock").get(id).cloned()
+        if let Some(t) = self.trees.read().expect("trees lock").get(id) {
+            return Some(t.clone());
+        }
+        let t = Arc::new(Tree::decode(&self.fetcher.local(id)?).ok()?);
+        self.trees.write().expect("trees lock").keep(*id, t.clone());
+        Some(t)
     }
 
     async fn tree_by_id(&self, id: Hash, name: &str) -> Result<Arc<Tree>> {
@@ -59,7 +66,7 @@ impl SnapshotFs {
         }
         let t = self.timed("reading a directory", self.fetcher.tree(id, name)).await?;
         let t = Arc::new(t);
-        self.trees.write().expect("trees lock").insert(id, t.clone());
+        self.trees.write().expect("trees lock").keep(id, t.clone());
         Ok(t)
     }
 
@@ -476,13 +483,18 @@ impl SnapshotFs {
         }
     }
 
-    /// Entries of the trees loaded so far (all of them after
-    /// [`SnapshotFs::preload_trees`]), and how many of them are chunked
-    /// (large) files. A tree shared by several paths counts once.
+    /// How many of the snapshot's files are chunked (large), and of how
+    /// many: from the attached index (distinct contents), else from the
+    /// trees loaded so far (all of them after
+    /// [`SnapshotFs::preload_trees`]; a tree shared by several paths
+    /// counts once).
     pub fn chunked_share(&self) -> (usize, usize) {
+        if let Some((chunked, small)) = self.fetcher.file_shape() {
+            return (chunked as usize, (chunked + small) as usize);
+        }
         let trees = self.trees.read().expect("trees lock");
-        let all = trees.values().map(|t| t.entries.len()).sum();
-        let chunked = trees.values().map(|t| t.entries.iter().filter(|e| e.chunked).count()).sum();
+        let all = trees.map.values().map(|t| t.entries.len()).sum();
+        let chunked = trees.map.values().map(|t| t.entries.iter().filter(|e| e.chunked).count()).sum();
         (chunked, all)
     }
 

@@ -147,6 +147,52 @@ struct BaseStat {
     id: Option<Hash>,
 }
 
+/// Decoded trees, bounded: a directory's tree is decoded again from its
+/// local copy (the mapped index, or the disk cache) once it left, so memory
+/// follows the directories in use, not the size of the snapshot.
+pub(crate) struct TreeCache {
+    pub(crate) map: HashMap<Hash, Arc<Tree>>,
+    entries: usize,
+    cap: usize,
+}
+
+impl Default for TreeCache {
+    fn default() -> TreeCache {
+        TreeCache { map: HashMap::new(), entries: 0, cap: TREE_ENTRIES_IN_MEMORY }
+    }
+}
+
+/// Entries of decoded trees [`TreeCache`] holds before it starts over.
+const TREE_ENTRIES_IN_MEMORY: usize = 1 << 16;
+
+impl TreeCache {
+    /// Entries held now, and the bound.
+    #[cfg(test)]
+    pub(crate) fn held(&self) -> (usize, usize) {
+        (self.entries, self.cap)
+    }
+
+    #[cfg(test)]
+    pub(crate) fn set_cap(&mut self, cap: usize) {
+        self.cap = cap;
+    }
+
+    pub(crate) fn get(&self, id: &Hash) -> Option<&Arc<Tree>> {
+        self.map.get(id)
+    }
+
+    pub(crate) fn keep(&mut self, id: Hash, t: Arc<Tree>) {
+        if self.entries + t.entries.len() > self.cap {
+            self.map.clear();
+            self.entries = 0;
+        }
+        self.entries += t.entries.len();
+        if let Some(old) = self.map.insert(id, t) {
+            self.entries -= old.entries.len();
+        }
+    }
+}
+
 pub struct SnapshotFs {
     fetcher: Arc<Fetcher>,
     /// The root tree of the snapshot the lower layer is (a checkpoint of a
@@ -154,7 +200,7 @@ pub struct SnapshotFs {
     root: std::sync::Mutex<Hash>,
     time: i64,
     state: RwLock<State>,
-    trees: RwLock<HashMap<Hash, Arc<Tree>>>,
+    trees: RwLock<TreeCache>,
     upper: Option<Upper>,
     /// A read-only mount's mtimes by path (its snapshot's stat object).
     ro_mtimes: BTreeMap<Vec<u8>, (i64, u32)>,
@@ -298,7 +344,7 @@ impl SnapshotFs {
             root: std::sync::Mutex::new(root),
             time,
             state: RwLock::new(st),
-            trees: RwLock::new(HashMap::new()),
+            trees: RwLock::new(TreeCache::default()),
             upper,
             ro_mtimes: BTreeMap::new(),
             read_timeout_ms: AtomicU64::new(DEFAULT_READ_TIMEOUT.as_millis() as u64),

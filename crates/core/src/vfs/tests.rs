@@ -316,6 +316,67 @@ async fn folding_goes_up_while_whole_directories_are_idle() {
     assert_eq!(fs.readdir(ROOT_INO).await.unwrap().len(), 1);
 }
 
+/// Decoded trees are bounded: past the bound the cache starts over, and a
+/// directory whose tree left memory is listed, looked up, folded and
+/// unfolded again from its local copy (no request), with the same answers.
+#[tokio::test]
+async fn trees_leave_memory_past_the_bound_and_come_back_from_the_disk() {
+    let d = tempfile::tempdir().unwrap();
+    let remote =
+        Arc::new(Remote::open(&format!("file://{}/store", d.path().display()), &OpenOptions::default()).unwrap());
+    let cache = Arc::new(DiskCache::open(d.path().join("cache"), None).unwrap());
+    let put = |bytes: Vec<u8>| {
+        let id = Hash::of(&bytes);
+        cache.put(&id, &bytes).unwrap();
+        id
+    };
+    let mut dirs = Vec::new();
+    for i in 0..6 {
+        let files = (0..3)
+            .map(|j| {
+                let body = format!("file {i}/{j}").into_bytes();
+                Entry {
+                    name: format!("f{j}").into(),
+                    kind: Kind::File,
+                    chunked: false,
+                    size: body.len() as u64,
+                    id: put(body),
+                }
+            })
+            .collect();
+        let id = put(Tree::normalized(files).unwrap().encode());
+        dirs.push(Entry { name: format!("d{i}").into(), kind: Kind::Directory, chunked: false, size: 0, id });
+    }
+    let root = put(Tree::normalized(dirs).unwrap().encode());
+    let fs = SnapshotFs::new(Fetcher::new(remote.clone(), cache.clone()), root, 0);
+    fs.trees.write().unwrap().set_cap(4);
+    let before = remote.stats();
+    for round in 0..2 {
+        let mut held = Vec::new();
+        for i in 0..6 {
+            let dir = fs.lookup_counted(ROOT_INO, format!("d{i}").as_bytes()).await.unwrap().ino;
+            held.push(dir);
+            assert_eq!(fs.readdir(dir).await.unwrap().len(), 3, "round {round}");
+            for j in 0..3 {
+                let f = fs.lookup_counted(dir, format!("f{j}").as_bytes()).await.unwrap().ino;
+                held.push(f);
+                let h = fs.open(f).await.unwrap();
+                assert_eq!(&fs.read(&h, 0, 100).await.unwrap()[..], format!("file {i}/{j}").as_bytes());
+                fs.release(f);
+            }
+            let (entries, cap) = fs.trees.read().unwrap().held();
+            assert!(entries <= cap.max(6), "{entries} entries held");
+        }
+        // The kernel forgets everything: it all folds into tree ids, the
+        // trees no longer in memory notwithstanding.
+        for ino in held.into_iter().rev() {
+            fs.forget(ino, 1);
+        }
+        assert_eq!(fs.node_count(), 1, "round {round}");
+    }
+    assert_eq!(remote.stats().since(&before).gets, 0, "all of it from the disk cache");
+}
+
 #[tokio::test]
 async fn a_checkpoint_skips_a_file_unlinked_under_it_but_not_a_lost_blob() {
     let d = tempfile::tempdir().unwrap();
