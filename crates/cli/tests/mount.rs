@@ -419,7 +419,13 @@ fn pack_status_reports_each_reason() {
     // index, and no longer stages them in this cache).
     m.ok(&["import-git", repo.to_str().unwrap(), "--no-packs"]);
     m.ok(&["pack", "--recursive"]);
-    let local_pointers = m.cache_dir().join("packs/index");
+    // The local copies of indexes: compressed (the local pointer) and flat.
+    let local_copies = [m.cache_dir().join("packs/index"), m.cache_dir().join("packs/flat")];
+    let forget_local = || {
+        for d in &local_copies {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    };
 
     // Attached, via the local pointer (`mado pack` kept a copy).
     let s = mount(&m, "main", "a", &[], &[]).status();
@@ -430,12 +436,12 @@ fn pack_status_reports_each_reason() {
     assert!(s["message"].as_str().unwrap().contains("local pointer"));
 
     // Attached, via the derived pointer.
-    std::fs::remove_dir_all(&local_pointers).unwrap();
+    forget_local();
     let s = mount(&m, "main", "b", &[], &[]).status();
     assert_eq!(s["status"]["via"], "derived-pointer", "{s}");
 
     // Undecodable.
-    std::fs::remove_dir_all(&local_pointers).unwrap();
+    forget_local();
     let idx = index_files(&m).pop().unwrap();
     let good = std::fs::read(&idx).unwrap();
     std::fs::write(&idx, b"MADI\x01not an index").unwrap();
@@ -447,7 +453,7 @@ fn pack_status_reports_each_reason() {
     std::fs::write(repo.join("README.md"), "changed\n").unwrap();
     git(&repo, &["commit", "-qam", "second"]);
     m.ok(&["import-git", repo.to_str().unwrap(), "--ref", "second"]);
-    std::fs::remove_dir_all(&local_pointers).unwrap();
+    forget_local();
     let other = index_files(&m).into_iter().find(|p| *p != idx).unwrap();
     std::fs::copy(&other, &idx).unwrap();
     let s = mount(&m, "main", "d", &[], &[]).status();
@@ -798,4 +804,77 @@ fn a_mount_daemon_keeps_no_request_buffer_resident() {
     let run = largest_resident_anon_run_kib(&pid);
     assert!(run < 8 << 10, "a resident run of {run} KiB in the daemon's heap");
     m.ok(&["umount", mnt.dir.to_str().unwrap()]);
+}
+
+/// `mado stats --all` asks every daemon of the user at once and says what
+/// each holds, its private memory included; `--prometheus` serves the same
+/// in Prometheus' text format, afresh on every scrape.
+#[test]
+fn stats_of_every_mount_and_a_prometheus_endpoint() {
+    use std::io::{BufRead, Read, Write};
+    if !fuse_usable() {
+        return;
+    }
+    let m = Mado::local();
+    let repo = fixture_repo(m.dir.path());
+    m.ok(&["import-git", repo.to_str().unwrap()]);
+    // A runtime directory of its own: other tests' mounts stay out of it.
+    let run = m.dir.path().join("run");
+    std::fs::create_dir(&run).unwrap();
+    std::fs::set_permissions(&run, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let env = [("XDG_RUNTIME_DIR", run.to_str().unwrap())];
+    let a = mount(&m, "main", "a", &[], &env);
+    let b = mount(&m, "main", "b", &[], &env);
+    assert_eq!(std::fs::read(a.dir.join("src/lib.rs")).unwrap(), b"pub fn f() {}\n");
+
+    let o = m.cmd(&["stats", "--all", "--json"]).env(env[0].0, env[0].1).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let mounts = v["mounts"].as_array().unwrap();
+    let seen: Vec<&str> = mounts.iter().map(|x| x["mountpoint"].as_str().unwrap()).collect();
+    assert_eq!(seen, [a.dir.to_str().unwrap(), b.dir.to_str().unwrap()], "{v}");
+    for x in mounts {
+        assert!(x["private_bytes"].as_u64().unwrap() > 1 << 20, "{x}");
+        assert!(x["nodes_in_memory"].as_u64().unwrap() >= 1, "{x}");
+    }
+    let lookups = |x: &serde_json::Value| x["lookups"].as_u64().unwrap();
+    assert!(lookups(&mounts[0]) > lookups(&mounts[1]), "a was read, b not: {v}");
+    assert_eq!(v["not_answering"].as_array().unwrap().len(), 0);
+    let text = m.cmd(&["stats", "--all"]).env(env[0].0, env[0].1).output().unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains(a.dir.to_str().unwrap()) && text.contains("2 daemons"), "{text}");
+
+    let mut server = m
+        .cmd(&["stats", "--prometheus", "127.0.0.1:0"])
+        .env(env[0].0, env[0].1)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    std::io::BufReader::new(server.stdout.take().unwrap()).read_line(&mut first).unwrap();
+    let addr = first.split("http://").nth(1).and_then(|r| r.split('/').next()).expect(&first).to_string();
+    let ask = |req: &str| {
+        let mut c = std::net::TcpStream::connect(&addr).unwrap();
+        c.write_all(req.as_bytes()).unwrap();
+        let mut reply = String::new();
+        c.read_to_string(&mut reply).unwrap();
+        reply
+    };
+    let reply = ask("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+    let refused = ask("POST /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+    let _ = server.kill();
+    let _ = server.wait();
+    assert!(refused.starts_with("HTTP/1.1 405"), "{refused}");
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    assert!(reply.contains("Content-Type: text/plain; version=0.0.4"), "{reply}");
+    for dir in [&a.dir, &b.dir] {
+        let line = format!("mado_private_memory_bytes{{mount=\"{}\",what=\"main\"", dir.display());
+        assert!(reply.contains(&line), "{line} in {reply}");
+    }
+    assert!(reply.contains("# TYPE mado_remote_gets_total counter"), "{reply}");
+    assert!(reply.contains("mado_daemons_not_answering 0"), "{reply}");
+    for dir in [&a.dir, &b.dir] {
+        let o = m.cmd(&["umount", dir.to_str().unwrap()]).env(env[0].0, env[0].1).output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
 }

@@ -298,7 +298,9 @@ const EX_PACK_STATUS: &str = "Examples:
 
 const EX_STATS: &str = "Examples:
   mado stats ~/mnt/project                    # the daemon's requests, GETs and cache hits
-  mado stats --json";
+  mado stats --json
+  mado stats --all                            # every mount and workspace of yours on this machine
+  mado stats --prometheus 127.0.0.1:9464      # the same at http://127.0.0.1:9464/metrics";
 
 const EX_CACHE: &str = "Examples:
   mado cache stats                            # where it is, what it holds, its cap

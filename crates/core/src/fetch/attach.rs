@@ -53,39 +53,67 @@ pub enum Attach {
 #[derive(Default)]
 pub(super) struct PackSet {
     layers: Vec<Arc<FlatIndex>>,
-    /// Packs by (layer's tree, number in it): the last few a lookup built,
-    /// so a walk through one pack does not rebuild its table each time.
+    /// Packs by (layer's tree, number in it) a lookup built, up to
+    /// [`RECENT_MEMBERS`] members in all: a walk through a pack does not
+    /// build its table again for each member.
     recent: Mutex<HashMap<(Hash, usize), Arc<PackEntry>>>,
 }
 
-/// Packs [`PackSet`] keeps built at most (each a table of its members;
-/// any number stay alive while a reader holds them).
-const RECENT_PACKS: usize = 16;
+/// Members of the packs [`PackSet`] keeps built, at most (a table of a
+/// million members is 64 MiB; any number stay alive while a reader holds
+/// them).
+const RECENT_MEMBERS: usize = 1 << 20;
 
 impl PackSet {
     /// The pack holding member `id`, and where in it.
     pub(super) fn member(&self, id: &Hash) -> Option<(Arc<PackEntry>, usize)> {
         self.layers.iter().find_map(|l| {
             let (p, i) = l.member(id)?;
-            let key = (l.tree(), p);
-            if let Some(pack) = self.recent.lock().expect("recent packs lock").get(&key) {
-                return Some((pack.clone(), i));
-            }
-            let pack = match l.pack(p) {
-                Ok(pack) => Arc::new(pack),
-                Err(why) => {
-                    let layer = l.tree().short();
-                    tracing::warn!("pack index layer {layer} is damaged ({why}): reading {} without it", id.short());
-                    return None;
-                }
-            };
-            let mut recent = self.recent.lock().expect("recent packs lock");
-            if recent.len() >= RECENT_PACKS {
-                recent.clear();
-            }
-            recent.insert(key, pack.clone());
-            Some((pack, i))
+            Some((self.pack(l, p)?, i))
         })
+    }
+
+    /// [`PackSet::member`] of each of `ids` (those in no attached pack
+    /// left out), each pack's table built once however the ids are
+    /// ordered: a caller asking for a whole tree's members in hash order
+    /// would otherwise build every pack's table again and again.
+    pub(super) fn members<'a>(&self, ids: impl Iterator<Item = &'a Hash>) -> Vec<(Arc<PackEntry>, usize)> {
+        let mut by_pack: HashMap<(usize, usize), Vec<usize>> = HashMap::new();
+        for id in ids {
+            if let Some((l, (p, i))) = self.layers.iter().enumerate().find_map(|(n, l)| Some((n, l.member(id)?))) {
+                by_pack.entry((l, p)).or_default().push(i);
+            }
+        }
+        let mut out = Vec::new();
+        for ((l, p), places) in by_pack {
+            if let Some(pack) = self.pack(&self.layers[l], p) {
+                out.extend(places.into_iter().map(|i| (pack.clone(), i)));
+            }
+        }
+        out
+    }
+
+    /// Pack `p` of layer `l`, built from its rows (or kept from before);
+    /// `None`, with a warning, when its rows are damaged.
+    fn pack(&self, l: &FlatIndex, p: usize) -> Option<Arc<PackEntry>> {
+        let key = (l.tree(), p);
+        if let Some(pack) = self.recent.lock().expect("recent packs lock").get(&key) {
+            return Some(pack.clone());
+        }
+        let pack = match l.pack(p) {
+            Ok(pack) => Arc::new(pack),
+            Err(why) => {
+                tracing::warn!("pack index layer {} is damaged ({why}): reading without it", l.tree().short());
+                return None;
+            }
+        };
+        let mut recent = self.recent.lock().expect("recent packs lock");
+        let held: usize = recent.values().map(|p| p.members.len()).sum();
+        if held + pack.members.len() > RECENT_MEMBERS {
+            recent.clear();
+        }
+        recent.insert(key, pack.clone());
+        Some(pack)
     }
 
     /// Summed over the attached layers: see [`FlatIndex::file_shape`].

@@ -311,7 +311,7 @@ impl Fetcher {
         let packs: Vec<Arc<PackEntry>> = {
             let set = self.packs.read().expect("packs lock");
             let mut seen = HashSet::new();
-            ids.iter().filter_map(|id| set.member(id)).filter(|(p, _)| seen.insert(p.id)).map(|(p, _)| p).collect()
+            set.members(ids.iter()).into_iter().filter(|(p, _)| seen.insert(p.id)).map(|(p, _)| p).collect()
         };
         for pack in packs {
             let bad = self.bad_packs.lock().expect("bad packs lock").contains(&pack.id);
@@ -389,7 +389,7 @@ impl Fetcher {
     pub fn pack_spans(&self, ids: &HashSet<Hash>) -> Vec<(Arc<PackEntry>, usize, usize)> {
         let found: Vec<(Arc<PackEntry>, usize)> = {
             let set = self.packs.read().expect("packs lock");
-            ids.iter().filter_map(|id| set.member(id)).collect()
+            set.members(ids.iter())
         };
         let bad = self.bad_packs.lock().expect("bad packs lock").clone();
         let mut skip: HashMap<Hash, bool> = HashMap::new();

@@ -541,14 +541,11 @@ impl SnapshotFs {
         let base = self.overlay()?.base.read().expect("base stat lock");
         if let (Some(_), Some(o)) = (base.id, origin) {
             let prefix = if o.is_empty() { Vec::new() } else { [o, b"/"].concat() };
-            for (k, (s, ns)) in base.mtimes.range(prefix.clone()..) {
-                if !k.starts_with(&prefix) {
-                    break;
-                }
+            for (k, s, ns) in base.mtimes.with_prefix(&prefix) {
                 if k.is_empty() {
                     continue;
                 }
-                out.entries.push((join(path, &k[prefix.len()..]), *s, *ns));
+                out.entries.push((join(path, &k[prefix.len()..]), s, ns));
             }
             return Ok(());
         }
@@ -578,7 +575,7 @@ impl SnapshotFs {
             }
         }
         let mut base = u.base.write().expect("base stat lock");
-        base.mtimes = stat.entries.iter().map(|(p, s, n)| (p.clone(), (*s, *n))).collect();
+        base.mtimes = super::times::PathTimes::new(&stat.entries);
         base.id = Some(stat_id);
     }
 }

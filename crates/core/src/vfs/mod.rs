@@ -25,7 +25,7 @@
 //! reads), `overlay` (writes and copy-up, workspace only), `build`
 //! (checkpoint) and `saved` (the state file).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, RwLock};
@@ -48,6 +48,7 @@ mod overlay;
 mod saved;
 #[cfg(test)]
 mod tests;
+mod times;
 
 pub use build::{Built, Skips};
 pub use saved::SavedChange;
@@ -143,7 +144,7 @@ const CONTENT_STRIPES: usize = 64;
 #[derive(Default)]
 struct BaseStat {
     /// Mtimes by path.
-    mtimes: BTreeMap<Vec<u8>, (i64, u32)>,
+    mtimes: times::PathTimes,
     id: Option<Hash>,
 }
 
@@ -203,7 +204,7 @@ pub struct SnapshotFs {
     trees: RwLock<TreeCache>,
     upper: Option<Upper>,
     /// A read-only mount's mtimes by path (its snapshot's stat object).
-    ro_mtimes: BTreeMap<Vec<u8>, (i64, u32)>,
+    ro_mtimes: times::PathTimes,
     /// Bound on one read's wait for the network, in milliseconds.
     read_timeout_ms: AtomicU64,
     /// Reads served (for stats).
@@ -287,8 +288,8 @@ fn file_kind(perm: u16) -> Kind {
 }
 
 /// A stat object's mtimes by path (the root's under the empty path).
-fn mtimes_by_path(stat: StatObject) -> BTreeMap<Vec<u8>, (i64, u32)> {
-    stat.entries.into_iter().map(|(p, s, n)| (p, (s, n))).collect()
+fn mtimes_by_path(stat: StatObject) -> times::PathTimes {
+    times::PathTimes::new(&stat.entries)
 }
 
 impl SnapshotFs {
@@ -301,7 +302,7 @@ impl SnapshotFs {
     /// (its snapshot's stat object: a workspace checkpoint's).
     pub fn with_mtimes(fetcher: Arc<Fetcher>, root: Hash, time: i64, stat: StatObject) -> SnapshotFs {
         let map = mtimes_by_path(stat);
-        let mtime = map.get(&Vec::new()).copied().unwrap_or((time, 0));
+        let mtime = map.get(b"").unwrap_or((time, 0));
         let mut fs = Self::with_state(fetcher, root, time, None, Self::fresh(root, mtime, 0o555));
         fs.ro_mtimes = map;
         fs
@@ -319,9 +320,9 @@ impl SnapshotFs {
         std::fs::create_dir_all(&upper_dir).map_err(Error::io(format!("creating {}", upper_dir.display())))?;
         let (id, map) = match base_stat {
             Some((id, s)) => (Some(id), mtimes_by_path(s)),
-            None => (None, BTreeMap::new()),
+            None => (None, times::PathTimes::default()),
         };
-        let mtime = map.get(&Vec::new()).copied().unwrap_or((time, 0));
+        let mtime = map.get(b"").unwrap_or((time, 0));
         let upper = Upper {
             dir: upper_dir,
             base: RwLock::new(BaseStat { mtimes: map, id }),
@@ -346,7 +347,7 @@ impl SnapshotFs {
             state: RwLock::new(st),
             trees: RwLock::new(TreeCache::default()),
             upper,
-            ro_mtimes: BTreeMap::new(),
+            ro_mtimes: times::PathTimes::default(),
             read_timeout_ms: AtomicU64::new(DEFAULT_READ_TIMEOUT.as_millis() as u64),
             reads: AtomicU64::new(0),
             untracked_opens: AtomicBool::new(false),
@@ -545,8 +546,8 @@ impl SnapshotFs {
 
     fn base_mtime(&self, origin: &[u8]) -> (i64, u32) {
         match &self.upper {
-            Some(u) => u.base.read().expect("base stat lock").mtimes.get(origin).copied(),
-            None => self.ro_mtimes.get(origin).copied(),
+            Some(u) => u.base.read().expect("base stat lock").mtimes.get(origin),
+            None => self.ro_mtimes.get(origin),
         }
         .unwrap_or((self.time, 0))
     }

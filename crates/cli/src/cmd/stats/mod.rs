@@ -1,3 +1,4 @@
+use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::Result;
@@ -7,15 +8,37 @@ use std::time::Duration;
 
 use crate::ctx::Ctx;
 
+mod all;
+mod prometheus;
+
 /// What a running mount has done since it started: GETs, bytes, cache hits
-/// and misses, packs exploded.
+/// and misses, packs exploded; with --all, every mount and workspace of
+/// this user on this machine, with each daemon's private memory.
 #[derive(Args)]
 pub struct StatsArgs {
     /// A directory inside the mount (default: the current directory).
+    #[arg(conflicts_with_all = ["all", "prometheus"])]
     dir: Option<PathBuf>,
+    /// Every running mount and workspace daemon of this user (found by
+    /// their control sockets), one line each, then the totals; with
+    /// --json, `{"mounts": [...], "not_answering": [...]}`.
+    #[arg(long)]
+    all: bool,
+    /// Serve the counters of every mount (as --all) in Prometheus' text
+    /// format at http://ADDR/metrics until stopped, e.g. 127.0.0.1:9464.
+    /// Each scrape asks every daemon afresh. Give a loopback address unless
+    /// others should see your mounts' paths.
+    #[arg(long, value_name = "ADDR")]
+    prometheus: Option<SocketAddr>,
 }
 
 pub async fn run(a: StatsArgs, ctx: &Ctx) -> Result<()> {
+    if let Some(addr) = a.prometheus {
+        return prometheus::serve(addr).await;
+    }
+    if a.all {
+        return all::print(ctx).await;
+    }
     let v = match super::ask_daemon(a.dir.as_deref(), Op::Stats, Duration::from_secs(10))? {
         Reply::Stats(s) => s,
         r => return Err(super::unexpected(&r)),
