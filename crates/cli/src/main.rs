@@ -226,6 +226,8 @@ fn main() {
     if let Err(e) = init_logging(cli.log_level.as_deref(), cli.cmd.is_mount_daemon() && !cli.json) {
         std::process::exit(exit::report_early(&format!("error: {e}"), exit::USER, cli.json));
     }
+    // SAFETY: mi_collect only walks and frees the allocator's own memory.
+    mado_core::memory::set_give_back(|| unsafe { libmimalloc_sys::mi_collect(true) });
     let delay = purge_delay_ms(&cli.cmd);
     // SAFETY: sets a plain integer option; mimalloc reads it on each purge.
     unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, delay as std::os::raw::c_long) };

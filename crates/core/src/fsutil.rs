@@ -27,13 +27,34 @@ pub fn replace_cache_file(path: &Path, bytes: &[u8]) -> Result<()> {
     replace(path, bytes, false)
 }
 
+/// [`replace_cache_file`] of what `write` writes, through a buffer, as it
+/// goes (the whole never held in memory).
+pub fn replace_cache_file_with(
+    path: &Path,
+    write: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<()>,
+) -> Result<()> {
+    replace_with(path, false, |f| {
+        let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
+        write(&mut w)?;
+        w.flush()
+    })
+}
+
 fn replace(path: &Path, bytes: &[u8], durable: bool) -> Result<()> {
+    replace_with(path, durable, |f| f.write_all(bytes))
+}
+
+fn replace_with(
+    path: &Path,
+    durable: bool,
+    write: impl FnOnce(&mut std::fs::File) -> std::io::Result<()>,
+) -> Result<()> {
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).map_err(Error::io(format!("creating {}", dir.display())))?;
     let tmp = dir.join(format!(".tmp-{}-{:016x}", std::process::id(), rand::random::<u64>()));
     let written = (|| {
         let mut f = std::fs::OpenOptions::new().write(true).create_new(true).open(&tmp)?;
-        f.write_all(bytes)?;
+        write(&mut f)?;
         if durable {
             f.sync_all()?;
         }

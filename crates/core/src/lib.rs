@@ -17,6 +17,7 @@ pub mod hash;
 pub mod ignore_rules;
 pub mod import;
 pub mod materialize;
+pub mod memory;
 pub mod object;
 pub mod pack;
 pub mod publish;

@@ -158,6 +158,9 @@ pub fn run(
             return Err(e);
         }
     };
+    // Opening decoded and merged what is no longer needed (a stat object
+    // of every path, index layers made flat): give it back before serving.
+    mado_core::memory::give_back();
     ready(Ok(report));
     daemon.save_on_change();
     daemon.stop_on_signal();

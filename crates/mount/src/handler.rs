@@ -161,6 +161,7 @@ impl ControlHandler {
             h.block_on(mado_core::workspace::checkpoint_mount(&fetcher, &core, &ws.state_dir, &message, lease))
         })
         .await;
+        mado_core::memory::give_back();
         match r {
             Ok(Ok(report)) => {
                 // The checkpoint saved the state itself.

@@ -346,7 +346,8 @@ pub async fn load_flat_layers(
 /// view) in the cache, so that the first attach of it reads it in place.
 /// A writer that just made the layer calls it; failing is harmless.
 pub fn keep_flat(cache: &DiskCache, layer: &PackIndex) {
-    crate::fsutil::save_cache_file(&cache.flat_index_path(&layer.tree), &crate::pack::flat::encode(layer));
+    let path = cache.flat_index_path(&layer.tree);
+    let _ = crate::fsutil::replace_cache_file_with(&path, |w| crate::pack::flat::encode_to(layer, w));
 }
 
 /// One index layer, flat: its flat file in the cache, else one made now
@@ -365,15 +366,14 @@ async fn one_flat(remote: &Remote, cache: &DiskCache, tree: Hash) -> Result<Flat
         Ok(x) => x,
         Err(reason) => return Ok(Err(reason)),
     };
-    let bytes = crate::pack::flat::encode(&idx);
-    drop(idx);
-    let saved = crate::fsutil::replace_cache_file(&path, &bytes).ok();
-    let flat = match saved.and_then(|_| FlatIndex::open(&path).ok().flatten()) {
+    keep_flat(cache, &idx);
+    let flat = match FlatIndex::open(&path).ok().flatten() {
         Some(f) => f,
         // A cache that cannot take the file: the same tables, in memory.
-        None => FlatIndex::from_bytes(bytes)
+        None => FlatIndex::from_bytes(crate::pack::flat::encode(&idx))
             .map_err(|e| crate::Error::Internal(format!("a flat index just made does not read: {e}")))?,
     };
+    drop(idx);
     Ok(Ok((Arc::new(flat), via)))
 }
 

@@ -80,6 +80,31 @@ fn hash_at(b: &[u8], at: usize) -> Hash {
 
 /// Encodes `idx` (one layer, as stored: not a merged view) flat.
 pub fn encode(idx: &PackIndex) -> Vec<u8> {
+    let mut out = Vec::with_capacity(encoded_len(idx));
+    encode_to(idx, &mut out).expect("writing to memory");
+    out
+}
+
+/// The length of [`encode`]'s result.
+fn encoded_len(idx: &PackIndex) -> usize {
+    let mut inline: Vec<&Hash> = idx.trees.iter().map(|t| &t.0).collect();
+    inline.sort();
+    inline.dedup();
+    let blob: usize = {
+        let mut seen = std::collections::HashSet::new();
+        idx.trees.iter().filter(|t| seen.insert(t.0)).map(|t| t.1.len()).sum()
+    };
+    HEAD + 2 * FANOUT
+        + 32 * idx.base.len()
+        + PACK_ROW * idx.packs.len()
+        + (MEMBER_ROW + 4) * idx.member_count()
+        + INLINE_ROW * inline.len()
+        + blob
+}
+
+/// [`encode`], written to `out` as it goes (an index of a million members
+/// is over 100 MB flat: a writer of it need not hold it).
+pub fn encode_to(idx: &PackIndex, out: &mut (impl std::io::Write + ?Sized)) -> std::io::Result<()> {
     // Members sorted by (id, pack): a lookup finds the first pack that
     // holds an id, as a merged index does.
     let mut rows: Vec<(Hash, u32, u32, &Member)> = Vec::with_capacity(idx.member_count());
@@ -104,65 +129,57 @@ pub fn encode(idx: &PackIndex) -> Vec<u8> {
     inline.dedup_by(|a, b| a.0 == b.0);
     let blob_len: usize = inline.iter().map(|t| t.1.len()).sum();
 
-    let mut out = Vec::with_capacity(
-        HEAD + 2 * FANOUT
-            + 32 * idx.base.len()
-            + PACK_ROW * idx.packs.len()
-            + (MEMBER_ROW + 4) * rows.len()
-            + INLINE_ROW * inline.len()
-            + blob_len,
-    );
-    out.extend_from_slice(MAGIC);
-    out.extend_from_slice(&[VERSION, 0, 0, 0]);
-    out.extend_from_slice(idx.tree.as_bytes());
-    out.extend_from_slice(&[idx.mode as u8, 0, 0, 0, 0, 0, 0, 0]);
+    out.write_all(MAGIC)?;
+    out.write_all(&[VERSION, 0, 0, 0])?;
+    out.write_all(idx.tree.as_bytes())?;
+    out.write_all(&[idx.mode as u8, 0, 0, 0, 0, 0, 0, 0])?;
     for v in [idx.dirs, idx.packs.len() as u64, rows.len() as u64, inline.len() as u64, idx.base.len() as u64] {
-        out.extend_from_slice(&v.to_le_bytes());
+        out.write_all(&v.to_le_bytes())?;
     }
-    out.extend_from_slice(&(blob_len as u64).to_le_bytes());
+    out.write_all(&(blob_len as u64).to_le_bytes())?;
     let manifests = inline.iter().filter(|t| t.1.starts_with(crate::object::MANIFEST_MAGIC)).count() as u64;
     let small_files = rows.iter().filter(|r| r.3.kind == MemberKind::Blob).count() as u64;
-    out.extend_from_slice(&manifests.to_le_bytes());
-    out.extend_from_slice(&small_files.to_le_bytes());
-    put_fanout(&mut out, rows.iter().map(|r| r.0.as_bytes()[0]));
-    put_fanout(&mut out, inline.iter().map(|t| t.0.as_bytes()[0]));
+    out.write_all(&manifests.to_le_bytes())?;
+    out.write_all(&small_files.to_le_bytes())?;
+    put_fanout(out, rows.iter().map(|r| r.0.as_bytes()[0]))?;
+    put_fanout(out, inline.iter().map(|t| t.0.as_bytes()[0]))?;
     for b in &idx.base {
-        out.extend_from_slice(b.as_bytes());
+        out.write_all(b.as_bytes())?;
     }
     for (p, f) in idx.packs.iter().zip(&first) {
-        out.extend_from_slice(p.id.as_bytes());
+        out.write_all(p.id.as_bytes())?;
         for v in [p.size, p.header_len, *f, p.members.len() as u64] {
-            out.extend_from_slice(&v.to_le_bytes());
+            out.write_all(&v.to_le_bytes())?;
         }
     }
     for (id, p, i, m) in &rows {
-        out.extend_from_slice(id.as_bytes());
-        out.extend_from_slice(&p.to_le_bytes());
-        out.extend_from_slice(&i.to_le_bytes());
-        out.extend_from_slice(&m.offset.to_le_bytes());
+        out.write_all(id.as_bytes())?;
+        out.write_all(&p.to_le_bytes())?;
+        out.write_all(&i.to_le_bytes())?;
+        out.write_all(&m.offset.to_le_bytes())?;
         // The index decoder refuses members over 64 MiB.
-        out.extend_from_slice(&(m.stored_len as u32).to_le_bytes());
-        out.extend_from_slice(&(m.raw_len as u32).to_le_bytes());
-        out.extend_from_slice(&[m.kind as u8, m.codec as u8, 0, 0, 0, 0, 0, 0]);
+        out.write_all(&(m.stored_len as u32).to_le_bytes())?;
+        out.write_all(&(m.raw_len as u32).to_le_bytes())?;
+        out.write_all(&[m.kind as u8, m.codec as u8, 0, 0, 0, 0, 0, 0])?;
     }
     for r in &order {
-        out.extend_from_slice(&r.to_le_bytes());
+        out.write_all(&r.to_le_bytes())?;
     }
     let mut at = 0u64;
     for (id, t) in &inline {
-        out.extend_from_slice(id.as_bytes());
-        out.extend_from_slice(&at.to_le_bytes());
-        out.extend_from_slice(&(t.len() as u64).to_le_bytes());
+        out.write_all(id.as_bytes())?;
+        out.write_all(&at.to_le_bytes())?;
+        out.write_all(&(t.len() as u64).to_le_bytes())?;
         at += t.len() as u64;
     }
     for (_, t) in &inline {
-        out.extend_from_slice(t);
+        out.write_all(t)?;
     }
-    out
+    Ok(())
 }
 
 /// 256 cumulative counts: entry `b` is how many keys start with a byte `<= b`.
-fn put_fanout(out: &mut Vec<u8>, first_bytes: impl Iterator<Item = u8>) {
+fn put_fanout(out: &mut (impl std::io::Write + ?Sized), first_bytes: impl Iterator<Item = u8>) -> std::io::Result<()> {
     let mut counts = [0u32; 256];
     for b in first_bytes {
         counts[b as usize] += 1;
@@ -170,8 +187,9 @@ fn put_fanout(out: &mut Vec<u8>, first_bytes: impl Iterator<Item = u8>) {
     let mut sum = 0u32;
     for c in counts {
         sum += c;
-        out.extend_from_slice(&sum.to_le_bytes());
+        out.write_all(&sum.to_le_bytes())?;
     }
+    Ok(())
 }
 
 impl FlatIndex {
@@ -450,7 +468,9 @@ mod tests {
     #[test]
     fn a_flat_layer_reads_back_as_the_index_it_was_made_from() {
         let (idx, blobs) = sample();
-        let flat = FlatIndex::from_bytes(encode(&idx)).unwrap();
+        let enc = encode(&idx);
+        assert_eq!(enc.len(), encoded_len(&idx));
+        let flat = FlatIndex::from_bytes(enc).unwrap();
         assert_eq!((flat.tree(), flat.mode(), flat.dirs()), (idx.tree, idx.mode, idx.dirs));
         assert_eq!(flat.base(), &idx.base[..]);
         assert_eq!((flat.pack_count(), flat.member_count()), (3, 42));

@@ -167,6 +167,8 @@ pub(super) struct State {
     /// ([`SnapshotFs::recycle`]): each blob number with the change count
     /// when it was freed. Oldest first.
     pub(super) spare: std::collections::VecDeque<(u64, u64)>,
+    /// The table shrank since the last FORGET looked.
+    pub(super) shrunk: bool,
 }
 
 impl State {
@@ -176,15 +178,18 @@ impl State {
             next_ino: ROOT_INO + 1,
             next_blob: 1,
             spare: Default::default(),
+            shrunk: false,
         }
     }
 
     /// Gives memory back once most nodes are gone (a table never shrinks
     /// by itself: after a walk of a million files and the kernel's
-    /// forgetting them, it would keep room for a million).
+    /// forgetting them, it would keep room for a million). Notes that it
+    /// did, for [`SnapshotFs::forget`] to give the freed memory back too.
     pub(super) fn shrink(&mut self) {
         if self.nodes.capacity() > 1024 && self.nodes.len() * 4 < self.nodes.capacity() {
             self.nodes.shrink_to(self.nodes.len() * 2);
+            self.shrunk = true;
         }
     }
 
@@ -358,6 +363,10 @@ impl SnapshotFs {
         } else {
             let parent = node.parent;
             self.collapse(&mut st, parent);
+        }
+        if std::mem::take(&mut st.shrunk) {
+            drop(st);
+            crate::memory::give_back();
         }
     }
 

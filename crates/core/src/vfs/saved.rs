@@ -413,8 +413,13 @@ impl SnapshotFs {
     ) -> Result<SnapshotFs> {
         let (h, mut r) = Self::saved_header(bytes)?;
         let fs = SnapshotFs::writable(fetcher, h.root, h.time, upper_dir, base_stat)?;
-        let mut st =
-            State { nodes: HashMap::new(), next_ino: ROOT_INO, next_blob: h.next_blob, spare: Default::default() };
+        let mut st = State {
+            nodes: HashMap::new(),
+            next_ino: ROOT_INO,
+            next_blob: h.next_blob,
+            spare: Default::default(),
+            shrunk: false,
+        };
         let n = r.count(16).map_err(state_err)?;
         // Record index -> inode (records are numbered 0.., inodes 1..).
         let mut inos: Vec<u64> = Vec::with_capacity(n);
