@@ -234,37 +234,55 @@ pub async fn load_index_layers(
     tree: Hash,
     hint: &[Hash],
 ) -> Result<std::result::Result<(Vec<PackIndex>, Discovery), Attach>> {
+    layer_chain(tree, hint, |t| one_layer(remote, cache, t), |l: &PackIndex| &l.base).await
+}
+
+/// Tree `tree`'s index layers, the top first, then every layer it names
+/// (`below` reads a layer's list), each got by `one`: the layers `hint`
+/// names in the top's round trip, any other it names in one more. A layer
+/// below that cannot be had, or that names another chain below it than
+/// the top says, is why there is no index.
+async fn layer_chain<L, F, Fut>(
+    tree: Hash,
+    hint: &[Hash],
+    one: F,
+    below: impl Fn(&L) -> &[Hash],
+) -> Result<std::result::Result<(Vec<L>, Discovery), Attach>>
+where
+    F: Fn(Hash) -> Fut,
+    Fut: std::future::Future<Output = Result<std::result::Result<(L, Discovery), Attach>>>,
+{
     let mut want = vec![tree];
     want.extend(hint.iter().copied().filter(|h| *h != tree).take(crate::pack::MAX_INDEX_LAYERS * 4));
-    let mut got: HashMap<Hash, Located> = HashMap::new();
-    for (t, r) in want.iter().zip(futures::future::join_all(want.iter().map(|t| one_layer(remote, cache, *t))).await) {
+    let mut got = HashMap::new();
+    for (t, r) in want.iter().zip(futures::future::join_all(want.iter().map(|t| one(*t))).await) {
         got.insert(*t, r?);
     }
     let (top, via) = match got.remove(&tree).expect("the top was asked for") {
         Ok(x) => x,
         Err(reason) => return Ok(Err(reason)),
     };
-    if top.base.is_empty() {
-        return Ok(Ok((vec![top], via)));
-    }
-    let missing: Vec<Hash> = top.base.iter().copied().filter(|b| !got.contains_key(b)).collect();
-    for (t, r) in
-        missing.iter().zip(futures::future::join_all(missing.iter().map(|t| one_layer(remote, cache, *t))).await)
-    {
+    let base = below(&top).to_vec();
+    let missing: Vec<Hash> = base.iter().copied().filter(|b| !got.contains_key(b)).collect();
+    for (t, r) in missing.iter().zip(futures::future::join_all(missing.iter().map(|t| one(*t))).await) {
         got.insert(*t, r?);
     }
-    let mut layers = Vec::with_capacity(1 + top.base.len());
-    for b in &top.base {
-        match got.remove(b) {
-            Some(Ok((l, _))) => layers.push(l),
+    let mut layers = vec![top];
+    for (i, b) in base.iter().enumerate() {
+        let layer = match got.remove(b) {
+            Some(Ok((l, _))) => l,
             Some(Err(reason)) => {
                 let detail = format!("index layer {} below {}: {}", b.short(), tree.short(), reason.describe());
                 return Ok(Err(Attach::Undecodable { detail }));
             }
             None => unreachable!("every layer below was asked for"),
+        };
+        if below(&layer) != &base[i + 1..] {
+            let detail = format!("layer {} is not the one named", b.short());
+            return Ok(Err(Attach::Undecodable { detail }));
         }
+        layers.push(layer);
     }
-    layers.insert(0, top);
     Ok(Ok((layers, via)))
 }
 
@@ -299,47 +317,14 @@ type FlatLayer = std::result::Result<(Arc<FlatIndex>, Discovery), Attach>;
 /// Tree `tree`'s index layers, flat (the top first, then every layer it
 /// names, checked to be the chain named): each from its flat file in the
 /// cache, else made from the index (its local copy, else the store) and
-/// kept there. As in [`load_index_layers`], the layers `hint` names come
-/// in the top's round trip; nothing is merged or held decoded.
+/// kept there ([`layer_chain`]); nothing is merged or held decoded.
 pub async fn load_flat_layers(
     remote: &Remote,
     cache: &DiskCache,
     tree: Hash,
     hint: &[Hash],
 ) -> Result<std::result::Result<(Vec<Arc<FlatIndex>>, Discovery), Attach>> {
-    let mut want = vec![tree];
-    want.extend(hint.iter().copied().filter(|h| *h != tree).take(crate::pack::MAX_INDEX_LAYERS * 4));
-    let mut got: HashMap<Hash, FlatLayer> = HashMap::new();
-    for (t, r) in want.iter().zip(futures::future::join_all(want.iter().map(|t| one_flat(remote, cache, *t))).await) {
-        got.insert(*t, r?);
-    }
-    let (top, via) = match got.remove(&tree).expect("the top was asked for") {
-        Ok(x) => x,
-        Err(reason) => return Ok(Err(reason)),
-    };
-    let base = top.base().to_vec();
-    let missing: Vec<Hash> = base.iter().copied().filter(|b| !got.contains_key(b)).collect();
-    let fetched = futures::future::join_all(missing.iter().map(|t| one_flat(remote, cache, *t))).await;
-    for (t, r) in missing.iter().zip(fetched) {
-        got.insert(*t, r?);
-    }
-    let mut layers = vec![top];
-    for (i, b) in base.iter().enumerate() {
-        let below = match got.remove(b) {
-            Some(Ok((l, _))) => l,
-            Some(Err(reason)) => {
-                let detail = format!("index layer {} below {}: {}", b.short(), tree.short(), reason.describe());
-                return Ok(Err(Attach::Undecodable { detail }));
-            }
-            None => unreachable!("every layer below was asked for"),
-        };
-        if below.base() != &base[i + 1..] {
-            let detail = format!("layer {} is not the one named", b.short());
-            return Ok(Err(Attach::Undecodable { detail }));
-        }
-        layers.push(below);
-    }
-    Ok(Ok((layers, via)))
+    layer_chain(tree, hint, |t| one_flat(remote, cache, t), |l: &Arc<FlatIndex>| l.base()).await
 }
 
 /// Keeps the flat form of index layer `layer` (as stored: not a merged

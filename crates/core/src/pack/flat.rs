@@ -547,6 +547,29 @@ mod tests {
         }
     }
 
+    /// Two packs of the same shape whose order entries are swapped: each
+    /// table would name the other's member at a sound range. Refused.
+    #[test]
+    fn a_pack_whose_order_entry_names_another_packs_row_is_refused() {
+        let (x, y) = (b"same length x".to_vec(), b"same length y".to_vec());
+        let pack = |b: &Vec<u8>| build_pack(&[(Hash::of(b), MemberKind::Blob, &b[..])]).1;
+        let idx = PackIndex {
+            tree: Hash([3; 32]),
+            mode: Mode::Recursive,
+            dirs: 1,
+            packs: vec![pack(&x), pack(&y)],
+            trees: vec![],
+            base: vec![],
+        };
+        let mut enc = encode(&idx);
+        let at = FlatIndex::from_bytes(enc.clone()).unwrap().at_order;
+        let (a, b) = (enc[at..at + 4].to_vec(), enc[at + 4..at + 8].to_vec());
+        enc[at..at + 4].copy_from_slice(&b);
+        enc[at + 4..at + 8].copy_from_slice(&a);
+        let flat = FlatIndex::from_bytes(enc).unwrap();
+        assert!(flat.pack(0).is_err() && flat.pack(1).is_err());
+    }
+
     #[test]
     fn a_flat_file_is_mapped_and_a_missing_or_foreign_one_says_so() {
         let dir = tempfile::tempdir().unwrap();
