@@ -498,10 +498,16 @@ impl SnapshotFs {
         (chunked, all)
     }
 
-    /// Loads every tree of the snapshot into memory (from the attached
-    /// index, or fetched level by level), so metadata needs no network.
+    /// Makes every tree of the snapshot local, each visited once (read
+    /// from the attached index or the disk cache, else fetched, level by
+    /// level), so that metadata and a checkpoint's build need no network;
+    /// memory keeps only the latest ([`TreeCache`](super::TreeCache)).
+    /// Returns how many trees it visited.
     pub async fn preload_trees(&self) -> Result<usize> {
         let mut level = vec![self.root()];
+        // What this walk reached (a tree in memory or local may still have
+        // trees below it that are not).
+        let mut seen: std::collections::HashSet<Hash> = level.iter().copied().collect();
         let mut n = 0;
         while !level.is_empty() {
             let trees: Vec<Arc<Tree>> = futures::stream::iter(level.iter().map(|id| self.tree_by_id(*id, "")))
@@ -512,10 +518,8 @@ impl SnapshotFs {
             level = trees
                 .iter()
                 .flat_map(|t| t.entries.iter().filter(|c| c.kind == Kind::Directory).map(|c| c.id))
-                .filter(|id| self.tree_now(id).is_none())
+                .filter(|id| seen.insert(*id))
                 .collect();
-            level.sort();
-            level.dedup();
         }
         Ok(n)
     }

@@ -377,6 +377,33 @@ async fn trees_leave_memory_past_the_bound_and_come_back_from_the_disk() {
     assert_eq!(remote.stats().since(&before).gets, 0, "all of it from the disk cache");
 }
 
+/// Preloading visits every tree once, whether or not it is already local:
+/// a directory in the disk cache may hold one that is only in the store
+/// (a checkpoint's build needs every tree local when the base has no stat
+/// object).
+#[tokio::test]
+async fn preloading_reaches_a_tree_below_one_already_in_the_cache() {
+    let d = tempfile::tempdir().unwrap();
+    let remote =
+        Arc::new(Remote::open(&format!("file://{}/store", d.path().display()), &OpenOptions::default()).unwrap());
+    let cache = Arc::new(DiskCache::open(d.path().join("cache"), None).unwrap());
+    let dir = |name: &str, id| Entry { name: name.into(), kind: Kind::Directory, chunked: false, size: 0, id };
+    let deep = Tree::normalized(Vec::new()).unwrap().encode();
+    let deep_id = Hash::of(&deep);
+    remote.put_object(crate::store::Space::Objects, &deep_id, deep.into()).await.unwrap();
+    let mid = Tree::normalized(vec![dir("deep", deep_id)]).unwrap().encode();
+    let mid_id = Hash::of(&mid);
+    cache.put(&mid_id, &mid).unwrap();
+    let root = Tree::normalized(vec![dir("mid", mid_id)]).unwrap().encode();
+    let root_id = Hash::of(&root);
+    cache.put(&root_id, &root).unwrap();
+    let f = Fetcher::new(remote, cache);
+    let fs = SnapshotFs::new(f.clone(), root_id, 0);
+    assert!(!f.is_local(&deep_id));
+    assert_eq!(fs.preload_trees().await.unwrap(), 3);
+    assert!(f.is_local(&deep_id), "the tree only the store had is local now");
+}
+
 #[tokio::test]
 async fn a_checkpoint_skips_a_file_unlinked_under_it_but_not_a_lost_blob() {
     let d = tempfile::tempdir().unwrap();
