@@ -137,9 +137,7 @@ mod tests {
     use super::*;
 
     fn resident_kib() -> u64 {
-        let s = std::fs::read_to_string("/proc/self/status").unwrap();
-        let line = s.lines().find(|l| l.starts_with("RssAnon:")).unwrap();
-        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+        crate::ctx::status_kib("self", "RssAnon").expect("RssAnon in /proc/self/status")
     }
 
     #[test]

@@ -255,8 +255,14 @@ impl Ctx {
 /// from exec, unlike getrusage's maxrss that also counts the parent's
 /// memory when it was spawned with vfork).
 fn peak_resident_kib() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/self/status").ok()?;
-    s.lines().find_map(|l| l.strip_prefix("VmHWM:"))?.split_whitespace().next()?.parse().ok()
+    status_kib("self", "VmHWM")
+}
+
+/// A memory figure of process `pid` ("self" for this one) from
+/// `/proc/PID/status`, in KiB (`field` without its colon, e.g. "RssAnon").
+pub fn status_kib(pid: &str, field: &str) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    s.lines().find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))?.split_whitespace().next()?.parse().ok()
 }
 
 /// Set once the process is about to print its result or error and exit:

@@ -556,8 +556,9 @@ pub fn build(
 }
 
 /// Members in the order given, in packs of at most `cap` raw bytes and
-/// [`MAX_PACK_MEMBERS`] members each (a member larger than that alone), each handed to `emit` as it is made:
-/// at most one pack's members in memory.
+/// [`MAX_PACK_MEMBERS`] members each (a member larger than that alone),
+/// each handed to `emit` as it is made: at most one pack's members in
+/// memory.
 fn pack_in_order(
     members: Vec<(Hash, MemberKind)>,
     cap: u64,

@@ -68,10 +68,7 @@ pub fn collect() -> Result<Fleet> {
 
 /// A process's private resident memory (RssAnon), from /proc.
 fn private_bytes(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("RssAnon:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
+    crate::ctx::status_kib(&pid.to_string(), "RssAnon").map(|kib| kib * 1024)
 }
 
 /// The name a line shows for a daemon: its workspace, else its ref.
