@@ -7,10 +7,15 @@ use crate::store::{OpenOptions, Remote};
 use crate::upload::Staged;
 use std::path::Path;
 
+/// A store (the local directory kind) and a disk cache, in `dir`.
+fn local_store(dir: &Path) -> (Arc<Remote>, Arc<DiskCache>) {
+    let remote = Remote::open(&format!("file://{}/store", dir.display()), &OpenOptions::default()).unwrap();
+    (Arc::new(remote), Arc::new(DiskCache::open(dir.join("cache"), None).unwrap()))
+}
+
 /// A read-write filesystem over an empty tree, in `dir`.
 fn empty_workspace(dir: &Path) -> (SnapshotFs, Arc<DiskCache>) {
-    let remote = Arc::new(Remote::open(&format!("file://{}/store", dir.display()), &OpenOptions::default()).unwrap());
-    let cache = Arc::new(DiskCache::open(dir.join("cache"), None).unwrap());
+    let (remote, cache) = local_store(dir);
     let empty = Tree::normalized(Vec::new()).unwrap().encode();
     let root = Hash::of(&empty);
     cache.put(&root, &empty).unwrap();
@@ -208,9 +213,7 @@ async fn deep_directories_save_and_load_without_recursion() {
 #[tokio::test]
 async fn forgotten_clean_nodes_fold_back_into_their_tree() {
     let d = tempfile::tempdir().unwrap();
-    let remote =
-        Arc::new(Remote::open(&format!("file://{}/store", d.path().display()), &OpenOptions::default()).unwrap());
-    let cache = Arc::new(DiskCache::open(d.path().join("cache"), None).unwrap());
+    let (remote, cache) = local_store(d.path());
     // A tree of 100 files in one directory, below the root.
     let file = Hash::of(b"content");
     cache.put(&file, b"content").unwrap();
@@ -285,9 +288,7 @@ async fn forgotten_clean_nodes_fold_back_into_their_tree() {
 #[tokio::test]
 async fn folding_goes_up_while_whole_directories_are_idle() {
     let d = tempfile::tempdir().unwrap();
-    let remote =
-        Arc::new(Remote::open(&format!("file://{}/store", d.path().display()), &OpenOptions::default()).unwrap());
-    let cache = Arc::new(DiskCache::open(d.path().join("cache"), None).unwrap());
+    let (remote, cache) = local_store(d.path());
     let put_tree = |entries: Vec<Entry>| {
         let t = Tree::normalized(entries).unwrap().encode();
         let id = Hash::of(&t);
@@ -322,9 +323,7 @@ async fn folding_goes_up_while_whole_directories_are_idle() {
 #[tokio::test]
 async fn trees_leave_memory_past_the_bound_and_come_back_from_the_disk() {
     let d = tempfile::tempdir().unwrap();
-    let remote =
-        Arc::new(Remote::open(&format!("file://{}/store", d.path().display()), &OpenOptions::default()).unwrap());
-    let cache = Arc::new(DiskCache::open(d.path().join("cache"), None).unwrap());
+    let (remote, cache) = local_store(d.path());
     let put = |bytes: Vec<u8>| {
         let id = Hash::of(&bytes);
         cache.put(&id, &bytes).unwrap();
@@ -384,9 +383,7 @@ async fn trees_leave_memory_past_the_bound_and_come_back_from_the_disk() {
 #[tokio::test]
 async fn preloading_reaches_a_tree_below_one_already_in_the_cache() {
     let d = tempfile::tempdir().unwrap();
-    let remote =
-        Arc::new(Remote::open(&format!("file://{}/store", d.path().display()), &OpenOptions::default()).unwrap());
-    let cache = Arc::new(DiskCache::open(d.path().join("cache"), None).unwrap());
+    let (remote, cache) = local_store(d.path());
     let dir = |name: &str, id| Entry { name: name.into(), kind: Kind::Directory, chunked: false, size: 0, id };
     let deep = Tree::normalized(Vec::new()).unwrap().encode();
     let deep_id = Hash::of(&deep);
