@@ -40,6 +40,10 @@ pub struct PackOptions {
     /// alone): new packs are PUT without a HEAD (they hold only new
     /// members), and objects too large for any pack go up alone.
     pub primary: bool,
+    /// Build on top of this base, read in place (a checkpoint's parent;
+    /// `base` and `layers` are then not used): the build costs what changed
+    /// since its bottom layer. A change too large for a layer merges it.
+    pub flat: Option<Arc<crate::pack::FlatBase>>,
 }
 
 /// How to decide whether the index must be written.
@@ -150,29 +154,62 @@ async fn build_and_publish(
         }
         _ => None,
     };
-    // The chain as stored: those layers, or a whole base alone (nothing to
-    // absorb then, but the delta build still walks only what changed).
-    let whole_base = opts.base.clone().filter(|b| b.base.is_empty());
-    let chain: Option<&[crate::pack::PackIndex]> = match (&parts, &whole_base) {
-        (Some(p), _) => Some(&p[..]),
-        (None, Some(b)) => Some(std::slice::from_ref(&**b)),
-        _ => None,
-    };
-    let absorb = chain.map(crate::pack::Absorb::of);
     let (tx, mut rx) = tokio::sync::mpsc::channel::<(Hash, Vec<u8>)>(2);
     let c = cache.clone();
-    let base = opts.base.clone();
-    let parent = opts.base.clone();
-    let delta = opts.base.is_some();
+    let delta = opts.base.is_some() || opts.flat.is_some();
     let rt = tokio::runtime::Handle::current();
     let memory = staged.clone();
+    let (base, flat) = (opts.base.clone(), opts.flat.clone());
     let builder = tokio::task::spawn_blocking(move || {
-        // What the base index packs is read from the cache's copy of its
-        // pack (a resume or a mount read it through that pack).
-        let in_base = std::sync::OnceLock::new();
+        let mut emit = |id, bytes| {
+            tx.blocking_send((id, bytes))
+                .map_err(|_| Error::Internal("the pack upload stopped before the builder".into()))
+        };
+        let reader = Reader { cache: c, staged: memory, fetcher: inline, rt };
+        if let Some(fb) = &flat {
+            // Trees of the layers above the bottom, in memory; the
+            // bottom's read in place.
+            let above: std::collections::HashMap<Hash, &Vec<u8>> =
+                fb.above.iter().flat_map(|l| l.trees.iter()).map(|(id, t)| (*id, t)).collect();
+            let trees =
+                |id: &Hash| above.get(id).map(|t| (*t).clone()).or_else(|| fb.bottom.inline(id).map(<[u8]>::to_vec));
+            let holders = |id: &Hash| {
+                let mut out: Vec<crate::pack::PackEntry> = fb
+                    .above
+                    .iter()
+                    .flat_map(|l| l.packs.iter())
+                    .filter(|p| p.members.iter().any(|m| m.id == *id))
+                    .cloned()
+                    .collect();
+                if let Some(p) = fb.bottom.member(id).and_then(|(p, _)| fb.bottom.pack(p).ok()) {
+                    out.push(p);
+                }
+                out
+            };
+            let src = |id: &Hash| reader.read(id, &trees, &holders);
+            let built =
+                crate::fsutil::on_deep_stack(|| crate::pack::build_delta_flat(tree, opts.cap, fb, &src, &mut emit))?;
+            if let Some(b) = built {
+                return Ok((b, Chain::Flat(fb.clone())));
+            }
+        }
+        // The whole view: the base as given, or the flat one merged (a
+        // change too large for a layer over it).
+        let (base, parts) = match (&flat, base) {
+            (Some(fb), _) => {
+                let mut layers = fb.above.clone();
+                layers.push(fb.bottom.to_index().map_err(Error::Internal)?);
+                let view = layers[0].clone().merge(layers[1..].to_vec()).map_err(Error::Internal)?;
+                let parts = (layers.len() > 1).then(|| Arc::new(layers));
+                (Some(Arc::new(view)), parts)
+            }
+            (None, b) => (b, parts),
+        };
+        let absorb = chain_of(&base, &parts).map(crate::pack::Absorb::of);
         let base_packs: &[crate::pack::PackEntry] = base.as_ref().map_or(&[], |b| &b.packs[..]);
-        // Every pack of the base holding `id` (by position): the cache may
-        // hold any of them.
+        // Every pack of the base holding `id`: the cache may hold any of
+        // them (built once, when first asked).
+        let in_base = std::sync::OnceLock::new();
         let holders = |id: &Hash| {
             let map = in_base.get_or_init(|| {
                 let mut m: std::collections::HashMap<Hash, Vec<usize>> = std::collections::HashMap::new();
@@ -183,62 +220,21 @@ async fn build_and_publish(
                 }
                 m
             });
-            map.get(id).cloned().unwrap_or_default()
-        };
-        let from_base = |id: &Hash| holders(id).into_iter().find_map(|pi| c.pack_get(&base_packs[pi].id, id));
-        // Last, the store, through the base's packs (a member to fold in
-        // may live only in a pack this machine never fetched or evicted):
-        // the first member missing from a pack fetches that pack, so the
-        // others are then read from the cache.
-        let pack_arcs = std::sync::Mutex::new(std::collections::HashMap::<usize, Arc<crate::pack::PackEntry>>::new());
-        let from_store = |id: &Hash| {
-            let f = inline.as_ref()?;
-            holders(id).into_iter().find_map(|pi| {
-                let pack = pack_arcs
-                    .lock()
-                    .expect("pack arcs lock")
-                    .entry(pi)
-                    .or_insert_with(|| Arc::new(base_packs[pi].clone()))
-                    .clone();
-                rt.block_on(f.member_of(pack, id)).map(|b| b.to_vec())
-            })
+            map.get(id).into_iter().flatten().map(|pi| base_packs[*pi].clone()).collect()
         };
         // Trees the base carries are read from it, in memory: a delta build
         // walks every tree of the new root, and on a big tree thousands of
         // cache reads (each verified) cost more than the rest of it.
         let base_trees: std::collections::HashMap<Hash, &Vec<u8>> =
             base.iter().flat_map(|b| b.trees.iter()).map(|(id, t)| (*id, t)).collect();
-        let src = |id: &Hash| {
-            if let Some(b) = memory.as_ref().and_then(|m| m.get(id)) {
-                return Ok(b.to_vec());
-            }
-            if let Some(t) = base_trees.get(id) {
-                return Ok((*t).clone());
-            }
-            let through = |f: &Arc<crate::fetch::Fetcher>| f.cached(id).or_else(|| f.inline_tree(id));
-            // Last, the store (a lazy mount may never have read a file the
-            // delta build must re-read).
-            let fetched = || {
-                let f = inline.as_ref()?;
-                rt.block_on(f.get(crate::store::Space::Objects, *id, "object")).ok().map(|b| b.to_vec())
-            };
-            inline
-                .as_ref()
-                .map_or_else(|| c.get(id), through)
-                .or_else(|| from_base(id))
-                .or_else(|| from_store(id))
-                .or_else(fetched)
-                .ok_or_else(|| Error::User(format!("object {id} is not in the disk cache")).then(Next::Materialize))
-        };
-        let mut emit = |id, bytes| {
-            tx.blocking_send((id, bytes))
-                .map_err(|_| Error::Internal("the pack upload stopped before the builder".into()))
-        };
+        let trees = |id: &Hash| base_trees.get(id).map(|t| (*t).clone());
+        let src = |id: &Hash| reader.read(id, &trees, &holders);
         // Planning recurses once per tree level.
-        crate::fsutil::on_deep_stack(|| match &opts.base {
-            Some(base) => crate::pack::build_delta(tree, opts.cap, base, absorb.as_ref(), &src, &mut emit),
+        let built = crate::fsutil::on_deep_stack(|| match &base {
+            Some(b) => crate::pack::build_delta(tree, opts.cap, b, absorb.as_ref(), &src, &mut emit),
             None => build(tree, opts.mode, opts.cap, &src, &mut emit),
-        })
+        })?;
+        Ok::<_, Error>((built, Chain::Merged { view: base.clone(), parts }))
     });
     // A checkpoint (IndexCheck::Concurrent) writes its index alongside its
     // packs, as soon as the build has it, with a conditional PUT: no round
@@ -279,9 +275,8 @@ async fn build_and_publish(
         let built = builder
             .await
             .map_err(|e| Error::Io { context: "pack builder".into(), source: std::io::Error::other(e) })??;
-        let crate::pack::Built { index, unpacked, loose, placed_at, partial } = built;
-        let (idx, enc) =
-            place_index(remote, cache, parent.as_deref(), chain, index, (placed_at, partial), staged.is_some()).await?;
+        let (crate::pack::Built { index, unpacked, loose, placed_at, partial }, chain) = built;
+        let (idx, enc) = place_index(remote, cache, &chain, index, (placed_at, partial), staged.is_some()).await?;
         let early = match concurrent {
             true => {
                 // Every member of the tree is in a pack the index names, or
@@ -379,41 +374,123 @@ async fn build_and_publish(
     Ok(report)
 }
 
-/// Places a build's index for publishing: over `parent`'s chain as a layer
-/// (where the compaction rule says, absorbing the small layers at its
-/// top; crate::object::layering), or whole. Returns the index the caller
-/// reports (the view for an import, which builds its next commit on it;
-/// for a checkpoint's partial build, the layer) and the bytes to publish.
+/// What a build was placed over: a merged view (with its layers as
+/// stored, when it has more than one), or a flat base.
+enum Chain {
+    Merged { view: Option<Arc<crate::pack::PackIndex>>, parts: Option<Arc<Vec<crate::pack::PackIndex>>> },
+    Flat(Arc<crate::pack::FlatBase>),
+}
+
+/// A merged base's chain as stored: its layers, or a whole base alone
+/// (nothing to absorb then, but a delta build still walks only what
+/// changed).
+fn chain_of<'a>(
+    view: &'a Option<Arc<crate::pack::PackIndex>>,
+    parts: &'a Option<Arc<Vec<crate::pack::PackIndex>>>,
+) -> Option<&'a [crate::pack::PackIndex]> {
+    match (parts, view) {
+        (Some(p), _) => Some(&p[..]),
+        (None, Some(b)) if b.base.is_empty() => Some(std::slice::from_ref(&**b)),
+        _ => None,
+    }
+}
+
+/// Reads what a build packs: an import's staged content, the base's
+/// trees, the disk cache (or the fetcher's view of it), the cache's copy
+/// of a base pack holding it, and last the store.
+struct Reader {
+    cache: Arc<DiskCache>,
+    staged: Option<Arc<crate::upload::InMemory>>,
+    fetcher: Option<Arc<crate::fetch::Fetcher>>,
+    rt: tokio::runtime::Handle,
+}
+
+impl Reader {
+    fn read(
+        &self,
+        id: &Hash,
+        trees: &dyn Fn(&Hash) -> Option<Vec<u8>>,
+        holders: &dyn Fn(&Hash) -> Vec<crate::pack::PackEntry>,
+    ) -> Result<Vec<u8>> {
+        if let Some(b) = self.staged.as_ref().and_then(|m| m.get(id)) {
+            return Ok(b.to_vec());
+        }
+        if let Some(t) = trees(id) {
+            return Ok(t);
+        }
+        let local = match &self.fetcher {
+            Some(f) => f.cached(id).or_else(|| f.inline_tree(id)),
+            None => self.cache.get(id),
+        };
+        if let Some(b) = local {
+            return Ok(b);
+        }
+        // A member to fold in may live only in a pack this machine never
+        // fetched or evicted: the cache's copy of a base pack, else the
+        // pack through the fetcher (which keeps it, so the pack's other
+        // members are then read from the cache). Last, the object alone (a
+        // lazy mount may never have read a file the build must re-read).
+        let packs = holders(id);
+        if let Some(b) = packs.iter().find_map(|p| self.cache.pack_get(&p.id, id)) {
+            return Ok(b);
+        }
+        if let Some(f) = &self.fetcher {
+            for p in packs {
+                if let Some(b) = self.rt.block_on(f.member_of(Arc::new(p), id)) {
+                    return Ok(b.to_vec());
+                }
+            }
+            if let Ok(b) = self.rt.block_on(f.get(crate::store::Space::Objects, *id, "object")) {
+                return Ok(b.to_vec());
+            }
+        }
+        Err(Error::User(format!("object {id} is not in the disk cache")).then(Next::Materialize))
+    }
+}
+
+/// Places a build's index for publishing: over its base's chain as a
+/// layer (where the compaction rule says, absorbing the small layers at
+/// its top; crate::object::layering), or whole. Returns the index the
+/// caller reports (the view for an import, which builds its next commit
+/// on it; for a checkpoint's partial build, the layer) and the bytes to
+/// publish.
 async fn place_index(
     remote: &Remote,
     cache: &DiskCache,
-    parent: Option<&crate::pack::PackIndex>,
-    chain: Option<&[crate::pack::PackIndex]>,
+    chain: &Chain,
     mut idx: crate::pack::PackIndex,
     (placed_at, partial): (usize, bool),
     view_wanted: bool,
 ) -> Result<(crate::pack::PackIndex, Vec<u8>)> {
-    let Some(base) = parent else {
-        let enc = idx.encode();
-        return Ok((idx, enc));
-    };
-    // Without every layer at hand, a full chain is compacted into one
-    // layer over the bottom (whole) index.
-    let layers = base.layers();
-    let placed = match chain {
-        Some(chain) => idx.layer_over_at(chain, placed_at, partial.then_some(base.trees.len())).ok(),
-        None => None,
-    };
-    let layer = match placed {
-        Some(layer) => layer,
-        None => {
-            let bottom = match layers.last() {
-                Some(b) if layers.len() >= crate::pack::MAX_INDEX_LAYERS => {
-                    crate::fetch::load_index(remote, cache, *b, &[]).await?.ok().map(|(i, _)| i)
-                }
-                _ => None,
+    let layer = match chain {
+        Chain::Merged { view: None, .. } => {
+            let enc = idx.encode();
+            return Ok((idx, enc));
+        }
+        Chain::Flat(fb) => {
+            let view_trees = fb.bottom.inline_count() + fb.above.iter().map(|l| l.trees.len()).sum::<usize>();
+            idx.layer_over_flat(fb, placed_at, view_trees).map_err(Error::Internal)?
+        }
+        Chain::Merged { view: view @ Some(base), parts } => {
+            let placed = match chain_of(view, parts) {
+                Some(chain) => idx.layer_over_at(chain, placed_at, partial.then_some(base.trees.len())).ok(),
+                None => None,
             };
-            idx.layer_over(bottom.as_ref().unwrap_or(base))
+            match placed {
+                Some(layer) => layer,
+                None => {
+                    // Without every layer at hand, a full chain is
+                    // compacted into one layer over the bottom (whole) index.
+                    let layers = base.layers();
+                    let bottom = match layers.last() {
+                        Some(b) if layers.len() >= crate::pack::MAX_INDEX_LAYERS => {
+                            crate::fetch::load_index(remote, cache, *b, &[]).await?.ok().map(|(i, _)| i)
+                        }
+                        _ => None,
+                    };
+                    idx.layer_over(bottom.as_ref().unwrap_or(base))
+                }
+            }
         }
     };
     if partial && layer.base.is_empty() {
@@ -427,7 +504,10 @@ async fn place_index(
     let enc = layer.encode();
     if partial {
         idx = match (chain, view_wanted) {
-            (Some(chain), true) => layer.merge(chain[placed_at..].to_vec()).map_err(Error::Internal)?,
+            (Chain::Merged { view, parts }, true) => match chain_of(view, parts) {
+                Some(chain) => layer.merge(chain[placed_at..].to_vec()).map_err(Error::Internal)?,
+                None => layer,
+            },
             _ => layer,
         };
     }

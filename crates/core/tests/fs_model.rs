@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use mado_core::cache::DiskCache;
 use mado_core::fetch::Fetcher;
-use mado_core::object::{Kind, Tree};
+use mado_core::object::{Kind, StatObject, Tree};
 use mado_core::store::{OpenOptions, Remote};
 use mado_core::upload::Staged;
 use mado_core::vfs::{NodeKind, OpenFile, SetAttr, SnapshotFs, ROOT_INO};
@@ -220,8 +220,8 @@ impl World {
             }
         }
         let built = w.fs.build(&w.cache, &mut Staged::default()).unwrap();
-        let stat = built.stat.encode();
-        let base = (Hash::of(&stat), built.stat.clone());
+        let whole = w.fs.stat_view(&built.stat).unwrap();
+        let base = (Hash::of(&whole.encode()), whole);
         w.upper = w.dir.path().join("upper2");
         w.fs = SnapshotFs::writable(w.fetcher.clone(), built.root, 0, w.upper.clone(), Some(base.clone())).unwrap();
         w.base = Some(base);
@@ -483,12 +483,13 @@ impl World {
                     self.fs.preload_trees().await.unwrap();
                 }
                 let built = self.fs.build(&self.cache, &mut Staged::default()).unwrap();
-                let stat = built.stat.encode();
-                let stat_id = Hash::of(&stat);
+                let whole = self.fs.stat_view(&built.stat).unwrap();
+                let stat_id = Hash::of(&whole.encode());
                 self.fs.rebase(built.root, stat_id, &built.stat);
-                self.base = Some((stat_id, built.stat.clone()));
+                self.base = Some((stat_id, whole.clone()));
                 let ro = SnapshotFs::new(self.fetcher.clone(), built.root, 0);
                 let got = fs_tree(&ro, &mut Kernel::default()).await;
+                self.check_stat(&whole, &got, log);
                 // A checkpoint records each path as a file of its own.
                 let mut want = model_tree(&self.model);
                 // Device nodes are not checkpointed.
@@ -499,6 +500,22 @@ impl World {
                 assert_eq!(got, want, "checkpoint differs from the model after:\n{}", log.join("\n"));
             }
             _ => {}
+        }
+    }
+
+    /// A checkpoint's stat object (made from the change its build noted
+    /// against the base) lists exactly the paths of the tree it records,
+    /// each one the kernel holds with the mtime the mount shows for it
+    /// (looked up without a lookup: directories not in memory stay so).
+    fn check_stat(&self, whole: &StatObject, tree: &BTreeMap<String, (char, Vec<u8>, u32)>, log: &[String]) {
+        let listed: Vec<String> = whole.entries.iter().map(|(p, ..)| String::from_utf8(p.clone()).unwrap()).collect();
+        let want: Vec<String> = std::iter::once(String::new()).chain(tree.keys().cloned()).collect();
+        assert_eq!(listed, want, "the stat object's paths differ from the tree's after:\n{}", log.join("\n"));
+        for (p, secs, nanos) in &whole.entries {
+            let p = String::from_utf8(p.clone()).unwrap();
+            let ino = if p.is_empty() { Some(&ROOT_INO) } else { self.k.dcache.get(&p) };
+            let Some(a) = ino.and_then(|i| self.fs.getattr(*i).ok()) else { continue };
+            assert_eq!((a.mtime, a.mtime_ns), (*secs, *nanos), "{p}'s mtime after:\n{}", log.join("\n"));
         }
     }
 
@@ -529,10 +546,10 @@ impl World {
             b.join().unwrap()
         });
         self.fs.release(ino);
-        let stat = built.stat.encode();
-        let stat_id = Hash::of(&stat);
+        let whole = self.fs.stat_view(&built.stat).unwrap();
+        let stat_id = Hash::of(&whole.encode());
         self.fs.rebase(built.root, stat_id, &built.stat);
-        self.base = Some((stat_id, built.stat.clone()));
+        self.base = Some((stat_id, whole));
         let ro = SnapshotFs::new(self.fetcher.clone(), built.root, 0);
         let mut got = fs_tree(&ro, &mut Kernel::default()).await;
         let mut want = model_tree(&self.model);

@@ -79,6 +79,7 @@ pub async fn run(mut a: ImportGitArgs, ctx: &Ctx) -> Result<()> {
             index_check: mado_core::publish::IndexCheck::KnownAbsent,
             base: None,
             layers: None,
+            flat: None,
             primary: true,
         }),
         Some(a.base.as_deref().unwrap_or(mado_core::import::SEED_REF)),

@@ -48,6 +48,7 @@ pub async fn run(a: PackArgs, ctx: &Ctx) -> Result<()> {
         index_check: mado_core::publish::IndexCheck::Compare,
         base: None,
         layers: None,
+        flat: None,
         primary: false,
     };
     let report = mado_core::publish::publish_packs(&remote, &cache, snap.root, opts, Some(fetcher.clone())).await?;

@@ -125,6 +125,40 @@ impl Fetcher {
         Ok(chain)
     }
 
+    /// A stat object's chain (its id first, the whole bottom last) and the
+    /// layers of all of it but the bottom, decoded: what a layer placed
+    /// over the chain needs ([`StatObject::layer_of_change`]); the bottom,
+    /// the size of the tree, is not read. The layers are fetched at once.
+    pub async fn stat_layers_above_bottom(
+        self: &Arc<Self>,
+        id: Hash,
+        hint: &[Hash],
+    ) -> Result<(Vec<Hash>, Vec<StatObject>)> {
+        // The hint names the chain below `id`, the bottom last: all but it
+        // are fetched with the top.
+        let guess: Vec<Hash> =
+            hint.iter().copied().filter(|h| *h != id).take(crate::object::MAX_STAT_LAYERS * 4).collect();
+        let guess_above = &guess[..guess.len().saturating_sub(1)];
+        let mut want = vec![id];
+        want.extend_from_slice(guess_above);
+        let fetched = futures::future::join_all(want.iter().map(|h| self.stat_layer(*h))).await;
+        let mut got: HashMap<Hash, Result<StatObject>> = want.iter().copied().zip(fetched).collect();
+        let top = got.remove(&id).expect("the top was asked for")?;
+        let chain: Vec<Hash> = std::iter::once(id).chain(top.base.iter().copied()).collect();
+        if top.base.is_empty() {
+            return Ok((chain, Vec::new()));
+        }
+        let above_ids = &chain[1..chain.len() - 1];
+        let missing: Vec<Hash> = above_ids.iter().copied().filter(|b| !got.contains_key(b)).collect();
+        let fetched = futures::future::join_all(missing.iter().map(|h| self.stat_layer(*h))).await;
+        got.extend(missing.iter().copied().zip(fetched));
+        let mut above = vec![top];
+        for b in above_ids {
+            above.push(got.remove(b).expect("every layer above the bottom was asked for")?);
+        }
+        Ok((chain, above))
+    }
+
     async fn stat_layer(self: &Arc<Self>, id: Hash) -> Result<StatObject> {
         let b = self.get(Space::Objects, id, "stat object").await?;
         StatObject::decode(&b).map_err(|e| Error::corrupt(id, "stat object", "", e))

@@ -12,7 +12,7 @@ mod stat;
 
 pub use layering::compaction_point;
 pub use lease::Lease;
-pub use stat::{StatObject, MAX_STAT_LAYERS};
+pub use stat::{StatDelta, StatObject, MAX_STAT_LAYERS};
 
 use crate::codec::{put_bytes, put_varint, DecodeError, Reader};
 use crate::hash::Hash;

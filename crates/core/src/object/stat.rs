@@ -277,6 +277,81 @@ impl StatObject {
     }
 }
 
+/// A path's (seconds, nanoseconds) in some stat object, if it has the path.
+pub type TimeOf<'a> = dyn Fn(&[u8]) -> Option<(i64, u32)> + 'a;
+
+/// A change to a parent's stat object: paths set (new or with a new
+/// time) and paths gone, both sorted, and the whole object's length after.
+pub struct StatDelta<'a> {
+    pub set: &'a [(Vec<u8>, i64, u32)],
+    pub removed: &'a [Vec<u8>],
+    pub len: usize,
+}
+
+impl StatObject {
+    /// [`StatObject::layer_over_chain`] for a snapshot whose stat object is
+    /// its parent's with `change` applied, without the parent's whole
+    /// object: `chain` is the parent's chain (its id first, the whole
+    /// bottom last), `above` the decoded layers of all of it but the
+    /// bottom, `before` looks a path up in the parent's whole object, and
+    /// `whole` makes the new whole object, when it is to be written whole.
+    /// The cost follows the change and the layers above the bottom.
+    ///
+    /// A layer placed at k holds every path the new change or the absorbed
+    /// layers (those above k) touched, with its time now, or as removed.
+    /// A path removed there that the object at k lacks too is harmless: a
+    /// removal takes out what is there.
+    pub fn layer_of_change(
+        change: &StatDelta<'_>,
+        chain: &[Hash],
+        above: &[StatObject],
+        before: &TimeOf<'_>,
+        whole: &mut dyn FnMut() -> Result<StatObject, String>,
+    ) -> Result<StatObject, String> {
+        if chain.is_empty() {
+            return whole();
+        }
+        if above.len() + 1 != chain.len() {
+            return Err(format!("{} stat layers above the bottom of a chain of {}", above.len(), chain.len()));
+        }
+        for (i, l) in above.iter().enumerate() {
+            if l.base[..] != chain[i + 1..] {
+                return Err(format!("stat layer {} is not the one named", chain[i].short()));
+            }
+        }
+        let mut sizes: Vec<usize> = above.iter().map(|l| l.entries.len() + l.removed.len()).collect();
+        // The bottom's size: never read (a layer goes at most over it).
+        sizes.push(usize::MAX);
+        let k = super::compaction_point(&sizes, change.set.len() + change.removed.len(), MAX_STAT_LAYERS);
+        let now = |p: &[u8]| -> Option<(i64, u32)> {
+            if let Ok(i) = change.set.binary_search_by(|e| e.0[..].cmp(p)) {
+                return Some((change.set[i].1, change.set[i].2));
+            }
+            if change.removed.binary_search_by(|r| r[..].cmp(p)).is_ok() {
+                return None;
+            }
+            before(p)
+        };
+        let touched: std::collections::BTreeSet<&[u8]> = above[..k]
+            .iter()
+            .flat_map(|l| l.entries.iter().map(|e| &e.0[..]).chain(l.removed.iter().map(|r| &r[..])))
+            .chain(change.set.iter().map(|e| &e.0[..]))
+            .chain(change.removed.iter().map(|r| &r[..]))
+            .collect();
+        let (mut entries, mut removed) = (Vec::new(), Vec::new());
+        for p in touched {
+            match now(p) {
+                Some((s, n)) => entries.push((p.to_vec(), s, n)),
+                None => removed.push(p.to_vec()),
+            }
+        }
+        if chain.len() - k >= MAX_STAT_LAYERS || (entries.len() + removed.len()) * 2 > change.len.max(1) {
+            return whole();
+        }
+        Ok(StatObject { entries, base: chain[k..].to_vec(), removed })
+    }
+}
+
 fn apply(map: &mut BTreeMap<Vec<u8>, (i64, u32)>, layer: &StatObject) {
     for p in &layer.removed {
         map.remove(p);
@@ -440,6 +515,68 @@ mod tests {
             store.insert(top, up);
         }
         assert!(uploaded < changed * 8, "{uploaded} entries uploaded for {changed} changes");
+    }
+
+    /// The same as a mount makes them, from the change alone: 300
+    /// checkpoints of random changes, each layer made from the change, the
+    /// layers above the bottom and lookups in the parent's object; merged
+    /// with the chain it names, every layer is the object it stands for,
+    /// and the chain and the uploads stay as bounded.
+    #[test]
+    fn layers_made_from_a_change_alone_merge_back_to_the_whole() {
+        let rnd = crate::chunk::tests::pseudo_random(300 * 16 * 3, 11);
+        let mut r = rnd.iter().copied();
+        let path = |i: u8| format!("d{}/f{}", i % 13, i).into_bytes();
+        let mut whole: BTreeMap<Vec<u8>, (i64, u32)> = (0..200u8).map(|i| (path(i), (i as i64, 0))).collect();
+        let flat = |m: &BTreeMap<Vec<u8>, (i64, u32)>| {
+            StatObject::whole(m.iter().map(|(p, (s, n))| (p.clone(), *s, *n)).collect())
+        };
+        let mut store: std::collections::HashMap<Hash, StatObject> = std::collections::HashMap::new();
+        let first = flat(&whole);
+        let mut top = Hash::of(&first.encode());
+        store.insert(top, first);
+        let (mut changed, mut uploaded, mut wholes) = (0usize, 0usize, 0usize);
+        for round in 0..300i64 {
+            let before = whole.clone();
+            for _ in 0..(r.next().unwrap() % 16 + 1) {
+                let (op, i) = (r.next().unwrap(), r.next().unwrap());
+                match op % 5 {
+                    0 => whole.remove(&path(i)),
+                    _ => whole.insert(path(i), (1_000 + round, op as u32)),
+                };
+                changed += 1;
+            }
+            let set: Vec<(Vec<u8>, i64, u32)> = whole
+                .iter()
+                .filter(|(p, t)| before.get(*p) != Some(t))
+                .map(|(p, (s, n))| (p.clone(), *s, *n))
+                .collect();
+            let removed: Vec<Vec<u8>> = before.keys().filter(|p| !whole.contains_key(*p)).cloned().collect();
+            let change = StatDelta { set: &set, removed: &removed, len: whole.len() };
+            let chain: Vec<Hash> = std::iter::once(top).chain(store[&top].base.iter().copied()).collect();
+            let above: Vec<StatObject> = chain[..chain.len() - 1].iter().map(|h| store[h].clone()).collect();
+            let lookup = |p: &[u8]| before.get(p).copied();
+            let up = StatObject::layer_of_change(&change, &chain, &above, &lookup, &mut || Ok(flat(&whole))).unwrap();
+            assert!(up.base.len() < MAX_STAT_LAYERS, "round {round}: a chain of {}", up.base.len() + 1);
+            wholes += up.base.is_empty() as usize;
+            uploaded += up.entries.len() + up.removed.len();
+            let below: Vec<(Hash, StatObject)> = up.base.iter().map(|h| (*h, store[h].clone())).collect();
+            assert_eq!(up.clone().merge(below).unwrap(), flat(&whole), "round {round}");
+            top = Hash::of(&up.encode());
+            store.insert(top, up);
+        }
+        assert!(uploaded < changed * 8, "{uploaded} entries uploaded for {changed} changes");
+        // A 200-path object changed ~8 paths a round: written whole about
+        // each time the changes since the last reach half of it.
+        assert!(wholes < 30, "{wholes} whole objects in 300 rounds");
+        // A chain whose layers do not name what is below them is refused.
+        let bottom = StatObject::whole(vec![(b"a".to_vec(), 1, 0)]);
+        let stray = StatObject { entries: vec![], base: vec![Hash([9; 32])], removed: vec![b"a".to_vec()] };
+        let change = StatDelta { set: &[], removed: &[], len: 1 };
+        let chain = [Hash([1; 32]), Hash::of(&bottom.encode())];
+        let none = |_: &[u8]| None;
+        assert!(StatObject::layer_of_change(&change, &chain, &[stray], &none, &mut || Ok(bottom.clone())).is_err());
+        assert!(StatObject::layer_of_change(&change, &chain, &[], &none, &mut || Ok(bottom.clone())).is_err());
     }
 
     #[test]

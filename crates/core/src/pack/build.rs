@@ -189,10 +189,10 @@ impl<'a> Walk<'a> {
         &mut self,
         old: Option<Hash>,
         new: Hash,
-        bottom: &HashSet<Hash>,
+        bottom: &dyn Fn(&Hash) -> bool,
         out: &mut Vec<(Hash, MemberKind)>,
     ) -> Result<i64> {
-        if bottom.contains(&new) {
+        if bottom(&new) {
             // Its members are in the bottom's packs, which stay.
             if old == Some(new) {
                 return Ok(0);
@@ -382,7 +382,7 @@ pub fn build_delta(
     let fast = match absorb {
         Some(a) if !a.bottom_trees.is_empty() => {
             let mut all = Vec::new();
-            let delta = w.diff(Some(base.tree), tree, &a.bottom_trees, &mut all)?;
+            let delta = w.diff(Some(base.tree), tree, &|id| a.bottom_trees.contains(id), &mut all)?;
             let dirs = base.dirs as i64 + delta;
             (w.trees.len() * 2 <= base.trees.len() && dirs > 0).then(|| (all, dirs as u64, place(&w, a)))
         }
@@ -403,26 +403,52 @@ pub fn build_delta(
             (all, at)
         }
     };
+    let listed = Listed { candidates: &base.packs, elsewhere: &|_| false };
+    finish_delta(w, tree, cap, absorb, (all, placed_at, partial), listed, src, emit)
+}
+
+/// The packs a delta build may list again, and a test for members held by
+/// packs that stay below the new layer without being listed in it.
+struct Listed<'a> {
+    candidates: &'a [PackEntry],
+    elsewhere: &'a dyn Fn(&Hash) -> bool,
+}
+
+/// The end of a delta build, once the walk listed the members of what
+/// changed (`all`) and the layer's place is known: members no pack that
+/// stays holds go in new packs; the index lists the candidate packs used
+/// (or, for a partial walk, every one not absorbed), then the new ones.
+#[allow(clippy::too_many_arguments)]
+fn finish_delta(
+    mut w: Walk<'_>,
+    tree: Hash,
+    cap: u64,
+    absorb: Option<&Absorb>,
+    (all, placed_at, partial): (Vec<(Hash, MemberKind)>, usize, bool),
+    listed: Listed<'_>,
+    src: &Source<'_>,
+    emit: &mut dyn FnMut(Hash, Vec<u8>) -> Result<()>,
+) -> Result<Built> {
+    let Listed { candidates, elsewhere } = listed;
     // Only small packs are absorbed (a cold reader's GET each is what
     // folding saves). A large file's packs, and any pack of at least
     // ABSORB_MAX_PACK_BYTES, stay as they are: folding one uploaded its
     // bytes again for a small layer's sake, at every other checkpoint (a
     // 20 MB file beside a few small ones went up again with each 2-byte
     // edit anywhere in the tree).
-    let whole: HashSet<Hash> = base.packs.iter().filter(|p| kept_whole(p)).map(|p| p.id).collect();
+    let whole: HashSet<Hash> = candidates.iter().filter(|p| kept_whole(p)).map(|p| p.id).collect();
     let absorbed: HashSet<Hash> = absorb
         .map(|a| a.packs[..placed_at].iter().flatten().filter(|p| !whole.contains(p)).copied().collect())
         .unwrap_or_default();
     // A member of an absorbed pack goes in the new pack, unless a pack
     // that stays holds it too.
-    let in_base: std::collections::HashMap<Hash, usize> = base
-        .packs
+    let in_base: std::collections::HashMap<Hash, usize> = candidates
         .iter()
         .enumerate()
         .filter(|(_, p)| !absorbed.contains(&p.id))
         .flat_map(|(pi, p)| p.members.iter().map(move |m| (m.id, pi)))
         .collect();
-    let mut used = vec![false; base.packs.len()];
+    let mut used = vec![false; candidates.len()];
     let mut seen = HashSet::new();
     let mut fresh: Vec<(Hash, MemberKind)> = Vec::new();
     for (id, kind) in all {
@@ -431,6 +457,7 @@ pub fn build_delta(
         }
         match in_base.get(&id) {
             Some(pi) => used[*pi] = true,
+            None if elsewhere(&id) => {}
             None => fresh.push((id, kind)),
         }
     }
@@ -442,6 +469,7 @@ pub fn build_delta(
         for (id, kind) in run.into_iter().filter(|(id, _)| seen.insert(*id)) {
             match in_base.get(&id) {
                 Some(pi) => used[*pi] = true,
+                None if elsewhere(&id) => {}
                 None => new.push((id, kind)),
             }
         }
@@ -449,8 +477,7 @@ pub fn build_delta(
     }
     // A partial walk cannot tell which base packs nothing uses any more:
     // those that stay are all kept (as their layers list them anyway).
-    let mut packs: Vec<PackEntry> = base
-        .packs
+    let mut packs: Vec<PackEntry> = candidates
         .iter()
         .zip(&used)
         .filter(|(p, u)| **u || (partial && !absorbed.contains(&p.id)))
@@ -467,6 +494,87 @@ pub fn build_delta(
         placed_at,
         partial,
     })
+}
+
+/// A base index as a checkpoint has it: its chain's layers above the
+/// bottom, decoded (they hold the changes since the bottom), and the whole
+/// bottom flat, read in place ([`super::flat`]). A delta build over it
+/// costs what changed since the bottom, not the size of the tree.
+pub struct FlatBase {
+    pub above: Vec<PackIndex>,
+    pub bottom: std::sync::Arc<super::flat::FlatIndex>,
+}
+
+impl std::fmt::Debug for FlatBase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FlatBase").field("layers", &self.layers()).finish()
+    }
+}
+
+impl FlatBase {
+    /// Over `layers` (the chain, its top first), the bottom's whole.
+    /// Decodes the layers above the bottom; `Err` when one does not decode.
+    pub fn of(layers: &[std::sync::Arc<super::flat::FlatIndex>]) -> Result<FlatBase, String> {
+        let (bottom, above) = layers.split_last().ok_or("an empty chain")?;
+        if !bottom.base().is_empty() {
+            return Err(format!("the bottom layer {} names layers below it", bottom.tree().short()));
+        }
+        let above = above.iter().map(|l| l.to_index()).collect::<Result<Vec<_>, _>>()?;
+        Ok(FlatBase { above, bottom: bottom.clone() })
+    }
+
+    pub fn tree(&self) -> Hash {
+        self.above.first().map_or(self.bottom.tree(), |l| l.tree)
+    }
+
+    /// The chain, its top first.
+    pub fn layers(&self) -> Vec<Hash> {
+        self.above.iter().map(|l| l.tree).chain(std::iter::once(self.bottom.tree())).collect()
+    }
+
+    fn absorb(&self) -> Absorb {
+        let mut a = Absorb::of(&self.above);
+        // The bottom is never absorbed, and its size never weighed (a new
+        // layer goes at most over it).
+        a.sizes.push(usize::MAX);
+        a.packs.push(Vec::new());
+        a.bottom_trees.clear();
+        a
+    }
+}
+
+/// [`build_delta`] over a [`FlatBase`], when its walk can be partial (the
+/// change is small beside the tree); `None` when it cannot, and the whole
+/// view is needed (the caller merges the chain and calls [`build_delta`]).
+pub fn build_delta_flat(
+    tree: Hash,
+    cap: u64,
+    base: &FlatBase,
+    src: &Source<'_>,
+    emit: &mut dyn FnMut(Hash, Vec<u8>) -> Result<()>,
+) -> Result<Option<Built>> {
+    let mut w = Walk::new(src, cap);
+    let absorb = base.absorb();
+    let above_trees: HashSet<Hash> = base.above.iter().flat_map(|l| l.trees.iter().map(|t| t.0)).collect();
+    let bottom = &base.bottom;
+    let mut all = Vec::new();
+    let delta = w.diff(Some(base.tree()), tree, &|id| bottom.has_inline(id), &mut all)?;
+    let dirs = base.above.first().map_or(bottom.dirs(), |l| l.dirs) as i64 + delta;
+    // The view's trees: the bottom's inline objects (trees and manifests)
+    // bound it from above closely enough for this test.
+    let view_trees = bottom.inline_count() + above_trees.len();
+    if w.trees.len() * 2 > view_trees || dirs <= 0 {
+        return Ok(None);
+    }
+    w.dirs = dirs as u64;
+    let new_trees = w.trees.iter().filter(|t| !above_trees.contains(&t.0) && !bottom.has_inline(&t.0)).count();
+    let placed_at = crate::object::compaction_point(&absorb.sizes, new_trees + 1, MAX_INDEX_LAYERS);
+    let candidates: Vec<PackEntry> = {
+        let mut ids = HashSet::new();
+        base.above.iter().flat_map(|l| l.packs.iter()).filter(|p| ids.insert(p.id)).cloned().collect()
+    };
+    let listed = Listed { candidates: &candidates, elsewhere: &|id| bottom.member(id).is_some() };
+    finish_delta(w, tree, cap, Some(&absorb), (all, placed_at, true), listed, src, emit).map(Some)
 }
 
 /// Builds the packs for `tree`, handing each (id, bytes) to `emit` as it is

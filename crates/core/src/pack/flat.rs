@@ -379,6 +379,16 @@ impl FlatIndex {
         Ok(PackEntry { id, size, header_len, members })
     }
 
+    /// Pack `p`'s id (its members not read).
+    pub fn pack_id(&self, p: usize) -> Option<Hash> {
+        (p < self.packs).then(|| hash_at(&self.buf[..], self.at_packs + p * PACK_ROW))
+    }
+
+    /// How many objects (trees and chunk manifests) this layer carries inline.
+    pub fn inline_count(&self) -> usize {
+        self.inline
+    }
+
     /// Whether this layer lists `id` inline (its bytes not read).
     pub fn has_inline(&self, id: &Hash) -> bool {
         self.find(HEAD + FANOUT, self.at_inline, INLINE_ROW, id).is_some()

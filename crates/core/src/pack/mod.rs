@@ -30,7 +30,7 @@ use crate::hash::Hash;
 mod build;
 pub mod flat;
 
-pub use build::{build, build_delta, is_run_pack, Absorb, Built, Source};
+pub use build::{build, build_delta, build_delta_flat, is_run_pack, Absorb, Built, FlatBase, Source};
 
 pub const DEFAULT_MAX_PACK_BYTES: u64 = 64 << 20;
 /// A file too large for a pack of the plan (more than the cap) is packed
@@ -589,7 +589,7 @@ impl PackIndex {
     pub fn layer_over(&self, parent: &PackIndex) -> PackIndex {
         let old_packs: HashSet<Hash> = parent.packs.iter().map(|p| p.id).collect();
         let old_trees: HashSet<Hash> = parent.trees.iter().map(|t| t.0).collect();
-        self.layer_over_sets(parent.layers(), &old_packs, &old_trees, self.trees.len())
+        self.layer_over_sets(parent.layers(), &|p| old_packs.contains(p), &|t| old_trees.contains(t), self.trees.len())
     }
 
     /// [`PackIndex::layer_over`] given what the chain below holds.
@@ -598,12 +598,12 @@ impl PackIndex {
     fn layer_over_sets(
         &self,
         below: Vec<Hash>,
-        old_packs: &HashSet<Hash>,
-        old_trees: &HashSet<Hash>,
+        old_pack: &dyn Fn(&Hash) -> bool,
+        old_tree: &dyn Fn(&Hash) -> bool,
         view_trees: usize,
     ) -> PackIndex {
-        let packs: Vec<PackEntry> = self.packs.iter().filter(|p| !old_packs.contains(&p.id)).cloned().collect();
-        let trees: Vec<(Hash, Vec<u8>)> = self.trees.iter().filter(|t| !old_trees.contains(&t.0)).cloned().collect();
+        let packs: Vec<PackEntry> = self.packs.iter().filter(|p| !old_pack(&p.id)).cloned().collect();
+        let trees: Vec<(Hash, Vec<u8>)> = self.trees.iter().filter(|t| !old_tree(&t.0)).cloned().collect();
         if below.len() >= MAX_INDEX_LAYERS || below.contains(&self.tree) || trees.len() * 2 > view_trees.max(1) {
             return PackIndex { base: Vec::new(), ..self.clone() };
         }
@@ -634,7 +634,34 @@ impl PackIndex {
         }
         let old_packs: HashSet<Hash> = parts[at..].iter().flat_map(|l| l.packs.iter().map(|p| p.id)).collect();
         let old_trees: HashSet<Hash> = parts[at..].iter().flat_map(|l| l.trees.iter().map(|t| t.0)).collect();
-        Ok(self.layer_over_sets(below, &old_packs, &old_trees, view_trees.unwrap_or(self.trees.len())))
+        let (old_pack, old_tree) = (|p: &Hash| old_packs.contains(p), |t: &Hash| old_trees.contains(t));
+        Ok(self.layer_over_sets(below, &old_pack, &old_tree, view_trees.unwrap_or(self.trees.len())))
+    }
+
+    /// [`PackIndex::layer_over_at`] over a [`build::FlatBase`]: what its
+    /// bottom holds is looked up in place. `self` holds part of the view's
+    /// trees (a partial delta build), and the view has `view_trees`.
+    pub fn layer_over_flat(&self, base: &build::FlatBase, at: usize, view_trees: usize) -> Result<PackIndex, String> {
+        let chain = base.layers();
+        if at >= chain.len() {
+            return Ok(PackIndex { base: Vec::new(), ..self.clone() });
+        }
+        for (i, l) in base.above.iter().enumerate() {
+            if l.base[..] != chain[i + 1..] {
+                return Err(format!("layer {} is not over the chain given", l.tree.short()));
+            }
+        }
+        let above = &base.above[at.min(base.above.len())..];
+        let old_packs: HashSet<Hash> = above
+            .iter()
+            .flat_map(|l| l.packs.iter().map(|p| p.id))
+            .chain((0..base.bottom.pack_count()).filter_map(|p| base.bottom.pack_id(p)))
+            .collect();
+        let old_trees: HashSet<Hash> = above.iter().flat_map(|l| l.trees.iter().map(|t| t.0)).collect();
+        let bottom = &base.bottom;
+        let (old_pack, old_tree) =
+            (|p: &Hash| old_packs.contains(p), |t: &Hash| old_trees.contains(t) || bottom.has_inline(t));
+        Ok(self.layer_over_sets(chain[at..].to_vec(), &old_pack, &old_tree, view_trees))
     }
 
     pub fn member_count(&self) -> usize {

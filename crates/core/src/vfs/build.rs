@@ -1,6 +1,7 @@
 //! Checkpoint build: hashes the files written since the last checkpoint,
-//! re-encodes the directories above them and lists every path's mtime
-//! for the stat object; its cost follows the changes, not the tree.
+//! re-encodes the directories above them and notes how the paths' mtimes
+//! differ from the base's (the stat object's change); its cost follows the
+//! directories in memory, not the tree.
 
 use std::os::unix::ffi::OsStrExt;
 
@@ -20,7 +21,8 @@ use std::sync::Arc;
 #[derive(Debug)]
 pub struct Built {
     pub root: Hash,
-    pub stat: StatObject,
+    /// How the stat object of this tree differs from the base's.
+    pub stat: StatChange,
     /// Files hashed because they were written since the last checkpoint.
     pub files_read: u64,
     /// Files of the upper layer whose id was already known.
@@ -31,6 +33,93 @@ pub struct Built {
     /// is not the workspace's content), FIFOs and sockets, and new paths
     /// ignore rules name ([`SnapshotFs::ignored_new_entries`]).
     pub ignored: u64,
+}
+
+/// How a build's stat object differs from the stat object its mount is
+/// based on (`over`): paths whose mtime is new or changed, and paths gone,
+/// both sorted. With no base stat object (`over` is `None`), `set` is
+/// every path of the tree. [`SnapshotFs::stat_view`] makes the whole
+/// object; the base's chain takes it as a layer
+/// ([`StatObject::layer_of_change`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StatChange {
+    pub over: Option<Hash>,
+    pub set: Vec<(Vec<u8>, i64, u32)>,
+    pub removed: Vec<Vec<u8>>,
+    /// Paths in the whole object.
+    pub len: usize,
+}
+
+impl StatChange {
+    pub fn is_empty(&self) -> bool {
+        self.set.is_empty() && self.removed.is_empty()
+    }
+}
+
+/// Notes, as a build walks the directories in memory, how each path's
+/// mtime differs from the base's.
+struct StatDiff<'a> {
+    base: &'a super::times::PathTimes,
+    set: Vec<(Vec<u8>, i64, u32)>,
+    removed: Vec<Vec<u8>>,
+    /// Paths carried from the base to a new place with the mtime already
+    /// there: not to be removed by a removal of what was there before.
+    kept: Vec<Vec<u8>>,
+    /// Paths set that the base lacks.
+    added: usize,
+}
+
+impl StatDiff<'_> {
+    fn note(&mut self, path: &[u8], secs: i64, nanos: u32) {
+        match self.base.get(path) {
+            Some(t) if t == (secs, nanos) => {}
+            Some(_) => self.set.push((path.to_vec(), secs, nanos)),
+            None => {
+                self.added += 1;
+                self.set.push((path.to_vec(), secs, nanos));
+            }
+        }
+    }
+
+    /// A path carried from elsewhere: noted, and kept if unchanged.
+    fn carry(&mut self, path: Vec<u8>, secs: i64, nanos: u32) {
+        if self.base.get(&path) == Some((secs, nanos)) {
+            self.kept.push(path);
+        } else {
+            self.note(&path, secs, nanos);
+        }
+    }
+
+    /// Every base path below `dir` is gone (what is there now is noted or
+    /// carried apart).
+    fn gone_below(&mut self, dir: &[u8]) {
+        let prefix = [dir, b"/"].concat();
+        self.removed.extend(self.base.with_prefix(&prefix).map(|(p, _, _)| p.to_vec()));
+    }
+
+    /// Directory `dir` now holds only `names` (sorted): every other child
+    /// the base lists there, and what is below it, is gone.
+    fn only_children(&mut self, dir: &[u8], names: &[&[u8]]) {
+        for c in self.base.children(dir) {
+            if names.binary_search(&&c[..]).is_err() {
+                let p = join(dir, &c);
+                self.gone_below(&p);
+                self.removed.push(p);
+            }
+        }
+    }
+
+    fn finish(mut self, over: Option<Hash>) -> StatChange {
+        self.set.sort_unstable();
+        self.set.dedup_by(|a, b| a.0 == b.0);
+        let mut keep: Vec<&[u8]> = self.set.iter().map(|e| &e.0[..]).chain(self.kept.iter().map(|k| &k[..])).collect();
+        keep.sort_unstable();
+        self.removed.sort_unstable();
+        self.removed.dedup();
+        self.removed.retain(|p| keep.binary_search(&&p[..]).is_err());
+        let len = self.base.len() + self.added - self.removed.len();
+        StatChange { over, set: self.set, removed: self.removed, len }
+    }
 }
 
 /// What a checkpoint leaves out by the ignore rules: new entries (`skip`),
@@ -73,6 +162,9 @@ struct Walk<'a> {
     fresh: &'a std::collections::HashSet<u64>,
     skips: &'a Skips,
     hashed: &'a Hashed,
+    /// The base has a stat object: an unexpanded directory still where it
+    /// was has its paths there already.
+    listed: bool,
 }
 
 /// A changed directory as the ignore pass sees it.
@@ -357,16 +449,21 @@ impl SnapshotFs {
         }
         let mut b = Built {
             root: self.root(),
-            stat: StatObject::default(),
+            stat: StatChange::default(),
             files_read: hashed_count,
             files_unchanged: 0,
             trees_built: 0,
             ignored: 0,
         };
-        let ctx = Walk { cache, upper_dir: &upper_dir, fresh: &fresh, skips, hashed: &hashed };
-        let root = self.build_tree(&mut st, staged, &ctx, &mut b)?;
+        // After the state lock (the order rebase takes them in).
+        let base = self.overlay()?.base.read().expect("base stat lock");
+        let mut diff =
+            StatDiff { base: &base.mtimes, set: Vec::new(), removed: Vec::new(), kept: Vec::new(), added: 0 };
+        let ctx =
+            Walk { cache, upper_dir: &upper_dir, fresh: &fresh, skips, hashed: &hashed, listed: base.id.is_some() };
+        let root = self.build_tree(&mut st, staged, &ctx, &mut b, &mut diff)?;
         b.root = root.id;
-        b.stat.entries.sort();
+        b.stat = diff.finish(base.id);
         Ok(b)
     }
 
@@ -375,7 +472,14 @@ impl SnapshotFs {
     /// directories become new trees, clean ones keep their id. Directories
     /// are marked clean only once the whole tree is built: a build that
     /// fails half way leaves no clean id naming a tree no upload carried.
-    fn build_tree(&self, st: &mut State, staged: &mut Staged, ctx: &Walk<'_>, b: &mut Built) -> Result<Entry> {
+    fn build_tree(
+        &self,
+        st: &mut State,
+        staged: &mut Staged,
+        ctx: &Walk<'_>,
+        b: &mut Built,
+        diff: &mut StatDiff<'_>,
+    ) -> Result<Entry> {
         enum Step {
             /// A node, its path, its parent directory.
             Enter(u64, Vec<u8>, u64),
@@ -412,12 +516,12 @@ impl SnapshotFs {
                         continue;
                     }
                     if let Body::Dir { children: Some(ch), .. } = &n.body {
-                        b.stat.entries.push((path.clone(), n.mtime.0, n.mtime.1));
+                        diff.note(&path, n.mtime.0, n.mtime.1);
                         let kids: Vec<(Vec<u8>, u64)> = ch.iter().map(|(k, v)| (k.clone(), *v)).collect();
                         stack.push(Step::Exit { ino, path: path.clone(), from: out.len(), parent });
                         stack.extend(kids.into_iter().rev().map(|(name, c)| Step::Enter(c, join(&path, &name), ino)));
                     } else {
-                        let e = self.build_leaf(st, ino, &path, staged, ctx, b)?;
+                        let e = self.build_leaf(st, ino, &path, staged, ctx, b, diff)?;
                         // An entry that is not the file's content now (the
                         // bytes hashed before a later write): the
                         // directories above stay unclean, or the next
@@ -434,6 +538,12 @@ impl SnapshotFs {
                         held.insert(parent);
                     }
                     let entries = out.split_off(from);
+                    // Children the base lists here that are not here now
+                    // (names are unique and sorted: `Tree::normalized`
+                    // refuses repeats below).
+                    let mut names: Vec<&[u8]> = entries.iter().map(|e| &e.name[..]).collect();
+                    names.sort_unstable();
+                    diff.only_children(&path, &names);
                     let n = st.get(ino)?;
                     let (name, clean) = match &n.body {
                         Body::Dir { clean, .. } => (n.name.clone(), *clean),
@@ -468,6 +578,7 @@ impl SnapshotFs {
     }
 
     /// The entry of one node that is not a loaded directory.
+    #[allow(clippy::too_many_arguments)]
     fn build_leaf(
         &self,
         st: &mut State,
@@ -476,20 +587,32 @@ impl SnapshotFs {
         staged: &mut Staged,
         ctx: &Walk<'_>,
         b: &mut Built,
+        diff: &mut StatDiff<'_>,
     ) -> Result<Entry> {
         let n = st.get(ino)?.clone();
-        b.stat.entries.push((path.to_vec(), n.mtime.0, n.mtime.1));
+        diff.note(path, n.mtime.0, n.mtime.1);
+        if !matches!(n.body, Body::Dir { .. }) {
+            // Where the base may have had a directory: nothing is below
+            // a file or a link.
+            diff.gone_below(path);
+        }
         let name = last_name(path).to_vec();
         let entry = |kind, chunked, size, id| Entry { name: name.clone(), kind, chunked, size, id };
         Ok(match &n.body {
             Body::Dir { clean, origin, children: None } => {
                 let id = clean.ok_or_else(|| Error::Internal("an unloaded directory without a tree".into()))?;
-                self.carry_stat(origin.as_deref(), id, path, &mut b.stat)?;
+                // Still where the base has it: its paths are there with
+                // their times. Moved (or no base stat object): carried.
+                if !ctx.listed || origin.as_deref() != Some(path) {
+                    diff.gone_below(path);
+                    self.carry_stat(origin.as_deref(), id, path, diff)?;
+                }
                 entry(Kind::Directory, false, 0, id)
             }
             Body::Dir { children: Some(_), .. } => {
                 return Err(Error::Internal("a loaded directory reached build_leaf".into()));
             }
+
             Body::Lower(e) if matches!(e.kind, Kind::File | Kind::Executable) => {
                 entry(file_kind(n.perm), e.chunked, e.size, e.id)
             }
@@ -537,20 +660,24 @@ impl SnapshotFs {
     /// The mtimes of an unexpanded subtree now at `path`: from the base
     /// stat object under its origin, or the snapshot's time for each path
     /// of its trees when the base had none.
-    fn carry_stat(&self, origin: Option<&[u8]>, tree: Hash, path: &[u8], out: &mut StatObject) -> Result<()> {
-        let base = self.overlay()?.base.read().expect("base stat lock");
-        if let (Some(_), Some(o)) = (base.id, origin) {
+    fn carry_stat(&self, origin: Option<&[u8]>, tree: Hash, path: &[u8], diff: &mut StatDiff<'_>) -> Result<()> {
+        let base = diff.base;
+        if let (true, Some(o)) = (base.len() > 0, origin) {
             let prefix = if o.is_empty() { Vec::new() } else { [o, b"/"].concat() };
-            for (k, s, ns) in base.mtimes.with_prefix(&prefix) {
+            for (k, s, ns) in base.with_prefix(&prefix) {
                 if k.is_empty() {
                     continue;
                 }
-                out.entries.push((join(path, &k[prefix.len()..]), s, ns));
+                diff.carry(join(path, &k[prefix.len()..]), s, ns);
             }
             return Ok(());
         }
-        drop(base);
-        list_tree_paths(self, tree, path, out)
+        let mut listed = StatObject::default();
+        list_tree_paths(self, tree, path, &mut listed)?;
+        for (p, s, ns) in listed.entries {
+            diff.carry(p, s, ns);
+        }
+        Ok(())
     }
 
     /// After a checkpoint: the new snapshot (root tree `root`) becomes the
@@ -558,7 +685,7 @@ impl SnapshotFs {
     /// just written, and the saved state names the new root (a reopened
     /// mount loads its trees from it: the old root's trees need not be in
     /// any index of the new view once its layer was absorbed).
-    pub fn rebase(&self, root: Hash, stat_id: Hash, stat: &StatObject) {
+    pub fn rebase(&self, root: Hash, stat_id: Hash, stat: &StatChange) {
         let Some(u) = &self.upper else { return };
         // All of it under the state lock, which a save holds while it
         // serializes: no save sees the new root with the old origins.
@@ -575,8 +702,33 @@ impl SnapshotFs {
             }
         }
         let mut base = u.base.write().expect("base stat lock");
-        base.mtimes = super::times::PathTimes::new(&stat.entries);
+        // A change is noted against the base of its build; the base moves
+        // only here, and checkpoints of a mount take turns
+        // ([`SnapshotFs::checkpoint_turn`]).
+        debug_assert_eq!(base.id, stat.over, "a stat change applied over another base");
+        base.mtimes = match stat.over {
+            Some(_) => base.mtimes.apply(&stat.set, &stat.removed),
+            None => super::times::PathTimes::new(&stat.set),
+        };
         base.id = Some(stat_id);
+    }
+
+    /// The whole stat object of a build: the base's with `change` applied.
+    pub fn stat_view(&self, change: &StatChange) -> Result<StatObject> {
+        let base = self.overlay()?.base.read().expect("base stat lock");
+        if base.id != change.over {
+            return Err(Error::Internal("the mount's base moved since its build".into()));
+        }
+        let t = match change.over {
+            Some(_) => base.mtimes.apply(&change.set, &change.removed),
+            None => super::times::PathTimes::new(&change.set),
+        };
+        Ok(StatObject::whole(t.with_prefix(b"").map(|(p, s, n)| (p.to_vec(), s, n)).collect()))
+    }
+
+    /// A path's mtime in the base's stat object.
+    pub fn base_stat_of(&self, path: &[u8]) -> Option<(i64, u32)> {
+        self.upper.as_ref()?.base.read().expect("base stat lock").mtimes.get(path)
     }
 }
 

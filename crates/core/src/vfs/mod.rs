@@ -50,7 +50,7 @@ mod saved;
 mod tests;
 mod times;
 
-pub use build::{Built, Skips};
+pub use build::{Built, Skips, StatChange};
 pub use saved::SavedChange;
 
 pub use chunked::Readahead;
@@ -136,6 +136,9 @@ struct Upper {
     /// once a durable save no longer does ([`SnapshotFs::note_saved`]).
     /// Each blob number with the change count when it was freed.
     doomed: std::sync::Mutex<Vec<(u64, u64)>>,
+    /// Held through a checkpoint, from its build to its rebase: a build
+    /// notes its stat change against the base, which only a rebase moves.
+    checkpointing: tokio::sync::Mutex<()>,
 }
 
 const CONTENT_STRIPES: usize = 64;
@@ -330,6 +333,7 @@ impl SnapshotFs {
             changes: AtomicU64::new(0),
             content: std::array::from_fn(|_| RwLock::new(())),
             doomed: Default::default(),
+            checkpointing: Default::default(),
         };
         Ok(Self::with_state(fetcher, root, time, Some(upper), Self::fresh(root, mtime, 0o755)))
     }
@@ -447,6 +451,11 @@ impl SnapshotFs {
 
     /// The one place that decides read-only: every change goes through
     /// here and is refused (EROFS) when there is no overlay.
+    /// A checkpoint's turn: one at a time per mount (see `Upper::checkpointing`).
+    pub async fn checkpoint_turn(&self) -> Result<tokio::sync::MutexGuard<'_, ()>> {
+        Ok(self.overlay()?.checkpointing.lock().await)
+    }
+
     fn overlay(&self) -> Result<&Upper> {
         self.upper.as_ref().ok_or_else(read_only)
     }

@@ -719,3 +719,87 @@ fn the_state_lock_probe_sees_a_held_lock_and_never_waits_past_its_bound() {
     drop(held);
     assert!(fs.state_lock_free_within(Duration::from_millis(10)));
 }
+
+/// A tree `dir/{g, sub/{f0..f3}}, other.txt` of one file's bytes, in the
+/// cache, and a stat object for it (each path its own time).
+fn nested_tree(cache: &DiskCache) -> (Hash, StatObject) {
+    let file = Hash::of(b"x");
+    cache.put(&file, b"x").unwrap();
+    let f = |name: &str| Entry { name: name.as_bytes().to_vec(), kind: Kind::File, chunked: false, size: 1, id: file };
+    let put = |t: Tree| {
+        let b = t.encode();
+        let id = Hash::of(&b);
+        cache.put(&id, &b).unwrap();
+        Entry { name: Vec::new(), kind: Kind::Directory, chunked: false, size: 0, id }
+    };
+    let sub = put(Tree::normalized((0..4).map(|i| f(&format!("f{i}"))).collect()).unwrap());
+    let dir = put(Tree::normalized(vec![f("g"), Entry { name: b"sub".to_vec(), ..sub }]).unwrap());
+    let root = put(Tree::normalized(vec![Entry { name: b"dir".to_vec(), ..dir }, f("other.txt")]).unwrap());
+    let paths = ["", "dir", "dir/g", "dir/sub", "dir/sub/f0", "dir/sub/f1", "dir/sub/f2", "dir/sub/f3", "other.txt"];
+    let stat = StatObject::whole(paths.iter().zip(1..).map(|(p, t)| (p.as_bytes().to_vec(), t, 0)).collect());
+    (root.id, stat)
+}
+
+fn paths_of(s: &StatObject) -> Vec<String> {
+    s.entries.iter().map(|(p, ..)| String::from_utf8_lossy(p).into_owned()).collect()
+}
+
+/// A checkpoint's stat change follows what moved: a directory renamed
+/// while nothing below it was ever looked at carries its paths and times
+/// to its new place (read from the base's times, not its trees), the old
+/// ones go, and a file put where a directory was leaves nothing below it.
+#[tokio::test]
+async fn the_stat_change_carries_a_moved_unread_directory_and_drops_what_went() {
+    let d = tempfile::tempdir().unwrap();
+    let (remote, cache) = local_store(d.path());
+    let (root, stat) = nested_tree(&cache);
+    let sid = Hash::of(&stat.encode());
+    let fs =
+        SnapshotFs::writable(Fetcher::new(remote, cache.clone()), root, 0, d.path().join("upper"), Some((sid, stat)))
+            .unwrap();
+    // Nothing changed: an empty change over the base.
+    let b = fs.build(&cache, &mut Staged::default()).unwrap();
+    assert_eq!((b.stat.over, b.stat.is_empty(), b.stat.len), (Some(sid), true, 9), "{:?}", b.stat);
+    fs.rename(ROOT_INO, b"dir", ROOT_INO, b"moved", false).await.unwrap();
+    let moved = fs.lookup(ROOT_INO, b"moved").await.unwrap().ino;
+    assert!(matches!(fs.st().get(moved).unwrap().body, Body::Dir { children: None, .. }), "read below");
+    let b = fs.build(&cache, &mut Staged::default()).unwrap();
+    let whole = fs.stat_view(&b.stat).unwrap();
+    assert_eq!(
+        paths_of(&whole),
+        [
+            "",
+            "moved",
+            "moved/g",
+            "moved/sub",
+            "moved/sub/f0",
+            "moved/sub/f1",
+            "moved/sub/f2",
+            "moved/sub/f3",
+            "other.txt"
+        ]
+    );
+    let times: Vec<i64> = whole.entries.iter().map(|e| e.1).collect();
+    // The root's time is the rename's; the rest keep theirs.
+    assert_eq!(&times[2..], [3, 4, 5, 6, 7, 8, 9]);
+    assert_eq!(b.stat.removed.len(), 7, "{:?}", b.stat);
+    assert_eq!(b.stat.len, 9);
+    fs.rebase(b.root, Hash::of(&whole.encode()), &b.stat);
+    assert_eq!(fs.base_stat_of(b"moved/sub/f2"), Some((7, 0)));
+    assert_eq!(fs.base_stat_of(b"dir/sub/f2"), None);
+
+    // moved/sub emptied, removed, and made a file.
+    let sub = fs.lookup(moved, b"sub").await.unwrap().ino;
+    for i in 0..4 {
+        fs.unlink(sub, format!("f{i}").as_bytes()).await.unwrap();
+    }
+    fs.rmdir(moved, b"sub").await.unwrap();
+    fs.create(moved, b"sub", 0o644).await.unwrap();
+    let b = fs.build(&cache, &mut Staged::default()).unwrap();
+    let whole = fs.stat_view(&b.stat).unwrap();
+    assert_eq!(paths_of(&whole), ["", "moved", "moved/g", "moved/sub", "other.txt"]);
+    assert_eq!(b.stat.len, 5);
+    let mut gone: Vec<String> = b.stat.removed.iter().map(|p| String::from_utf8_lossy(p).into_owned()).collect();
+    gone.sort();
+    assert_eq!(gone, ["moved/sub/f0", "moved/sub/f1", "moved/sub/f2", "moved/sub/f3"]);
+}

@@ -40,12 +40,14 @@ impl Unlock {
 /// The shared part of a checkpoint: `stage` (on a blocking thread) while
 /// the lease and the ref are read, then objects, packs, snapshot and,
 /// last, the ref. The store lock is released by the returned [`Unlock`].
+/// `whole_stat`: `stage` lists every path ([`WalkedStat::Whole`]).
 pub(super) async fn commit(
     fetcher: &Arc<Fetcher>,
     st: &LocalState,
     state_at: &Path,
     message: &str,
     opts: CheckpointLease,
+    whole_stat: bool,
     stage: impl FnOnce(Arc<DiskCache>) -> Result<Walked> + Send + 'static,
 ) -> Result<(CheckpointReport, Walked, Hash, Unlock)> {
     let remote = &fetcher.remote;
@@ -63,10 +65,13 @@ pub(super) async fn commit(
     // conditional PUT): after the walk, only the uploads and the ref wait
     // on the network.
     let cache = fetcher.cache.clone();
+    let started = std::time::Instant::now();
     let walk = async {
-        tokio::task::spawn_blocking(move || stage(cache))
+        let w = tokio::task::spawn_blocking(move || stage(cache))
             .await
-            .map_err(|e| Error::Io { context: "walking the workspace".into(), source: std::io::Error::other(e) })?
+            .map_err(|e| Error::Io { context: "walking the workspace".into(), source: std::io::Error::other(e) })?;
+        tracing::debug!(ms = started.elapsed().as_millis() as u64, "checkpoint: walk done");
+        w
     };
     // The parent is most likely the snapshot this copy last recorded: its
     // stat layers are merged and its index loaded (local work, from the
@@ -75,10 +80,12 @@ pub(super) async fn commit(
     // names it; any failure here is met again, and reported, after the walk.
     let guess = st.pending.as_deref().unwrap_or(&st.head).parse::<Hash>().ok();
     let early = async {
-        match guess {
-            Some(id) => load_parent(fetcher, id).await.ok(),
+        let p = match guess {
+            Some(id) => load_parent(fetcher, id, whole_stat).await.ok(),
             None => None,
-        }
+        };
+        tracing::debug!(ms = started.elapsed().as_millis() as u64, "checkpoint: parent loaded");
+        p
     };
     let (walked, (lease, cur, lock), early) = futures::join!(
         walk,
@@ -105,52 +112,132 @@ pub(super) async fn commit(
     }
 }
 
-/// A stat object's id, its whole (merged) view, and its layers as stored.
-type StatChain = (Hash, StatObject, Vec<(Hash, StatObject)>);
+/// A parent's stat object: its id, its chain (its id first, the whole
+/// bottom last) with the layers above the bottom, and, when the walk lists
+/// every path (a plain working copy), its whole (merged) view with every
+/// layer as stored.
+struct ParentStat {
+    id: Hash,
+    chain: Vec<Hash>,
+    above: Vec<StatObject>,
+    whole: Option<(StatObject, Vec<(Hash, StatObject)>)>,
+}
 
-/// What a checkpoint needs of its parent snapshot: the snapshot, its whole
-/// stat object with the layers it merges, and its pack index.
+/// What a walk says of the new snapshot's stat object.
+pub(super) enum WalkedStat {
+    /// Every path (a plain working copy's walk).
+    Whole(StatObject),
+    /// How it differs from the stat object of the mount's base (a mount's
+    /// build), with the mount, which has that base.
+    Change(crate::vfs::StatChange, Arc<crate::vfs::SnapshotFs>),
+}
+
+impl WalkedStat {
+    fn whole(&self) -> Result<StatObject> {
+        match self {
+            WalkedStat::Whole(s) => Ok(s.clone()),
+            WalkedStat::Change(c, fs) => fs.stat_view(c),
+        }
+    }
+}
+
+/// What a checkpoint needs of its parent snapshot: the snapshot, its stat
+/// object's chain, and its pack index.
 pub(super) struct Parent {
     id: Hash,
     snap: Snapshot,
-    stat: Option<StatChain>,
+    stat: Option<ParentStat>,
     /// `None`: the parent has no index (a store from before packs-first).
-    index: Option<Arc<crate::pack::PackIndex>>,
-    /// That index's layers as stored, when it has more than one (the new
-    /// layer may absorb the small ones at the top).
-    layers: Option<Arc<Vec<crate::pack::PackIndex>>>,
+    /// Its layers above the bottom decoded (the new layer may absorb the
+    /// small ones at the top), the bottom read in place.
+    index: Option<Arc<crate::pack::FlatBase>>,
 }
 
 /// Loads [`Parent`] for snapshot `id` (from the cache, where the resume or
 /// the last checkpoint left it; else the store).
-async fn load_parent(fetcher: &Arc<Fetcher>, id: Hash) -> Result<Parent> {
+/// `whole_stat`: merge the parent's whole stat object too (a walk of
+/// every path compares with it); else only the layers above its bottom
+/// are read.
+async fn load_parent(fetcher: &Arc<Fetcher>, id: Hash, whole_stat: bool) -> Result<Parent> {
     let snap = fetcher.snapshot(id).await?;
     let stat = async {
         match snap.stat {
+            Some(sid) if whole_stat => {
+                let (whole, parts) = whole_stat_of(fetcher, sid, &snap.stat_layers).await?;
+                let chain = parts.iter().map(|(h, _)| *h).collect();
+                let above = parts[..parts.len() - 1].iter().map(|(_, l)| l.clone()).collect();
+                Ok::<_, Error>(Some(ParentStat { id: sid, chain, above, whole: Some((whole, parts)) }))
+            }
             Some(sid) => {
-                let parts = fetcher.stat_chain(sid, &snap.stat_layers).await?;
-                let (whole, parts) = tokio::task::spawn_blocking(move || {
-                    crate::fetch::merge_stat_chain(&parts).map(|whole| (whole, parts))
-                })
-                .await
-                .map_err(|e| Error::Io { context: "merging stat layers".into(), source: std::io::Error::other(e) })??;
-                Ok::<_, Error>(Some((sid, whole, parts)))
+                let (chain, above) = fetcher.stat_layers_above_bottom(sid, &snap.stat_layers).await?;
+                Ok(Some(ParentStat { id: sid, chain, above, whole: None }))
             }
             None => Ok(None),
         }
     };
-    // Each layer decoded once: the view is their merge.
+    // The layers' flat copies, mapped (made once from the index, if this
+    // machine had none): only the small layers above the bottom decode.
     let index = async {
-        let got = crate::fetch::load_index_layers(&fetcher.remote, &fetcher.cache, snap.root, &[]).await?;
-        let Ok((mut layers, _)) = got else { return Ok::<_, Error>((None, None)) };
-        if layers.len() == 1 {
-            return Ok((layers.pop().map(Arc::new), None));
-        }
-        let view = layers[0].clone().merge(layers[1..].to_vec()).ok().map(Arc::new);
-        Ok((view.clone(), view.and(Some(Arc::new(layers)))))
+        let got = crate::fetch::load_flat_layers(&fetcher.remote, &fetcher.cache, snap.root, &[]).await?;
+        let Ok((layers, _)) = got else { return Ok::<_, Error>(None) };
+        Ok(crate::pack::FlatBase::of(&layers).ok().map(Arc::new))
     };
-    let (stat, (index, layers)) = futures::try_join!(stat, index)?;
-    Ok(Parent { id, snap, stat, index, layers })
+    let (stat, index) = futures::try_join!(stat, index)?;
+    Ok(Parent { id, snap, stat, index })
+}
+
+/// Stat object `sid`'s whole view and its chain's layers as stored.
+async fn whole_stat_of(
+    fetcher: &Arc<Fetcher>,
+    sid: Hash,
+    hint: &[Hash],
+) -> Result<(StatObject, Vec<(Hash, StatObject)>)> {
+    let parts = fetcher.stat_chain(sid, hint).await?;
+    tokio::task::spawn_blocking(move || crate::fetch::merge_stat_chain(&parts).map(|whole| (whole, parts)))
+        .await
+        .map_err(|e| Error::Io { context: "merging stat layers".into(), source: std::io::Error::other(e) })?
+}
+
+/// The stat object a checkpoint uploads: a layer over its parent's chain,
+/// or whole; `None` when it is the parent's. From a mount's change over
+/// the parent's own stat object, without the parent's whole object (see
+/// [`StatObject::layer_of_change`]); else from the two whole objects.
+async fn stat_to_upload(
+    fetcher: &Arc<Fetcher>,
+    walked: &WalkedStat,
+    parent: Option<ParentStat>,
+    hint: &[Hash],
+) -> Result<Option<StatObject>> {
+    let Some(ps) = parent else { return walked.whole().map(Some) };
+    let corrupt = |detail| Error::Corrupt { id: ps.id, what: "stat object", path: String::new(), detail };
+    if let WalkedStat::Change(change, fs) = walked {
+        if change.over == Some(ps.id) {
+            if change.is_empty() {
+                return Ok(None);
+            }
+            let delta = crate::object::StatDelta { set: &change.set, removed: &change.removed, len: change.len };
+            let mut made = None;
+            let layer = StatObject::layer_of_change(&delta, &ps.chain, &ps.above, &|p| fs.base_stat_of(p), &mut || {
+                let w = fs.stat_view(change);
+                let out = w.as_ref().map(|w| w.clone()).map_err(|e| e.to_string());
+                made = Some(w);
+                out
+            });
+            if let Some(Err(e)) = made {
+                return Err(e);
+            }
+            return layer.map(Some).map_err(corrupt);
+        }
+    }
+    let (parent_whole, parts) = match ps.whole {
+        Some(w) => w,
+        None => whole_stat_of(fetcher, ps.id, hint).await?,
+    };
+    let now = walked.whole()?;
+    if now.entries == parent_whole.entries {
+        return Ok(None);
+    }
+    now.layer_over_chain(&parent_whole, &parts).map(Some).map_err(corrupt)
 }
 
 /// The rest of [`commit`], under the writer's store lock. `early`: the
@@ -222,11 +309,13 @@ pub(super) async fn commit_locked(
     // The parent's whole stat object (what changed goes up as a layer; its
     // layers are kept too: the new layer may absorb the small ones) and
     // its index (what the store has).
+    let whole_stat = matches!(walked.stat, WalkedStat::Whole(_));
     let parent = match early {
         Some(p) if p.id == cur.snapshot => p,
-        _ => load_parent(fetcher, cur.snapshot).await?,
+        _ => load_parent(fetcher, cur.snapshot, whole_stat).await?,
     };
-    let Parent { snap: parent_snap, stat: parent_stat, index: parent_index, layers: parent_layers, .. } = parent;
+    let Parent { snap: parent_snap, stat: parent_stat, index: parent_index, .. } = parent;
+    let parent_stat_id = parent_stat.as_ref().map(|p| p.id);
     let mut report = CheckpointReport {
         workspace: st.name.clone(),
         parent: cur.snapshot.to_hex(),
@@ -236,21 +325,19 @@ pub(super) async fn commit_locked(
         paths_ignored: walked.ignored,
         ..Default::default()
     };
-    if let Some((id, s, _)) = &parent_stat {
-        if parent_snap.root == walked.root && s.entries == walked.stat.entries {
+    let up = stat_to_upload(fetcher, &walked.stat, parent_stat, &parent_snap.stat_layers).await?;
+    let up = match (up, parent_stat_id) {
+        (Some(up), _) => up,
+        (None, Some(id)) if parent_snap.root == walked.root => {
             report.snapshot = cur.snapshot.to_hex();
             report.unchanged = true;
-            return Ok((report, walked, *id));
+            return Ok((report, walked, id));
         }
-    }
-    let up =
-        match &parent_stat {
-            Some((id, parent, parts)) => walked
-                .stat
-                .layer_over_chain(parent, parts)
-                .map_err(|detail| Error::Corrupt { id: *id, what: "stat object", path: String::new(), detail })?,
-            None => walked.stat.clone(),
-        };
+        // Only the content changed, every time as it was (set back by
+        // hand): the same object, whole.
+        (None, _) => walked.stat.whole()?,
+    };
+    let t0 = std::time::Instant::now();
     let stat_bytes = up.encode();
     let stat_id = Hash::of(&stat_bytes);
     cache.put(&stat_id, &stat_bytes)?;
@@ -266,12 +353,13 @@ pub(super) async fn commit_locked(
         true => (None, true),
         false => (parent_index, false),
     };
-    let pack_opts = |base, primary, index_check| crate::publish::PackOptions {
+    let pack_opts = |flat, primary, index_check| crate::publish::PackOptions {
         mode: crate::pack::Mode::Recursive,
         cap: crate::pack::DEFAULT_MAX_PACK_BYTES,
         index_check,
-        base,
-        layers: parent_layers.clone(),
+        base: None,
+        layers: None,
+        flat,
         primary,
     };
     // The snapshot goes up alongside the content: nothing reaches it
@@ -344,7 +432,9 @@ pub(super) async fn commit_locked(
         failpoint("checkpoint-after-packs");
         Ok::<_, Error>(())
     };
+    tracing::debug!(ms = t0.elapsed().as_millis() as u64, "checkpoint: stat layer placed");
     let (uploaded, snapshot) = futures::join!(uploads, snapshot);
+    tracing::debug!(ms = t0.elapsed().as_millis() as u64, "checkpoint: uploaded");
     uploaded?;
     snapshot?;
     crate::failpoint::pause("checkpoint-before-ref");
@@ -372,7 +462,7 @@ pub(super) async fn commit_locked(
 /// What walking a working copy produced.
 pub(super) struct Walked {
     pub(super) root: Hash,
-    pub(super) stat: StatObject,
+    pub(super) stat: WalkedStat,
     pub(super) files_read: u64,
     pub(super) files_unchanged: u64,
     pub(super) trees_built: Option<u64>,

@@ -16,7 +16,7 @@ use crate::hash::Hash;
 use crate::upload::Staged;
 use crate::vfs::SnapshotFs;
 use crate::workspace::commit::commit;
-use crate::workspace::commit::Walked;
+use crate::workspace::commit::{Walked, WalkedStat};
 use crate::workspace::working_copy::save_state_at;
 use serde::Serialize;
 use std::os::unix::ffi::OsStrExt;
@@ -32,6 +32,9 @@ pub async fn checkpoint_mount(
     message: &str,
     lease: CheckpointLease,
 ) -> Result<CheckpointReport> {
+    // One checkpoint of a mount at a time: its build notes the stat change
+    // against the base that its rebase then moves.
+    let _turn = fs.checkpoint_turn().await?;
     let mut st = load_state_at(state_dir)?;
     // Every change counted so far is in the build below.
     let at = fs.changes();
@@ -52,7 +55,7 @@ pub async fn checkpoint_mount(
         let b = fs2.build_skipping(&cache, &mut staged, &skips)?;
         let w = Walked {
             root: b.root,
-            stat: b.stat,
+            stat: WalkedStat::Change(b.stat, fs2.clone()),
             files_read: b.files_read,
             files_unchanged: b.files_unchanged,
             trees_built: Some(b.trees_built),
@@ -61,13 +64,17 @@ pub async fn checkpoint_mount(
         };
         Ok(w)
     };
-    let (report, walked, stat_id, unlock) = commit(fetcher, &st, state_dir, message, lease, stage).await?;
+    let (report, walked, stat_id, unlock) = commit(fetcher, &st, state_dir, message, lease, false, stage).await?;
+    let t0 = std::time::Instant::now();
     let saved = (|| {
         if !report.unchanged || st.pending.is_some() {
             // The rebased overlay is saved before the record names the new
             // head: killed in between, the record still says `pending`, and
             // a reopen attaches both snapshots' indexes.
-            fs.rebase(walked.root, stat_id, &walked.stat);
+            let WalkedStat::Change(change, _) = &walked.stat else {
+                return Err(Error::Internal("a mount's build listed every path".into()));
+            };
+            fs.rebase(walked.root, stat_id, change);
             save_mount_state(fs, state_dir)?;
             st.head = report.snapshot.clone();
             st.pending = None;
@@ -77,6 +84,7 @@ pub async fn checkpoint_mount(
         }
         Ok::<_, Error>(())
     })();
+    tracing::debug!(ms = t0.elapsed().as_millis() as u64, "checkpoint: rebased and saved");
     unlock.done().await;
     saved?;
     fs.note_checkpointed(at);

@@ -3,7 +3,7 @@
 //! and materializing a snapshot into it (resume).
 
 use crate::workspace::commit::commit;
-use crate::workspace::commit::Walked;
+use crate::workspace::commit::{Walked, WalkedStat};
 use std::collections::HashMap;
 use std::os::unix::ffi::OsStringExt;
 
@@ -270,6 +270,8 @@ struct Stager<'a> {
     rows: Vec<(Vec<u8>, StatRow)>,
     listings: HashMap<Vec<u8>, Listing>,
     w: Walked,
+    /// Every path's mtime (the stat object), sorted once at the end.
+    times: Vec<(Vec<u8>, i64, u32)>,
 }
 
 impl Stager<'_> {
@@ -293,7 +295,7 @@ impl Stager<'_> {
                 as_recorded = false;
                 continue;
             }
-            self.w.stat.entries.push((r.clone(), m.mtime(), m.mtime_nsec() as u32));
+            self.times.push((r.clone(), m.mtime(), m.mtime_nsec() as u32));
             let gitlink = self.sc.rows.get(&r).filter(|row| row.gitlink && ft.is_dir());
             let empty = || self.listings.get(&r).is_some_and(|l| l.on_disk == 0);
             let entry = if let Some(row) = gitlink.filter(|_| empty()) {
@@ -393,22 +395,23 @@ pub(super) fn stage(dir: &Path, cache: &DiskCache, no_ignore: bool, base: Option
     let ign = crate::ignore_rules::Ignores::new(!no_ignore, !sc.rows.is_empty());
     let root_meta = std::fs::symlink_metadata(dir).map_err(Error::io(format!("reading {}", dir.display())))?;
     let (listings, ignored) = scan(dir, &sc, &ign)?;
-    let mut w = Walked {
+    let w = Walked {
         root: Hash([0; 32]),
-        stat: StatObject::default(),
+        stat: WalkedStat::Whole(StatObject::default()),
         files_read: 0,
         files_unchanged: 0,
         trees_built: None,
         statcache: None,
         ignored,
     };
-    w.stat.entries.push((Vec::new(), root_meta.mtime(), root_meta.mtime_nsec() as u32));
+    let times = vec![(Vec::new(), root_meta.mtime(), root_meta.mtime_nsec() as u32)];
     let reuse_dirs = base.is_some() && sc.head == base;
-    let mut st = Stager { dir, cache, staged: &mut staged, sc: &sc, reuse_dirs, rows: Vec::new(), listings, w };
+    let mut st = Stager { dir, cache, staged: &mut staged, sc: &sc, reuse_dirs, rows: Vec::new(), listings, w, times };
     // Building trees recurses once per level.
     st.w.root = crate::fsutil::on_deep_stack(|| st.dir_tree(&[]))?;
     let mut w = st.w;
-    w.stat.entries.sort_unstable();
+    st.times.sort_unstable();
+    w.stat = WalkedStat::Whole(StatObject::whole(st.times));
     // The head is set once the checkpoint names the snapshot these trees
     // are in.
     w.statcache = Some(StatCache { written_ns, rows: st.rows.into_iter().collect(), head: None });
@@ -433,7 +436,7 @@ pub async fn checkpoint(
         _ => None,
     };
     let stage = move |cache: Arc<DiskCache>| stage(&dir2, &cache, lease.no_ignore, base);
-    let (report, mut walked, _, unlock) = commit(fetcher, &st, &state_dir(dir), message, lease, stage).await?;
+    let (report, mut walked, _, unlock) = commit(fetcher, &st, &state_dir(dir), message, lease, true, stage).await?;
     let saved = (|| {
         if !report.unchanged || st.pending.is_some() {
             st.head = report.snapshot.clone();
