@@ -20,7 +20,7 @@ from results import (J_CHECKOUT_COLD, J_CHECKOUT_COLD_PINNED, J_CHECKOUT_WARM, J
 from results import (K_CHECKPOINT, K_EDITS, K_FLAT, K_GIT, K_GOAL_RTT, K_META_LIMIT, K_ROWS, K_RTTS_AFTER_WALK,
                      K_TOUCH, K_TOUCH_PER_FILE, K_TOUCHES, K_VS_GIT, K_WALK_RTTS, ck_system)
 from results import M_GUEST_DISK, M_GUEST_WARM, M_WARM_LIMIT
-from results import (N_BUILD, N_CP, N_GIT, N_GREP, N_LOCAL, N_MOUNT, N_QUICK_FILES, N_READ, N_RM, N_ROWS, N_RTT,
+from results import (O_RTT, N_BUILD, N_CP, N_GIT, N_GREP, N_LOCAL, N_MOUNT, N_QUICK_FILES, N_READ, N_RM, N_ROWS, N_RTT,
                      N_SED, N_STAT, N_STATUS, work_system)
 from results import (L_BIG_RTT, L_CHANGED, L_IMPORT, L_NEXT, L_NEXT_COLD, L_NEXT_PUSH, L_NEXT_RTTS,
                      L_PUSH, L_PUT_BYTES, L_PUT_EXTRA, L_ROWS, L_VS_PUSH, l_system)
@@ -190,6 +190,7 @@ class Report:
         rows += self.l_summary()
         rows += self.virtiofs_summary()
         rows += self.work_summary()
+        rows += self.fleet_summary()
         out = ["## Summary against the brief", "",
                "| case | seed 003 | goal | mado in this run |", "|---|---|---|---|"]
         out += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
@@ -585,6 +586,108 @@ class Report:
         return [("work in a workspace: the workspace mount / the local disk, warm, "
                  + (f"{files:,}-file real tree " if files else "a real tree ") + "(issue #20)", "–",
                  self.work_goals(), ", ".join(f"{WORK_SHORT[row]} {self.work_mark(row, False)}" for row in N_ROWS))]
+
+    # ---- scenario o: a fleet of agents (issue #47) ----
+
+    def fleet(self) -> List[Result]:
+        return sorted((by[O_RTT] for by in self.results.rows(Table.O).values() if by.get(O_RTT)),
+                      key=lambda r: r.agents or 0)
+
+    def fleet_goals(self) -> List[Tuple[str, bool]]:
+        """Issue #47's goals this run can judge, each with whether it holds."""
+        rows = self.fleet()
+        if not rows:
+            return []
+        big, one = rows[-1], rows[0]
+        out = [(f"{big.agents} mounts at once, every checkpoint landed", big.landed == big.agents),
+               ("ws create --mount ≤ 0.1 s on average", all(r.median is not None and r.median <= 0.1 for r in rows))]
+        if big.mem_idle_mib is not None:
+            out.append((f"≤ 8 MiB in use per idle workspace ({big.mem_idle_mib:.1f})", big.mem_idle_mib <= 8))
+        if big.mem_read_mib is not None:
+            out.append((f"≤ 16 MiB per workspace after reading ({big.mem_read_mib:.1f})", big.mem_read_mib <= 16))
+        if big.cache_x is not None:
+            out.append((f"disk cache ≤ 1.25× one workspace's ({big.cache_x:.2f}×)", big.cache_x <= 1.25))
+        if big.p99_ms and one.p99_alone_ms:
+            x = big.p99_ms / one.p99_alone_ms
+            out.append((f"reader p99 at {big.agents} agents ≤ 1.5× alone ({x:.2f}×)", x <= 1.5))
+        return out
+
+    def fleet_tables(self) -> List[str]:
+        rows = self.fleet()
+        files = next((r.tree_files for r in rows if r.tree_files), None)
+        out = self.part_header(Table.O, "o. A fleet of agents (issue #47): N workspace mounts of one real tree"
+                               + (f" ({files:,} files)" if files else "") + ", each agent editing, grepping "
+                               "and checkpointing at once", cold=False)
+        if not rows:
+            return out + ["not yet measured in this run", ""]
+        out += ["| agents | `ws create --mount` (avg) | MiB in use per idle ws | MiB per ws after reading | "
+                "daemon private MiB per ws | cache × one ws | reader p50 ms alone / busy | "
+                "reader p99 ms alone / busy | checkpoints/s | last checkpoint has its edit |",
+                "|---|---|---|---|---|---|---|---|---|---|"]
+        f = lambda x, d=1: "–" if x is None else f"{x:.{d}f}"  # noqa: E731
+        for r in rows:
+            out.append(f"| {r.agents} | {f(r.median, 3)} s | {f(r.mem_idle_mib)} | {f(r.mem_read_mib)} | "
+                       f"{f(r.private_mib)} | {f(r.cache_x, 2)}× | {f(r.p50_alone_ms, 3)} / {f(r.p50_ms, 3)} | "
+                       f"{f(r.p99_alone_ms, 3)} / {f(r.p99_ms, 3)} | {f(r.ckpt_per_s)} | {r.landed} of {r.agents} |")
+        out += ["", " ".join([
+            "`bench/fleet.py`: for each N, N workspaces created one after another (`mado ws create aI --from "
+            "main --mount`), each a mount daemon of its own over one disk cache and the embedded store; every "
+            "agent then reads the same ~3,000-file subtree (16 at a time), and all N run two rounds of: append "
+            "a line to a file of their own, `grep -r` a string in no file over a directory, `mado ws "
+            "checkpoint`, while a foreground reader reads 1,000 of the subtree's files in workspace 0 again "
+            "and again (per-file latency: open, read, close). Memory in use is MemTotal − MemAvailable before "
+            "and after, over N (it holds whatever the process design; other work on the machine moves it); "
+            "the daemon's private memory is `mado stats --all`'s (RssAnon + swap). The cache is its bytes on "
+            "disk against the same after the first N's workspace read the subtree. Each workspace's last "
+            "checkpoint is read back with `mado cat ws/NAME` and must hold its agent's last edit.",
+            "`bench/run.py --only o --rtts 0 --merge docs/bench-results.json` runs this scenario alone; "
+            "`bench/fleet.py MADO [--sizes 1,10,30,100]` prints the same table by hand."]), ""]
+        goals = self.fleet_goals()
+        out += ["Issue #47's goals: " + "; ".join(f"{g} {'✓' if ok else '✗'}" for g, ok in goals) + ".", ""]
+        return out
+
+    def fleet_plot(self, plt, outdir: str) -> bool:
+        rows = [r for r in self.fleet() if r.agents]
+        if not rows:
+            return False
+        fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.6))
+        n = [r.agents for r in rows]
+        for label, key in (("in use, idle", "mem_idle_mib"), ("in use, after reading", "mem_read_mib"),
+                           ("daemon private", "private_mib")):
+            pts = [(x, getattr(r, key)) for x, r in zip(n, rows) if getattr(r, key) is not None]
+            if pts:
+                a.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+        a.set_xlabel("agents (workspace mounts)")
+        a.set_ylabel("MiB per workspace")
+        a.set_xscale("log")
+        a.grid(True, alpha=0.3)
+        a.legend(fontsize=7)
+        for label, key in (("p50 busy", "p50_ms"), ("p99 busy", "p99_ms"), ("p99 alone", "p99_alone_ms")):
+            pts = [(x, getattr(r, key)) for x, r in zip(n, rows) if getattr(r, key) is not None]
+            if pts:
+                b.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+        b.set_xlabel("agents (workspace mounts)")
+        b.set_ylabel("foreground read latency (ms)")
+        b.set_xscale("log")
+        b.set_yscale("log")
+        b.grid(True, which="both", alpha=0.3)
+        b.legend(fontsize=7)
+        fig.suptitle("o: a fleet of agents")
+        fig.tight_layout()
+        fig.savefig(os.path.join(outdir, "bench-o.png"), dpi=90)
+        plt.close(fig)
+        return True
+
+    def fleet_summary(self) -> List[Tuple[str, str, str, str]]:
+        rows = self.fleet()
+        if not rows:
+            return []
+        big = rows[-1]
+        return [(f"a fleet of {big.agents} workspace mounts on one machine (issue #47)", "–",
+                 "≤ 8 MiB per idle ws, ≤ 16 MiB after reading, p99 ≤ 1.5×",
+                 f"{big.mem_idle_mib:.1f} / {big.mem_read_mib:.1f} MiB, p99 {big.p99_ms:.2f} ms"
+                 if big.mem_idle_mib is not None and big.mem_read_mib is not None and big.p99_ms is not None
+                 else "–")]
 
     def large_summary(self) -> List[Tuple[str, str, str, str]]:
         """Summary rows for scenario j, at its largest size."""
@@ -1034,6 +1137,10 @@ class Report:
                 continue
             if key == Table.N:  # one RTT (none: local work), its ratios are in its table
                 continue
+            if key == Table.O:  # against the number of agents
+                if self.fleet_plot(plt, outdir):
+                    made.append("bench-o.png")
+                continue
             fig, ax = plt.subplots(figsize=(6, 4))
             any_line = False
             for system, by in self.results.rows(key).items():
@@ -1126,6 +1233,7 @@ def write(run: Run, path: str, quick: bool):
                    "warm walk-and-read, against the guest's local disk and `mado mount` on the host")
     L += rep.virtiofs_lines()
     L += rep.work_tables()
+    L += rep.fleet_tables()
     if pngs:
         L += ["## Plots (wall time against RTT, one line per system)", ""]
         L += [f"![{p}]({p})" for p in pngs] + [""]

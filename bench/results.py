@@ -35,6 +35,7 @@ class Table(Enum):
     L = "l"
     M = "m"
     N = "n"
+    O = "o"
 
 
 class Subtree(Enum):
@@ -165,6 +166,16 @@ M_WARM_LIMIT = 1.5  # issue #14: the guest's warm walk <= 1.5x its local disk
 # folder it copies, in parentheses), in its order, with issue #20's limit on
 # each one's ratio, the mount's median over the local disk's.
 N_RTT = 0
+# Scenario o (issue #47): a fleet of workspace mounts; recorded at O_RTT
+# (local work, no network), one row per number of agents, `o_system(n)`.
+O_RTT = 0
+O_SIZES = (1, 10, 30, 100)
+O_QUICK_SIZES = (1, 4)
+
+
+def o_system(agents: int) -> str:
+    return f"{agents} agents"
+
 N_LOCAL = "local disk"
 N_MOUNT = "workspace mount"
 N_GIT = "git init && git add -A && git commit"
@@ -342,6 +353,21 @@ class Result:
     changed: Optional[int] = None
     content_bytes: Optional[int] = None
     max_up_bytes: Optional[int] = None  # the largest bytes up of any run (a compaction shows here)
+    # o: a fleet of `agents` workspace mounts (median: `ws create --mount`'s
+    # average): memory in use per workspace idle and after reading (MiB),
+    # each daemon's private memory (MiB), the cache against one workspace's,
+    # the foreground reader alone (p50_ms/p99_ms: beside the agents),
+    # checkpoints per second, and how many workspaces' last checkpoint held
+    # their own edit.
+    agents: Optional[int] = None
+    mem_idle_mib: Optional[float] = None
+    mem_read_mib: Optional[float] = None
+    private_mib: Optional[float] = None
+    cache_x: Optional[float] = None
+    p50_alone_ms: Optional[float] = None
+    p99_alone_ms: Optional[float] = None
+    ckpt_per_s: Optional[float] = None
+    landed: Optional[int] = None
     note: Optional[str] = None
 
     def to_json(self) -> dict:

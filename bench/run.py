@@ -10,7 +10,7 @@ PNG plots under docs/.
                  [--note TEXT]
     bench/run.py --report-only docs/bench-results.json
 
-`--only d` (or `--only c,d`) runs only those scenarios (a to n) at each
+`--only d` (or `--only c,d`) runs only those scenarios (a to o) at each
 RTT; the setup (MinIO, the stores, the repositories) is the same. Alone,
 it writes a report of those tables only. With `--merge
 docs/bench-results.json` the tables it measured replace that saved run's
@@ -96,6 +96,18 @@ once per run, whatever --rtts; each row --runs times (--quick: once):
 
     bench/run.py --only n --rtts 0 --runs 3 --merge docs/bench-results.json
 
+Scenario o (issue #47), a fleet of agents: bench/fleet.py creates 1, 10,
+30 and 100 workspace mounts (--quick: 1 and 4) of a real tree of about
+10,000 files (--quick 1,500) on the embedded store, has each read a
+~3,000-file subtree, then runs every agent's edit -> grep -> checkpoint
+loop at once beside a foreground reader; the report gives memory in use
+per workspace (idle, after reading), each daemon's private memory, the
+cache against one workspace's, the reader's p50/p99 alone and busy,
+checkpoints per second and how many landed, against issue #47's goals.
+Once per run, whatever --rtts:
+
+    bench/run.py --only o --rtts 0 --merge docs/bench-results.json
+
 `--quick` uses a small synthetic tree (and a real tree of a few hundred
 files), one run and RTT 0 and 20 ms, and finishes in a few minutes: the
 test suite runs it as a smoke test.
@@ -127,7 +139,7 @@ def main():
     ap.add_argument("--rtts")
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "BENCHMARKS.md"))
     ap.add_argument("--profile", default="release", choices=["release", "debug"])
-    ap.add_argument("--only", default="a,b,c,d,e,f,g,h,i,j,k,l,m,n",
+    ap.add_argument("--only", default="a,b,c,d,e,f,g,h,i,j,k,l,m,n,o",
                     help="scenarios to run, e.g. d or c,d (default: all)")
     ap.add_argument("--large-sizes", default=os.environ.get("MADO_BENCH_LARGE_SIZES"),
                     help="scenario j's file sizes, e.g. 64M,256M (default 300M,1G; --quick 16M,48M)")

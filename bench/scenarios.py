@@ -6,7 +6,7 @@ still reach the report. What a scenario keeps from one RTT to the next
 (the workspace c resumes, the peers h stopped running) lives in its
 instance: `scenarios()` makes fresh ones for each run.
 """
-import glob, json, os, random, re, shutil, signal, statistics, subprocess, threading, time
+import glob, json, os, random, re, shutil, signal, statistics, subprocess, sys, threading, time
 from dataclasses import replace
 from typing import Callable, Dict, Iterator, List
 
@@ -22,7 +22,7 @@ from results import (FLOOR_ROW, GIT_CLONE_ROW, GIT_PUSH_ROW, GIT_SPARSE_ROW, IMP
                      REAL_MOUNT_ROW, REAL_SUB, RESUME_ROW, UNTAR_ROW, Counts, Layout, Result, Subtree, Table,
                      large_system, materialize_row, mount_row, readers_row, size_label, writers_row,
                      M_GUEST_COLD, M_GUEST_DISK, M_GUEST_WARM, M_HOST_COLD, M_HOST_WARM)
-from results import N_LOCAL, N_MOUNT, N_QUICK_FILES, N_ROWS, N_RTT, work_system
+from results import N_LOCAL, N_MOUNT, N_QUICK_FILES, N_ROWS, N_RTT, O_QUICK_SIZES, O_RTT, O_SIZES, o_system, work_system
 
 DENSE = Subtree.DENSE.value
 
@@ -1161,8 +1161,69 @@ class Work:
                                         tree_files=files, crates=crate))
 
 
+class Fleet:
+    """o. A fleet of agents on one machine (issue #47): bench/fleet.py,
+    which creates N workspace mounts of a real tree (the cargo registry's
+    crates until ~10,000 files; --quick: N_QUICK_FILES), has every agent read
+    a ~3,000-file subtree, then run an edit -> grep -> checkpoint loop while
+    a foreground reader reads in workspace 0; for N in O_SIZES (--quick:
+    O_QUICK_SIZES). Local work on the embedded store: measured once per run
+    and recorded at O_RTT. This parses the script's table, one Result per N."""
+
+    SCRIPT = os.path.join(ROOT, "bench", "fleet.py")
+    ROW = re.compile(r"\|\s*(\d+)\s*\|")
+
+    def __init__(self):
+        self.done = False
+
+    def __call__(self, h: Harness, rtt: int) -> Iterator[Result]:
+        if self.done:
+            return
+        self.done = True
+        sizes = O_QUICK_SIZES if h.quick else O_SIZES
+        args = [sys.executable, self.SCRIPT, h.mado, "--sizes", ",".join(map(str, sizes))]
+        if h.quick:
+            args += ["--files", str(N_QUICK_FILES), "--subtree", "300"]
+        log(f"o: {' '.join(args[1:])}")
+        h.quiet_start()
+        p = subprocess.Popen(args, env=dict(os.environ, TMPDIR=h.work), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+        limit = h.timeout * 4 * len(sizes)
+        try:
+            out, err = p.communicate(timeout=limit)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGTERM)
+            out, err = p.communicate()
+            err += f"\nstopped after {limit:.0f} s"
+        finally:
+            for m in glob.glob(os.path.join(h.work, "mado-fleet.*", "m*-*")):
+                unmount(m)  # only if the script could not
+        yield from self.parse(out)
+        if p.returncode != 0:
+            last = [x for x in err.splitlines() if x.strip()]
+            raise RuntimeError(f"fleet.py exited {p.returncode}: " + (last[-1] if last else "no message"))
+
+    def parse(self, out: str) -> Iterator[Result]:
+        files = re.search(r"^Tree: (\d+) files", out, re.M)
+        files = int(files.group(1)) if files else None
+        num = lambda x: float(x.split()[0])  # noqa: E731
+        for line in out.splitlines():
+            cols = [c.strip() for c in line.strip().strip("|").split("|")]
+            if len(cols) != 10 or not cols[0].isdigit():
+                continue
+            n = int(cols[0])
+            p50 = [float(x) for x in cols[6].split("/")]
+            p99 = [float(x) for x in cols[7].split("/")]
+            yield log_result(Result(Table.O, o_system(n), O_RTT, n=1, median=num(cols[1]), min=num(cols[1]),
+                                    max=num(cols[1]), agents=n, mem_idle_mib=num(cols[2]),
+                                    mem_read_mib=num(cols[3]), private_mib=num(cols[4]), cache_x=num(cols[5]),
+                                    p50_alone_ms=p50[0], p50_ms=p50[1], p99_alone_ms=p99[0], p99_ms=p99[1],
+                                    ckpt_per_s=num(cols[8]), landed=int(cols[9].split()[0]),
+                                    tree_files=files))
+
+
 def scenarios() -> Dict[str, Callable[[Harness, int], Iterator[Result]]]:
     """By the letter `--only` takes."""
     return {"a": materialize, "b": mount_walk, "c": Resume(), "d": import_pack_build, "e": warm_mount,
             "f": concurrency, "g": capped_cache, "h": Peers(), "i": Real(), "j": Large(), "k": Checkpoints(),
-            "l": RealImport(), "m": VirtioFs(), "n": Work()}
+            "l": RealImport(), "m": VirtioFs(), "n": Work(), "o": Fleet()}

@@ -74,6 +74,12 @@ impl Pool {
         }
     }
 
+    /// Frees every idle buffer (the process is giving memory back:
+    /// [`crate::memory::give_back`]).
+    pub fn drain(&self) {
+        self.bufs.lock().expect("buffer pool lock").clear();
+    }
+
     /// Bytes idle in the pool.
     pub fn idle_bytes(&self) -> usize {
         self.bufs.lock().expect("buffer pool lock").iter().map(Vec::capacity).sum()

@@ -15,8 +15,10 @@ pub fn set_give_back(f: fn()) {
     let _ = GIVE_BACK.set(f);
 }
 
-/// Gives freed memory back, if the binary said how.
+/// Gives freed memory back, if the binary said how, with the idle read
+/// buffers kept for reuse ([`crate::bufpool`]).
 pub fn give_back() {
+    crate::bufpool::SHARED.drain();
     if let Some(f) = GIVE_BACK.get() {
         f()
     }
