@@ -235,7 +235,14 @@ fn main() {
         exit::quiet_on_closed_stdout();
     }
     bound_malloc();
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    // SAFETY: mi_collect(false) only frees this thread's own empty pages.
+    mado_core::memory::set_tidy(|| unsafe { libmimalloc_sys::mi_collect(false) });
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder.enable_all();
+    if cli.cmd.is_mount_daemon() {
+        builder.on_thread_park(mado_core::memory::tidy);
+    }
+    let rt = match builder.build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");

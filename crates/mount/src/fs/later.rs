@@ -80,6 +80,7 @@ impl MadoFs {
     /// (two context switches and a wake-up, most of a small request's time
     /// on two cores).
     pub(super) fn drive(&self, task: impl Future<Output = ()> + Send + 'static) {
+        mado_core::memory::tidy();
         let mut task = Box::pin(task);
         let _in_runtime = self.rt.enter();
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
