@@ -45,6 +45,20 @@ def mem_used_mib() -> float:
     return (info["MemTotal"] - info["MemAvailable"]) / 1024
 
 
+def pss_mib(pids) -> float:
+    """The processes' proportional set size (MiB): each shared page
+    (the binary's text, a mapped index layer, the page cache of a mapped
+    file) counted once over its sharers, private pages whole."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                total += next(int(line.split()[1]) for line in f if line.startswith("Pss:"))
+        except (OSError, StopIteration):
+            pass
+    return total / 1024
+
+
 def du_bytes(path: str) -> int:
     total = 0
     for root, _, files in os.walk(path):
@@ -134,6 +148,9 @@ def one_size(fl: Fleet, n: int, files, tops, rounds: int, cache_dir: str, one_ca
         create = (time.perf_counter() - t0) / n
         time.sleep(1)
         idle = (mem_used_mib() - used0) / n
+        pids = [x["pid"] for x in json.loads(fl.run("stats", "--all", "--json"))["mounts"]
+                if x.get("mountpoint") in mnts]
+        pss_idle = pss_mib(pids) / n
         # Every agent reads the subtree at once.
         with ThreadPoolExecutor(max_workers=min(n, 16)) as ex:
             list(ex.map(lambda m: read_files(m, files), mnts))
@@ -142,6 +159,7 @@ def one_size(fl: Fleet, n: int, files, tops, rounds: int, cache_dir: str, one_ca
         # Each daemon's own memory, as `mado stats --all` reports it.
         st = json.loads(fl.run("stats", "--all", "--json"))
         private = sum(x.get("private_bytes") or 0 for x in st["mounts"] if x.get("mountpoint") in mnts) / n / 2**20
+        pss_read = pss_mib(pids) / n
         cache = du_bytes(cache_dir)
         if one_cache[0] is None:
             one_cache[0] = cache
@@ -185,6 +203,7 @@ def one_size(fl: Fleet, n: int, files, tops, rounds: int, cache_dir: str, one_ca
             landed += f"// agent {i} round {rounds - 1}" in text
         return {
             "n": n, "create": create, "idle": idle, "read": after_read, "private": private, "cache": cache,
+            "pss_idle": pss_idle, "pss_read": pss_read,
             "cache_x": cache / one_cache[0], "p50_alone": pct(alone, 50) * 1e3, "p99_alone": pct(alone, 99) * 1e3,
             "p50": pct(busy or alone, 50) * 1e3, "p99": pct(busy or alone, 99) * 1e3,
             "ckpt_s": made / loop_s, "made": made, "landed": landed,
@@ -236,11 +255,11 @@ def main():
           f"{a.rounds} rounds of edit, grep, checkpoint per agent.")
     print()
     print("| agents | ws create --mount s (avg) | MiB in use per idle ws | MiB per ws after reading | "
-          "daemon private MiB per ws | cache × one ws | reader p50 ms alone / busy | reader p99 ms alone / busy | "
-          "checkpoints/s | checkpoints landed |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "daemon private MiB per ws | daemon PSS MiB per ws, idle / after reading | cache × one ws | "
+          "reader p50 ms alone / busy | reader p99 ms alone / busy | checkpoints/s | checkpoints landed |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['n']} | {r['create']:.3f} | {r['idle']:.1f} | {r['read']:.1f} | {r['private']:.1f} | {r['cache_x']:.2f} | "
+        print(f"| {r['n']} | {r['create']:.3f} | {r['idle']:.1f} | {r['read']:.1f} | {r['private']:.1f} | {r['pss_idle']:.1f} / {r['pss_read']:.1f} | {r['cache_x']:.2f} | "
               f"{r['p50_alone']:.3f} / {r['p50']:.3f} | {r['p99_alone']:.3f} / {r['p99']:.3f} | "
               f"{r['ckpt_s']:.1f} | {r['landed']} of {r['n']} ({r['made']} made) |")
 

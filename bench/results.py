@@ -363,6 +363,8 @@ class Result:
     mem_idle_mib: Optional[float] = None
     mem_read_mib: Optional[float] = None
     private_mib: Optional[float] = None
+    pss_idle_mib: Optional[float] = None
+    pss_read_mib: Optional[float] = None
     cache_x: Optional[float] = None
     p50_alone_ms: Optional[float] = None
     p99_alone_ms: Optional[float] = None
