@@ -20,7 +20,7 @@ from results import (J_CHECKOUT_COLD, J_CHECKOUT_COLD_PINNED, J_CHECKOUT_WARM, J
 from results import (K_CHECKPOINT, K_EDITS, K_FLAT, K_GIT, K_GOAL_RTT, K_META_LIMIT, K_ROWS, K_RTTS_AFTER_WALK,
                      K_TOUCH, K_TOUCH_PER_FILE, K_TOUCHES, K_VS_GIT, K_WALK_RTTS, ck_system)
 from results import M_GUEST_DISK, M_GUEST_WARM, M_WARM_LIMIT
-from results import (O_RTT, N_BUILD, N_CP, N_GIT, N_GREP, N_LOCAL, N_MOUNT, N_QUICK_FILES, N_READ, N_RM, N_ROWS, N_RTT,
+from results import (O_RTT, P_MEM_ROWS, P_ROWS, P_RTT, p_system, N_BUILD, N_CP, N_GIT, N_GREP, N_LOCAL, N_MOUNT, N_QUICK_FILES, N_READ, N_RM, N_ROWS, N_RTT,
                      N_SED, N_STAT, N_STATUS, work_system)
 from results import (L_BIG_RTT, L_CHANGED, L_IMPORT, L_NEXT, L_NEXT_COLD, L_NEXT_PUSH, L_NEXT_RTTS,
                      L_PUSH, L_PUT_BYTES, L_PUT_EXTRA, L_ROWS, L_VS_PUSH, l_system)
@@ -697,6 +697,77 @@ class Report:
                  if big.mem_idle_mib is not None and big.mem_read_mib is not None and big.p99_ms is not None
                  else "–")]
 
+    # ---- scenario p: a million files (issue #46) ----
+
+    def scale_sizes(self) -> List[int]:
+        return sorted({r.tree_files for by in self.results.rows(Table.P).values() for r in by.values()
+                       if r.tree_files})
+
+    def scale(self, label: str, files: int) -> Optional[Result]:
+        return self.results.get(Table.P, p_system(label, files), P_RTT)
+
+    def scale_tables(self) -> List[str]:
+        sizes = self.scale_sizes()
+        out = self.part_header(Table.P, "p. A million files (issue #46): time and memory against the tree's size",
+                               cold=False)
+        if not sizes:
+            return out + ["not yet measured in this run", ""]
+        out += ["| | " + " | ".join(f"{n:,} files" for n in sizes) + " |", "|---|" + "---|" * len(sizes)]
+        for label, _, _ in P_ROWS:
+            cells = []
+            for n in sizes:
+                r = self.scale(label, n)
+                cells.append("–" if not r or r.median is None else f"{r.median:.2f} s ({r.median / n * 1e6:.1f} µs/file)")
+            out.append(f"| {label} | " + " | ".join(cells) + " |")
+        for label, _ in P_MEM_ROWS:
+            cells = []
+            for n in sizes:
+                r = self.scale(label, n)
+                cells.append("–" if not r or r.rss_mib is None else
+                             f"{r.rss_mib:.1f} MiB ({r.rss_mib * 2**20 / n:.0f} B/file)")
+            out.append(f"| {label} | " + " | ".join(cells) + " |")
+        out += ["", " ".join([
+            "`bench/scale.sh`: a synthetic monorepo of TOPS × 10 × 100 small Rust files (one git commit made "
+            "with `git fast-import`), imported into the embedded store; then `mado mount` of it, `find -printf "
+            "%s` over the mount and over git's own checkout with the page cache dropped before each, `mado ws "
+            "create --mount`, `mado ws status` with 10 files edited, and the second of two checkpoints of 10 "
+            "edits each. Memory is the import's max RSS and each daemon's private memory (RssAnon). What "
+            "should follow the change (mount, create, status, the checkpoint) must stay flat in seconds as "
+            "the tree grows; what follows the tree (import, the walk) must stay flat per file.",
+            "`bench/run.py --only p --rtts 0 --merge docs/bench-results.json` runs this scenario alone "
+            "(10k to 1M files, about 20 minutes); `bench/scale.sh [MADO] [TOPS...]` prints its table by hand."]),
+            ""]
+        return out
+
+    def scale_plot(self, plt, outdir: str) -> bool:
+        sizes = self.scale_sizes()
+        if not sizes:
+            return False
+        fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.6))
+        for label, _, _ in P_ROWS:
+            pts = [(n, r.median / n * 1e6) for n in sizes for r in [self.scale(label, n)] if r and r.median]
+            if pts:
+                a.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+        a.set_xlabel("files in the tree")
+        a.set_ylabel("µs per file")
+        for ax in (a, b):
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.grid(True, which="both", alpha=0.3)
+        a.legend(fontsize=6)
+        for label, _ in P_MEM_ROWS:
+            pts = [(n, r.rss_mib * 2**20 / n) for n in sizes for r in [self.scale(label, n)] if r and r.rss_mib]
+            if pts:
+                b.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+        b.set_xlabel("files in the tree")
+        b.set_ylabel("bytes per file")
+        b.legend(fontsize=6)
+        fig.suptitle("p: a million files")
+        fig.tight_layout()
+        fig.savefig(os.path.join(outdir, "bench-p.png"), dpi=90)
+        plt.close(fig)
+        return True
+
     def large_summary(self) -> List[Tuple[str, str, str, str]]:
         """Summary rows for scenario j, at its largest size."""
         sizes = self.large_sizes()
@@ -1145,6 +1216,10 @@ class Report:
                 continue
             if key == Table.N:  # one RTT (none: local work), its ratios are in its table
                 continue
+            if key == Table.P:  # against the tree's size
+                if self.scale_plot(plt, outdir):
+                    made.append("bench-p.png")
+                continue
             if key == Table.O:  # against the number of agents
                 if self.fleet_plot(plt, outdir):
                     made.append("bench-o.png")
@@ -1242,6 +1317,7 @@ def write(run: Run, path: str, quick: bool):
     L += rep.virtiofs_lines()
     L += rep.work_tables()
     L += rep.fleet_tables()
+    L += rep.scale_tables()
     if pngs:
         L += ["## Plots (wall time against RTT, one line per system)", ""]
         L += [f"![{p}]({p})" for p in pngs] + [""]

@@ -36,6 +36,7 @@ class Table(Enum):
     M = "m"
     N = "n"
     O = "o"
+    P = "p"
 
 
 class Subtree(Enum):
@@ -175,6 +176,35 @@ O_QUICK_SIZES = (1, 4)
 
 def o_system(agents: int) -> str:
     return f"{agents} agents"
+
+
+# Scenario p (issue #46): bench/scale.sh at each tree size; recorded at
+# P_RTT (local work), one Result per (row, size) with tree_files the size.
+# The rows: (label, the script's column, seconds or MiB).
+P_RTT = 0
+P_TOPS = (10, 100, 300, 1000)
+P_QUICK_TOPS = (10,)
+P_ROWS = (
+    ("import-git", 1, "s"),
+    ("mount", 2, "s"),
+    ("find -printf %s over the mount, cold", 4, "s"),
+    ("find -printf %s over git's checkout, cold", 5, "s"),
+    ("ws create --mount", 7, "s"),
+    ("ws status, 10 edits", 8, "s"),
+    ("ws checkpoint, 10 edits (the second)", 9, "s"),
+)
+
+
+def p_system(label: str, files: int) -> str:
+    return f"{label}, {files} files"
+
+
+P_MEM_ROWS = (
+    ("import-git max RSS", 1),
+    ("mount daemon at rest", 3),
+    ("mount daemon after the find", 6),
+    ("workspace daemon after the checkpoints", 10),
+)
 
 N_LOCAL = "local disk"
 N_MOUNT = "workspace mount"

@@ -10,7 +10,7 @@ PNG plots under docs/.
                  [--note TEXT]
     bench/run.py --report-only docs/bench-results.json
 
-`--only d` (or `--only c,d`) runs only those scenarios (a to o) at each
+`--only d` (or `--only c,d`) runs only those scenarios (a to p) at each
 RTT; the setup (MinIO, the stores, the repositories) is the same. Alone,
 it writes a report of those tables only. With `--merge
 docs/bench-results.json` the tables it measured replace that saved run's
@@ -108,6 +108,14 @@ Once per run, whatever --rtts:
 
     bench/run.py --only o --rtts 0 --merge docs/bench-results.json
 
+Scenario p (issue #46), a million files: bench/scale.sh at 10k, 100k,
+300k and 1M files (--quick: 10k) of a synthetic monorepo: import, mount,
+a cold stat walk against git's checkout, ws create, ws status and a
+10-edit checkpoint, in time and memory, per file, against the tree's
+size (about 20 minutes). Once per run, whatever --rtts:
+
+    bench/run.py --only p --rtts 0 --merge docs/bench-results.json
+
 `--quick` uses a small synthetic tree (and a real tree of a few hundred
 files), one run and RTT 0 and 20 ms, and finishes in a few minutes: the
 test suite runs it as a smoke test.
@@ -139,7 +147,7 @@ def main():
     ap.add_argument("--rtts")
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "BENCHMARKS.md"))
     ap.add_argument("--profile", default="release", choices=["release", "debug"])
-    ap.add_argument("--only", default="a,b,c,d,e,f,g,h,i,j,k,l,m,n,o",
+    ap.add_argument("--only", default="a,b,c,d,e,f,g,h,i,j,k,l,m,n,o,p",
                     help="scenarios to run, e.g. d or c,d (default: all)")
     ap.add_argument("--large-sizes", default=os.environ.get("MADO_BENCH_LARGE_SIZES"),
                     help="scenario j's file sizes, e.g. 64M,256M (default 300M,1G; --quick 16M,48M)")

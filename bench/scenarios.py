@@ -22,7 +22,8 @@ from results import (FLOOR_ROW, GIT_CLONE_ROW, GIT_PUSH_ROW, GIT_SPARSE_ROW, IMP
                      REAL_MOUNT_ROW, REAL_SUB, RESUME_ROW, UNTAR_ROW, Counts, Layout, Result, Subtree, Table,
                      large_system, materialize_row, mount_row, readers_row, size_label, writers_row,
                      M_GUEST_COLD, M_GUEST_DISK, M_GUEST_WARM, M_HOST_COLD, M_HOST_WARM)
-from results import N_LOCAL, N_MOUNT, N_QUICK_FILES, N_ROWS, N_RTT, O_QUICK_SIZES, O_RTT, O_SIZES, o_system, work_system
+from results import (N_LOCAL, N_MOUNT, N_QUICK_FILES, N_ROWS, N_RTT, O_QUICK_SIZES, O_RTT, O_SIZES, P_MEM_ROWS,
+                     P_QUICK_TOPS, P_ROWS, P_RTT, P_TOPS, o_system, p_system, work_system)
 
 DENSE = Subtree.DENSE.value
 
@@ -1224,8 +1225,64 @@ class Fleet:
                                     tree_files=files))
 
 
+class Scale:
+    """p. A million files (issue #46): bench/scale.sh makes a synthetic
+    monorepo of TOPS x 1,000 small files (P_TOPS; --quick: P_QUICK_TOPS)
+    and times import, mount, a cold stat walk against the same over git's
+    checkout, ws create, ws status and a 10-edit checkpoint, with each
+    process's memory. Local work on the embedded store: once per run, at
+    P_RTT. One Result per row and size (time in median, memory in
+    rss_mib)."""
+
+    SCRIPT = os.path.join(ROOT, "bench", "scale.sh")
+
+    def __init__(self):
+        self.done = False
+
+    def __call__(self, h: Harness, rtt: int) -> Iterator[Result]:
+        if self.done:
+            return
+        self.done = True
+        tops = P_QUICK_TOPS if h.quick else P_TOPS
+        log(f"p: {os.path.relpath(self.SCRIPT, ROOT)} {h.mado} {' '.join(map(str, tops))}")
+        h.quiet_start()
+        p = subprocess.Popen([self.SCRIPT, h.mado, *map(str, tops)], env=dict(os.environ, TMPDIR=h.work),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        limit = h.timeout * 2 * sum(max(1, t // 50) for t in tops)
+        try:
+            out, err = p.communicate(timeout=limit)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGTERM)
+            out, err = p.communicate()
+            err += f"\nstopped after {limit:.0f} s"
+        finally:
+            for m in glob.glob(os.path.join(h.work, "mado-scale.*", "*", "mnt")) + \
+                    glob.glob(os.path.join(h.work, "mado-scale.*", "*", "ws")):
+                unmount(m)
+        yield from self.parse(out)
+        if p.returncode != 0:
+            last = [x for x in err.splitlines() if x.strip()]
+            raise RuntimeError(f"scale.sh exited {p.returncode}: " + (last[-1] if last else "no message"))
+
+    @staticmethod
+    def parse(out: str) -> Iterator[Result]:
+        for line in out.splitlines():
+            cols = [c.strip() for c in line.strip().strip("|").split("|")]
+            if len(cols) != 11 or not cols[0].isdigit():
+                continue
+            files = int(cols[0])
+            for label, col, _ in P_ROWS:
+                t = float(cols[col].split()[0])
+                yield log_result(Result(Table.P, p_system(label, files), P_RTT, n=1, median=t, min=t, max=t,
+                                        tree_files=files))
+            for label, col in P_MEM_ROWS:
+                text = cols[col]
+                mib = float(text.split("(")[1].rstrip(")")) if col == 1 else float(text)
+                yield log_result(Result(Table.P, p_system(label, files), P_RTT, n=1, rss_mib=mib, tree_files=files))
+
+
 def scenarios() -> Dict[str, Callable[[Harness, int], Iterator[Result]]]:
     """By the letter `--only` takes."""
     return {"a": materialize, "b": mount_walk, "c": Resume(), "d": import_pack_build, "e": warm_mount,
             "f": concurrency, "g": capped_cache, "h": Peers(), "i": Real(), "j": Large(), "k": Checkpoints(),
-            "l": RealImport(), "m": VirtioFs(), "n": Work(), "o": Fleet()}
+            "l": RealImport(), "m": VirtioFs(), "n": Work(), "o": Fleet(), "p": Scale()}

@@ -1218,6 +1218,32 @@ mod tests {
             let lf = fast.index.layer_over_at(&parts, at, fast.partial.then_some(view.trees.len())).unwrap();
             let lw = whole.index.layer_over_at(&parts, at, None).unwrap();
             assert_eq!(lf, lw, "step {step}: the same layer");
+            // Over the chain as a checkpoint has it (the bottom flat, read
+            // in place): the same packs, place and layer, or no build
+            // when the change is too large for a layer.
+            let flats: Vec<std::sync::Arc<flat::FlatIndex>> = parts
+                .iter()
+                .map(|l| std::sync::Arc::new(flat::FlatIndex::from_bytes(flat::encode(l)).unwrap()))
+                .collect();
+            let fb = build::FlatBase::of(&flats).unwrap();
+            assert_eq!(fb.layers(), parts.iter().map(|l| l.tree).collect::<Vec<_>>());
+            let mut flat_packs = Vec::new();
+            let fl = build::build_delta_flat(new_root, DEFAULT_MAX_PACK_BYTES, &fb, &src, &mut |id, bytes| {
+                flat_packs.push((id, bytes));
+                Ok(())
+            })
+            .unwrap();
+            match fl {
+                None => assert!(big, "step {step}: a small change builds over the flat base"),
+                Some(fl) => {
+                    assert!(!big, "step {step}: a big change is not built over the flat base");
+                    assert_eq!(flat_packs, fast_packs, "step {step}: the same new packs over the flat base");
+                    assert_eq!((fl.placed_at, fl.partial, fl.index.dirs), (at, true, full.index.dirs), "step {step}");
+                    let view_trees = fb.bottom.inline_count() + fb.above.iter().map(|l| l.trees.len()).sum::<usize>();
+                    let ll = fl.index.layer_over_flat(&fb, at, view_trees).unwrap();
+                    assert_eq!(ll, lf, "step {step}: the same layer over the flat base");
+                }
+            }
             if big {
                 break;
             }

@@ -59,6 +59,8 @@ impl StatChange {
 /// Notes, as a build walks the directories in memory, how each path's
 /// mtime differs from the base's.
 struct StatDiff<'a> {
+    /// Off for a dry build (`ws status`): nothing is noted.
+    on: bool,
     base: &'a super::times::PathTimes,
     set: Vec<(Vec<u8>, i64, u32)>,
     removed: Vec<Vec<u8>>,
@@ -71,6 +73,9 @@ struct StatDiff<'a> {
 
 impl StatDiff<'_> {
     fn note(&mut self, path: &[u8], secs: i64, nanos: u32) {
+        if !self.on {
+            return;
+        }
         match self.base.get(path) {
             Some(t) if t == (secs, nanos) => {}
             Some(_) => self.set.push((path.to_vec(), secs, nanos)),
@@ -93,6 +98,9 @@ impl StatDiff<'_> {
     /// Every base path below `dir` is gone (what is there now is noted or
     /// carried apart).
     fn gone_below(&mut self, dir: &[u8]) {
+        if !self.on {
+            return;
+        }
         let prefix = [dir, b"/"].concat();
         self.removed.extend(self.base.with_prefix(&prefix).map(|(p, _, _)| p.to_vec()));
     }
@@ -100,6 +108,9 @@ impl StatDiff<'_> {
     /// Directory `dir` now holds only `names` (sorted): every other child
     /// the base lists there, and what is below it, is gone.
     fn only_children(&mut self, dir: &[u8], names: &[&[u8]]) {
+        if !self.on {
+            return;
+        }
         for c in self.base.children(dir) {
             if names.binary_search(&&c[..]).is_err() {
                 let p = join(dir, &c);
@@ -457,8 +468,14 @@ impl SnapshotFs {
         };
         // After the state lock (the order rebase takes them in).
         let base = self.overlay()?.base.read().expect("base stat lock");
-        let mut diff =
-            StatDiff { base: &base.mtimes, set: Vec::new(), removed: Vec::new(), kept: Vec::new(), added: 0 };
+        let mut diff = StatDiff {
+            on: !skips.dry,
+            base: &base.mtimes,
+            set: Vec::new(),
+            removed: Vec::new(),
+            kept: Vec::new(),
+            added: 0,
+        };
         let ctx =
             Walk { cache, upper_dir: &upper_dir, fresh: &fresh, skips, hashed: &hashed, listed: base.id.is_some() };
         let root = self.build_tree(&mut st, staged, &ctx, &mut b, &mut diff)?;
@@ -603,7 +620,7 @@ impl SnapshotFs {
                 let id = clean.ok_or_else(|| Error::Internal("an unloaded directory without a tree".into()))?;
                 // Still where the base has it: its paths are there with
                 // their times. Moved (or no base stat object): carried.
-                if !ctx.listed || origin.as_deref() != Some(path) {
+                if diff.on && (!ctx.listed || origin.as_deref() != Some(path)) {
                     diff.gone_below(path);
                     self.carry_stat(origin.as_deref(), id, path, diff)?;
                 }

@@ -48,7 +48,7 @@ pub async fn checkpoint_mount(
             ),
         )
     })?;
-    let skips = prepare_build(fs, lease.no_ignore).await?;
+    let skips = prepare_build(fs, lease.no_ignore, false).await?;
     let fs2 = fs.clone();
     let stage = move |cache: Arc<DiskCache>| {
         let mut staged = Staged::default();
@@ -136,17 +136,20 @@ pub struct MountState {
 }
 
 /// What a build of a mounted workspace needs before it runs (shared by a
-/// checkpoint and `ws status`): every tree in memory when the base has no
-/// stat object, and the new paths .gitignore / .madoignore rules leave
-/// out, as in a plain working copy's checkpoint (none with `no_ignore`).
-pub(super) async fn prepare_build(fs: &Arc<SnapshotFs>, no_ignore: bool) -> Result<crate::vfs::Skips> {
-    if fs.needs_trees_for_build() {
+/// checkpoint and `ws status`, which is `dry`): for a checkpoint, every
+/// tree in memory when the base has no stat object (its paths are listed
+/// from them); and the new paths .gitignore / .madoignore rules leave out,
+/// as in a plain working copy's checkpoint (none with `no_ignore`).
+pub(super) async fn prepare_build(fs: &Arc<SnapshotFs>, no_ignore: bool, dry: bool) -> Result<crate::vfs::Skips> {
+    if !dry && fs.needs_trees_for_build() {
         fs.preload_trees().await?;
     }
-    if no_ignore {
-        return Ok(crate::vfs::Skips { keep_git: true, ..Default::default() });
-    }
-    fs.ignored_new_entries().await
+    let mut skips = match no_ignore {
+        true => crate::vfs::Skips { keep_git: true, ..Default::default() },
+        false => fs.ignored_new_entries().await?,
+    };
+    skips.dry = dry;
+    Ok(skips)
 }
 
 /// Where the state of a mount of workspace `name` of this fetcher's remote

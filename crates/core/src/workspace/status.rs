@@ -78,8 +78,7 @@ pub async fn mount_status(
     no_ignore: bool,
 ) -> Result<Status> {
     let st = load_state_at(state_dir)?;
-    let mut skips = super::mounted::prepare_build(fs, no_ignore).await?;
-    skips.dry = true;
+    let skips = super::mounted::prepare_build(fs, no_ignore, true).await?;
     // The snapshot the mount's tree is based on (the last checkpoint).
     let base_root = fs.root();
     let (fs2, cache) = (fs.clone(), fetcher.cache.clone());
