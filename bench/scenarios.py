@@ -1081,7 +1081,55 @@ class VirtioFs:
         yield h.cell(Table.M, M_HOST_WARM, rtt, h.s3proxy, lambda: mount(h.fresh_cache(), True), walk, umount)
 
 
-class Work:
+def run_script(args: List[str], env: dict, limit: float, leftovers: List[str]) -> str:
+    """Runs a by-hand benchmark script (its own session, so that a timeout
+    stops the command it is timing too, and SIGTERM lets its trap clean
+    up), unmounts what the `leftovers` globs match that it could not, and
+    returns its stdout; raises with its last stderr line if it failed."""
+    p = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGTERM)
+        out, err = p.communicate()
+        err += f"\nstopped after {limit:.0f} s"
+    finally:
+        for m in (m for g in leftovers for m in glob.glob(g)):
+            unmount(m)
+    if p.returncode != 0:
+        last = [x for x in err.splitlines() if x.strip()]
+        raise ScriptFailed(f"{os.path.basename(args[1] if args[0] == sys.executable else args[0])} exited "
+                           f"{p.returncode}: " + (last[-1] if last else "no message"), out)
+    return out
+
+
+class ScriptFailed(RuntimeError):
+    """A script failed; `out` is what it printed (rows it measured)."""
+
+    def __init__(self, message: str, out: str):
+        super().__init__(message)
+        self.out = out
+
+
+class OncePerRun:
+    """A scenario of local work, run once per run at the first RTT it is
+    called at (there is no network): subclasses define `once`."""
+
+    def __init__(self):
+        self.done = False
+
+    def __call__(self, h: Harness, rtt: int) -> Iterator[Result]:
+        if self.done:
+            return
+        self.done = True
+        yield from self.once(h)
+
+    def once(self, h: Harness) -> Iterator[Result]:
+        raise NotImplementedError
+
+
+class Work(OncePerRun):
     """n. Work in a workspace (issue #20, part 3): bench/workspace-work.sh,
     which times git, grep, find, cat, cp -r, rm -rf, sed -i and make on a
     plain directory of the local disk and in a read-write workspace mount
@@ -1098,13 +1146,7 @@ class Work:
     SCRIPT = os.path.join(ROOT, "bench", "workspace-work.sh")
     CELL = re.compile(r"([0-9.]+) s(?: \(([0-9.]+)–([0-9.]+)\))?")
 
-    def __init__(self):
-        self.done = False
-
-    def __call__(self, h: Harness, rtt: int) -> Iterator[Result]:
-        if self.done:
-            return
-        self.done = True
+    def once(self, h: Harness) -> Iterator[Result]:
         runs = 1 if h.quick else h.runs
         # TMPDIR: the script's work folder goes under the harness's, which
         # h.close() removes whatever happens here.
@@ -1115,25 +1157,13 @@ class Work:
         log(f"n: {os.path.relpath(self.SCRIPT, ROOT)} {h.mado}, {runs} runs"
             + (f", {N_QUICK_FILES} files" if h.quick else ""))
         h.quiet_start()
-        # Its own session, so that a timeout stops the command it is timing
-        # too; on SIGTERM its EXIT trap unmounts the workspace.
-        p = subprocess.Popen([self.SCRIPT, h.mado], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True, start_new_session=True)
         limit = h.timeout * len(N_ROWS)  # far more than a healthy run takes
         try:
-            out, err = p.communicate(timeout=limit)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGTERM)
-            out, err = p.communicate()
-            err += f"\nstopped after {limit:.0f} s"
-        finally:
-            for m in glob.glob(os.path.join(h.work, "mado-work.*", "mnt")):
-                unmount(m)  # only if the script could not
+            out = run_script([self.SCRIPT, h.mado], env, limit, [os.path.join(h.work, "mado-work.*", "mnt")])
+        except ScriptFailed as e:
+            yield from self.parse(e.out, runs)
+            raise
         yield from self.parse(out, runs)
-        if p.returncode != 0:
-            last = [x for x in err.splitlines() if x.strip()]
-            raise RuntimeError(f"{os.path.basename(self.SCRIPT)} exited {p.returncode}: "
-                               + (last[-1] if last else "no message"))
 
     def parse(self, out: str, runs: int) -> Iterator[Result]:
         """The script's table as Results: for each row, the local disk's
@@ -1162,7 +1192,7 @@ class Work:
                                         tree_files=files, crates=crate))
 
 
-class Fleet:
+class Fleet(OncePerRun):
     """o. A fleet of agents on one machine (issue #47): bench/fleet.py,
     which creates N workspace mounts of a real tree (the cargo registry's
     crates until ~10,000 files; --quick: N_QUICK_FILES), has every agent read
@@ -1172,37 +1202,22 @@ class Fleet:
     and recorded at O_RTT. This parses the script's table, one Result per N."""
 
     SCRIPT = os.path.join(ROOT, "bench", "fleet.py")
-    ROW = re.compile(r"\|\s*(\d+)\s*\|")
 
-    def __init__(self):
-        self.done = False
-
-    def __call__(self, h: Harness, rtt: int) -> Iterator[Result]:
-        if self.done:
-            return
-        self.done = True
+    def once(self, h: Harness) -> Iterator[Result]:
         sizes = O_QUICK_SIZES if h.quick else O_SIZES
         args = [sys.executable, self.SCRIPT, h.mado, "--sizes", ",".join(map(str, sizes))]
         if h.quick:
             args += ["--files", str(N_QUICK_FILES), "--subtree", "300"]
         log(f"o: {' '.join(args[1:])}")
         h.quiet_start()
-        p = subprocess.Popen(args, env=dict(os.environ, TMPDIR=h.work), stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, start_new_session=True)
         limit = h.timeout * 4 * len(sizes)
         try:
-            out, err = p.communicate(timeout=limit)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGTERM)
-            out, err = p.communicate()
-            err += f"\nstopped after {limit:.0f} s"
-        finally:
-            for m in glob.glob(os.path.join(h.work, "mado-fleet.*", "m*-*")):
-                unmount(m)  # only if the script could not
+            out = run_script(args, dict(os.environ, TMPDIR=h.work), limit,
+                             [os.path.join(h.work, "mado-fleet.*", "m*-*")])
+        except ScriptFailed as e:
+            yield from self.parse(e.out)
+            raise
         yield from self.parse(out)
-        if p.returncode != 0:
-            last = [x for x in err.splitlines() if x.strip()]
-            raise RuntimeError(f"fleet.py exited {p.returncode}: " + (last[-1] if last else "no message"))
 
     def parse(self, out: str) -> Iterator[Result]:
         files = re.search(r"^Tree: (\d+) files", out, re.M)
@@ -1225,7 +1240,7 @@ class Fleet:
                                     tree_files=files))
 
 
-class Scale:
+class Scale(OncePerRun):
     """p. A million files (issue #46): bench/scale.sh makes a synthetic
     monorepo of TOPS x 1,000 small files (P_TOPS; --quick: P_QUICK_TOPS)
     and times import, mount, a cold stat walk against the same over git's
@@ -1236,33 +1251,18 @@ class Scale:
 
     SCRIPT = os.path.join(ROOT, "bench", "scale.sh")
 
-    def __init__(self):
-        self.done = False
-
-    def __call__(self, h: Harness, rtt: int) -> Iterator[Result]:
-        if self.done:
-            return
-        self.done = True
+    def once(self, h: Harness) -> Iterator[Result]:
         tops = P_QUICK_TOPS if h.quick else P_TOPS
         log(f"p: {os.path.relpath(self.SCRIPT, ROOT)} {h.mado} {' '.join(map(str, tops))}")
         h.quiet_start()
-        p = subprocess.Popen([self.SCRIPT, h.mado, *map(str, tops)], env=dict(os.environ, TMPDIR=h.work),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
         limit = h.timeout * 2 * sum(max(1, t // 50) for t in tops)
+        leftovers = [os.path.join(h.work, "mado-scale.*", "*", d) for d in ("mnt", "ws")]
         try:
-            out, err = p.communicate(timeout=limit)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGTERM)
-            out, err = p.communicate()
-            err += f"\nstopped after {limit:.0f} s"
-        finally:
-            for m in glob.glob(os.path.join(h.work, "mado-scale.*", "*", "mnt")) + \
-                    glob.glob(os.path.join(h.work, "mado-scale.*", "*", "ws")):
-                unmount(m)
+            out = run_script([self.SCRIPT, h.mado, *map(str, tops)], dict(os.environ, TMPDIR=h.work), limit, leftovers)
+        except ScriptFailed as e:
+            yield from self.parse(e.out)
+            raise
         yield from self.parse(out)
-        if p.returncode != 0:
-            last = [x for x in err.splitlines() if x.strip()]
-            raise RuntimeError(f"scale.sh exited {p.returncode}: " + (last[-1] if last else "no message"))
 
     @staticmethod
     def parse(out: str) -> Iterator[Result]:
