@@ -467,10 +467,7 @@ async fn place_index(
             let enc = idx.encode();
             return Ok((idx, enc));
         }
-        Chain::Flat(fb) => {
-            let view_trees = fb.bottom.inline_count() + fb.above.iter().map(|l| l.trees.len()).sum::<usize>();
-            idx.layer_over_flat(fb, placed_at, view_trees).map_err(Error::Internal)?
-        }
+        Chain::Flat(fb) => idx.layer_over_flat(fb, placed_at).map_err(Error::Internal)?,
         Chain::Merged { view: view @ Some(base), parts } => {
             let placed = match chain_of(view, parts) {
                 Some(chain) => idx.layer_over_at(chain, placed_at, partial.then_some(base.trees.len())).ok(),

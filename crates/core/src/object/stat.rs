@@ -293,8 +293,8 @@ impl StatObject {
     /// its parent's with `change` applied, without the parent's whole
     /// object: `chain` is the parent's chain (its id first, the whole
     /// bottom last), `above` the decoded layers of all of it but the
-    /// bottom, `before` looks a path up in the parent's whole object, and
-    /// `whole` makes the new whole object, when it is to be written whole.
+    /// bottom, and `before` looks a path up in the parent's whole object.
+    /// `None`: the new object is to be written whole (the caller makes it).
     /// The cost follows the change and the layers above the bottom.
     ///
     /// A layer placed at k holds every path the new change or the absorbed
@@ -306,10 +306,9 @@ impl StatObject {
         chain: &[Hash],
         above: &[StatObject],
         before: &TimeOf<'_>,
-        whole: &mut dyn FnMut() -> Result<StatObject, String>,
-    ) -> Result<StatObject, String> {
+    ) -> Result<Option<StatObject>, String> {
         if chain.is_empty() {
-            return whole();
+            return Ok(None);
         }
         if above.len() + 1 != chain.len() {
             return Err(format!("{} stat layers above the bottom of a chain of {}", above.len(), chain.len()));
@@ -346,9 +345,9 @@ impl StatObject {
             }
         }
         if chain.len() - k >= MAX_STAT_LAYERS || (entries.len() + removed.len()) * 2 > change.len.max(1) {
-            return whole();
+            return Ok(None);
         }
-        Ok(StatObject { entries, base: chain[k..].to_vec(), removed })
+        Ok(Some(StatObject { entries, base: chain[k..].to_vec(), removed }))
     }
 }
 
@@ -556,7 +555,8 @@ mod tests {
             let chain: Vec<Hash> = std::iter::once(top).chain(store[&top].base.iter().copied()).collect();
             let above: Vec<StatObject> = chain[..chain.len() - 1].iter().map(|h| store[h].clone()).collect();
             let lookup = |p: &[u8]| before.get(p).copied();
-            let up = StatObject::layer_of_change(&change, &chain, &above, &lookup, &mut || Ok(flat(&whole))).unwrap();
+            let up =
+                StatObject::layer_of_change(&change, &chain, &above, &lookup).unwrap().unwrap_or_else(|| flat(&whole));
             assert!(up.base.len() < MAX_STAT_LAYERS, "round {round}: a chain of {}", up.base.len() + 1);
             wholes += up.base.is_empty() as usize;
             uploaded += up.entries.len() + up.removed.len();
@@ -575,8 +575,8 @@ mod tests {
         let change = StatDelta { set: &[], removed: &[], len: 1 };
         let chain = [Hash([1; 32]), Hash::of(&bottom.encode())];
         let none = |_: &[u8]| None;
-        assert!(StatObject::layer_of_change(&change, &chain, &[stray], &none, &mut || Ok(bottom.clone())).is_err());
-        assert!(StatObject::layer_of_change(&change, &chain, &[], &none, &mut || Ok(bottom.clone())).is_err());
+        assert!(StatObject::layer_of_change(&change, &chain, &[stray], &none).is_err());
+        assert!(StatObject::layer_of_change(&change, &chain, &[], &none).is_err());
     }
 
     #[test]

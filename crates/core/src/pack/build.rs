@@ -532,6 +532,14 @@ impl FlatBase {
         self.above.iter().map(|l| l.tree).chain(std::iter::once(self.bottom.tree())).collect()
     }
 
+    /// The view's trees, bounded from above closely enough for the
+    /// partial-walk test and the layer's: the bottom's inline objects (trees
+    /// and manifests) and the trees of the layers above it.
+    pub fn view_trees(&self) -> usize {
+        let above: HashSet<Hash> = self.above.iter().flat_map(|l| l.trees.iter().map(|t| t.0)).collect();
+        self.bottom.inline_count() + above.len()
+    }
+
     fn absorb(&self) -> Absorb {
         let mut a = Absorb::of(&self.above);
         // The bottom is never absorbed, and its size never weighed (a new
@@ -560,10 +568,7 @@ pub fn build_delta_flat(
     let mut all = Vec::new();
     let delta = w.diff(Some(base.tree()), tree, &|id| bottom.has_inline(id), &mut all)?;
     let dirs = base.above.first().map_or(bottom.dirs(), |l| l.dirs) as i64 + delta;
-    // The view's trees: the bottom's inline objects (trees and manifests)
-    // bound it from above closely enough for this test.
-    let view_trees = bottom.inline_count() + above_trees.len();
-    if w.trees.len() * 2 > view_trees || dirs <= 0 {
+    if w.trees.len() * 2 > base.view_trees() || dirs <= 0 {
         return Ok(None);
     }
     w.dirs = dirs as u64;

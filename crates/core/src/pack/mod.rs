@@ -640,8 +640,8 @@ impl PackIndex {
 
     /// [`PackIndex::layer_over_at`] over a [`build::FlatBase`]: what its
     /// bottom holds is looked up in place. `self` holds part of the view's
-    /// trees (a partial delta build), and the view has `view_trees`.
-    pub fn layer_over_flat(&self, base: &build::FlatBase, at: usize, view_trees: usize) -> Result<PackIndex, String> {
+    /// trees (a partial delta build).
+    pub fn layer_over_flat(&self, base: &build::FlatBase, at: usize) -> Result<PackIndex, String> {
         let chain = base.layers();
         if at >= chain.len() {
             return Ok(PackIndex { base: Vec::new(), ..self.clone() });
@@ -661,7 +661,7 @@ impl PackIndex {
         let bottom = &base.bottom;
         let (old_pack, old_tree) =
             (|p: &Hash| old_packs.contains(p), |t: &Hash| old_trees.contains(t) || bottom.has_inline(t));
-        Ok(self.layer_over_sets(chain[at..].to_vec(), &old_pack, &old_tree, view_trees))
+        Ok(self.layer_over_sets(chain[at..].to_vec(), &old_pack, &old_tree, base.view_trees()))
     }
 
     pub fn member_count(&self) -> usize {
@@ -1239,8 +1239,7 @@ mod tests {
                     assert!(!big, "step {step}: a big change is not built over the flat base");
                     assert_eq!(flat_packs, fast_packs, "step {step}: the same new packs over the flat base");
                     assert_eq!((fl.placed_at, fl.partial, fl.index.dirs), (at, true, full.index.dirs), "step {step}");
-                    let view_trees = fb.bottom.inline_count() + fb.above.iter().map(|l| l.trees.len()).sum::<usize>();
-                    let ll = fl.index.layer_over_flat(&fb, at, view_trees).unwrap();
+                    let ll = fl.index.layer_over_flat(&fb, at).unwrap();
                     assert_eq!(ll, lf, "step {step}: the same layer over the flat base");
                 }
             }

@@ -723,10 +723,9 @@ impl SnapshotFs {
         // only here, and checkpoints of a mount take turns
         // ([`SnapshotFs::checkpoint_turn`]).
         debug_assert_eq!(base.id, stat.over, "a stat change applied over another base");
-        base.mtimes = match stat.over {
-            Some(_) => base.mtimes.apply(&stat.set, &stat.removed),
-            None => super::times::PathTimes::new(&stat.set),
-        };
+        // With no base stat object the times are empty and `set` is every
+        // path.
+        base.mtimes = base.mtimes.apply(&stat.set, &stat.removed);
         base.id = Some(stat_id);
     }
 
@@ -736,10 +735,7 @@ impl SnapshotFs {
         if base.id != change.over {
             return Err(Error::Internal("the mount's base moved since its build".into()));
         }
-        let t = match change.over {
-            Some(_) => base.mtimes.apply(&change.set, &change.removed),
-            None => super::times::PathTimes::new(&change.set),
-        };
+        let t = base.mtimes.apply(&change.set, &change.removed);
         Ok(StatObject::whole(t.with_prefix(b"").map(|(p, s, n)| (p.to_vec(), s, n)).collect()))
     }
 

@@ -216,17 +216,12 @@ async fn stat_to_upload(
                 return Ok(None);
             }
             let delta = crate::object::StatDelta { set: &change.set, removed: &change.removed, len: change.len };
-            let mut made = None;
-            let layer = StatObject::layer_of_change(&delta, &ps.chain, &ps.above, &|p| fs.base_stat_of(p), &mut || {
-                let w = fs.stat_view(change);
-                let out = w.as_ref().map(|w| w.clone()).map_err(|e| e.to_string());
-                made = Some(w);
-                out
-            });
-            if let Some(Err(e)) = made {
-                return Err(e);
-            }
-            return layer.map(Some).map_err(corrupt);
+            let layer =
+                StatObject::layer_of_change(&delta, &ps.chain, &ps.above, &|p| fs.base_stat_of(p)).map_err(corrupt)?;
+            return match layer {
+                Some(layer) => Ok(Some(layer)),
+                None => fs.stat_view(change).map(Some),
+            };
         }
     }
     let (parent_whole, parts) = match ps.whole {
