@@ -35,6 +35,7 @@ use crate::upload::UploadReport;
 
 mod commit;
 mod lease;
+mod machine;
 mod mounted;
 mod statcache;
 mod status;
@@ -42,12 +43,12 @@ mod working_copy;
 
 use lease::read_lease;
 pub use lease::{check_lease_free, release, release_interrupted, release_lease, take_lease};
-pub use mounted::{
-    checkpoint_mount, export_set_aside, forget_unused_mount_state, last_mounted_at, list_set_aside, local_mount_holder,
-    lock_for_removal, open_mount, record_unmounted, recover_set_aside, save_mount_state, set_aside_if_removed,
-    set_aside_removed, uncheckpointed_mount_state, workspaces_root, MountLock, MountState, MountedWorkspace, SetAside,
-    StateSaver,
+pub use machine::{
+    export_set_aside, forget_unused_mount_state, last_mounted_at, list_set_aside, local_mount_holder, lock_for_removal,
+    record_unmounted, recover_set_aside, set_aside_if_removed, set_aside_removed, uncheckpointed_mount_state,
+    workspaces_root, MountLock, MountState, SetAside,
 };
+pub use mounted::{checkpoint_mount, open_mount, save_mount_state, MountedWorkspace, StateSaver};
 pub use status::{mount_status, status, Status};
 
 pub use working_copy::{checkpoint, find_working_copy, interrupted_resume_of, load_state, load_state_at, LocalState};
