@@ -204,6 +204,7 @@ P_MEM_ROWS = (
     ("mount daemon at rest", 3),
     ("mount daemon after the find", 6),
     ("workspace daemon after the checkpoints", 10),
+    ("mount daemon once the kernel forgot the find's inodes", 11),
 )
 
 N_LOCAL = "local disk"

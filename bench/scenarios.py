@@ -1268,7 +1268,7 @@ class Scale(OncePerRun):
     def parse(out: str) -> Iterator[Result]:
         for line in out.splitlines():
             cols = [c.strip() for c in line.strip().strip("|").split("|")]
-            if len(cols) != 11 or not cols[0].isdigit():
+            if len(cols) != 12 or not cols[0].isdigit():
                 continue
             files = int(cols[0])
             for label, col, _ in P_ROWS:

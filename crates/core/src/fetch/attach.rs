@@ -59,10 +59,11 @@ pub(super) struct PackSet {
     recent: Mutex<HashMap<(Hash, usize), Arc<PackEntry>>>,
 }
 
-/// Members of the packs [`PackSet`] keeps built, at most (a table of a
-/// million members is 64 MiB; any number stay alive while a reader holds
-/// them).
-const RECENT_MEMBERS: usize = 1 << 20;
+/// Members of the packs [`PackSet`] keeps built, at most: 16 full packs
+/// (a table of 262,144 members is 16 MiB; a million, kept before, held
+/// 64 MiB in a mount daemon after a stat walk of a million files). Any
+/// number stay alive while a reader holds them.
+const RECENT_MEMBERS: usize = 1 << 18;
 
 impl PackSet {
     /// The pack holding member `id`, and where in it.
@@ -150,6 +151,15 @@ impl Fetcher {
     /// attached index, or in the disk cache (verified either way).
     pub fn local(&self, id: &Hash) -> Option<Vec<u8>> {
         self.inline_tree(id).or_else(|| self.cached(id))
+    }
+
+    /// Drops the pack tables kept for reuse (the attached index's and the
+    /// cache's): after the kernel forgot most of a mount's inodes, a walk
+    /// that built them is over. Each is built again from its local file
+    /// when next needed.
+    pub fn shed(&self) {
+        self.packs.read().expect("packs lock").recent.lock().expect("recent packs lock").clear();
+        self.cache.shed();
     }
 
     /// Whether [`Fetcher::local`] would find `id` (not read or verified).

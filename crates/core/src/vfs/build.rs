@@ -5,7 +5,7 @@
 
 use std::os::unix::ffi::OsStrExt;
 
-use super::inode::{Body, State};
+use super::inode::{Body, Name, State};
 use super::{file_kind, join, SnapshotFs, ROOT_INO};
 use crate::cache::DiskCache;
 use crate::error::{Error, Result};
@@ -158,7 +158,7 @@ const BUILD_TRIES: u32 = 20;
 /// the id, chunking and length of the bytes read.
 struct Hashing {
     blob: u64,
-    version: u64,
+    version: u32,
     id: Hash,
     chunked: bool,
     size: u64,
@@ -222,16 +222,22 @@ impl SnapshotFs {
             while let Some((ino, parent, path)) = stack.pop() {
                 let n = st.get(ino)?;
                 let Body::Dir { clean: None, origin, children: Some(ch) } = &n.body else { continue };
-                let mut d =
-                    DirtyDir { ino, parent, path: path.clone(), origin: origin.clone(), kids: vec![], rules: vec![] };
-                for (name, c) in ch {
+                let mut d = DirtyDir {
+                    ino,
+                    parent,
+                    path: path.clone(),
+                    origin: origin.as_deref().map(<[u8]>::to_vec),
+                    kids: vec![],
+                    rules: vec![],
+                };
+                for (name, c) in ch.iter() {
                     let Ok(k) = st.get(*c) else { continue };
                     let is_dir = matches!(k.body, Body::Dir { .. });
                     let lower = matches!(k.body, Body::Lower(_));
-                    d.kids.push((name.clone(), *c, is_dir, lower));
-                    if let Some(f) = crate::ignore_rules::RULE_FILES.iter().find(|f| f.as_bytes() == name.as_slice()) {
+                    d.kids.push((name.to_vec(), *c, is_dir, lower));
+                    if let Some(f) = crate::ignore_rules::RULE_FILES.iter().find(|f| f.as_bytes() == &name[..]) {
                         match &k.body {
-                            Body::Lower(e) if e.kind.has_content() => d.rules.push((f.to_string(), Ok(e.clone()))),
+                            Body::Lower(e) if e.kind.has_content() => d.rules.push((f.to_string(), Ok(e.entry(name)))),
                             Body::Upper { blob, .. } => d.rules.push((f.to_string(), Err(*blob))),
                             _ => {}
                         }
@@ -533,8 +539,9 @@ impl SnapshotFs {
                         continue;
                     }
                     if let Body::Dir { children: Some(ch), .. } = &n.body {
-                        diff.note(&path, n.mtime.0, n.mtime.1);
-                        let kids: Vec<(Vec<u8>, u64)> = ch.iter().map(|(k, v)| (k.clone(), *v)).collect();
+                        let (secs, nanos) = n.mtime();
+                        diff.note(&path, secs, nanos);
+                        let kids: Vec<(Name, u64)> = ch.iter().map(|(k, v)| (k.clone(), *v)).collect();
                         stack.push(Step::Exit { ino, path: path.clone(), from: out.len(), parent });
                         stack.extend(kids.into_iter().rev().map(|(name, c)| Step::Enter(c, join(&path, &name), ino)));
                     } else {
@@ -581,7 +588,7 @@ impl SnapshotFs {
                             id
                         }
                     };
-                    out.push(Entry { name, kind: Kind::Directory, chunked: false, size: 0, id });
+                    out.push(Entry { name: name.to_vec(), kind: Kind::Directory, chunked: false, size: 0, id });
                 }
             }
         }
@@ -607,7 +614,8 @@ impl SnapshotFs {
         diff: &mut StatDiff<'_>,
     ) -> Result<Entry> {
         let n = st.get(ino)?.clone();
-        diff.note(path, n.mtime.0, n.mtime.1);
+        let (secs, nanos) = n.mtime();
+        diff.note(path, secs, nanos);
         if !matches!(n.body, Body::Dir { .. }) {
             // Where the base may have had a directory: nothing is below
             // a file or a link.
@@ -712,7 +720,7 @@ impl SnapshotFs {
         while let Some((ino, path)) = stack.pop() {
             let Ok(n) = st.get_mut(ino) else { continue };
             if let Body::Dir { origin, children, .. } = &mut n.body {
-                *origin = Some(path.clone());
+                *origin = Some(path.as_slice().into());
                 if let Some(c) = children {
                     stack.extend(c.iter().map(|(name, c)| (*c, join(&path, name))));
                 }

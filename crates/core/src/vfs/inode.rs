@@ -7,9 +7,38 @@ use crate::error::{Error, Result};
 use crate::hash::Hash;
 use crate::object::{Entry, Kind};
 use rustix::io::Errno;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
 use std::time::Duration;
+
+/// A name in a directory, shared by the node and its parent's children
+/// (one allocation, not two).
+pub(super) type Name = Arc<[u8]>;
+
+/// A directory's children by name.
+pub(super) type Children = BTreeMap<Name, u64>;
+
+/// A file, symlink, directory or gitlink of the lower layer: its tree
+/// entry without the name (the node has it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Lower {
+    pub(super) kind: Kind,
+    pub(super) chunked: bool,
+    pub(super) size: u64,
+    pub(super) id: Hash,
+}
+
+impl Lower {
+    pub(super) fn of(e: &Entry) -> Lower {
+        Lower { kind: e.kind, chunked: e.chunked, size: e.size, id: e.id }
+    }
+
+    /// The tree entry `name` of this content.
+    pub(super) fn entry(&self, name: &[u8]) -> Entry {
+        Entry { name: name.to_vec(), kind: self.kind, chunked: self.chunked, size: self.size, id: self.id }
+    }
+}
 
 /// What a node holds.
 #[derive(Clone, Debug)]
@@ -18,14 +47,14 @@ pub(super) enum Body {
     /// `children` is `None` until something looks into it (then `clean`
     /// is always set). `origin` is its path in the base snapshot, where
     /// the mtimes of an unexpanded subtree are found.
-    Dir { clean: Option<Hash>, origin: Option<Vec<u8>>, children: Option<BTreeMap<Vec<u8>, u64>> },
+    Dir { clean: Option<Hash>, origin: Option<Box<[u8]>>, children: Option<Box<Children>> },
     /// A file, symlink or gitlink of the lower layer, untouched.
-    Lower(Entry),
+    Lower(Lower),
     /// A file of the upper layer (`upper/<blob>`); `clean` is its id and
     /// chunking while its content is known.
     Upper { blob: u64, size: u64, clean: Option<(Hash, bool)> },
     /// A symlink made here.
-    Link(Vec<u8>),
+    Link(Box<[u8]>),
     /// A FIFO, socket or device node made here ([`NodeKind::Fifo`],
     /// [`NodeKind::Socket`], [`NodeKind::BlockDev`] or
     /// [`NodeKind::CharDev`], with its device number): kept while mounted,
@@ -33,16 +62,22 @@ pub(super) enum Body {
     Special(NodeKind, u32),
 }
 
+/// A node, as small as a clean file can be: a walk of a million files
+/// holds a million of these (issue #46 asks for at most 300 bytes a file,
+/// table and names included). What few nodes have is boxed in [`Meta`].
 #[derive(Clone, Debug)]
 pub(super) struct Node {
     /// 0 once unlinked.
     pub(super) parent: u64,
-    pub(super) name: Vec<u8>,
-    pub(super) perm: u16,
-    pub(super) mtime: (i64, u32),
+    pub(super) name: Name,
+    /// The mtime, seconds and nanoseconds apart (as a pair it would take
+    /// 16 bytes where 12 do: see [`Node::mtime`]).
+    secs: i64,
+    nanos: u32,
     /// Bumped on every content change (a checkpoint hashing a file keeps
-    /// its id only if nothing wrote meanwhile).
-    pub(super) version: u64,
+    /// its id only if nothing wrote meanwhile; wrapping: 2^32 writes within
+    /// one file's hashing are beyond reach).
+    pub(super) version: u32,
     /// References the kernel holds (entries it was given and has not
     /// forgotten): a node is dropped only when nothing but the kernel knew
     /// it and the kernel let go.
@@ -50,23 +85,16 @@ pub(super) struct Node {
     /// Open handles: an unlinked file's upper blob stays until the last one
     /// closes.
     pub(super) opens: u32,
+    pub(super) perm: u16,
     /// Mode or mtime set by the user (kept in memory, so never collapsed).
     pub(super) touched: bool,
-    /// Hard links besides (`parent`, `name`): every other directory entry
-    /// that names this node. Never for a directory. A node with links is
-    /// never folded away (its names would come back as separate files).
-    pub(super) links: Vec<(u64, Vec<u8>)>,
-    /// What only a mount keeps (no checkpoint does): an owner other than
-    /// the mount's (`chown`, or a file another user made), an access time
-    /// and a change time apart from the mtime. `None` for most nodes.
+    /// What only some nodes have: hard links, an owner and times apart
+    /// from the mtime, when the last name went. `None` for most nodes.
     pub(super) meta: Option<Box<Meta>>,
-    /// `changes()` when its last name went (a save counted past it no
-    /// longer names its upper file); `None` while it has a name.
-    pub(super) detached_at: Option<u64>,
     pub(super) body: Body,
 }
 
-/// A node's owner and times beyond its mtime, while mounted.
+/// What a node has beyond a clean file's fields, while mounted.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(super) struct Meta {
     /// (uid, gid); `None`: the mount's owner.
@@ -75,33 +103,50 @@ pub(super) struct Meta {
     pub(super) atime: Option<(i64, u32)>,
     /// `None`: the mtime.
     pub(super) ctime: Option<(i64, u32)>,
+    /// Hard links besides (`parent`, `name`): every other directory entry
+    /// that names this node. Never for a directory. A node with links is
+    /// never folded away (its names would come back as separate files).
+    pub(super) links: Vec<(u64, Name)>,
+    /// `changes()` when its last name went (a save counted past it no
+    /// longer names its upper file); `None` while it has a name.
+    pub(super) detached_at: Option<u64>,
 }
 
 impl Node {
-    pub(super) fn new(parent: u64, name: Vec<u8>, perm: u16, mtime: (i64, u32), body: Body) -> Node {
-        Node {
-            parent,
-            name,
-            perm,
-            mtime,
-            version: 0,
-            lookups: 0,
-            opens: 0,
-            touched: false,
-            links: Vec::new(),
-            meta: None,
-            detached_at: None,
-            body,
-        }
+    pub(super) fn new(parent: u64, name: Name, perm: u16, mtime: (i64, u32), body: Body) -> Node {
+        let (secs, nanos) = mtime;
+        Node { parent, name, perm, secs, nanos, version: 0, lookups: 0, opens: 0, touched: false, meta: None, body }
+    }
+
+    pub(super) fn with_meta(self, meta: Option<Box<Meta>>) -> Node {
+        Node { meta, ..self }
+    }
+
+    pub(super) fn mtime(&self) -> (i64, u32) {
+        (self.secs, self.nanos)
+    }
+
+    pub(super) fn set_mtime(&mut self, (secs, nanos): (i64, u32)) {
+        (self.secs, self.nanos) = (secs, nanos);
     }
 
     pub(super) fn meta_mut(&mut self) -> &mut Meta {
         self.meta.get_or_insert_with(Default::default)
     }
 
+    /// Hard links besides (`parent`, `name`).
+    pub(super) fn links(&self) -> &[(u64, Name)] {
+        self.meta.as_deref().map_or(&[], |m| &m.links[..])
+    }
+
+    /// `changes()` when its last name went.
+    pub(super) fn detached_at(&self) -> Option<u64> {
+        self.meta.as_deref().and_then(|m| m.detached_at)
+    }
+
     /// Content or entries changed now: the mtime, and with it the ctime.
     pub(super) fn modified(&mut self) {
-        self.mtime = now();
+        self.set_mtime(now());
         if let Some(m) = &mut self.meta {
             m.ctime = None;
         }
@@ -113,7 +158,7 @@ impl Node {
         self.meta_mut().ctime = Some(now());
     }
 
-    /// Drops a [`Meta`] that holds nothing apart from the mtime.
+    /// Drops a [`Meta`] that holds nothing.
     pub(super) fn tidy_meta(&mut self) {
         if self.meta.as_deref().is_some_and(|m| *m == Meta::default()) {
             self.meta = None;
@@ -124,21 +169,24 @@ impl Node {
     pub(super) fn nlink(&self) -> u32 {
         match self.parent {
             0 => 0,
-            _ => 1 + self.links.len() as u32,
+            _ => 1 + self.links().len() as u32,
         }
     }
 
     /// Drops the entry `name` in `parent` from this node's names. Returns
     /// whether that was its last name (the caller then detaches it).
     pub(super) fn drop_name(&mut self, parent: u64, name: &[u8]) -> bool {
-        if let Some(i) = self.links.iter().position(|(p, n)| *p == parent && n == name) {
-            self.links.swap_remove(i);
+        let Some(m) = self.meta.as_deref_mut() else { return true };
+        if let Some(i) = m.links.iter().position(|(p, n)| *p == parent && &n[..] == name) {
+            m.links.swap_remove(i);
+            self.tidy_meta();
             return false;
         }
-        match self.links.pop() {
+        match m.links.pop() {
             Some((p, n)) => {
                 self.parent = p;
                 self.name = n;
+                self.tidy_meta();
                 false
             }
             None => true,
@@ -146,12 +194,14 @@ impl Node {
     }
 
     /// Renames the entry `name` in `parent` of this node.
-    pub(super) fn move_name(&mut self, parent: u64, name: &[u8], to_parent: u64, to_name: &[u8]) {
-        match self.links.iter_mut().find(|(p, n)| *p == parent && n == name) {
-            Some(l) => *l = (to_parent, to_name.to_vec()),
+    pub(super) fn move_name(&mut self, parent: u64, name: &[u8], to_parent: u64, to_name: &Name) {
+        let link =
+            self.meta.as_deref_mut().and_then(|m| m.links.iter_mut().find(|(p, n)| *p == parent && &n[..] == name));
+        match link {
+            Some(l) => *l = (to_parent, to_name.clone()),
             None => {
                 self.parent = to_parent;
-                self.name = to_name.to_vec();
+                self.name = to_name.clone();
             }
         }
     }
@@ -160,7 +210,7 @@ impl Node {
 pub(super) struct State {
     /// By inode number. Numbers are never reused within a mount, so a
     /// number the kernel still holds can never name another node.
-    pub(super) nodes: HashMap<u64, Node>,
+    pub(super) nodes: super::table::Nodes,
     pub(super) next_ino: u64,
     pub(super) next_blob: u64,
     /// Upper files no node names any more, emptied and kept for new files
@@ -174,7 +224,11 @@ pub(super) struct State {
 impl State {
     pub(super) fn with_root(root: Node) -> State {
         State {
-            nodes: HashMap::from([(ROOT_INO, root)]),
+            nodes: {
+                let mut t = super::table::Nodes::default();
+                t.insert(ROOT_INO, root);
+                t
+            },
             next_ino: ROOT_INO + 1,
             next_blob: 1,
             spare: Default::default(),
@@ -187,18 +241,17 @@ impl State {
     /// forgetting them, it would keep room for a million). Notes that it
     /// did, for [`SnapshotFs::forget`] to give the freed memory back too.
     pub(super) fn shrink(&mut self) {
-        if self.nodes.capacity() > 1024 && self.nodes.len() * 4 < self.nodes.capacity() {
-            self.nodes.shrink_to(self.nodes.len() * 2);
+        if self.nodes.shrink() {
             self.shrunk = true;
         }
     }
 
     pub(super) fn get(&self, ino: u64) -> Result<&Node> {
-        self.nodes.get(&ino).ok_or_else(|| Error::NotFound(format!("inode {ino}")))
+        self.nodes.get(ino).ok_or_else(|| Error::NotFound(format!("inode {ino}")))
     }
 
     pub(super) fn get_mut(&mut self, ino: u64) -> Result<&mut Node> {
-        self.nodes.get_mut(&ino).ok_or_else(|| Error::NotFound(format!("inode {ino}")))
+        self.nodes.get_mut(ino).ok_or_else(|| Error::NotFound(format!("inode {ino}")))
     }
 
     pub(super) fn push(&mut self, n: Node) -> u64 {
@@ -209,10 +262,10 @@ impl State {
     }
 
     /// The children of a loaded directory; `Ok(None)` if not loaded yet.
-    pub(super) fn children(&self, ino: u64) -> Result<Option<&BTreeMap<Vec<u8>, u64>>> {
-        static EMPTY: BTreeMap<Vec<u8>, u64> = BTreeMap::new();
+    pub(super) fn children(&self, ino: u64) -> Result<Option<&Children>> {
+        static EMPTY: Children = BTreeMap::new();
         match &self.get(ino)?.body {
-            Body::Dir { children, .. } => Ok(children.as_ref()),
+            Body::Dir { children, .. } => Ok(children.as_deref()),
             Body::Lower(e) if e.kind == Kind::Gitlink => Ok(Some(&EMPTY)),
             _ => Err(Error::fs(Errno::NOTDIR, "not a directory")),
         }
@@ -223,7 +276,7 @@ impl State {
         ch.get(name).copied().ok_or_else(|| Error::NotFound(String::from_utf8_lossy(name).into_owned()))
     }
 
-    pub(super) fn children_mut(&mut self, ino: u64) -> Result<&mut BTreeMap<Vec<u8>, u64>> {
+    pub(super) fn children_mut(&mut self, ino: u64) -> Result<&mut Children> {
         match &mut self.get_mut(ino)?.body {
             Body::Dir { children: Some(c), .. } => Ok(c),
             Body::Lower(e) if e.kind == Kind::Gitlink => {
@@ -239,7 +292,7 @@ impl State {
     pub(super) fn dirty(&mut self, ino: u64) {
         // A node with hard links changes every directory that names it.
         let also: Vec<u64> = match self.get(ino) {
-            Ok(n) => n.links.iter().map(|(p, _)| *p).collect(),
+            Ok(n) => n.links().iter().map(|(p, _)| *p).collect(),
             Err(_) => return,
         };
         self.dirty_up(ino);
@@ -251,7 +304,7 @@ impl State {
     fn dirty_up(&mut self, mut ino: u64) {
         loop {
             let Ok(n) = self.get_mut(ino) else { return };
-            n.version += 1;
+            n.version = n.version.wrapping_add(1);
             if let Body::Dir { clean, .. } = &mut n.body {
                 if clean.is_none() && ino != ROOT_INO {
                     // Already changed: its ancestors are too.
@@ -366,6 +419,10 @@ impl SnapshotFs {
         }
         if std::mem::take(&mut st.shrunk) {
             drop(st);
+            // Most of what a walk loaded is forgotten: so are the tables it
+            // built on the way (each is read again locally when needed).
+            self.trees.write().expect("trees lock").clear();
+            self.fetcher.shed();
             crate::memory::give_back();
         }
     }
@@ -382,13 +439,13 @@ impl SnapshotFs {
         // while a saved state may still name it.
         if let Body::Upper { blob, size, .. } = n.body {
             if n.lookups == 0 {
-                let freed = n.detached_at.unwrap_or_else(|| self.changes());
+                let freed = n.detached_at().unwrap_or_else(|| self.changes());
                 self.recycle(st, blob, size, freed);
             }
         }
         let Ok(n) = st.get(ino) else { return true };
         if n.lookups == 0 {
-            st.nodes.remove(&ino);
+            st.nodes.remove(ino);
             st.shrink();
             return true;
         }
@@ -428,7 +485,6 @@ impl SnapshotFs {
                 n.lookups == 0
                     && n.opens == 0
                     && !n.touched
-                    && n.links.is_empty()
                     && n.meta.is_none()
                     && matches!(n.body, Body::Lower(_) | Body::Dir { clean: Some(_), children: None, .. })
             })
@@ -438,7 +494,7 @@ impl SnapshotFs {
         }
         let kids: Vec<u64> = kids.values().copied().collect();
         for k in kids {
-            st.nodes.remove(&k);
+            st.nodes.remove(k);
         }
         st.shrink();
         if let Ok(Node { body: Body::Dir { children, .. }, .. }) = st.get_mut(dir) {

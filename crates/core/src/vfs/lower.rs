@@ -3,16 +3,15 @@
 //! the read timeout. The same paths serve a snapshot and a workspace.
 
 use super::chunked::Readahead;
-use super::inode::{Body, Node, State};
+use super::inode::{Body, Children, Lower, Name, Node, State};
 use super::overlay::read_upper;
 use super::{join, Attr, DirList, OpenFile, SnapshotFs, ROOT_INO};
 use crate::error::{Error, Result};
 use crate::hash::Hash;
-use crate::object::{Entry, Kind, Tree};
+use crate::object::{Kind, Tree};
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use rustix::io::Errno;
-use std::collections::BTreeMap;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
@@ -34,13 +33,13 @@ enum Below {
 
 /// A file whose read [`SnapshotFs::warm_dir`] may start: small (a large
 /// file's chunks come down only when read).
-fn warmable(e: &Entry) -> bool {
+fn warmable(e: &Lower) -> bool {
     matches!(e.kind, Kind::File | Kind::Executable) && !e.chunked
 }
 
 /// Whether a pack of small members may hold entry `e`'s content: a small
 /// file's, or a symlink's target.
-fn packed_small(e: &Entry) -> bool {
+fn packed_small(e: &Lower) -> bool {
     warmable(e) || e.kind == Kind::Symlink
 }
 
@@ -75,19 +74,27 @@ impl SnapshotFs {
         let Ok(n) = st.get(ino) else { return };
         let Body::Dir { children: None, origin, .. } = &n.body else { return };
         let origin = origin.clone();
-        let mut kids = BTreeMap::new();
-        for e in &tree.entries {
-            let o = origin.as_ref().map(|o| join(o, &e.name));
-            let mtime = o.as_deref().map(|o| self.base_mtime(o)).unwrap_or((self.time, 0));
-            let body = match e.kind {
-                Kind::Directory => Body::Dir { clean: Some(e.id), origin: o, children: None },
-                _ => Body::Lower(e.clone()),
-            };
-            let node = Node::new(ino, e.name.clone(), self.perm_of(e.kind), mtime, body);
-            kids.insert(e.name.clone(), st.push(node));
-        }
+        // Built from the tree's sorted entries in one go: a map filled in
+        // order is full, one inserted into one at a time half empty.
+        let kids: Children = tree
+            .entries
+            .iter()
+            .map(|e| {
+                let o = origin.as_ref().map(|o| join(o, &e.name));
+                let mtime = o.as_deref().map(|o| self.base_mtime(o)).unwrap_or((self.time, 0));
+                let body = match e.kind {
+                    Kind::Directory => {
+                        Body::Dir { clean: Some(e.id), origin: o.map(Vec::into_boxed_slice), children: None }
+                    }
+                    _ => Body::Lower(Lower::of(e)),
+                };
+                let name: Name = e.name[..].into();
+                let node = Node::new(ino, name.clone(), self.perm_of(e.kind), mtime, body);
+                (name, st.push(node))
+            })
+            .collect();
         if let Ok(Node { body: Body::Dir { children, .. }, .. }) = st.get_mut(ino) {
-            *children = Some(kids);
+            *children = Some(Box::new(kids));
         }
     }
 
@@ -187,7 +194,7 @@ impl SnapshotFs {
     fn list(&self, ino: u64, count: Option<&NamePicker<'_>>) -> Result<DirList> {
         let mut st = self.st_mut();
         self.loaded(&mut st, ino)?;
-        let kids: Vec<(Vec<u8>, u64)> = st
+        let kids: Vec<(Name, u64)> = st
             .children(ino)?
             .ok_or_else(|| Error::NotFound("directory not loaded".into()))?
             .iter()
@@ -198,7 +205,7 @@ impl SnapshotFs {
                 if count.is_some_and(|counted| counted(&name)) {
                     st.get_mut(c)?.lookups += 1;
                 }
-                Ok((name, self.attr_of(&st, c)?))
+                Ok((name.to_vec(), self.attr_of(&st, c)?))
             })
             .collect()
     }
@@ -292,7 +299,7 @@ impl SnapshotFs {
         *budget -= 1;
         let Some(t) = self.tree_now(tree) else { return Below::Stop };
         for e in t.entries.iter().rev() {
-            if packed_small(e) {
+            if packed_small(&Lower::of(e)) {
                 return Below::Found(e.id);
             }
             if e.kind == Kind::Directory {
@@ -355,7 +362,7 @@ impl SnapshotFs {
         }
         *budget -= 1;
         let Some(t) = self.tree_now(tree) else { return Below::Stop };
-        if let Some(e) = t.entries.iter().find(|e| warmable(e)) {
+        if let Some(e) = t.entries.iter().find(|e| warmable(&Lower::of(e))) {
             return Below::Found(e.id);
         }
         for e in t.entries.iter().filter(|e| e.kind == Kind::Directory) {
@@ -397,29 +404,35 @@ impl SnapshotFs {
     }
 
     pub async fn readlink(&self, ino: u64) -> Result<Bytes> {
-        let body = self.st().get(ino)?.body.clone();
-        match body {
-            Body::Link(t) => Ok(Bytes::from(t)),
-            Body::Lower(e) if e.kind == Kind::Symlink => {
-                self.timed("reading a symlink", self.fetcher.content(&e, "")).await
+        let e = {
+            let st = self.st();
+            let n = st.get(ino)?;
+            match &n.body {
+                Body::Link(t) => return Ok(Bytes::copy_from_slice(t)),
+                Body::Lower(e) if e.kind == Kind::Symlink => e.entry(&n.name),
+                _ => return Err(Error::fs(Errno::INVAL, "not a symlink")),
             }
-            _ => Err(Error::fs(Errno::INVAL, "not a symlink")),
-        }
+        };
+        self.timed("reading a symlink", self.fetcher.content(&e, "")).await
     }
 
     /// Opens a file for reading: brings its content in (through its pack
     /// on a cold read), so reads of a whole blob need no further request.
     pub async fn open(&self, ino: u64) -> Result<OpenFile> {
-        let body = self.st().get(ino)?.body.clone();
-        let e = match body {
-            Body::Upper { .. } => {
-                let file = self.open_upper(ino, false)?;
-                return Ok(OpenFile::Upper { file, ino, writable: false });
+        let lower = {
+            let st = self.st();
+            let n = st.get(ino)?;
+            match &n.body {
+                Body::Upper { .. } => None,
+                Body::Lower(e) if matches!(e.kind, Kind::File | Kind::Executable) => Some(e.entry(&n.name)),
+                Body::Dir { .. } | Body::Lower(_) => return Err(Error::fs(Errno::ISDIR, "not a regular file")),
+                Body::Link(_) => return Err(Error::fs(Errno::LOOP, "a symlink")),
+                Body::Special(..) => return Err(Error::fs(Errno::NXIO, "a FIFO, socket or device node")),
             }
-            Body::Lower(e) if matches!(e.kind, Kind::File | Kind::Executable) => e,
-            Body::Dir { .. } | Body::Lower(_) => return Err(Error::fs(Errno::ISDIR, "not a regular file")),
-            Body::Link(_) => return Err(Error::fs(Errno::LOOP, "a symlink")),
-            Body::Special(..) => return Err(Error::fs(Errno::NXIO, "a FIFO, socket or device node")),
+        };
+        let Some(e) = lower else {
+            let file = self.open_upper(ino, false)?;
+            return Ok(OpenFile::Upper { file, ino, writable: false });
         };
         let path = String::from_utf8_lossy(&e.name).into_owned();
         if e.chunked {
@@ -555,7 +568,14 @@ impl SnapshotFs {
     /// answers for itself; a lower chunked file from its manifest's holes;
     /// any other file is data to its end.
     pub async fn seek_data_or_hole(&self, ino: u64, offset: u64, data: bool) -> Result<u64> {
-        let body = self.st().get(ino)?.body.clone();
+        let (body, name) = {
+            let st = self.st();
+            let n = st.get(ino)?;
+            match &n.body {
+                Body::Dir { .. } => return Err(Error::fs(Errno::ISDIR, "a directory")),
+                b => (b.clone(), n.name.clone()),
+            }
+        };
         match body {
             Body::Upper { blob, .. } => {
                 let p = self.blob_path(blob)?;
@@ -567,14 +587,13 @@ impl SnapshotFs {
                 rustix::fs::seek(&f, whence).map_err(|e| Error::fs(e, "seeking in the upper file"))
             }
             Body::Lower(e) if e.chunked && matches!(e.kind, Kind::File | Kind::Executable) => {
-                let name = String::from_utf8_lossy(&e.name).into_owned();
-                let m = self.timed("reading a manifest", self.fetcher.manifest(&e, &name)).await?;
+                let path = String::from_utf8_lossy(&name).into_owned();
+                let m = self.timed("reading a manifest", self.fetcher.manifest(&e.entry(&name), &path)).await?;
                 seek_in(m.spans().map(|(at, len, id)| (at, len, id.is_some())), m.size, offset, data)
             }
             Body::Lower(e) if matches!(e.kind, Kind::File | Kind::Executable) => {
                 seek_in(std::iter::once((0, e.size, true)), e.size, offset, data)
             }
-            Body::Dir { .. } => Err(Error::fs(Errno::ISDIR, "a directory")),
             _ => Err(Error::fs(Errno::INVAL, "not a regular file")),
         }
     }

@@ -46,6 +46,7 @@ mod inode;
 mod lower;
 mod overlay;
 mod saved;
+mod table;
 #[cfg(test)]
 mod tests;
 mod times;
@@ -54,7 +55,7 @@ pub use build::{Built, Skips, StatChange};
 pub use saved::SavedChange;
 
 pub use chunked::Readahead;
-use inode::{Body, Node, State};
+use inode::{Body, Name, Node, State};
 
 pub const ROOT_INO: u64 = 1;
 
@@ -183,6 +184,11 @@ impl TreeCache {
 
     pub(crate) fn get(&self, id: &Hash) -> Option<&Arc<Tree>> {
         self.map.get(id)
+    }
+
+    pub(crate) fn clear(&mut self) {
+        self.map = HashMap::new();
+        self.entries = 0;
     }
 
     pub(crate) fn keep(&mut self, id: Hash, t: Arc<Tree>) {
@@ -339,8 +345,8 @@ impl SnapshotFs {
     }
 
     fn fresh(root: Hash, mtime: (i64, u32), perm: u16) -> State {
-        let body = Body::Dir { clean: Some(root), origin: Some(Vec::new()), children: None };
-        State::with_root(Node::new(ROOT_INO, Vec::new(), perm, mtime, body))
+        let body = Body::Dir { clean: Some(root), origin: Some(Box::default()), children: None };
+        State::with_root(Node::new(ROOT_INO, Name::from(&b""[..]), perm, mtime, body))
     }
 
     fn with_state(fetcher: Arc<Fetcher>, root: Hash, time: i64, upper: Option<Upper>, st: State) -> SnapshotFs {
@@ -512,10 +518,10 @@ impl SnapshotFs {
             size,
             perm,
             nlink,
-            mtime: n.mtime.0,
-            mtime_ns: n.mtime.1,
-            atime: meta.and_then(|m| m.atime).unwrap_or(n.mtime),
-            ctime: meta.and_then(|m| m.ctime).unwrap_or(n.mtime),
+            mtime: n.mtime().0,
+            mtime_ns: n.mtime().1,
+            atime: meta.and_then(|m| m.atime).unwrap_or(n.mtime()),
+            ctime: meta.and_then(|m| m.ctime).unwrap_or(n.mtime()),
             owner: meta.and_then(|m| m.owner),
             rdev,
         })

@@ -3,13 +3,12 @@
 //! filesystem has one; every entry point here refuses with EROFS
 //! otherwise (`SnapshotFs::overlay` decides).
 
-use super::inode::{Body, Node, State};
+use super::inode::{Body, Name, Node, State};
 use super::{mount_owner, new_name_ok, now, Attr, NodeKind, OpenFile, SetAttr, SnapshotFs, ROOT_INO};
 use crate::error::{Error, Result};
 use crate::object::Kind;
 use bytes::Bytes;
 use rustix::io::Errno;
-use std::collections::BTreeMap;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::Relaxed;
@@ -94,15 +93,18 @@ impl SnapshotFs {
     /// Makes `ino` a file of the upper layer; returns its blob number.
     async fn copy_up(&self, ino: u64) -> Result<u64> {
         self.writable_only()?;
-        let e = match self.st().get(ino)?.body.clone() {
-            Body::Upper { blob, .. } => return Ok(blob),
-            Body::Lower(e) if matches!(e.kind, Kind::File | Kind::Executable) => e,
-            Body::Dir { .. } | Body::Lower(_) => return Err(Error::fs(Errno::ISDIR, "not a regular file")),
-            Body::Link(_) => return Err(Error::fs(Errno::LOOP, "a symlink")),
-            Body::Special(..) => return Err(Error::fs(Errno::NXIO, "a FIFO, socket or device node")),
+        let (e, perm) = {
+            let st = self.st();
+            let n = st.get(ino)?;
+            match &n.body {
+                Body::Upper { blob, .. } => return Ok(*blob),
+                Body::Lower(e) if matches!(e.kind, Kind::File | Kind::Executable) => (e.entry(&n.name), n.perm),
+                Body::Dir { .. } | Body::Lower(_) => return Err(Error::fs(Errno::ISDIR, "not a regular file")),
+                Body::Link(_) => return Err(Error::fs(Errno::LOOP, "a symlink")),
+                Body::Special(..) => return Err(Error::fs(Errno::NXIO, "a FIFO, socket or device node")),
+            }
         };
         let name = String::from_utf8_lossy(&e.name).into_owned();
-        let perm = self.st().get(ino)?.perm;
         let (blob, p, file) = self.new_upper_file(perm)?;
         // Streamed: a large file is copied up a window of chunks at a time.
         let file = Arc::new(file);
@@ -368,7 +370,7 @@ impl SnapshotFs {
                 }
             }
             if let Some(t) = a.mtime {
-                st.get_mut(ino)?.mtime = t;
+                st.get_mut(ino)?.set_mtime(t);
             }
             let n = st.get_mut(ino)?;
             if let Some(t) = a.atime {
@@ -389,7 +391,7 @@ impl SnapshotFs {
     }
 
     /// Adds node `n` named `name` to directory `parent`.
-    async fn insert(&self, parent: u64, name: &[u8], n: impl FnOnce(u64) -> Node) -> Result<Attr> {
+    async fn insert(&self, parent: u64, name: &[u8], n: impl FnOnce(u64, Name) -> Node) -> Result<Attr> {
         self.writable_only()?;
         new_name_ok(name)?;
         self.load(parent).await?;
@@ -398,8 +400,9 @@ impl SnapshotFs {
         if st.children_mut(parent)?.contains_key(name) {
             return Err(Error::fs(Errno::EXIST, String::from_utf8_lossy(name).into_owned()));
         }
-        let ino = st.push(n(parent));
-        st.children_mut(parent)?.insert(name.to_vec(), ino);
+        let name: Name = name.into();
+        let ino = st.push(n(parent, name.clone()));
+        st.children_mut(parent)?.insert(name, ino);
         st.touch_dir(parent);
         let a = self.attr_of(&st, ino)?;
         drop(st);
@@ -410,14 +413,9 @@ impl SnapshotFs {
     /// Creates an empty file and opens it for writing.
     pub async fn create(&self, parent: u64, name: &[u8], mode: u32) -> Result<(Attr, OpenFile)> {
         let (blob, p, file) = self.new_upper_file(mode as u16)?;
-        let node = |parent| {
-            let mut n = Node::new(
-                parent,
-                name.to_vec(),
-                (mode & 0o7777) as u16,
-                now(),
-                Body::Upper { blob, size: 0, clean: None },
-            );
+        let node = |parent, name| {
+            let mut n =
+                Node::new(parent, name, (mode & 0o7777) as u16, now(), Body::Upper { blob, size: 0, clean: None });
             // Created open: the handle is released like any other.
             n.opens = 1;
             n
@@ -432,16 +430,16 @@ impl SnapshotFs {
     }
 
     pub async fn mkdir(&self, parent: u64, name: &[u8], mode: u32) -> Result<Attr> {
-        let body = Body::Dir { clean: None, origin: None, children: Some(BTreeMap::new()) };
-        self.insert(parent, name, |parent| Node::new(parent, name.to_vec(), (mode & 0o7777) as u16, now(), body)).await
+        let body = Body::Dir { clean: None, origin: None, children: Some(Box::default()) };
+        self.insert(parent, name, |parent, name| Node::new(parent, name, (mode & 0o7777) as u16, now(), body)).await
     }
 
     pub async fn symlink(&self, parent: u64, name: &[u8], target: &[u8]) -> Result<Attr> {
         if target.is_empty() || target.contains(&0) {
             return Err(Error::fs(Errno::INVAL, "empty symlink target"));
         }
-        let body = Body::Link(target.to_vec());
-        self.insert(parent, name, |parent| Node::new(parent, name.to_vec(), 0o777, now(), body)).await
+        let body = Body::Link(target.into());
+        self.insert(parent, name, |parent, name| Node::new(parent, name, 0o777, now(), body)).await
     }
 
     /// Makes a FIFO, a unix socket or a block or character device node
@@ -456,7 +454,7 @@ impl SnapshotFs {
             _ => return Err(Error::fs(Errno::INVAL, "mknod makes FIFOs, sockets and device nodes")),
         };
         let body = Body::Special(kind, rdev);
-        self.insert(parent, name, |parent| Node::new(parent, name.to_vec(), perm & 0o7777, now(), body)).await
+        self.insert(parent, name, |parent, name| Node::new(parent, name, perm & 0o7777, now(), body)).await
     }
 
     /// Removes the entry `name` of `parent`, which names `ino`. The node
@@ -468,7 +466,7 @@ impl SnapshotFs {
         let n = st.get_mut(ino)?;
         if n.drop_name(parent, name) {
             n.parent = 0;
-            n.detached_at = Some(self.changes());
+            n.meta_mut().detached_at = Some(self.changes());
             self.reap(st, ino);
         } else {
             n.changed_now();
@@ -569,9 +567,10 @@ impl SnapshotFs {
             self.remove_entry(&mut st, new_parent, new_name, t)?;
         }
         st.children_mut(parent)?.remove(name);
-        st.children_mut(new_parent)?.insert(new_name.to_vec(), src);
+        let new_name: Name = new_name.into();
+        st.children_mut(new_parent)?.insert(new_name.clone(), src);
         let n = st.get_mut(src)?;
-        n.move_name(parent, name, new_parent, new_name);
+        n.move_name(parent, name, new_parent, &new_name);
         n.changed_now();
         st.touch_dir(parent);
         st.touch_dir(new_parent);
@@ -596,15 +595,16 @@ impl SnapshotFs {
         if ino == ROOT_INO || n.parent == 0 {
             return Err(Error::fs(Errno::NOENT, "the file was removed"));
         }
-        if n.links.len() >= u16::MAX as usize {
+        if n.links().len() >= u16::MAX as usize {
             return Err(Error::fs(Errno::MLINK, "too many links"));
         }
         if st.children_mut(new_parent)?.contains_key(new_name) {
             return Err(Error::fs(Errno::EXIST, String::from_utf8_lossy(new_name).into_owned()));
         }
-        st.children_mut(new_parent)?.insert(new_name.to_vec(), ino);
+        let new_name: Name = new_name.into();
+        st.children_mut(new_parent)?.insert(new_name.clone(), ino);
         let n = st.get_mut(ino)?;
-        n.links.push((new_parent, new_name.to_vec()));
+        n.meta_mut().links.push((new_parent, new_name));
         n.changed_now();
         st.touch_dir(new_parent);
         let a = self.attr_of(&st, ino)?;

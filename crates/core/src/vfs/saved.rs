@@ -1,14 +1,14 @@
 //! The saved state of a workspace mount (`overlay.state`, format in
 //! docs/FORMAT.md): what a restarted or killed daemon picks up.
 
-use super::inode::{Body, Meta, Node, State};
+use super::inode::{Body, Lower, Meta, Name, Node, State};
 use super::{NodeKind, SnapshotFs, ROOT_INO};
 use crate::error::{Error, Result};
 use crate::fetch::Fetcher;
 use crate::hash::Hash;
 use crate::object::StatObject;
-use crate::object::{check_name, Entry, Kind};
-use std::collections::{BTreeMap, HashMap};
+use crate::object::{check_name, Kind};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -60,7 +60,8 @@ fn opt_hash(r: &mut crate::codec::Reader) -> std::result::Result<Option<Hash>, c
 /// (1 owner, 2 atime, 4 ctime), then those present.
 fn put_meta(out: &mut Vec<u8>, m: Option<&Meta>) {
     use crate::codec::put_varint;
-    let m = m.cloned().unwrap_or_default();
+    let none = Meta::default();
+    let m = m.unwrap_or(&none);
     let flags = m.owner.is_some() as u8 | (m.atime.is_some() as u8) << 1 | (m.ctime.is_some() as u8) << 2;
     out.push(flags);
     if let Some((uid, gid)) = m.owner {
@@ -104,7 +105,7 @@ fn read_meta(r: &mut crate::codec::Reader) -> std::result::Result<Option<Box<Met
 /// `Err(k)` for another name of the node record `k` made (a hard link).
 struct Rec {
     parent: u64,
-    name: Vec<u8>,
+    name: Name,
     perm: u16,
     mtime: (i64, u32),
     meta: Option<Box<Meta>>,
@@ -114,7 +115,7 @@ struct Rec {
 fn read_record(r: &mut crate::codec::Reader, version: u8) -> std::result::Result<Rec, crate::codec::DecodeError> {
     use crate::codec::DecodeError;
     let parent = r.varint()?;
-    let name = r.bytes()?.to_vec();
+    let name: Name = r.bytes()?.into();
     let perm = r.varint()? as u16;
     let mtime = (r.i64_le()?, r.varint()? as u32);
     let meta = match version >= OVERLAY_VERSION {
@@ -127,14 +128,14 @@ fn read_record(r: &mut crate::codec::Reader, version: u8) -> std::result::Result
             let clean = opt_hash(r)?;
             let origin = match r.u8()? {
                 0 => None,
-                1 => Some(r.bytes()?.to_vec()),
+                1 => Some(r.bytes()?.into()),
                 f => return Err(DecodeError::Invalid(format!("bad origin flag {f}"))),
             };
             let loaded = r.u8()? != 0;
             if !loaded && clean.is_none() {
                 return Err(DecodeError::Invalid("an unloaded directory without a tree".into()));
             }
-            Body::Dir { clean, origin, children: loaded.then(BTreeMap::new) }
+            Body::Dir { clean, origin, children: loaded.then(Box::default) }
         }
         REC_LOWER => {
             let k = r.u8()?;
@@ -145,10 +146,10 @@ fn read_record(r: &mut crate::codec::Reader, version: u8) -> std::result::Result
             let chunked = r.u8()? != 0;
             let size = r.varint()?;
             let id = r.hash()?;
-            Body::Lower(Entry { name: name.clone(), kind, chunked, size, id })
+            Body::Lower(Lower { kind, chunked, size, id })
         }
         REC_UPPER => Body::Upper { blob: r.varint()?, size: r.varint()?, clean: None },
-        REC_LINK => Body::Link(r.bytes()?.to_vec()),
+        REC_LINK => Body::Link(r.bytes()?.into()),
         REC_SPECIAL => match r.u8()? {
             0 => Body::Special(NodeKind::Fifo, 0),
             1 => Body::Special(NodeKind::Socket, 0),
@@ -245,10 +246,11 @@ impl SnapshotFs {
             put_varint(&mut out, parent);
             put_bytes(&mut out, name);
             put_varint(&mut out, n.perm as u64);
-            out.extend_from_slice(&n.mtime.0.to_le_bytes());
-            put_varint(&mut out, n.mtime.1 as u64);
+            let (secs, nanos) = n.mtime();
+            out.extend_from_slice(&secs.to_le_bytes());
+            put_varint(&mut out, nanos as u64);
             put_meta(&mut out, n.meta.as_deref());
-            if !n.links.is_empty() {
+            if !n.links().is_empty() {
                 if let Some(at) = first.get(&ino) {
                     out.push(REC_ALIAS);
                     put_varint(&mut out, *at);
@@ -368,7 +370,7 @@ impl SnapshotFs {
                 }
                 check_name(&name).map_err(state_err)?;
                 if p.is_empty() {
-                    name
+                    name.to_vec()
                 } else {
                     [&p[..], b"/", &name[..]].concat()
                 }
@@ -390,7 +392,7 @@ impl SnapshotFs {
                     uppers.insert(i as u64, (blob, perm, mtime));
                     out.push(SavedChange::File { path: path.clone(), blob, perm, mtime })
                 }
-                Body::Link(target) => out.push(SavedChange::Symlink { path: path.clone(), target }),
+                Body::Link(target) => out.push(SavedChange::Symlink { path: path.clone(), target: target.into_vec() }),
                 Body::Dir { clean: None, origin: None, .. } if i > 0 => {
                     out.push(SavedChange::Dir { path: path.clone(), perm })
                 }
@@ -414,7 +416,7 @@ impl SnapshotFs {
         let (h, mut r) = Self::saved_header(bytes)?;
         let fs = SnapshotFs::writable(fetcher, h.root, h.time, upper_dir, base_stat)?;
         let mut st = State {
-            nodes: HashMap::new(),
+            nodes: Default::default(),
             next_ino: ROOT_INO,
             next_blob: h.next_blob,
             spare: Default::default(),
@@ -446,7 +448,7 @@ impl SnapshotFs {
                         }
                         _ => return Err(state_err(format!("record {i}: its parent is not a loaded directory"))),
                     }
-                    st.get_mut(ino)?.links.push((p, name));
+                    st.get_mut(ino)?.meta_mut().links.push((p, name));
                     if matches!(st.get(ino)?.body, Body::Upper { .. }) {
                         holders.push(p);
                     }
@@ -458,14 +460,14 @@ impl SnapshotFs {
             let is_upper = matches!(body, Body::Upper { .. });
             let ino = if i == 0 {
                 st.next_ino = ROOT_INO;
-                st.push(Node { meta, ..Node::new(ROOT_INO, name, perm, mtime, body) })
+                st.push(Node::new(ROOT_INO, name, perm, mtime, body).with_meta(meta))
             } else {
                 let p = *inos
                     .get(parent as usize)
                     .filter(|_| (parent as usize) < i)
                     .ok_or_else(|| state_err(format!("record {i} names parent {parent}, not an earlier record")))?;
                 check_name(&name).map_err(state_err)?;
-                let ino = st.push(Node { meta, ..Node::new(p, name.clone(), perm, mtime, body) });
+                let ino = st.push(Node::new(p, name.clone(), perm, mtime, body).with_meta(meta));
                 match &mut st.get_mut(p)?.body {
                     Body::Dir { children: Some(c), .. } => {
                         if c.insert(name, ino).is_some() {
@@ -534,7 +536,7 @@ fn reconcile_upper(st: &mut State, upper_dir: &Path) -> Result<Vec<Vec<u8>>> {
         .nodes
         .iter()
         .filter_map(|(ino, n)| match n.body {
-            Body::Upper { blob, .. } => Some((*ino, blob)),
+            Body::Upper { blob, .. } => Some((ino, blob)),
             _ => None,
         })
         .collect();
@@ -551,14 +553,14 @@ fn reconcile_upper(st: &mut State, upper_dir: &Path) -> Result<Vec<Vec<u8>>> {
             Ok(_) => return Err(state_err(format!("{} is not a regular file", p.display()))),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 let n = st.get(ino)?.clone();
-                for (parent, name) in std::iter::once((n.parent, n.name.clone())).chain(n.links.iter().cloned()) {
+                for (parent, name) in std::iter::once((n.parent, n.name.clone())).chain(n.links().iter().cloned()) {
                     lost.push(path_in(st, parent, &name));
                     if let Ok(c) = st.children_mut(parent) {
                         c.remove(&name);
                     }
                     st.touch_dir(parent);
                 }
-                st.nodes.remove(&ino);
+                st.nodes.remove(ino);
             }
             Err(e) => return Err(Error::io(format!("reading {}", p.display()))(e)),
         }
@@ -572,7 +574,7 @@ fn path_in(st: &State, mut dir: u64, name: &[u8]) -> Vec<u8> {
     let mut parts = vec![name.to_vec()];
     while dir != ROOT_INO {
         let Ok(n) = st.get(dir) else { break };
-        parts.push(n.name.clone());
+        parts.push(n.name.to_vec());
         dir = n.parent;
     }
     parts.reverse();
