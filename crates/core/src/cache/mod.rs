@@ -199,6 +199,12 @@ impl DiskCache {
         self.root.join("packs").join("index").join(tree.to_hex())
     }
 
+    /// Where the mtimes of stat object `stat`, whole, are kept flat
+    /// (mapped by every workspace mount of a snapshot with that object).
+    pub fn flat_times_path(&self, stat: &Hash) -> PathBuf {
+        self.root.join("stat").join("flat").join(stat.to_hex())
+    }
+
     /// Where the flat form of that index layer is kept (read in place).
     pub fn flat_index_path(&self, tree: &Hash) -> PathBuf {
         self.root.join("packs").join("flat").join(tree.to_hex())

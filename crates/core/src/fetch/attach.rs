@@ -74,6 +74,12 @@ impl PackSet {
         })
     }
 
+    /// The id of the pack holding member `id`, its table not built (a
+    /// question asked per file, of packs of 16,384 members).
+    pub(super) fn pack_id_of(&self, id: &Hash) -> Option<Hash> {
+        self.layers.iter().find_map(|l| l.pack_id(l.member(id)?.0))
+    }
+
     /// [`PackSet::member`] of each of `ids` (those in no attached pack
     /// left out), each pack's table built once however the ids are
     /// ordered: a caller asking for a whole tree's members in hash order

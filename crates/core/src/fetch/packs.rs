@@ -343,6 +343,14 @@ impl Fetcher {
     /// subtree is one stretch of a pack, and a walk of it reads nothing
     /// past its end). Otherwise, to the end of the span, as `warm`.
     pub fn warm_until(self: &Arc<Self>, id: &Hash, last: Option<&Hash>) -> bool {
+        // A cached file needs no download: known without building its
+        // pack's table (a stat walk lists every directory, and each
+        // listing asks this of its first file).
+        match self.pack_of(id) {
+            None => return false,
+            Some(pack) if self.cache.pack_has(&pack, id) || self.cache.contains(id) => return false,
+            Some(_) => {}
+        }
         let (pack, i, end) = {
             let set = self.packs.read().expect("packs lock");
             let Some((pack, i)) = set.member(id) else {
@@ -378,7 +386,7 @@ impl Fetcher {
 
     /// The pack an attached index places object `id` in.
     pub fn pack_of(&self, id: &Hash) -> Option<Hash> {
-        self.packs.read().expect("packs lock").member(id).map(|(p, _)| p.id)
+        self.packs.read().expect("packs lock").pack_id_of(id)
     }
 
     /// The packs a reader of every object in `ids` can stream with

@@ -733,7 +733,15 @@ impl SnapshotFs {
         debug_assert_eq!(base.id, stat.over, "a stat change applied over another base");
         // With no base stat object the times are empty and `set` is every
         // path.
-        base.mtimes = base.mtimes.apply(&stat.set, &stat.removed);
+        let at = self.fetcher.cache.flat_times_path(&stat_id);
+        base.mtimes = base.mtimes.apply(&stat.set, &stat.removed).kept_at(&at);
+        // The file an earlier rebase of this mount wrote is its own
+        // (another mount's base is the file it opened with): it goes, so
+        // that a workspace keeps one such file, its newest.
+        if let Some(old) = base.id.filter(|old| base.own_file && *old != stat_id) {
+            let _ = std::fs::remove_file(self.fetcher.cache.flat_times_path(&old));
+        }
+        base.own_file = true;
         base.id = Some(stat_id);
     }
 

@@ -147,9 +147,11 @@ const CONTENT_STRIPES: usize = 64;
 /// The base snapshot's stat object, which origins refer to.
 #[derive(Default)]
 struct BaseStat {
-    /// Mtimes by path.
+    /// Mtimes by path (mapped from the disk cache's `stat/flat/<id>`).
     mtimes: times::PathTimes,
     id: Option<Hash>,
+    /// This mount's rebase wrote that file (not shared with other mounts).
+    own_file: bool,
 }
 
 /// Decoded trees, bounded: a directory's tree is decoded again from its
@@ -328,13 +330,17 @@ impl SnapshotFs {
     ) -> Result<SnapshotFs> {
         std::fs::create_dir_all(&upper_dir).map_err(Error::io(format!("creating {}", upper_dir.display())))?;
         let (id, map) = match base_stat {
-            Some((id, s)) => (Some(id), mtimes_by_path(s)),
+            Some((id, s)) => {
+                let at = fetcher.cache.flat_times_path(&id);
+                let map = times::PathTimes::open(&at).unwrap_or_else(|| mtimes_by_path(s).kept_at(&at));
+                (Some(id), map)
+            }
             None => (None, times::PathTimes::default()),
         };
         let mtime = map.get(b"").unwrap_or((time, 0));
         let upper = Upper {
             dir: upper_dir,
-            base: RwLock::new(BaseStat { mtimes: map, id }),
+            base: RwLock::new(BaseStat { mtimes: map, id, own_file: false }),
             changed: Arc::new(tokio::sync::Notify::new()),
             changes: AtomicU64::new(0),
             content: std::array::from_fn(|_| RwLock::new(())),

@@ -803,3 +803,54 @@ async fn the_stat_change_carries_a_moved_unread_directory_and_drops_what_went() 
     gone.sort();
     assert_eq!(gone, ["moved/sub/f0", "moved/sub/f1", "moved/sub/f2", "moved/sub/f3"]);
 }
+
+/// A mount's base times live in the disk cache, mapped: the first mount of
+/// a base writes them, the next maps that file (shared, not decoded again),
+/// and each rebase writes its new base's while dropping the file an
+/// earlier rebase of the same mount wrote, never the base it opened with.
+#[tokio::test]
+async fn base_times_are_kept_in_the_cache_and_a_workspace_keeps_one_file_of_its_own() {
+    let d = tempfile::tempdir().unwrap();
+    let (remote, cache) = local_store(d.path());
+    let (root, stat) = nested_tree(&cache);
+    let sid = Hash::of(&stat.encode());
+    let open = |s: StatObject, upper: &str| {
+        let f = Fetcher::new(remote.clone(), cache.clone());
+        SnapshotFs::writable(f, root, 0, d.path().join(upper), Some((sid, s))).unwrap()
+    };
+    let fs = open(stat.clone(), "upper");
+    let base_file = cache.flat_times_path(&sid);
+    assert!(base_file.is_file(), "the first mount of a base keeps its times");
+    assert_eq!(fs.base_stat_of(b"dir/g"), Some((3, 0)));
+    // Another mount of the base reads the kept file, not the object it is
+    // handed (here one with other times, to tell them apart).
+    let other = StatObject::whole(stat.entries.iter().map(|(p, ..)| (p.clone(), 99, 0)).collect());
+    let second = open(other, "upper2");
+    assert_eq!(second.base_stat_of(b"dir/g"), Some((3, 0)));
+
+    let rebase = |fs: &SnapshotFs| {
+        let b = fs.build(&cache, &mut Staged::default()).unwrap();
+        let whole = fs.stat_view(&b.stat).unwrap();
+        let id = Hash::of(&whole.encode());
+        fs.rebase(b.root, id, &b.stat);
+        id
+    };
+    let (_, f) = fs.create(ROOT_INO, b"new", 0o644).await.unwrap();
+    fs.write(&f, 0, b"one").unwrap();
+    let first = rebase(&fs);
+    assert!(cache.flat_times_path(&first).is_file() && base_file.is_file());
+    assert!(fs.base_stat_of(b"new").is_some(), "the new base's times are the mount's");
+    fs.write(&f, 0, b"two").unwrap();
+    fs.setattr(
+        fs.lookup(ROOT_INO, b"new").await.unwrap().ino,
+        super::SetAttr { mtime: Some((12345, 6)), ..Default::default() },
+    )
+    .await
+    .unwrap();
+    let next = rebase(&fs);
+    assert_ne!(next, first);
+    assert!(!cache.flat_times_path(&first).exists(), "the mount's earlier file goes");
+    assert!(cache.flat_times_path(&next).is_file() && base_file.is_file(), "the shared base's stays");
+    assert_eq!(fs.base_stat_of(b"new"), Some((12345, 6)));
+    assert_eq!(second.base_stat_of(b"dir/g"), Some((3, 0)), "the other mount still reads its base");
+}

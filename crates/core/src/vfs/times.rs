@@ -1,21 +1,88 @@
-//! A snapshot's mtimes by path (its stat object), held compactly: every
-//! path in one buffer, one fixed row per path, sorted by path. A million
-//! paths hold about their bytes plus 16 bytes each (a map of them took
-//! about 300 bytes a path), and are looked up by binary search.
+//! A snapshot's mtimes by path (its stat object), held compactly: one
+//! buffer of fixed rows sorted by path, then the paths. A million paths
+//! hold about their bytes plus 16 bytes each (a map of them took about
+//! 300 bytes a path), and are looked up by binary search.
+//!
+//! The buffer is also a file's layout (docs/FORMAT.md, "Flat mtimes"): a
+//! workspace mount keeps its base's times as `stat/flat/<stat id>` in the
+//! disk cache and maps it, so every mount of one base shares one copy in
+//! the page cache, and what a daemon holds of them is file pages the
+//! kernel can drop, not its own memory (20 workspace mounts of a
+//! million-file tree each held its 60 MiB before).
 
-/// Mtimes by path; see the module comment.
-#[derive(Default)]
-pub(super) struct PathTimes {
-    paths: Vec<u8>,
-    rows: Vec<Row>,
+use std::path::Path;
+
+const MAGIC: &[u8; 8] = b"MADTIM\x00\x01";
+/// Magic and version, row count, paths' length.
+const HEAD: usize = 8 + 8 + 8;
+/// Start of its path (u32), nanoseconds (u32), seconds (i64).
+const ROW: usize = 16;
+
+enum Buf {
+    Owned(Vec<u8>),
+    Map(memmap2::Mmap),
 }
 
-#[derive(Clone, Copy)]
-struct Row {
-    /// Where the path starts in `paths` (it ends where the next starts).
-    start: u32,
-    nanos: u32,
-    secs: i64,
+impl std::ops::Deref for Buf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Buf::Owned(v) => v,
+            Buf::Map(m) => m,
+        }
+    }
+}
+
+/// Mtimes by path; see the module comment.
+pub(super) struct PathTimes {
+    buf: Buf,
+    n: usize,
+}
+
+impl Default for PathTimes {
+    fn default() -> PathTimes {
+        Builder::with_capacity(0, 0).finish()
+    }
+}
+
+/// Rows and paths, appended in path order.
+struct Builder {
+    rows: Vec<u8>,
+    paths: Vec<u8>,
+}
+
+impl Builder {
+    fn with_capacity(rows: usize, path_bytes: usize) -> Builder {
+        Builder { rows: Vec::with_capacity(rows * ROW), paths: Vec::with_capacity(path_bytes) }
+    }
+
+    fn push(&mut self, p: &[u8], secs: i64, nanos: u32) {
+        // A stat object is at most 256 MiB: its paths fit.
+        self.rows.extend_from_slice(&(self.paths.len() as u32).to_le_bytes());
+        self.rows.extend_from_slice(&nanos.to_le_bytes());
+        self.rows.extend_from_slice(&secs.to_le_bytes());
+        self.paths.extend_from_slice(p);
+    }
+
+    fn finish(self) -> PathTimes {
+        let n = self.rows.len() / ROW;
+        let mut buf = Vec::with_capacity(HEAD + self.rows.len() + self.paths.len());
+        buf.extend_from_slice(MAGIC);
+        buf.extend_from_slice(&(n as u64).to_le_bytes());
+        buf.extend_from_slice(&(self.paths.len() as u64).to_le_bytes());
+        buf.extend_from_slice(&self.rows);
+        drop(self.rows);
+        buf.extend_from_slice(&self.paths);
+        PathTimes { buf: Buf::Owned(buf), n }
+    }
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
 }
 
 impl PathTimes {
@@ -27,29 +94,89 @@ impl PathTimes {
             order.sort_by(|a, b| entries[*a].0.cmp(&entries[*b].0));
             order.dedup_by(|a, b| entries[*a].0 == entries[*b].0);
         }
-        let mut paths = Vec::with_capacity(order.iter().map(|i| entries[*i].0.len()).sum());
-        let mut rows = Vec::with_capacity(order.len());
+        let mut b = Builder::with_capacity(order.len(), order.iter().map(|i| entries[*i].0.len()).sum());
         for i in order {
             let (p, secs, nanos) = &entries[i];
-            // A stat object is at most 256 MiB: its paths fit.
-            rows.push(Row { start: paths.len() as u32, nanos: *nanos, secs: *secs });
-            paths.extend_from_slice(p);
+            b.push(p, *secs, *nanos);
         }
-        PathTimes { paths, rows }
+        b.finish()
+    }
+
+    /// The times kept at `path` (see the module comment), if that file is
+    /// there and sound: its rows fill it exactly, their paths start in
+    /// order inside it, and every nanosecond count is under a second.
+    /// Anything else is `None`, and the caller makes it again.
+    pub(super) fn open(path: &Path) -> Option<PathTimes> {
+        let file = std::fs::File::open(path).ok()?;
+        // SAFETY: the file is mado's own, in the user's private cache, and
+        // only ever replaced by a rename, never written or truncated in
+        // place; its length is checked before any row is read.
+        let map = unsafe { memmap2::Mmap::map(&file) }.ok()?;
+        PathTimes::parse(Buf::Map(map))
+    }
+
+    fn parse(buf: Buf) -> Option<PathTimes> {
+        let b = &buf[..];
+        if b.len() < HEAD || &b[..8] != MAGIC {
+            return None;
+        }
+        let (n, paths) = (u64_at(b, 8), u64_at(b, 16));
+        let want = n.checked_mul(ROW as u64)?.checked_add(paths)?.checked_add(HEAD as u64)?;
+        if want != b.len() as u64 {
+            return None;
+        }
+        let n = n as usize;
+        let mut last = 0;
+        for i in 0..n {
+            let at = HEAD + i * ROW;
+            let start = u32_at(b, at) as u64;
+            if start < last || start > paths || u32_at(b, at + 4) >= 1_000_000_000 {
+                return None;
+            }
+            last = start;
+        }
+        Some(PathTimes { buf, n })
+    }
+
+    /// These times written to `path` and read from there, mapped; as they
+    /// are, in memory, if the file cannot be written or read back.
+    pub(super) fn kept_at(self, path: &Path) -> PathTimes {
+        let written = crate::fsutil::replace_cache_file(path, &self.buf);
+        match written.ok().and_then(|_| PathTimes::open(path)) {
+            Some(t) if t.n == self.n => t,
+            _ => self,
+        }
+    }
+
+    /// Row `i`: where its path starts, its seconds and nanoseconds.
+    fn row(&self, i: usize) -> (usize, i64, u32) {
+        let at = HEAD + i * ROW;
+        let b = &self.buf[..];
+        (u32_at(b, at) as usize, u64_at(b, at + 8) as i64, u32_at(b, at + 4))
+    }
+
+    fn paths(&self) -> &[u8] {
+        &self.buf[HEAD + self.n * ROW..]
     }
 
     fn path(&self, i: usize) -> &[u8] {
-        let end = self.rows.get(i + 1).map_or(self.paths.len(), |r| r.start as usize);
-        &self.paths[self.rows[i].start as usize..end]
+        let paths = self.paths();
+        let end = if i + 1 < self.n { self.row(i + 1).0 } else { paths.len() };
+        &paths[self.row(i).0..end]
+    }
+
+    fn times(&self, i: usize) -> (i64, u32) {
+        let (_, secs, nanos) = self.row(i);
+        (secs, nanos)
     }
 
     pub(super) fn get(&self, path: &[u8]) -> Option<(i64, u32)> {
         let i = self.first_at_or_after(path);
-        (i < self.rows.len() && self.path(i) == path).then(|| (self.rows[i].secs, self.rows[i].nanos))
+        (i < self.n && self.path(i) == path).then(|| self.times(i))
     }
 
     fn first_at_or_after(&self, path: &[u8]) -> usize {
-        let (mut lo, mut hi) = (0, self.rows.len());
+        let (mut lo, mut hi) = (0, self.n);
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
             if self.path(mid) < path {
@@ -62,7 +189,7 @@ impl PathTimes {
     }
 
     pub(super) fn len(&self) -> usize {
-        self.rows.len()
+        self.n
     }
 
     /// The names directly below directory `dir` (`""`: the top), in order,
@@ -72,7 +199,7 @@ impl PathTimes {
         let prefix = if dir.is_empty() { Vec::new() } else { [dir, b"/"].concat() };
         let mut out: Vec<Vec<u8>> = Vec::new();
         let mut i = self.first_at_or_after(&prefix);
-        while i < self.rows.len() {
+        while i < self.n {
             let p = self.path(i);
             let Some(rest) = p.strip_prefix(&prefix[..]) else { break };
             match rest.iter().position(|b| *b == b'/') {
@@ -102,22 +229,21 @@ impl PathTimes {
     /// These times with a change applied: `removed` paths gone, then
     /// `entries` set (both sorted by path, as a stat layer holds them).
     pub(super) fn apply(&self, entries: &[(Vec<u8>, i64, u32)], removed: &[Vec<u8>]) -> PathTimes {
-        let mut paths = Vec::with_capacity(self.paths.len() + entries.iter().map(|e| e.0.len()).sum::<usize>());
-        let mut rows = Vec::with_capacity(self.rows.len() + entries.len());
-        let mut push = |p: &[u8], secs: i64, nanos: u32| {
-            rows.push(Row { start: paths.len() as u32, nanos, secs });
-            paths.extend_from_slice(p);
-        };
+        let mut b = Builder::with_capacity(
+            self.n + entries.len(),
+            self.paths().len() + entries.iter().map(|e| e.0.len()).sum::<usize>(),
+        );
         let (mut i, mut e, mut r) = (0, 0, 0);
-        while i < self.rows.len() || e < entries.len() {
-            let old = (i < self.rows.len()).then(|| self.path(i));
+        while i < self.n || e < entries.len() {
+            let old = (i < self.n).then(|| self.path(i));
             match (old, entries.get(e)) {
                 (Some(o), n) if n.is_none_or(|n| o < &n.0[..]) => {
                     while removed.get(r).is_some_and(|x| &x[..] < o) {
                         r += 1;
                     }
                     if removed.get(r).is_none_or(|x| &x[..] != o) {
-                        push(o, self.rows[i].secs, self.rows[i].nanos);
+                        let (secs, nanos) = self.times(i);
+                        b.push(o, secs, nanos);
                     }
                     i += 1;
                 }
@@ -125,19 +251,22 @@ impl PathTimes {
                     if o == Some(&n.0[..]) {
                         i += 1;
                     }
-                    push(&n.0, n.1, n.2);
+                    b.push(&n.0, n.1, n.2);
                     e += 1;
                 }
                 (Some(_) | None, None) => unreachable!("the loop runs while either has a path"),
             }
         }
-        PathTimes { paths, rows }
+        b.finish()
     }
 
     /// Every (path, secs, nanos) whose path starts with `prefix`, in order.
     pub(super) fn with_prefix<'a>(&'a self, prefix: &'a [u8]) -> impl Iterator<Item = (&'a [u8], i64, u32)> + 'a {
-        (self.first_at_or_after(prefix)..self.rows.len())
-            .map(|i| (self.path(i), self.rows[i].secs, self.rows[i].nanos))
+        (self.first_at_or_after(prefix)..self.n)
+            .map(|i| {
+                let (secs, nanos) = self.times(i);
+                (self.path(i), secs, nanos)
+            })
             .take_while(move |(p, _, _)| p.starts_with(prefix))
     }
 }
@@ -176,6 +305,39 @@ mod tests {
         assert_eq!(names("a/b"), ["c"]);
         assert!(names("c").is_empty() && names("zz").is_empty());
         assert_eq!(t.len(), 9);
+    }
+
+    #[test]
+    fn kept_times_map_back_the_same_and_a_damaged_file_is_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let at = d.path().join("stat").join("flat").join("t");
+        let e = |p: &str, s: i64, n: u32| (p.as_bytes().to_vec(), s, n);
+        let t = PathTimes::new(&[e("", 1, 0), e("a", -2, 5), e("a/b", 3, 999_999_999), e("c", i64::MAX, 7)]);
+        let m = t.kept_at(&at);
+        assert!(matches!(m.buf, Buf::Map(_)), "kept times are read from their file");
+        let all: Vec<(Vec<u8>, i64, u32)> = m.with_prefix(b"").map(|(p, s, n)| (p.to_vec(), s, n)).collect();
+        assert_eq!(all, [e("", 1, 0), e("a", -2, 5), e("a/b", 3, 999_999_999), e("c", i64::MAX, 7)]);
+        assert_eq!(PathTimes::open(&at).map(|t| t.len()), Some(4));
+        let good = std::fs::read(&at).unwrap();
+        let bad = |f: &dyn Fn(&mut Vec<u8>)| {
+            let mut b = good.clone();
+            f(&mut b);
+            std::fs::write(&at, &b).unwrap();
+            PathTimes::open(&at).is_none()
+        };
+        assert!(bad(&|b| b.truncate(b.len() - 1)), "a short file");
+        assert!(bad(&|b| b.push(0)), "a long file");
+        assert!(bad(&|b| b[0] ^= 1), "another magic");
+        assert!(bad(&|b| b[HEAD + ROW..HEAD + ROW + 4].copy_from_slice(&9u32.to_le_bytes())), "a path past the end");
+        assert!(bad(&|b| b[HEAD + 3 * ROW..HEAD + 3 * ROW + 4].copy_from_slice(&0u32.to_le_bytes())), "out of order");
+        assert!(bad(&|b| b[HEAD + 4..HEAD + 8].copy_from_slice(&1_000_000_000u32.to_le_bytes())), "a second of nanos");
+        assert!(bad(&|b| b[8..16].copy_from_slice(&u64::MAX.to_le_bytes())), "a count that overflows");
+        std::fs::write(&at, &good).unwrap();
+        assert!(PathTimes::open(&at).is_some());
+        assert!(PathTimes::open(&d.path().join("none")).is_none());
+        // A file that cannot be written: the times stay in memory.
+        let t = PathTimes::new(&[e("x", 1, 1)]).kept_at(&d.path().join("stat").join("flat").join("t").join("below"));
+        assert!(matches!(t.buf, Buf::Owned(_)) && t.get(b"x") == Some((1, 1)));
     }
 
     #[test]
