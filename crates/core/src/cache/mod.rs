@@ -41,8 +41,11 @@ use crate::hash::Hash;
 
 mod locks;
 mod packfile;
+mod slots;
+
 pub use locks::PackLock;
 pub use packfile::PackWriter;
+pub use slots::Slot;
 
 /// One write in this many enters the cache as recently used; the others
 /// enter on probation (see [`DiskCache::evict`]).
@@ -160,6 +163,14 @@ impl DiskCache {
             c.size.store(c.usage().bytes, Relaxed);
         }
         Ok(c)
+    }
+
+    /// A work slot (`slots`): waits while as many memory-heavy jobs as
+    /// the machine has cores hold one, in this process or another using
+    /// this cache. `None` when the cache cannot hold the slot files.
+    pub async fn slot(&self) -> Option<Slot> {
+        let root = self.root.clone();
+        tokio::task::spawn_blocking(move || slots::take(&root, slots::slots())).await.ok().flatten()
     }
 
     pub fn root(&self) -> &Path {

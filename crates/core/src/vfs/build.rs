@@ -755,6 +755,12 @@ impl SnapshotFs {
         Ok(StatObject::whole(t.with_prefix(b"").map(|(p, s, n)| (p.to_vec(), s, n)).collect()))
     }
 
+    /// Whether the base has a stat object (without one, a checkpoint's
+    /// change lists every path).
+    pub fn has_base_stat(&self) -> bool {
+        self.upper.as_ref().is_some_and(|u| u.base.read().expect("base stat lock").id.is_some())
+    }
+
     /// A path's mtime in the base's stat object.
     pub fn base_stat_of(&self, path: &[u8]) -> Option<(i64, u32)> {
         self.upper.as_ref()?.base.read().expect("base stat lock").mtimes.get(path)
