@@ -6,7 +6,8 @@
 //! checkpoints, applied both to `SnapshotFs` and to a plain directory. After
 //! every step group the two trees must be equal, handles held open must read
 //! the same bytes as the model's, and every checkpoint's tree must read back
-//! as the model. A failing seed is printed; add it to `REGRESSIONS`.
+//! as the model. A failing seed is printed; add it to `REGRESSIONS`. The
+//! same runs on sequences proptest draws, which it shrinks on a failure.
 
 use std::collections::{BTreeMap, HashMap};
 use std::os::unix::fs::FileExt;
@@ -24,13 +25,29 @@ use mado_core::Hash;
 /// Seeds that once failed (none yet); always run.
 const REGRESSIONS: &[u64] = &[];
 
-struct Rng(u64);
+/// Where a sequence's choices come from: a seed (xorshift), or a tape of
+/// choices proptest draws and, on a failure, shrinks toward fewer steps
+/// and smaller choices (a tape that ran out chooses 0: the first option).
+enum Rng {
+    Seed(u64),
+    Tape(Vec<u64>, usize),
+}
+
 impl Rng {
     fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
+        match self {
+            Rng::Seed(s) => {
+                *s ^= *s << 13;
+                *s ^= *s >> 7;
+                *s ^= *s << 17;
+                *s
+            }
+            Rng::Tape(t, at) => {
+                let v = t.get(*at).copied().unwrap_or(0);
+                *at += 1;
+                v
+            }
+        }
     }
     fn below(&mut self, n: usize) -> usize {
         (self.next() % n as u64) as usize
@@ -606,8 +623,7 @@ impl World {
     }
 }
 
-async fn run(seed: u64, steps: usize) {
-    let mut rng = Rng(seed | 1);
+async fn run(mut rng: Rng, steps: usize, name: &str) {
     let mut w = World::with_base(&mut rng).await;
     let mut log = Vec::new();
     for i in 0..steps {
@@ -628,7 +644,7 @@ async fn run(seed: u64, steps: usize) {
     // Every blob left belongs to a file in the tree (no leak).
     let blobs = std::fs::read_dir(&w.upper).unwrap().count();
     let files = model_tree(&w.model).values().filter(|(k, _, _)| *k == 'f').count();
-    assert!(blobs <= files, "seed {seed}: {blobs} upper blobs for {files} files: blobs leaked");
+    assert!(blobs <= files, "{name}: {blobs} upper blobs for {files} files: blobs leaked");
     let _ = Kind::File;
 }
 
@@ -639,6 +655,26 @@ async fn random_operation_sequences_match_a_plain_directory() {
     for seed in seeds {
         // Printed first, so a failure's output names its seed.
         eprintln!("seed {seed:#x}");
-        run(seed, 400).await;
+        run(Rng::Seed(seed | 1), 400, &format!("seed {seed:#x}")).await;
+    }
+}
+
+/// The same against sequences proptest draws: a failure is shrunk to a
+/// short sequence of simple steps before it is reported (proptest prints
+/// the tape and the step count; the log in the panic message says what
+/// each step did).
+#[test]
+fn drawn_operation_sequences_match_a_plain_directory_and_shrink_when_not() {
+    use proptest::prelude::any;
+    let config = proptest::test_runner::Config { cases: 8, failure_persistence: None, ..Default::default() };
+    let mut runner = proptest::test_runner::TestRunner::new(config);
+    let sequences = (proptest::collection::vec(any::<u64>(), 0..3000), 1usize..300);
+    let outcome = runner.run(&sequences, |(tape, steps)| {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        rt.block_on(run(Rng::Tape(tape, 0), steps, "a drawn sequence"));
+        Ok(())
+    });
+    if let Err(e) = outcome {
+        panic!("{e}");
     }
 }
