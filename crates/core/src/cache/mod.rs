@@ -628,6 +628,20 @@ impl DiskCache {
                 }
             }
         }
+        // A mount's base times (`stat/flat/<stat id>`): evicted as loose
+        // entries are (a mount that maps one keeps its pages; the next
+        // open makes it again).
+        if let Ok(files) = fs::read_dir(self.root.join("stat").join("flat")) {
+            for f in files.flatten() {
+                if f.file_name().to_string_lossy().starts_with('.') {
+                    continue;
+                }
+                if let Ok(m) = f.metadata() {
+                    let time = m.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+                    out.push(Scanned { path: f.path(), held: m.len(), time, pack: None });
+                }
+            }
+        }
         if let Ok(files) = fs::read_dir(self.root.join("packs").join("data")) {
             for f in files.flatten() {
                 let name = f.file_name().to_string_lossy().to_string();
@@ -661,7 +675,11 @@ impl DiskCache {
         // Loose entries and packs together, as the report counts them.
         let total = scanned.len() as u64;
         let mut progress = move |done: u64, _: u64| progress(done, total.max(done));
-        let entries: Vec<PathBuf> = scanned.into_iter().filter(|e| e.pack.is_none()).map(|e| e.path).collect();
+        // Loose objects are named by their hash; a mount's base times
+        // (`stat/flat`) are not, and check themselves as they are opened.
+        let times = self.root.join("stat");
+        let entries: Vec<PathBuf> =
+            scanned.into_iter().filter(|e| e.pack.is_none() && !e.path.starts_with(&times)).map(|e| e.path).collect();
         let mut report = VerifyReport::default();
         for p in entries {
             report.checked += 1;
@@ -840,6 +858,28 @@ mod tests {
         assert_eq!(r.checked, 2);
         assert_eq!(r.bad, vec![Hash::of(&b).to_hex()]);
         assert_eq!(c.usage().entries, 1);
+    }
+
+    /// A mount's base times count against the cap and are evicted like a
+    /// loose entry; `verify` leaves them (they are not named by a hash of
+    /// their bytes).
+    #[test]
+    fn kept_base_times_count_against_the_cap_and_verify_leaves_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = DiskCache::open(dir.path().to_path_buf(), Some(250)).unwrap();
+        let times = c.flat_times_path(&Hash::of(b"stat"));
+        crate::fsutil::replace_cache_file(&times, &[7u8; 150]).unwrap();
+        let old = SystemTime::now() - std::time::Duration::from_secs(100);
+        fs::File::options().write(true).open(&times).unwrap().set_modified(old).unwrap();
+        assert_eq!((c.usage().entries, c.usage().bytes), (1, 150));
+        assert!(c.verify(|_, _| {}).bad.is_empty(), "verify called the kept times bad");
+        assert!(times.is_file());
+        // A process opening the cache later counts them.
+        let c = DiskCache::open(dir.path().to_path_buf(), Some(250)).unwrap();
+        let b = vec![1u8; 150];
+        c.put(&Hash::of(&b), &b).unwrap();
+        assert!(!times.exists(), "the older kept times went to make room");
+        assert!(c.contains(&Hash::of(&b)));
     }
 
     #[test]

@@ -712,7 +712,23 @@ impl SnapshotFs {
     /// any index of the new view once its layer was absorbed).
     pub fn rebase(&self, root: Hash, stat_id: Hash, stat: &StatChange) {
         let Some(u) = &self.upper else { return };
-        // All of it under the state lock, which a save holds while it
+        // The new base's times, made and written before any lock a request
+        // waits on is taken (the base moves only here, and checkpoints of a
+        // mount take turns: [`SnapshotFs::checkpoint_turn`]). A checkpoint
+        // that changed nothing keeps the base it has (the same object, and
+        // perhaps a file other mounts share).
+        let times = {
+            let base = u.base.read().expect("base stat lock");
+            // A change is noted against the base of its build.
+            debug_assert_eq!(base.id, stat.over, "a stat change applied over another base");
+            (base.id != Some(stat_id)).then(|| {
+                // With no base stat object the times are empty and `set` is
+                // every path.
+                let at = self.fetcher.cache.flat_times_path(&stat_id);
+                base.mtimes.apply(&stat.set, &stat.removed).kept_at(&at, &stat_id)
+            })
+        };
+        // All of the rest under the state lock, which a save holds while it
         // serializes: no save sees the new root with the old origins.
         let mut st = self.st_mut();
         *self.root.lock().expect("root lock") = root;
@@ -726,19 +742,14 @@ impl SnapshotFs {
                 }
             }
         }
+        let Some(times) = times else { return };
         let mut base = u.base.write().expect("base stat lock");
-        // A change is noted against the base of its build; the base moves
-        // only here, and checkpoints of a mount take turns
-        // ([`SnapshotFs::checkpoint_turn`]).
-        debug_assert_eq!(base.id, stat.over, "a stat change applied over another base");
-        // With no base stat object the times are empty and `set` is every
-        // path.
-        let at = self.fetcher.cache.flat_times_path(&stat_id);
-        base.mtimes = base.mtimes.apply(&stat.set, &stat.removed).kept_at(&at);
+        base.mtimes = times;
         // The file an earlier rebase of this mount wrote is its own
         // (another mount's base is the file it opened with): it goes, so
-        // that a workspace keeps one such file, its newest.
-        if let Some(old) = base.id.filter(|old| base.own_file && *old != stat_id) {
+        // that a workspace keeps one such file, its newest. (A mount that
+        // maps it keeps its pages; its next open makes the file again.)
+        if let Some(old) = base.id.filter(|_| base.own_file) {
             let _ = std::fs::remove_file(self.fetcher.cache.flat_times_path(&old));
         }
         base.own_file = true;

@@ -332,7 +332,7 @@ impl SnapshotFs {
         let (id, map) = match base_stat {
             Some((id, s)) => {
                 let at = fetcher.cache.flat_times_path(&id);
-                let map = times::PathTimes::open(&at).unwrap_or_else(|| mtimes_by_path(s).kept_at(&at));
+                let map = times::PathTimes::open(&at, &id).unwrap_or_else(|| mtimes_by_path(s).kept_at(&at, &id));
                 (Some(id), map)
             }
             None => (None, times::PathTimes::default()),

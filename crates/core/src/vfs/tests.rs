@@ -853,4 +853,16 @@ async fn base_times_are_kept_in_the_cache_and_a_workspace_keeps_one_file_of_its_
     assert!(cache.flat_times_path(&next).is_file() && base_file.is_file(), "the shared base's stays");
     assert_eq!(fs.base_stat_of(b"new"), Some((12345, 6)));
     assert_eq!(second.base_stat_of(b"dir/g"), Some((3, 0)), "the other mount still reads its base");
+    // A checkpoint that changed nothing rebases onto the base it has: the
+    // shared file is not taken as the mount's own, so a later rebase
+    // leaves it.
+    second.rebase(second.root(), sid, &StatChange { over: Some(sid), ..Default::default() });
+    let (_, g) = second.create(ROOT_INO, b"mine", 0o644).await.unwrap();
+    second.write(&g, 0, b"x").unwrap();
+    let mine = rebase(&second);
+    assert!(base_file.is_file(), "a shared base's file went with a rebase of a mount over it");
+    second.write(&g, 0, b"two").unwrap();
+    let after = rebase(&second);
+    assert_ne!(after, mine);
+    assert!(!cache.flat_times_path(&mine).exists() && base_file.is_file());
 }

@@ -12,9 +12,11 @@
 
 use std::path::Path;
 
+use crate::hash::Hash;
+
 const MAGIC: &[u8; 8] = b"MADTIM\x00\x01";
-/// Magic and version, row count, paths' length.
-const HEAD: usize = 8 + 8 + 8;
+/// Magic and version, the stat object's id, row count, paths' length.
+const HEAD: usize = 8 + 32 + 8 + 8;
 /// Start of its path (u32), nanoseconds (u32), seconds (i64).
 const ROW: usize = 16;
 
@@ -68,6 +70,8 @@ impl Builder {
         let n = self.rows.len() / ROW;
         let mut buf = Vec::with_capacity(HEAD + self.rows.len() + self.paths.len());
         buf.extend_from_slice(MAGIC);
+        // The stat object's id: set when kept (`kept_at`).
+        buf.extend_from_slice(&[0; 32]);
         buf.extend_from_slice(&(n as u64).to_le_bytes());
         buf.extend_from_slice(&(self.paths.len() as u64).to_le_bytes());
         buf.extend_from_slice(&self.rows);
@@ -102,25 +106,26 @@ impl PathTimes {
         b.finish()
     }
 
-    /// The times kept at `path` (see the module comment), if that file is
-    /// there and sound: its rows fill it exactly, their paths start in
-    /// order inside it, and every nanosecond count is under a second.
+    /// The times of stat object `stat` kept at `path` (see the module
+    /// comment), if that file is there and sound: it names `stat`, its
+    /// rows fill it exactly, their paths start in order inside it and are
+    /// sorted and unique, and every nanosecond count is under a second.
     /// Anything else is `None`, and the caller makes it again.
-    pub(super) fn open(path: &Path) -> Option<PathTimes> {
-        let file = std::fs::File::open(path).ok()?;
+    pub(super) fn open(path: &Path, stat: &Hash) -> Option<PathTimes> {
+        let file = crate::fsutil::open_regular(path).ok()?;
         // SAFETY: the file is mado's own, in the user's private cache, and
         // only ever replaced by a rename, never written or truncated in
         // place; its length is checked before any row is read.
         let map = unsafe { memmap2::Mmap::map(&file) }.ok()?;
-        PathTimes::parse(Buf::Map(map))
+        PathTimes::parse(Buf::Map(map), stat)
     }
 
-    fn parse(buf: Buf) -> Option<PathTimes> {
+    fn parse(buf: Buf, stat: &Hash) -> Option<PathTimes> {
         let b = &buf[..];
-        if b.len() < HEAD || &b[..8] != MAGIC {
+        if b.len() < HEAD || &b[..8] != MAGIC || &b[8..40] != stat.as_bytes() {
             return None;
         }
-        let (n, paths) = (u64_at(b, 8), u64_at(b, 16));
+        let (n, paths) = (u64_at(b, 40), u64_at(b, 48));
         let want = n.checked_mul(ROW as u64)?.checked_add(paths)?.checked_add(HEAD as u64)?;
         if want != b.len() as u64 {
             return None;
@@ -135,14 +140,20 @@ impl PathTimes {
             }
             last = start;
         }
-        Some(PathTimes { buf, n })
+        let t = PathTimes { buf, n };
+        // Sorted and unique, or lookups and `children` would go astray.
+        (1..n).all(|i| t.path(i - 1) < t.path(i)).then_some(t)
     }
 
-    /// These times written to `path` and read from there, mapped; as they
-    /// are, in memory, if the file cannot be written or read back.
-    pub(super) fn kept_at(self, path: &Path) -> PathTimes {
+    /// These times, those of stat object `stat`, written to `path` and
+    /// read from there, mapped; as they are, in memory, if the file cannot
+    /// be written or read back.
+    pub(super) fn kept_at(mut self, path: &Path, stat: &Hash) -> PathTimes {
+        if let Buf::Owned(b) = &mut self.buf {
+            b[8..40].copy_from_slice(stat.as_bytes());
+        }
         let written = crate::fsutil::replace_cache_file(path, &self.buf);
-        match written.ok().and_then(|_| PathTimes::open(path)) {
+        match written.ok().and_then(|_| PathTimes::open(path, stat)) {
             Some(t) if t.n == self.n => t,
             _ => self,
         }
@@ -219,7 +230,8 @@ impl PathTimes {
                     if self.get(&[&prefix[..], name].concat()).is_none() {
                         out.push(name.to_vec());
                     }
-                    i = self.first_at_or_after(&[&prefix[..], name, b"0"].concat());
+                    // Always forward, whatever the rows hold.
+                    i = self.first_at_or_after(&[&prefix[..], name, b"0"].concat()).max(i + 1);
                 }
             }
         }
@@ -313,17 +325,19 @@ mod tests {
         let at = d.path().join("stat").join("flat").join("t");
         let e = |p: &str, s: i64, n: u32| (p.as_bytes().to_vec(), s, n);
         let t = PathTimes::new(&[e("", 1, 0), e("a", -2, 5), e("a/b", 3, 999_999_999), e("c", i64::MAX, 7)]);
-        let m = t.kept_at(&at);
+        let id = Hash::of(b"stat");
+        let m = t.kept_at(&at, &id);
         assert!(matches!(m.buf, Buf::Map(_)), "kept times are read from their file");
         let all: Vec<(Vec<u8>, i64, u32)> = m.with_prefix(b"").map(|(p, s, n)| (p.to_vec(), s, n)).collect();
         assert_eq!(all, [e("", 1, 0), e("a", -2, 5), e("a/b", 3, 999_999_999), e("c", i64::MAX, 7)]);
-        assert_eq!(PathTimes::open(&at).map(|t| t.len()), Some(4));
+        assert_eq!(PathTimes::open(&at, &id).map(|t| t.len()), Some(4));
+        assert!(PathTimes::open(&at, &Hash::of(b"another")).is_none(), "another object's times");
         let good = std::fs::read(&at).unwrap();
         let bad = |f: &dyn Fn(&mut Vec<u8>)| {
             let mut b = good.clone();
             f(&mut b);
             std::fs::write(&at, &b).unwrap();
-            PathTimes::open(&at).is_none()
+            PathTimes::open(&at, &id).is_none()
         };
         assert!(bad(&|b| b.truncate(b.len() - 1)), "a short file");
         assert!(bad(&|b| b.push(0)), "a long file");
@@ -331,12 +345,21 @@ mod tests {
         assert!(bad(&|b| b[HEAD + ROW..HEAD + ROW + 4].copy_from_slice(&9u32.to_le_bytes())), "a path past the end");
         assert!(bad(&|b| b[HEAD + 3 * ROW..HEAD + 3 * ROW + 4].copy_from_slice(&0u32.to_le_bytes())), "out of order");
         assert!(bad(&|b| b[HEAD + 4..HEAD + 8].copy_from_slice(&1_000_000_000u32.to_le_bytes())), "a second of nanos");
-        assert!(bad(&|b| b[8..16].copy_from_slice(&u64::MAX.to_le_bytes())), "a count that overflows");
+        assert!(bad(&|b| b[40..48].copy_from_slice(&u64::MAX.to_le_bytes())), "a count that overflows");
+        // Paths out of order though their starts climb ("a" made "z").
+        assert!(
+            bad(&|b| {
+                let paths = b.len() - 5;
+                b[paths..paths + 2].copy_from_slice(b"za");
+            }),
+            "unsorted paths"
+        );
         std::fs::write(&at, &good).unwrap();
-        assert!(PathTimes::open(&at).is_some());
-        assert!(PathTimes::open(&d.path().join("none")).is_none());
+        assert!(PathTimes::open(&at, &id).is_some());
+        assert!(PathTimes::open(&d.path().join("none"), &id).is_none());
         // A file that cannot be written: the times stay in memory.
-        let t = PathTimes::new(&[e("x", 1, 1)]).kept_at(&d.path().join("stat").join("flat").join("t").join("below"));
+        let t =
+            PathTimes::new(&[e("x", 1, 1)]).kept_at(&d.path().join("stat").join("flat").join("t").join("below"), &id);
         assert!(matches!(t.buf, Buf::Owned(_)) && t.get(b"x") == Some((1, 1)));
     }
 
