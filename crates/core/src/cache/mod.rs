@@ -31,7 +31,7 @@ use std::io::ErrorKind;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
 
 use serde::{Deserialize, Serialize};
@@ -69,7 +69,7 @@ pub struct DiskCache {
     full_warned: std::sync::atomic::AtomicBool,
     pub counters: CacheCounters,
     /// Cached packs this process has open (see `packfile`).
-    open_packs: Mutex<HashMap<Hash, Arc<packfile::OpenPack>>>,
+    open_packs: Mutex<packfile::OpenPacks>,
     /// Entries written by this process (for [`ADMIT_EVERY`]).
     inserts: AtomicU64,
     /// Full scans of the cache made (eviction, usage, verify).
@@ -151,7 +151,7 @@ impl DiskCache {
             evict_state: Mutex::new(EvictState::default()),
             full_warned: Default::default(),
             counters: Default::default(),
-            open_packs: Mutex::new(HashMap::new()),
+            open_packs: Mutex::default(),
             inserts: AtomicU64::new(0),
             scans: AtomicU64::new(0),
             pack_touched: Mutex::new(HashMap::new()),

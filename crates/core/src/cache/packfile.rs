@@ -63,6 +63,48 @@ impl OpenPack {
     }
 }
 
+/// The packs a process keeps open, at most [`OPEN_PACKS`]: the one used
+/// longest ago makes room for a new one (readers spread over more packs
+/// than that open and decode only what they come back to after it went).
+#[derive(Default)]
+pub(super) struct OpenPacks {
+    map: HashMap<Hash, (Arc<OpenPack>, u64)>,
+    uses: u64,
+}
+
+impl OpenPacks {
+    fn get(&mut self, id: &Hash) -> Option<Arc<OpenPack>> {
+        self.uses += 1;
+        let uses = self.uses;
+        self.map.get_mut(id).map(|(p, used)| {
+            *used = uses;
+            p.clone()
+        })
+    }
+
+    fn insert(&mut self, id: Hash, p: Arc<OpenPack>) {
+        if self.map.len() >= OPEN_PACKS && !self.map.contains_key(&id) {
+            if let Some(oldest) = self.map.iter().min_by_key(|(_, (_, used))| *used).map(|(k, _)| *k) {
+                self.map.remove(&oldest);
+            }
+        }
+        self.uses += 1;
+        self.map.insert(id, (p, self.uses));
+    }
+
+    pub(super) fn remove(&mut self, id: &Hash) {
+        self.map.remove(id);
+    }
+
+    pub(super) fn clear(&mut self) {
+        self.map = HashMap::new();
+    }
+
+    pub(super) fn contains_key(&self, id: &Hash) -> bool {
+        self.map.contains_key(id)
+    }
+}
+
 /// The `.have` record: magic, version, member rows, then the BLAKE3 of all
 /// that (a torn record is detected, not trusted).
 pub(crate) fn encode_have(rows: &[Member]) -> Vec<u8> {
@@ -196,7 +238,7 @@ impl DiskCache {
     /// The members of pack `id` the cache holds (re-read from disk when the
     /// record changed since this process last looked).
     fn open_pack(&self, id: &Hash, refresh: bool) -> Option<Arc<OpenPack>> {
-        let known = self.open_packs.lock().expect("open packs lock").get(id).cloned();
+        let known = self.open_packs.lock().expect("open packs lock").get(id);
         if let Some(p) = &known {
             if !refresh {
                 return Some(p.clone());
@@ -222,11 +264,7 @@ impl DiskCache {
             }
         };
         let p = Arc::new(OpenPack { file: Arc::new(file), members: by_id(rows), stamp: stamp_of(&meta) });
-        let mut map = self.open_packs.lock().expect("open packs lock");
-        if map.len() >= OPEN_PACKS {
-            map.clear();
-        }
-        map.insert(*id, p.clone());
+        self.open_packs.lock().expect("open packs lock").insert(*id, p.clone());
         Some(p)
     }
 
@@ -394,6 +432,29 @@ mod tests {
         let (lo, hi) = (&entry.members[*range.start()], &entry.members[*range.end()]);
         w.write_at(c, lo.offset, &bytes[lo.offset as usize..(hi.offset + hi.stored_len) as usize]).unwrap();
         w.commit(c, &entry.members[range]).unwrap();
+    }
+
+    #[test]
+    fn open_packs_keep_the_ones_used_last() {
+        let f = Arc::new(tempfile::tempfile().unwrap());
+        let open = || Arc::new(OpenPack { file: f.clone(), members: Vec::new(), stamp: (0, 0, 0) });
+        let id = |i: usize| Hash::of(&i.to_le_bytes());
+        let mut t = OpenPacks::default();
+        for i in 0..OPEN_PACKS {
+            t.insert(id(i), open());
+        }
+        assert!(t.get(&id(0)).is_some(), "kept while there is room");
+        t.insert(id(OPEN_PACKS), open());
+        assert!(t.contains_key(&id(0)), "the pack just used stays");
+        assert!(!t.contains_key(&id(1)), "the one used longest ago went");
+        assert_eq!(t.map.len(), OPEN_PACKS);
+        // Putting back one it has evicts nothing.
+        t.insert(id(0), open());
+        assert!(t.contains_key(&id(2)) && t.map.len() == OPEN_PACKS);
+        t.remove(&id(0));
+        assert!(t.get(&id(0)).is_none());
+        t.clear();
+        assert!(t.map.is_empty());
     }
 
     #[test]
