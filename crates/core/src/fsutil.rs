@@ -301,6 +301,33 @@ pub async fn lock_file(path: PathBuf) -> Result<std::fs::File> {
     .map_err(|e| Error::Io { context: "lock task".into(), source: std::io::Error::other(e) })?
 }
 
+/// A cache file's bytes read in place through a memory map, or the same
+/// bytes held in memory (a cache that could not take the file).
+pub enum CacheBuf {
+    Map(memmap2::Mmap),
+    Owned(Vec<u8>),
+}
+
+impl CacheBuf {
+    /// Maps the cache file `file`.
+    pub fn map(file: &std::fs::File) -> std::io::Result<CacheBuf> {
+        // SAFETY: the file is mado's own, in the user's private cache, and
+        // only ever replaced by a rename, never written or truncated in
+        // place; every reader checks the length before it reads a table.
+        Ok(CacheBuf::Map(unsafe { memmap2::Mmap::map(file)? }))
+    }
+}
+
+impl std::ops::Deref for CacheBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            CacheBuf::Map(m) => m,
+            CacheBuf::Owned(v) => v,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
 

@@ -614,34 +614,13 @@ impl DiskCache {
         let mut out = Vec::new();
         if let Ok(dirs) = fs::read_dir(self.root.join("objects")) {
             for d in dirs.flatten() {
-                let Ok(files) = fs::read_dir(d.path()) else {
-                    continue;
-                };
-                for f in files.flatten() {
-                    if f.file_name().to_string_lossy().starts_with('.') {
-                        continue;
-                    }
-                    if let Ok(m) = f.metadata() {
-                        let time = m.modified().unwrap_or(SystemTime::UNIX_EPOCH);
-                        out.push(Scanned { path: f.path(), held: m.len(), time, pack: None });
-                    }
-                }
+                scan_loose(&d.path(), &mut out);
             }
         }
         // A mount's base times (`stat/flat/<stat id>`): evicted as loose
         // entries are (a mount that maps one keeps its pages; the next
         // open makes it again).
-        if let Ok(files) = fs::read_dir(self.root.join("stat").join("flat")) {
-            for f in files.flatten() {
-                if f.file_name().to_string_lossy().starts_with('.') {
-                    continue;
-                }
-                if let Ok(m) = f.metadata() {
-                    let time = m.modified().unwrap_or(SystemTime::UNIX_EPOCH);
-                    out.push(Scanned { path: f.path(), held: m.len(), time, pack: None });
-                }
-            }
-        }
+        scan_loose(&self.root.join("stat").join("flat"), &mut out);
         if let Ok(files) = fs::read_dir(self.root.join("packs").join("data")) {
             for f in files.flatten() {
                 let name = f.file_name().to_string_lossy().to_string();
@@ -717,6 +696,20 @@ fn whole_identity(m: &fs::Metadata) -> String {
         m.ctime(),
         m.ctime_nsec()
     )
+}
+
+/// The files of folder `dir` evicted one by one (a loose object's, a
+/// mount's base times), those being written (`.` names) left out.
+fn scan_loose(dir: &Path, out: &mut Vec<Scanned>) {
+    for f in fs::read_dir(dir).into_iter().flatten().flatten() {
+        if f.file_name().to_string_lossy().starts_with('.') {
+            continue;
+        }
+        if let Ok(m) = f.metadata() {
+            let time = m.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+            out.push(Scanned { path: f.path(), held: m.len(), time, pack: None });
+        }
+    }
 }
 
 /// Removes the files in `dir` (a cache's build folder) of processes that

@@ -17,6 +17,7 @@
 //! FORMAT.md, "Flat pack index", has the layout.
 
 use super::{check_members, Codec, Member, MemberKind, Mode, PackEntry, PackIndex};
+use crate::fsutil::CacheBuf;
 use crate::hash::Hash;
 use std::path::Path;
 
@@ -32,24 +33,9 @@ const PACK_ROW: usize = 64;
 const MEMBER_ROW: usize = 64;
 const INLINE_ROW: usize = 48;
 
-enum Buf {
-    Map(memmap2::Mmap),
-    Owned(Vec<u8>),
-}
-
-impl std::ops::Deref for Buf {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        match self {
-            Buf::Map(m) => m,
-            Buf::Owned(v) => v,
-        }
-    }
-}
-
 /// One index layer, flat (see the module's comment).
 pub struct FlatIndex {
-    buf: Buf,
+    buf: CacheBuf,
     tree: Hash,
     mode: Mode,
     dirs: u64,
@@ -184,19 +170,15 @@ impl FlatIndex {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(e),
         };
-        // SAFETY: the file is mado's own, in the user's private cache, and
-        // only ever replaced by a rename, never written or truncated in
-        // place; its length is checked below before any table is read.
-        let map = unsafe { memmap2::Mmap::map(&file)? };
-        FlatIndex::parse(Buf::Map(map)).map(Some).map_err(std::io::Error::other)
+        FlatIndex::parse(CacheBuf::map(&file)?).map(Some).map_err(std::io::Error::other)
     }
 
     /// A flat index held in memory (a cache that cannot be written).
     pub fn from_bytes(bytes: Vec<u8>) -> Result<FlatIndex, String> {
-        FlatIndex::parse(Buf::Owned(bytes))
+        FlatIndex::parse(CacheBuf::Owned(bytes))
     }
 
-    fn parse(buf: Buf) -> Result<FlatIndex, String> {
+    fn parse(buf: CacheBuf) -> Result<FlatIndex, String> {
         let b = &buf[..];
         if b.len() < HEAD + 2 * FANOUT || &b[..4] != MAGIC {
             return Err("not a flat pack index".into());
@@ -569,7 +551,7 @@ mod tests {
         assert!(FlatIndex::open(&path).unwrap().is_none());
         std::fs::write(&path, encode(&idx)).unwrap();
         let flat = FlatIndex::open(&path).unwrap().unwrap();
-        assert!(matches!(flat.buf, Buf::Map(_)));
+        assert!(matches!(flat.buf, CacheBuf::Map(_)));
         assert_eq!(flat.to_index().unwrap().packs, idx.packs);
         std::fs::write(&path, b"MADI not flat at all").unwrap();
         assert!(FlatIndex::open(&path).is_err());

@@ -12,6 +12,7 @@
 
 use std::path::Path;
 
+use crate::fsutil::CacheBuf;
 use crate::hash::Hash;
 
 const MAGIC: &[u8; 8] = b"MADTIM\x00\x01";
@@ -20,24 +21,9 @@ const HEAD: usize = 8 + 32 + 8 + 8;
 /// Start of its path (u32), nanoseconds (u32), seconds (i64).
 const ROW: usize = 16;
 
-enum Buf {
-    Owned(Vec<u8>),
-    Map(memmap2::Mmap),
-}
-
-impl std::ops::Deref for Buf {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        match self {
-            Buf::Owned(v) => v,
-            Buf::Map(m) => m,
-        }
-    }
-}
-
 /// Mtimes by path; see the module comment.
 pub(super) struct PathTimes {
-    buf: Buf,
+    buf: CacheBuf,
     n: usize,
 }
 
@@ -77,7 +63,7 @@ impl Builder {
         buf.extend_from_slice(&self.rows);
         drop(self.rows);
         buf.extend_from_slice(&self.paths);
-        PathTimes { buf: Buf::Owned(buf), n }
+        PathTimes { buf: CacheBuf::Owned(buf), n }
     }
 }
 
@@ -113,14 +99,10 @@ impl PathTimes {
     /// Anything else is `None`, and the caller makes it again.
     pub(super) fn open(path: &Path, stat: &Hash) -> Option<PathTimes> {
         let file = crate::fsutil::open_regular(path).ok()?;
-        // SAFETY: the file is mado's own, in the user's private cache, and
-        // only ever replaced by a rename, never written or truncated in
-        // place; its length is checked before any row is read.
-        let map = unsafe { memmap2::Mmap::map(&file) }.ok()?;
-        PathTimes::parse(Buf::Map(map), stat)
+        PathTimes::parse(CacheBuf::map(&file).ok()?, stat)
     }
 
-    fn parse(buf: Buf, stat: &Hash) -> Option<PathTimes> {
+    fn parse(buf: CacheBuf, stat: &Hash) -> Option<PathTimes> {
         let b = &buf[..];
         if b.len() < HEAD || &b[..8] != MAGIC || &b[8..40] != stat.as_bytes() {
             return None;
@@ -147,14 +129,16 @@ impl PathTimes {
 
     /// These times, those of stat object `stat`, written to `path` and
     /// read from there, mapped; as they are, in memory, if the file cannot
-    /// be written or read back.
+    /// be written or does not read back byte for byte (the bytes are the
+    /// ones just checked by being made: compared, not parsed again).
     pub(super) fn kept_at(mut self, path: &Path, stat: &Hash) -> PathTimes {
-        if let Buf::Owned(b) = &mut self.buf {
+        if let CacheBuf::Owned(b) = &mut self.buf {
             b[8..40].copy_from_slice(stat.as_bytes());
         }
         let written = crate::fsutil::replace_cache_file(path, &self.buf);
-        match written.ok().and_then(|_| PathTimes::open(path, stat)) {
-            Some(t) if t.n == self.n => t,
+        let back = written.ok().and_then(|_| crate::fsutil::open_regular(path).ok());
+        match back.and_then(|f| CacheBuf::map(&f).ok()) {
+            Some(map) if map[..] == self.buf[..] => PathTimes { buf: map, n: self.n },
             _ => self,
         }
     }
@@ -327,7 +311,7 @@ mod tests {
         let t = PathTimes::new(&[e("", 1, 0), e("a", -2, 5), e("a/b", 3, 999_999_999), e("c", i64::MAX, 7)]);
         let id = Hash::of(b"stat");
         let m = t.kept_at(&at, &id);
-        assert!(matches!(m.buf, Buf::Map(_)), "kept times are read from their file");
+        assert!(matches!(m.buf, CacheBuf::Map(_)), "kept times are read from their file");
         let all: Vec<(Vec<u8>, i64, u32)> = m.with_prefix(b"").map(|(p, s, n)| (p.to_vec(), s, n)).collect();
         assert_eq!(all, [e("", 1, 0), e("a", -2, 5), e("a/b", 3, 999_999_999), e("c", i64::MAX, 7)]);
         assert_eq!(PathTimes::open(&at, &id).map(|t| t.len()), Some(4));
@@ -360,7 +344,7 @@ mod tests {
         // A file that cannot be written: the times stay in memory.
         let t =
             PathTimes::new(&[e("x", 1, 1)]).kept_at(&d.path().join("stat").join("flat").join("t").join("below"), &id);
-        assert!(matches!(t.buf, Buf::Owned(_)) && t.get(b"x") == Some((1, 1)));
+        assert!(matches!(t.buf, CacheBuf::Owned(_)) && t.get(b"x") == Some((1, 1)));
     }
 
     #[test]
