@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use mado_core::object::{Entry, Kind, RefValue, Snapshot, Tree};
-use mado_core::Hash;
+use mado_core::{Hash, SnapshotId, TreeId};
 
 /// Writes raw bytes as a git object (bypassing git's own checks).
 fn git_raw_tree(repo: &std::path::Path, entries: &[(&str, &[u8], &str)]) -> String {
@@ -69,7 +69,7 @@ fn plant(m: &Mado, tree_bytes: Vec<u8>) {
         std::fs::write(p, bytes).unwrap();
         id
     };
-    let root = put("objects", &tree_bytes);
+    let root = TreeId::from_hash(put("objects", &tree_bytes));
     let snap = Snapshot {
         root,
         parents: vec![],
@@ -80,7 +80,7 @@ fn plant(m: &Mado, tree_bytes: Vec<u8>) {
         stat: None,
         stat_layers: vec![],
     };
-    let sid = put("snapshots", &snap.encode());
+    let sid = SnapshotId::from_hash(put("snapshots", &snap.encode()));
     std::fs::create_dir_all(store.join("refs")).unwrap();
     std::fs::write(store.join("refs/evil"), RefValue::new(sid, root).encode()).unwrap();
 }

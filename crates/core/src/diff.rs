@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use crate::error::Result;
 use crate::fetch::Fetcher;
-use crate::hash::Hash;
+use crate::hash::{Hash, TreeId};
 use crate::object::{Entry, Kind, Tree};
 
 /// Paths that differ between two trees, each list sorted.
@@ -29,7 +29,8 @@ impl Changes {
 /// The changes that turn tree `old` into tree `new`. A directory that
 /// becomes a file (or the reverse) is the directory's paths deleted (or
 /// added) and the file added (or deleted).
-pub async fn diff_trees(fetcher: &Arc<Fetcher>, old: Hash, new: Hash) -> Result<Changes> {
+pub async fn diff_trees(fetcher: &Arc<Fetcher>, old: TreeId, new: TreeId) -> Result<Changes> {
+    let (old, new) = (old.hash(), new.hash());
     let mut out = Changes::default();
     let mut todo: Vec<(String, Option<Hash>, Option<Hash>)> = vec![(String::new(), Some(old), Some(new))];
     while let Some((path, old, new)) = todo.pop() {

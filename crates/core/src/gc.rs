@@ -21,7 +21,7 @@ use serde::Serialize;
 
 use crate::error::{Error, Result};
 use crate::fetch::Fetcher;
-use crate::hash::Hash;
+use crate::hash::{Hash, SnapshotId};
 use crate::object::{ChunkManifest, Kind};
 use crate::pack::PackIndex;
 use crate::store::{layout, Space, CONCURRENCY};
@@ -74,7 +74,7 @@ fn chrono_now_minus(grace: Duration) -> i64 {
 /// besides those the refs reach (the checkpoints that work set aside on
 /// this machine was made on: a workspace removed while it had
 /// uncheckpointed changes; `ws recover` needs them), missing ones skipped.
-pub async fn gc(f: &Arc<Fetcher>, grace: Duration, dry_run: bool, keep: &[Hash]) -> Result<GcReport> {
+pub async fn gc(f: &Arc<Fetcher>, grace: Duration, dry_run: bool, keep: &[SnapshotId]) -> Result<GcReport> {
     if dry_run {
         return gc_locked(f, grace, true, keep).await;
     }
@@ -109,7 +109,7 @@ pub async fn gc(f: &Arc<Fetcher>, grace: Duration, dry_run: bool, keep: &[Hash])
 /// The snapshots gc keeps, and what they name directly.
 #[derive(Default)]
 struct Marked {
-    snaps: HashSet<Hash>,
+    snaps: HashSet<SnapshotId>,
     /// Their root trees.
     roots: HashSet<Hash>,
     /// Their stat objects and the layers below them.
@@ -120,7 +120,7 @@ impl Marked {
     /// Marks the snapshots `todo` names and their ancestors; returns how
     /// many were not marked before. `missing_ok`: a snapshot that is gone
     /// (deleted by an older gc) marks nothing, where a ref's stops gc.
-    async fn reach(&mut self, f: &Arc<Fetcher>, mut todo: Vec<Hash>, missing_ok: bool) -> Result<usize> {
+    async fn reach(&mut self, f: &Arc<Fetcher>, mut todo: Vec<SnapshotId>, missing_ok: bool) -> Result<usize> {
         let mut added = 0;
         while let Some(id) = todo.pop() {
             if self.snaps.contains(&id) {
@@ -133,7 +133,7 @@ impl Marked {
             };
             self.snaps.insert(id);
             added += 1;
-            self.roots.insert(s.root);
+            self.roots.insert(s.root.hash());
             if let Some(stat) = s.stat {
                 self.stats.insert(stat);
             }
@@ -147,7 +147,7 @@ impl Marked {
     }
 }
 
-async fn gc_locked(f: &Arc<Fetcher>, grace: Duration, dry_run: bool, keep: &[Hash]) -> Result<GcReport> {
+async fn gc_locked(f: &Arc<Fetcher>, grace: Duration, dry_run: bool, keep: &[SnapshotId]) -> Result<GcReport> {
     let mut report = GcReport { dry_run, ..Default::default() };
     // Mark snapshots.
     let refs = f.remote.list_refs().await?;
@@ -234,7 +234,7 @@ async fn gc_locked(f: &Arc<Fetcher>, grace: Duration, dry_run: bool, keep: &[Has
     let listed = list(f, layout::SNAPSHOTS, grace).await?;
     let mut young = 0;
     let mut bytes = 0;
-    let keep_snap = |it: &Listed| parse(it).is_some_and(|h| snaps.contains(&h));
+    let keep_snap = |it: &Listed| parse(it).is_some_and(|h| snaps.contains(&SnapshotId::from_hash(h)));
     doomed.push(take(listed, &keep_snap, &mut report.deleted_snapshots, &mut young, &mut bytes));
     // 2. Indexes of trees no ref reaches; 3. packs no kept index names.
     // A kept index keeps the layers below it (their trees need not be

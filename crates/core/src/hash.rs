@@ -82,16 +82,95 @@ impl FromStr for Hash {
     }
 }
 
-/// True when `s` is a non-empty string of lowercase or uppercase hex digits.
 /// The first 12 characters of an id written in hex, as ids are shown
 /// (`Hash::short`); all of a shorter string.
 pub fn short_hex(hex: &str) -> &str {
     hex.get(..12).unwrap_or(hex)
 }
 
+/// True when `s` is a non-empty string of lowercase or uppercase hex digits.
 pub fn is_hex_prefix(s: &str) -> bool {
     !s.is_empty() && s.len() <= 64 && s.bytes().all(|c| c.is_ascii_hexdigit())
 }
+
+/// An id of one kind of object: the same 32 bytes as a [`Hash`], but a
+/// distinct type, so that a snapshot id cannot be passed where a tree id
+/// is expected (jj names its ids the same way). It derefs to the plain
+/// address a store is asked for; `Kind::from_hash` says, where an id is
+/// made, which kind of object the address names.
+macro_rules! id_type {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub struct $name(Hash);
+
+        impl $name {
+            pub const fn from_hash(h: Hash) -> $name {
+                $name(h)
+            }
+            pub const fn hash(&self) -> Hash {
+                self.0
+            }
+        }
+
+        /// A typed id reads as the plain address wherever any address will
+        /// do (a store's get, a cache lookup); the other way, a plain hash
+        /// becomes a typed id only through `from_hash`.
+        impl std::ops::Deref for $name {
+            type Target = Hash;
+            fn deref(&self) -> &Hash {
+                &self.0
+            }
+        }
+
+        impl From<$name> for Hash {
+            fn from(id: $name) -> Hash {
+                id.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                fmt::Display::fmt(&self.0, f)
+            }
+        }
+
+        impl fmt::Debug for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "{}({})", stringify!($name), self.0.short())
+            }
+        }
+
+        impl FromStr for $name {
+            type Err = ParseHashError;
+            fn from_str(s: &str) -> Result<$name, ParseHashError> {
+                s.parse::<Hash>().map($name)
+            }
+        }
+    };
+}
+
+id_type!(
+    /// The id of a snapshot object (`Snapshot`): what a ref names.
+    ///
+    /// A ref takes its snapshot and its root in that order:
+    /// ```
+    /// use mado_core::{object::RefValue, Hash, SnapshotId, TreeId};
+    /// let (s, t) = (SnapshotId::from_hash(Hash::of(b"s")), TreeId::from_hash(Hash::of(b"t")));
+    /// assert_eq!(RefValue::new(s, t).root, t);
+    /// ```
+    /// and the two swapped do not compile:
+    /// ```compile_fail
+    /// use mado_core::{object::RefValue, Hash, SnapshotId, TreeId};
+    /// let (s, t) = (SnapshotId::from_hash(Hash::of(b"s")), TreeId::from_hash(Hash::of(b"t")));
+    /// RefValue::new(t, s);
+    /// ```
+    SnapshotId
+);
+id_type!(
+    /// The id of a tree object (a directory listing), e.g. a snapshot's root.
+    TreeId
+);
 
 #[cfg(test)]
 mod tests {

@@ -28,4 +28,4 @@ pub mod vfs;
 pub mod workspace;
 
 pub use error::{Error, Result};
-pub use hash::Hash;
+pub use hash::{Hash, SnapshotId, TreeId};

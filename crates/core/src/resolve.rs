@@ -8,15 +8,15 @@ use std::sync::Arc;
 
 use crate::error::{Error, Next, Result};
 use crate::fetch::{Attach, Fetcher};
-use crate::hash::{is_hex_prefix, Hash};
+use crate::hash::{is_hex_prefix, Hash, SnapshotId, TreeId};
 use crate::object::{check_ref_name, Snapshot};
 use crate::store::Remote;
 
 /// What a name resolved to. A ref also names its snapshot's root tree.
 #[derive(Clone, Debug)]
 pub struct Resolved {
-    pub snapshot: Hash,
-    pub root: Option<Hash>,
+    pub snapshot: SnapshotId,
+    pub root: Option<TreeId>,
     /// The index layers below the root's (from the ref; a hint).
     pub layers: Vec<Hash>,
 }
@@ -121,7 +121,7 @@ fn split_ancestry(spec: &str) -> Result<(&str, Vec<usize>)> {
 
 /// Resolves a name without ancestry steps.
 async fn resolve_name(remote: &Remote, spec: &str) -> Result<Resolved> {
-    if let Ok(h) = spec.parse::<Hash>() {
+    if let Ok(h) = spec.parse::<SnapshotId>() {
         return Ok(Resolved { snapshot: h, root: None, layers: Vec::new() });
     }
     if check_ref_name(spec).is_ok() {
@@ -132,7 +132,7 @@ async fn resolve_name(remote: &Remote, spec: &str) -> Result<Resolved> {
     if is_hex_prefix(spec) && spec.len() >= 4 {
         let found = remote.snapshots_with_prefix(spec).await?;
         return match found.as_slice() {
-            [one] => Ok(Resolved { snapshot: *one, root: None, layers: Vec::new() }),
+            [one] => Ok(Resolved { snapshot: SnapshotId::from_hash(*one), root: None, layers: Vec::new() }),
             [] => Err(Error::NotFound(format!("no ref or snapshot named {spec:?}")).then(Next::ListRefs)),
             many => Err(Error::User(format!(
                 "{spec:?} matches {} snapshots; give more digits ({} …)",
@@ -164,15 +164,15 @@ async fn resolve_name(remote: &Remote, spec: &str) -> Result<Resolved> {
 ///
 /// The index is asked for first, so it takes the connection the ref's GET
 /// left idle; the snapshot's GET opens the second one.
-pub async fn open(fetcher: &Arc<Fetcher>, spec: &str) -> Result<(Hash, Snapshot, Attach)> {
+pub async fn open(fetcher: &Arc<Fetcher>, spec: &str) -> Result<(SnapshotId, Snapshot, Attach)> {
     let r = resolve(fetcher, spec).await?;
     match r.root {
         Some(root) => {
-            let (attach, snap) = futures::join!(fetcher.attach_hinted(root, &r.layers), fetcher.snapshot(r.snapshot));
+            let (attach, snap) = futures::join!(fetcher.attach_hinted(*root, &r.layers), fetcher.snapshot(r.snapshot));
             let snap = snap?;
             if snap.root != root {
                 return Err(Error::Corrupt {
-                    id: r.snapshot,
+                    id: *r.snapshot,
                     what: "snapshot",
                     path: spec.to_string(),
                     detail: "the ref names a different root tree than its snapshot".into(),
@@ -182,7 +182,7 @@ pub async fn open(fetcher: &Arc<Fetcher>, spec: &str) -> Result<(Hash, Snapshot,
         }
         None => {
             let snap = fetcher.snapshot(r.snapshot).await?;
-            let attach = fetcher.attach(snap.root).await?;
+            let attach = fetcher.attach(*snap.root).await?;
             Ok((r.snapshot, snap, attach))
         }
     }
@@ -191,8 +191,8 @@ pub async fn open(fetcher: &Arc<Fetcher>, spec: &str) -> Result<(Hash, Snapshot,
 /// What [`open_tree`] found: the snapshot's id, its root tree, and how the
 /// root's pack index was attached; `check` finishes the snapshot's read.
 pub struct OpenTree {
-    pub snapshot: Hash,
-    pub root: Hash,
+    pub snapshot: SnapshotId,
+    pub root: TreeId,
     pub attach: Attach,
     /// The snapshot object's read, still under way: await it before
     /// reporting success. It fails if the snapshot cannot be read or names
@@ -219,16 +219,16 @@ pub async fn open_tree(fetcher: &Arc<Fetcher>, spec: &str) -> Result<OpenTree> {
     let r = resolve(fetcher, spec).await?;
     let Some(root) = r.root else {
         let root = fetcher.snapshot(r.snapshot).await?.root;
-        let attach = fetcher.attach(root).await?;
+        let attach = fetcher.attach(*root).await?;
         return Ok(OpenTree { snapshot: r.snapshot, root, attach, check: Box::pin(async { Ok(()) }) });
     };
-    let attach = fetcher.attach_hinted(root, &r.layers);
+    let attach = fetcher.attach_hinted(*root, &r.layers);
     let (f, id, name) = (fetcher.clone(), r.snapshot, spec.to_string());
     let snap = Box::pin(async move {
         let snap = f.snapshot(id).await?;
         if snap.root != root {
             return Err(Error::Corrupt {
-                id,
+                id: *id,
                 what: "snapshot",
                 path: name,
                 detail: "the ref names a different root tree than its snapshot".into(),

@@ -20,7 +20,7 @@ use mado_core::object::{Kind, StatObject, Tree};
 use mado_core::store::{OpenOptions, Remote};
 use mado_core::upload::Staged;
 use mado_core::vfs::{NodeKind, OpenFile, SetAttr, SnapshotFs, ROOT_INO};
-use mado_core::Hash;
+use mado_core::{Hash, TreeId};
 
 /// Seeds that once failed (none yet); always run.
 const REGRESSIONS: &[u64] = &[];
@@ -300,7 +300,8 @@ impl World {
         let root = Hash::of(&empty);
         cache.put(&root, &empty).unwrap();
         let fetcher = Fetcher::new(remote, cache.clone());
-        let fs = SnapshotFs::writable(fetcher.clone(), root, 0, dir.path().join("upper"), None).unwrap();
+        let fs =
+            SnapshotFs::writable(fetcher.clone(), TreeId::from_hash(root), 0, dir.path().join("upper"), None).unwrap();
         let model = dir.path().join("model");
         std::fs::create_dir_all(&model).unwrap();
         let upper = dir.path().join("upper");

@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use mado_core::cache::DiskCache;
 use mado_core::fetch::Fetcher;
-use mado_core::hash::Hash;
+use mado_core::hash::{Hash, TreeId};
 use mado_core::object::{Entry, Kind, Tree};
 use mado_core::store::{OpenOptions, Remote};
 use mado_core::vfs::{NodeKind, SnapshotFs, ROOT_INO};
@@ -119,7 +119,8 @@ async fn a_stat_walk_costs_at_most_250_bytes_a_file_and_forgetting_gives_it_back
     let cache = Arc::new(DiskCache::open(d.path().join("cache"), None).unwrap());
     let root = monorepo(&cache);
     let fetcher = Fetcher::new(remote, cache);
-    let fs = SnapshotFs::writable(fetcher, root, 1_700_000_000, d.path().join("upper"), None).unwrap();
+    let fs =
+        SnapshotFs::writable(fetcher, TreeId::from_hash(root), 1_700_000_000, d.path().join("upper"), None).unwrap();
     fs.getattr(ROOT_INO).unwrap();
 
     let mut seen = Vec::with_capacity(TOPS * 1011);

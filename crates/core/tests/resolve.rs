@@ -14,12 +14,12 @@ use mado_core::object::{RefValue, Snapshot, Tree};
 use mado_core::pack::{Mode, PackIndex};
 use mado_core::store::fault::{Failure, Fault, FaultStore, Op};
 use mado_core::store::{Remote, Space};
-use mado_core::{Error, Hash};
+use mado_core::{Error, Hash, SnapshotId, TreeId};
 
 /// A store holding an empty root tree (inline in its index) and a
 /// snapshot of it; the ref `main` names both. Returns the snapshot's id
 /// and the root's.
-async fn store_with_a_ref(remote: &Remote) -> (Hash, Hash) {
+async fn store_with_a_ref(remote: &Remote) -> (SnapshotId, TreeId) {
     let tree = Tree { entries: vec![] }.encode();
     let root = Hash::of(&tree);
     let idx = PackIndex {
@@ -32,7 +32,7 @@ async fn store_with_a_ref(remote: &Remote) -> (Hash, Hash) {
     };
     remote.put_index(&root, Bytes::from(idx.encode())).await.unwrap();
     let snap = Snapshot {
-        root,
+        root: TreeId::from_hash(root),
         parents: vec![],
         time: 1_700_000_000,
         author: "a".into(),
@@ -42,7 +42,7 @@ async fn store_with_a_ref(remote: &Remote) -> (Hash, Hash) {
         stat_layers: vec![],
     }
     .encode();
-    let id = Hash::of(&snap);
+    let (id, root) = (SnapshotId::from_hash(Hash::of(&snap)), TreeId::from_hash(root));
     remote.put_object(Space::Snapshots, &id, Bytes::from(snap)).await.unwrap();
     remote.cas_ref("main", None, RefValue { snapshot: id, root, layers: vec![] }).await.unwrap();
     (id, root)
@@ -95,7 +95,7 @@ async fn a_ref_naming_another_root_than_its_snapshot_fails_the_check() {
     let other = Hash([9; 32]);
     let idx = PackIndex { tree: other, mode: Mode::Recursive, dirs: 1, packs: vec![], trees: vec![], base: vec![] };
     remote.put_index(&other, Bytes::from(idx.encode())).await.unwrap();
-    remote.cas_ref("bad", None, RefValue { snapshot, root: other, layers: vec![] }).await.unwrap();
+    remote.cas_ref("bad", None, RefValue { snapshot, root: TreeId::from_hash(other), layers: vec![] }).await.unwrap();
     let cache = Arc::new(DiskCache::open(dir.path().join("cache"), None).unwrap());
     let f = Fetcher::new(remote, cache);
     let open = mado_core::resolve::open_tree(&f, "bad").await.unwrap();

@@ -10,7 +10,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use mado_core::object::RefValue;
 use mado_core::store::{OpenOptions, Remote, Space};
-use mado_core::{Error, Hash};
+use mado_core::{Error, Hash, SnapshotId, TreeId};
 
 fn s3_base() -> Option<String> {
     match std::env::var("MADO_TEST_S3_URL") {
@@ -152,12 +152,13 @@ async fn snapshot_prefixes_resolve(r: &Remote) {
     assert!(r.snapshots_with_prefix(other_prefix).await.unwrap().is_empty());
 }
 
+/// A ref whose snapshot and root are both `n` repeated.
+fn ref_of(n: u8) -> RefValue {
+    RefValue::new(SnapshotId::from_hash(Hash([n; 32])), TreeId::from_hash(Hash([n; 32])))
+}
+
 async fn refs_move_by_compare_and_swap(r: &Remote) {
-    let (a, b, c) = (
-        RefValue::new(Hash([1; 32]), Hash([1; 32])),
-        RefValue::new(Hash([2; 32]), Hash([2; 32])),
-        RefValue::new(Hash([3; 32]), Hash([3; 32])),
-    );
+    let (a, b, c) = (ref_of(1), ref_of(2), ref_of(3));
     assert!(r.read_ref("main").await.unwrap().is_none());
     let v1 = r.cas_ref("main", None, a.clone()).await.unwrap();
     // Creating again must fail: the ref exists.
@@ -182,12 +183,12 @@ async fn refs_move_by_compare_and_swap(r: &Remote) {
 /// race from the same version: exactly one wins.
 async fn concurrent_cas_has_one_winner(url: &str) {
     let r = open(url);
-    let v0 = r.cas_ref("race", None, RefValue::new(Hash([0; 32]), Hash([0; 32]))).await.unwrap();
+    let v0 = r.cas_ref("race", None, ref_of(0)).await.unwrap();
     let tasks: Vec<_> = (1..=8u8)
         .map(|i| {
             let r = open(url);
             let v0 = v0.clone();
-            tokio::spawn(async move { r.cas_ref("race", Some(&v0), RefValue::new(Hash([i; 32]), Hash([i; 32]))).await })
+            tokio::spawn(async move { r.cas_ref("race", Some(&v0), ref_of(i)).await })
         })
         .collect();
     let mut wins = Vec::new();
@@ -199,7 +200,7 @@ async fn concurrent_cas_has_one_winner(url: &str) {
         }
     }
     assert_eq!(wins.len(), 1, "winners: {wins:?}");
-    assert_eq!(r.read_ref("race").await.unwrap().unwrap().0.snapshot, Hash([wins[0]; 32]));
+    assert_eq!(r.read_ref("race").await.unwrap().unwrap().0, ref_of(wins[0]));
 }
 
 async fn counting_wrapper_counts(r: &Remote) {

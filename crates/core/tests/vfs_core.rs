@@ -11,6 +11,7 @@ use mado_core::cache::DiskCache;
 use mado_core::fetch::Fetcher;
 use mado_core::store::{OpenOptions, Remote};
 use mado_core::vfs::{NodeKind, OpenFile, SnapshotFs, ROOT_INO};
+use mado_core::TreeId;
 
 fn git(dir: &std::path::Path, args: &[&str]) {
     let o = Command::new("git")
@@ -143,7 +144,7 @@ async fn writable_fs_edits_build_the_tree_git_builds() {
 
     let f = Fetcher::new(remote.clone(), cache.clone());
     let upper = t.path().join("upper");
-    let fs = Arc::new(SnapshotFs::writable(f.clone(), base, 0, upper.clone(), None).unwrap());
+    let fs = Arc::new(SnapshotFs::writable(f.clone(), TreeId::from_hash(base), 0, upper.clone(), None).unwrap());
     let src = fs.lookup(ROOT_INO, b"src").await.unwrap();
     // Modify (copy-up, then write past the end), create, mkdir + create,
     // rename a directory, unlink, chmod, symlink, truncate.
@@ -189,7 +190,7 @@ async fn writable_fs_edits_build_the_tree_git_builds() {
     fs.preload_trees().await.unwrap();
     let mut staged = Staged::default();
     let built = fs.build(&cache, &mut staged).unwrap();
-    assert_eq!(built.root, want, "the mount's tree differs from git's");
+    assert_eq!(*built.root, want, "the mount's tree differs from git's");
     // Written files: README, new.txt, d/in.txt, moved/a.rs.
     assert_eq!(built.files_read, 4, "{built:?}");
     // Every path has an mtime in the stat object, unexpanded ones too.
@@ -199,7 +200,7 @@ async fn writable_fs_edits_build_the_tree_git_builds() {
 
     // Nothing written since: nothing re-hashed, nothing re-encoded.
     let again = fs.build(&cache, &mut Staged::default()).unwrap();
-    assert_eq!((again.root, again.files_read, again.trees_built), (want, 0, 0), "{again:?}");
+    assert_eq!((*again.root, again.files_read, again.trees_built), (want, 0, 0), "{again:?}");
     // One write deep down: one file hashed, its two directories re-encoded.
     let h = fs.open_for_write(a.ino).await.unwrap();
     fs.write(&h, 2, b"!").unwrap();
@@ -664,8 +665,10 @@ async fn a_large_file_read_in_order_is_kept_whole_past_half_of_it() {
         let cache = Arc::new(DiskCache::open(t.path().join(format!("c{n}")), cap).unwrap());
         let f = Fetcher::new(remote.clone(), cache.clone());
         let fs = match writable {
-            true => SnapshotFs::writable(f, root, 0, t.path().join(format!("upper{n}")), None).unwrap(),
-            false => SnapshotFs::new(f, root, 0),
+            true => {
+                SnapshotFs::writable(f, TreeId::from_hash(root), 0, t.path().join(format!("upper{n}")), None).unwrap()
+            }
+            false => SnapshotFs::new(f, TreeId::from_hash(root), 0),
         };
         fs.set_assemble(assemble);
         let ino = fs.lookup(ROOT_INO, b"big.bin").await.unwrap().ino;

@@ -187,7 +187,7 @@ struct Daemon {
 
 /// A snapshot or workspace opened for a mount.
 struct Opened {
-    id: mado_core::Hash,
+    id: mado_core::SnapshotId,
     core: Arc<SnapshotFs>,
     attach: Attach,
     ws: Option<Ws>,
@@ -251,7 +251,7 @@ impl Daemon {
         })?;
         let by_name = match (&ws, fuse) {
             (Some(w), false) => {
-                let alias = control::workspace_socket_path(fetcher.remote.url(), &w.name)
+                let alias = control::workspace_socket_path(fetcher.remote.url(), w.handle.name())
                     .map_err(Error::io("placing the control socket"))?;
                 let _ = std::fs::remove_file(&alias);
                 std::os::unix::fs::symlink(&sock, &alias).map_err(Error::io(format!("linking {}", alias.display())))?;
@@ -311,7 +311,7 @@ impl Daemon {
                     Err(e) => Some(format!("the save task failed: {e}")),
                 };
                 if let Some(msg) = &failed {
-                    tracing::error!("saving the state of workspace {} failed: {msg}", ws.name);
+                    tracing::error!("saving the state of workspace {} failed: {msg}", ws.handle.name());
                 }
                 *save_error.lock().expect("save error lock") = failed;
             }
@@ -367,7 +367,7 @@ impl Daemon {
             let _ = std::fs::remove_file(alias);
         }
         if let Some(ws) = &ws {
-            end_workspace(&rt, &fetcher, &core, ws)?;
+            end_workspace(&rt, &core, ws)?;
         }
         r.map_err(Error::io(if fuse { "FUSE session" } else { "virtio-fs server" }))
     }
@@ -400,14 +400,9 @@ fn check_target(mp: &Path, fuse: bool) -> Result<()> {
 /// else the root's, so the first `ls` needs no round trip.
 async fn open(opts: &MountOptions, fetcher: &Arc<Fetcher>, mp: &Path) -> Result<Opened> {
     let opened = if opts.workspace {
-        let m = mado_core::workspace::open_mount(fetcher, &opts.spec, mp, opts.steal).await?;
-        let ws = Ws {
-            name: opts.spec.clone(),
-            state_dir: m.state_dir,
-            reopened: m.reopened,
-            holder: m.holder,
-            _lock: m.lock,
-        };
+        let handle = mado_core::workspace::Workspace::new(fetcher, &opts.spec)?;
+        let m = handle.open_mount(mp, opts.steal).await?;
+        let ws = Ws { handle, state_dir: m.state_dir, reopened: m.reopened, holder: m.holder, _lock: m.lock };
         Opened { id: m.snapshot, core: m.fs, attach: m.attach, ws: Some(ws), warnings: m.warnings }
     } else {
         let (id, snap, attach) = mado_core::resolve::open(fetcher, &opts.spec).await?;
@@ -548,28 +543,28 @@ fn serve_virtiofs(
 /// machine may resume the workspace at once (its uncheckpointed changes
 /// stay here, picked up by the next mount of the same checkpoint on this
 /// machine); its work set aside if the workspace was removed meanwhile.
-fn end_workspace(rt: &tokio::runtime::Handle, fetcher: &Arc<Fetcher>, core: &Arc<SnapshotFs>, ws: &Ws) -> Result<()> {
+fn end_workspace(rt: &tokio::runtime::Handle, core: &Arc<SnapshotFs>, ws: &Ws) -> Result<()> {
     mado_core::workspace::save_mount_state(core, &ws.state_dir)?;
     // The state just saved names no spare upper file.
     core.drop_spares();
     let uncheckpointed = core.uncheckpointed();
     if let Err(e) = mado_core::workspace::record_unmounted(&ws.state_dir, uncheckpointed) {
-        tracing::warn!("recording whether workspace {} holds uncheckpointed changes: {e}", ws.name);
+        tracing::warn!("recording whether workspace {} holds uncheckpointed changes: {e}", ws.handle.name());
     }
     if uncheckpointed {
-        match rt.block_on(mado_core::workspace::set_aside_if_removed(fetcher, &ws.name, &ws.state_dir)) {
+        match rt.block_on(ws.handle.set_aside_if_removed(&ws.state_dir)) {
             Ok(Some(aside)) => tracing::warn!(
                 "workspace {} was removed while mounted; its uncheckpointed work was set aside in {} \
                  (`mado ws recover` lists it)",
-                ws.name,
+                ws.handle.name(),
                 aside.display()
             ),
             Ok(None) => {}
-            Err(e) => tracing::warn!("checking whether workspace {} still exists: {e}", ws.name),
+            Err(e) => tracing::warn!("checking whether workspace {} still exists: {e}", ws.handle.name()),
         }
     }
-    if let Err(e) = rt.block_on(mado_core::workspace::release_lease(&fetcher.remote, &ws.name, &ws.holder)) {
-        tracing::error!("releasing the lease of workspace {}: {e}", ws.name);
+    if let Err(e) = rt.block_on(ws.handle.release_lease(&ws.holder)) {
+        tracing::error!("releasing the lease of workspace {}: {e}", ws.handle.name());
     }
     Ok(())
 }

@@ -15,7 +15,7 @@ use crate::protocol::{MountStats, Op, PackStatus, Reply, Request, WorkspaceStats
 
 /// A workspace being served read-write.
 pub(crate) struct Ws {
-    pub name: String,
+    pub handle: mado_core::workspace::Workspace,
     pub state_dir: PathBuf,
     pub reopened: bool,
     /// The lease holder id; the lease is released when the mount ends.
@@ -104,7 +104,7 @@ impl ControlHandler {
             opens: self.requests.opens.load(Relaxed),
             lookups: self.requests.lookups.load(Relaxed),
             workspace: self.ws.as_ref().map(|w| WorkspaceStats {
-                name: w.name.clone(),
+                name: w.handle.name().to_string(),
                 state_dir: w.state_dir.clone(),
                 reopened: w.reopened,
                 changes: core.changes(),
@@ -145,9 +145,9 @@ impl ControlHandler {
         };
         // Refused before anything is done: a checkpoint asked for by name
         // must be of this mount's workspace.
-        if let Some(n) = name.filter(|n| *n != ws.name) {
+        if let Some(n) = name.filter(|n| *n != ws.handle.name()) {
             return Reply::error(
-                format!("{} is a mount of workspace {}, not {n}", self.mountpoint.display(), ws.name),
+                format!("{} is a mount of workspace {}, not {n}", self.mountpoint.display(), ws.handle.name()),
                 true,
             );
         }

@@ -17,7 +17,7 @@ pub struct CatArgs {
 pub async fn run(a: CatArgs, ctx: &Ctx) -> Result<()> {
     let fetcher = ctx.fetcher()?;
     let mado_core::resolve::OpenTree { root, check, .. } = mado_core::resolve::open_tree(&fetcher, &a.spec).await?;
-    let entry = fetcher.lookup(root, &a.path).await?.ok_or_else(|| {
+    let entry = fetcher.lookup(*root, &a.path).await?.ok_or_else(|| {
         mado_core::Error::User("give a file path, not the root; use `mado ls` for directories".into())
     })?;
     if entry.kind == mado_core::object::Kind::Symlink || !entry.kind.has_content() {

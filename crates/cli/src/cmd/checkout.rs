@@ -50,7 +50,7 @@ pub async fn run(a: CheckoutArgs, ctx: &Ctx) -> Result<()> {
     let (report, stat) = futures::join!(
         mado_core::checkout::checkout(
             &fetcher,
-            root,
+            *root,
             &a.dir,
             mado_core::checkout::CheckoutOptions {
                 force: a.force,

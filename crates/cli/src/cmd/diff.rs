@@ -135,7 +135,7 @@ pub async fn run(a: DiffArgs, ctx: &Ctx) -> Result<()> {
             };
             // The parent's trees live in its own index (packs-first).
             let p = fetcher.snapshot(parent).await?;
-            fetcher.attach(p.root).await?;
+            fetcher.attach(*p.root).await?;
             (parent, p, ti, t)
         }
     };
@@ -151,7 +151,7 @@ pub async fn run(a: DiffArgs, ctx: &Ctx) -> Result<()> {
         // Both sides of every changed path, 16 at a time, in order.
         let (f, from_root, to_root) = (&fetcher, from.root, to.root);
         let sides: Vec<Result<(Side, Side)>> = futures::stream::iter(lines.iter())
-            .map(|(p, _)| async move { Ok(futures::try_join!(side(f, from_root, p), side(f, to_root, p))?) })
+            .map(|(p, _)| async move { Ok(futures::try_join!(side(f, *from_root, p), side(f, *to_root, p))?) })
             .buffered(16)
             .collect()
             .await;

@@ -32,7 +32,7 @@ pub async fn run(a: GcArgs, ctx: &Ctx) -> Result<()> {
     // workspace removed while it had uncheckpointed changes) are kept as if
     // a ref named them, or `ws recover` could no longer bring the work
     // back. Other machines' are not known here.
-    let keep: Vec<mado_core::Hash> = mado_core::workspace::list_set_aside(&fetcher)
+    let keep: Vec<mado_core::SnapshotId> = mado_core::workspace::list_set_aside(&fetcher)
         .unwrap_or_default()
         .iter()
         .filter_map(|s| s.checkpoint.parse().ok())

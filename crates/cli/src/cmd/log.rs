@@ -1,7 +1,6 @@
 use anyhow::Result;
 use clap::Args;
 use mado_core::error::local_time;
-use mado_core::hash::Hash;
 
 use crate::ctx::Ctx;
 
@@ -38,7 +37,7 @@ impl LogArgs {
 
 pub async fn run(a: LogArgs, ctx: &Ctx) -> Result<()> {
     let fetcher = ctx.fetcher()?;
-    let mut next: Option<Hash> = Some(mado_core::resolve::resolve(&fetcher, &a.spec).await?.snapshot);
+    let mut next: Option<mado_core::SnapshotId> = Some(mado_core::resolve::resolve(&fetcher, &a.spec).await?.snapshot);
     let mut out = Vec::new();
     while let Some(id) = next {
         if a.max.is_some_and(|m| out.len() >= m) {
@@ -49,7 +48,7 @@ pub async fn run(a: LogArgs, ctx: &Ctx) -> Result<()> {
         let e = LogEntry {
             snapshot: id.to_hex(),
             root: s.root.to_hex(),
-            parents: s.parents.iter().map(Hash::to_hex).collect(),
+            parents: s.parents.iter().map(|p| p.to_hex()).collect(),
             time: s.time,
             author: s.author,
             source: s.source,

@@ -28,8 +28,8 @@ pub async fn run(a: LsArgs, ctx: &Ctx) -> Result<()> {
     let fetcher = ctx.fetcher()?;
     let mado_core::resolve::OpenTree { root, check, .. } = mado_core::resolve::open_tree(&fetcher, &a.spec).await?;
     // A file lists itself, as `ls FILE` does: its kind, size and path.
-    let entries = match fetcher.lookup(root, &a.path).await? {
-        None => fetcher.tree(root, &a.path).await?.entries,
+    let entries = match fetcher.lookup(*root, &a.path).await? {
+        None => fetcher.tree(*root, &a.path).await?.entries,
         Some(e) if e.kind == Kind::Directory => fetcher.tree(e.id, &a.path).await?.entries,
         Some(e) => {
             let name = a.path.trim_end_matches('/').as_bytes().to_vec();

@@ -25,7 +25,7 @@ pub async fn run(a: MaterializeArgs, ctx: &Ctx) -> Result<()> {
         mado_core::resolve::open_tree(&fetcher, &a.spec).await?;
     ctx.step(format!("opened {} ({}); packs: {attach}", a.spec, id.short()));
     let (pb, progress) = ctx.progress_counter("materializing");
-    let r = mado_core::materialize::materialize(&fetcher, root, &a.path, &progress).await;
+    let r = mado_core::materialize::materialize(&fetcher, *root, &a.path, &progress).await;
     pb.finish_and_clear();
     // `mado materialize REF`, as other commands take a ref first: say so.
     let r = match r {

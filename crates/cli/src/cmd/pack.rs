@@ -37,7 +37,7 @@ pub async fn run(a: PackArgs, ctx: &Ctx) -> Result<()> {
     // The builder reads from the disk cache: bring the tree in first
     // (through any packs it already has).
     let (pb, progress) = ctx.progress_counter("fetching content");
-    let m = mado_core::materialize::materialize(&fetcher, snap.root, "", &progress).await;
+    let m = mado_core::materialize::materialize(&fetcher, *snap.root, "", &progress).await;
     pb.finish_and_clear();
     m?;
     ctx.step("content is in the disk cache");
@@ -51,7 +51,7 @@ pub async fn run(a: PackArgs, ctx: &Ctx) -> Result<()> {
         flat: None,
         primary: false,
     };
-    let report = mado_core::publish::publish_packs(&remote, &cache, snap.root, opts, Some(fetcher.clone())).await?;
+    let report = mado_core::publish::publish_packs(&remote, &cache, *snap.root, opts, Some(fetcher.clone())).await?;
     ctx.step(format!("built {} packs in {} ms", report.packs, report.build_ms));
     if ctx.json {
         #[derive(serde::Serialize)]

@@ -448,7 +448,7 @@ pub fn assert_refs_whole(store: &Path) -> usize {
         let v = RefValue::decode(&std::fs::read(r).unwrap()).unwrap_or_else(|e| panic!("{}: {e}", r.display()));
         let mut snaps = vec![v.snapshot];
         while let Some(s) = snaps.pop() {
-            if !seen.insert(s) {
+            if !seen.insert(*s) {
                 continue;
             }
             let snap = snapshot(&s);
@@ -456,7 +456,7 @@ pub fn assert_refs_whole(store: &Path) -> usize {
             if let Some(st) = snap.stat {
                 object(&st, "stat object");
             }
-            let mut trees = vec![snap.root];
+            let mut trees = vec![*snap.root];
             while let Some(t) = trees.pop() {
                 if !seen.insert(t) {
                     continue;

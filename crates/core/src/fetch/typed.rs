@@ -3,7 +3,7 @@
 
 use super::Fetcher;
 use crate::error::{Error, Result};
-use crate::hash::Hash;
+use crate::hash::{Hash, SnapshotId};
 use crate::object::{ChunkManifest, Entry, Kind, Snapshot, StatObject, Tree};
 use crate::store::{Space, CONCURRENCY};
 use bytes::Bytes;
@@ -82,9 +82,9 @@ impl Fetcher {
         }
     }
 
-    pub async fn snapshot(self: &Arc<Self>, id: Hash) -> Result<Snapshot> {
-        let b = self.get(Space::Snapshots, id, "snapshot").await?;
-        Snapshot::decode(&b).map_err(|e| Error::corrupt(id, "snapshot", "", e))
+    pub async fn snapshot(self: &Arc<Self>, id: SnapshotId) -> Result<Snapshot> {
+        let b = self.get(Space::Snapshots, *id, "snapshot").await?;
+        Snapshot::decode(&b).map_err(|e| Error::corrupt(*id, "snapshot", "", e))
     }
 
     /// The whole stat object whose top is `id`: the layers below it that

@@ -29,7 +29,7 @@ use bytes::Bytes;
 
 use crate::cache::DiskCache;
 use crate::error::{Error, Next, Result};
-use crate::hash::Hash;
+use crate::hash::{Hash, SnapshotId};
 use crate::object::{RefValue, Snapshot};
 use crate::store::{Remote, Space};
 use crate::upload::{upload_closure, InMemory, Staged, UploadReport};
@@ -80,7 +80,7 @@ pub async fn publish(
     packs: Option<crate::publish::PackOptions>,
     seed: Option<&str>,
 ) -> Result<ImportReport> {
-    let roots: Vec<Hash> = revs.iter().map(|r| r.root).collect();
+    let roots: Vec<Hash> = revs.iter().map(|r| *r.root).collect();
     let memory = staged.memory();
     let primary = packs.as_ref().filter(|o| o.primary).cloned();
     // One new tree, packs-first (an import of one commit, the usual case):
@@ -418,7 +418,7 @@ async fn finish_publish(
             }
         }
     }
-    let mut parent: Option<(Hash, Snapshot)> = current.as_ref().map(|(v, _, s)| (v.snapshot, s.clone()));
+    let mut parent: Option<(SnapshotId, Snapshot)> = current.as_ref().map(|(v, _, s)| (v.snapshot, s.clone()));
     let current = current.map(|(v, ver, _)| (v, ver));
     let mut imported = Vec::new();
     let snapshots = async {
@@ -447,7 +447,7 @@ async fn finish_publish(
                 stat_layers: Vec::new(),
             };
             let enc = snap.encode();
-            let id = Hash::of(&enc);
+            let id = SnapshotId::from_hash(Hash::of(&enc));
             cache.put(&id, &enc)?;
             upload.bytes_uploaded += enc.len() as u64;
             upload.snapshots_uploaded += 1;
@@ -520,7 +520,7 @@ async fn read_ref_and_base(
     let base = async {
         match with_base {
             true => {
-                Ok(crate::fetch::load_index(remote, cache, v.root, &v.layers).await?.ok().map(|(i, _)| Arc::new(i)))
+                Ok(crate::fetch::load_index(remote, cache, *v.root, &v.layers).await?.ok().map(|(i, _)| Arc::new(i)))
             }
             false => Ok(None),
         }
@@ -534,7 +534,7 @@ async fn read_ref_and_base(
 /// only saves uploads, and nothing fails for it.
 async fn seed_index(remote: &Remote, cache: &DiskCache, seed: &str) -> Option<Arc<crate::pack::PackIndex>> {
     let (v, _) = remote.read_ref(seed).await.ok()??;
-    crate::fetch::load_index(remote, cache, v.root, &v.layers).await.ok()?.ok().map(|(i, _)| Arc::new(i))
+    crate::fetch::load_index(remote, cache, *v.root, &v.layers).await.ok()?.ok().map(|(i, _)| Arc::new(i))
 }
 
 async fn snapshot_of(remote: &Remote, cache: &DiskCache, ref_name: &str, v: &RefValue) -> Result<Snapshot> {
@@ -546,7 +546,7 @@ async fn snapshot_of(remote: &Remote, cache: &DiskCache, ref_name: &str, v: &Ref
             b
         }
     };
-    Snapshot::decode(&b).map_err(|e| Error::corrupt(v.snapshot, "snapshot", ref_name, e))
+    Snapshot::decode(&b).map_err(|e| Error::corrupt(*v.snapshot, "snapshot", ref_name, e))
 }
 
 /// Stage and publish in one call (the CLI's `import-git`): [`stage`]'s

@@ -7,7 +7,7 @@ use std::path::Path;
 use super::gitblob;
 use crate::cache::DiskCache;
 use crate::error::{Error, Result};
-use crate::hash::Hash;
+use crate::hash::{Hash, TreeId};
 use crate::object::{check_name, Entry, Kind, Tree};
 use crate::upload::Staged;
 
@@ -15,7 +15,7 @@ use crate::upload::Staged;
 pub struct StagedRev {
     pub rev: String,
     pub commit: String,
-    pub root: Hash,
+    pub root: TreeId,
     pub time: i64,
     pub author: String,
     pub message: String,
@@ -77,7 +77,7 @@ fn stage_here(
         // so the error names the path rather than an index failure.
         walker.walk(tree_id, "", true)?;
         walker.pipeline = Some(pipeline_for(&repo, tree_id)?);
-        let root = walker.walk(tree_id, "", false)?;
+        let root = TreeId::from_hash(walker.walk(tree_id, "", false)?);
         out.push(StagedRev { rev: rev.clone(), commit: commit.id.to_string(), root, time, author: author_s, message });
     }
     Ok((staged, out))

@@ -15,7 +15,7 @@ pub use lease::Lease;
 pub use stat::{StatDelta, StatObject, MAX_STAT_LAYERS};
 
 use crate::codec::{put_bytes, put_varint, DecodeError, Reader};
-use crate::hash::Hash;
+use crate::hash::{Hash, SnapshotId, TreeId};
 
 /// What a tree entry is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -217,8 +217,8 @@ impl Tree {
 /// A point in a history: a root tree and how it came to be.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Snapshot {
-    pub root: Hash,
-    pub parents: Vec<Hash>,
+    pub root: TreeId,
+    pub parents: Vec<SnapshotId>,
     /// Seconds since the Unix epoch.
     pub time: i64,
     pub author: String,
@@ -272,9 +272,9 @@ impl Snapshot {
         let mut r = Reader::new(buf);
         r.magic(SNAP_MAGIC)?;
         r.version("snapshot", FORMAT_VERSION)?;
-        let root = r.hash()?;
+        let root = TreeId::from_hash(r.hash()?);
         let n = r.count(32)?;
-        let parents = (0..n).map(|_| r.hash()).collect::<Result<Vec<_>, _>>()?;
+        let parents = (0..n).map(|_| r.hash().map(SnapshotId::from_hash)).collect::<Result<Vec<_>, _>>()?;
         let time = r.i64_le()?;
         let author = utf8(r.bytes()?, "author")?;
         let message = utf8(r.bytes()?, "message")?;
@@ -421,8 +421,8 @@ impl ChunkManifest {
 /// trip as the snapshot, instead of after it).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RefValue {
-    pub snapshot: Hash,
-    pub root: Hash,
+    pub snapshot: SnapshotId,
+    pub root: TreeId,
     /// The layers below the root's pack index (their trees, nearest first),
     /// when that index is a layer: a hint, so a reader fetches every layer
     /// in the round trip of the top one (docs/PACKS.md, "Layers").
@@ -439,7 +439,7 @@ const REF_SUM_LEN: usize = 8;
 
 impl RefValue {
     /// A ref with no index layers named.
-    pub fn new(snapshot: Hash, root: Hash) -> RefValue {
+    pub fn new(snapshot: SnapshotId, root: TreeId) -> RefValue {
         RefValue { snapshot, root, layers: Vec::new() }
     }
 
@@ -469,8 +469,8 @@ impl RefValue {
         if !(1..=REF_LAYERED).contains(&version) {
             return Err(DecodeError::Version { format: "ref", version, supported: REF_LAYERED });
         }
-        let snapshot = r.hash()?;
-        let root = r.hash()?;
+        let snapshot = SnapshotId::from_hash(r.hash()?);
+        let root = TreeId::from_hash(r.hash()?);
         let mut layers = Vec::new();
         if version == REF_LAYERED {
             let n = r.count(32)?;
@@ -575,8 +575,8 @@ mod tests {
     #[test]
     fn snapshot_golden_bytes() {
         let s = Snapshot {
-            root: h(7),
-            parents: vec![h(8)],
+            root: TreeId::from_hash(h(7)),
+            parents: vec![SnapshotId::from_hash(h(8))],
             time: 1_700_000_000,
             author: "A <a@b>".into(),
             message: "m".into(),
@@ -633,7 +633,7 @@ mod tests {
             )
         );
         assert_eq!(ChunkManifest::decode(&enc).unwrap(), m);
-        let r = RefValue::new(h(5), h(6));
+        let r = RefValue::new(SnapshotId::from_hash(h(5)), TreeId::from_hash(h(6)));
         let enc = r.encode();
         assert_eq!(
             hex(&enc[..69]),
@@ -702,8 +702,8 @@ mod tests {
         let encodings = [
             sample_tree().encode(),
             Snapshot {
-                root: h(1),
-                parents: vec![h(2), h(3)],
+                root: TreeId::from_hash(h(1)),
+                parents: vec![SnapshotId::from_hash(h(2)), SnapshotId::from_hash(h(3))],
                 time: -5,
                 author: "x".into(),
                 message: "y".into(),
@@ -715,7 +715,7 @@ mod tests {
             ChunkManifest { size: 3, content: Some(h(1)), chunks: vec![(1, Some(h(2))), (2, Some(h(3)))] }.encode(),
             ChunkManifest { size: 7, content: None, chunks: vec![(1, Some(h(2))), (4, None), (2, Some(h(3)))] }
                 .encode(),
-            RefValue::new(h(1), h(2)).encode(),
+            RefValue::new(SnapshotId::from_hash(h(1)), TreeId::from_hash(h(2))).encode(),
         ];
         for enc in &encodings {
             for cut in 0..enc.len() {

@@ -227,6 +227,7 @@ mod tests {
     use object_store::memory::InMemory;
 
     use super::*;
+    use crate::hash::{SnapshotId, TreeId};
     use crate::store::fault;
 
     #[test]
@@ -251,14 +252,20 @@ mod tests {
         };
         faults.add(lose);
         let r = Remote::from_store("memory://test", faults.clone());
-        let v = RefValue::new(Hash([1; 32]), Hash([2; 32]));
+        let v = RefValue::new(SnapshotId::from_hash(Hash([1; 32])), TreeId::from_hash(Hash([2; 32])));
         r.cas_ref("main", None, v.clone()).await.expect("applied, although the answer was lost");
         assert_eq!(r.read_ref("main").await.unwrap().unwrap().0, v);
         // A real loss still fails: another value is there now.
         let (_, ver) = r.read_ref("main").await.unwrap().unwrap();
-        let w = RefValue::new(Hash([3; 32]), Hash([4; 32]));
+        let w = RefValue::new(SnapshotId::from_hash(Hash([3; 32])), TreeId::from_hash(Hash([4; 32])));
         r.cas_ref("main", Some(&ver), w).await.expect("applied too");
-        let stale = r.cas_ref("main", Some(&ver), RefValue::new(Hash([5; 32]), Hash([6; 32]))).await;
+        let stale = r
+            .cas_ref(
+                "main",
+                Some(&ver),
+                RefValue::new(SnapshotId::from_hash(Hash([5; 32])), TreeId::from_hash(Hash([6; 32]))),
+            )
+            .await;
         assert!(matches!(stale, Err(Error::RefMoved { .. })), "{stale:?}");
     }
 }

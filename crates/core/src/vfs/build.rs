@@ -9,7 +9,7 @@ use super::inode::{Body, Name, State};
 use super::{file_kind, join, SnapshotFs, ROOT_INO};
 use crate::cache::DiskCache;
 use crate::error::{Error, Result};
-use crate::hash::Hash;
+use crate::hash::{Hash, TreeId};
 use crate::object::StatObject;
 use crate::object::{Entry, Kind, Tree};
 use crate::upload::Staged;
@@ -20,7 +20,7 @@ use std::sync::Arc;
 /// What a checkpoint of a read-write mount staged.
 #[derive(Debug)]
 pub struct Built {
-    pub root: Hash,
+    pub root: TreeId,
     /// How the stat object of this tree differs from the base's.
     pub stat: StatChange,
     /// Files hashed because they were written since the last checkpoint.
@@ -250,7 +250,7 @@ impl SnapshotFs {
             }
             out
         };
-        let root = self.root();
+        let root = self.root().hash();
         let mut skips = Skips::default();
         // Parents come before their children in `dirs` (depth first).
         let mut stacks: std::collections::HashMap<u64, Arc<Vec<ignore::gitignore::Gitignore>>> = Default::default();
@@ -485,7 +485,7 @@ impl SnapshotFs {
         let ctx =
             Walk { cache, upper_dir: &upper_dir, fresh: &fresh, skips, hashed: &hashed, listed: base.id.is_some() };
         let root = self.build_tree(&mut st, staged, &ctx, &mut b, &mut diff)?;
-        b.root = root.id;
+        b.root = TreeId::from_hash(root.id);
         b.stat = diff.finish(base.id);
         Ok(b)
     }
@@ -710,7 +710,8 @@ impl SnapshotFs {
     /// just written, and the saved state names the new root (a reopened
     /// mount loads its trees from it: the old root's trees need not be in
     /// any index of the new view once its layer was absorbed).
-    pub fn rebase(&self, root: Hash, stat_id: Hash, stat: &StatChange) {
+    pub fn rebase(&self, root: TreeId, stat_id: Hash, stat: &StatChange) {
+        let root = root.hash();
         let Some(u) = &self.upper else { return };
         // The new base's times, made and written before any lock a request
         // waits on is taken (the base moves only here, and checkpoints of a

@@ -517,7 +517,7 @@ impl SnapshotFs {
     /// memory keeps only the latest ([`TreeCache`](super::TreeCache)).
     /// Returns how many trees it visited.
     pub async fn preload_trees(&self) -> Result<usize> {
-        let mut level = vec![self.root()];
+        let mut level = vec![self.root().hash()];
         // What this walk reached (a tree in memory or local may still have
         // trees below it that are not).
         let mut seen: std::collections::HashSet<Hash> = level.iter().copied().collect();

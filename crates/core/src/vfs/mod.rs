@@ -36,7 +36,7 @@ use rustix::io::Errno;
 
 use crate::error::{Error, Result};
 use crate::fetch::Fetcher;
-use crate::hash::Hash;
+use crate::hash::{Hash, TreeId};
 use crate::object::StatObject;
 use crate::object::{check_name, ChunkManifest, Entry, Kind, Tree};
 
@@ -305,13 +305,15 @@ fn mtimes_by_path(stat: StatObject) -> times::PathTimes {
 
 impl SnapshotFs {
     /// The read-only filesystem of tree `root`.
-    pub fn new(fetcher: Arc<Fetcher>, root: Hash, time: i64) -> SnapshotFs {
+    pub fn new(fetcher: Arc<Fetcher>, root: TreeId, time: i64) -> SnapshotFs {
+        let root = root.hash();
         Self::with_state(fetcher, root, time, None, Self::fresh(root, (time, 0), 0o555))
     }
 
     /// The read-only filesystem of tree `root`, showing the mtimes of `stat`
     /// (its snapshot's stat object: a workspace checkpoint's).
-    pub fn with_mtimes(fetcher: Arc<Fetcher>, root: Hash, time: i64, stat: StatObject) -> SnapshotFs {
+    pub fn with_mtimes(fetcher: Arc<Fetcher>, root: TreeId, time: i64, stat: StatObject) -> SnapshotFs {
+        let root = root.hash();
         let map = mtimes_by_path(stat);
         let mtime = map.get(b"").unwrap_or((time, 0));
         let mut fs = Self::with_state(fetcher, root, time, None, Self::fresh(root, mtime, 0o555));
@@ -323,11 +325,12 @@ impl SnapshotFs {
     /// `upper_dir` and the mtimes of `base_stat` (the snapshot's stat object).
     pub fn writable(
         fetcher: Arc<Fetcher>,
-        root: Hash,
+        root: TreeId,
         time: i64,
         upper_dir: PathBuf,
         base_stat: Option<(Hash, StatObject)>,
     ) -> Result<SnapshotFs> {
+        let root = root.hash();
         std::fs::create_dir_all(&upper_dir).map_err(Error::io(format!("creating {}", upper_dir.display())))?;
         let (id, map) = match base_stat {
             Some((id, s)) => {
@@ -377,8 +380,8 @@ impl SnapshotFs {
     }
 
     /// The root tree of the base snapshot.
-    pub fn root(&self) -> Hash {
-        *self.root.lock().expect("root lock")
+    pub fn root(&self) -> TreeId {
+        TreeId::from_hash(*self.root.lock().expect("root lock"))
     }
 
     pub fn fetcher(&self) -> &Arc<Fetcher> {

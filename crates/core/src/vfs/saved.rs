@@ -5,7 +5,7 @@ use super::inode::{Body, Lower, Meta, Name, Node, State};
 use super::{NodeKind, SnapshotFs, ROOT_INO};
 use crate::error::{Error, Result};
 use crate::fetch::Fetcher;
-use crate::hash::Hash;
+use crate::hash::{Hash, TreeId};
 use crate::object::StatObject;
 use crate::object::{check_name, Kind};
 use std::collections::HashMap;
@@ -336,8 +336,8 @@ impl SnapshotFs {
 
     /// The root tree of the snapshot a saved state's nodes were made on
     /// (its index must be attached before [`SnapshotFs::load_state`]).
-    pub fn saved_root(bytes: &[u8]) -> Result<Hash> {
-        Ok(Self::saved_header(bytes)?.0.root)
+    pub fn saved_root(bytes: &[u8]) -> Result<TreeId> {
+        Ok(TreeId::from_hash(Self::saved_header(bytes)?.0.root))
     }
 
     /// The base stat object id a saved state refers to (to fetch it
@@ -414,7 +414,7 @@ impl SnapshotFs {
         base_stat: Option<(Hash, StatObject)>,
     ) -> Result<SnapshotFs> {
         let (h, mut r) = Self::saved_header(bytes)?;
-        let fs = SnapshotFs::writable(fetcher, h.root, h.time, upper_dir, base_stat)?;
+        let fs = SnapshotFs::writable(fetcher, TreeId::from_hash(h.root), h.time, upper_dir, base_stat)?;
         let mut st = State {
             nodes: Default::default(),
             next_ino: ROOT_INO,

@@ -20,7 +20,7 @@ fn empty_workspace(dir: &Path) -> (SnapshotFs, Arc<DiskCache>) {
     let root = Hash::of(&empty);
     cache.put(&root, &empty).unwrap();
     let f = Fetcher::new(remote, cache.clone());
-    (SnapshotFs::writable(f, root, 0, dir.join("upper"), None).unwrap(), cache)
+    (SnapshotFs::writable(f, TreeId::from_hash(root), 0, dir.join("upper"), None).unwrap(), cache)
 }
 
 #[tokio::test]
@@ -234,7 +234,9 @@ async fn forgotten_clean_nodes_fold_back_into_their_tree() {
     .encode();
     let root_id = Hash::of(&root);
     cache.put(&root_id, &root).unwrap();
-    let fs = SnapshotFs::writable(Fetcher::new(remote, cache), root_id, 0, d.path().join("upper"), None).unwrap();
+    let fs =
+        SnapshotFs::writable(Fetcher::new(remote, cache), TreeId::from_hash(root_id), 0, d.path().join("upper"), None)
+            .unwrap();
     let dir = fs.lookup(ROOT_INO, b"dir").await.unwrap().ino;
     fs.note_lookup(dir, 1);
     let list = fs.readdir(dir).await.unwrap();
@@ -302,7 +304,14 @@ async fn folding_goes_up_while_whole_directories_are_idle() {
     let b = put_tree(vec![f("x"), f("y")]);
     let a = put_tree(vec![dirent("b", b)]);
     let root = put_tree(vec![dirent("a", a)]);
-    let fs = SnapshotFs::writable(Fetcher::new(remote, cache.clone()), root, 0, d.path().join("upper"), None).unwrap();
+    let fs = SnapshotFs::writable(
+        Fetcher::new(remote, cache.clone()),
+        TreeId::from_hash(root),
+        0,
+        d.path().join("upper"),
+        None,
+    )
+    .unwrap();
     let a = fs.lookup_counted(ROOT_INO, b"a").await.unwrap().ino;
     let b = fs.lookup_counted(a, b"b").await.unwrap().ino;
     let x = fs.lookup_counted(b, b"x").await.unwrap().ino;
@@ -347,7 +356,7 @@ async fn trees_leave_memory_past_the_bound_and_come_back_from_the_disk() {
         dirs.push(Entry { name: format!("d{i}").into(), kind: Kind::Directory, chunked: false, size: 0, id });
     }
     let root = put(Tree::normalized(dirs).unwrap().encode());
-    let fs = SnapshotFs::new(Fetcher::new(remote.clone(), cache.clone()), root, 0);
+    let fs = SnapshotFs::new(Fetcher::new(remote.clone(), cache.clone()), TreeId::from_hash(root), 0);
     fs.trees.write().unwrap().set_cap(4);
     let before = remote.stats();
     for round in 0..2 {
@@ -395,7 +404,7 @@ async fn preloading_reaches_a_tree_below_one_already_in_the_cache() {
     let root_id = Hash::of(&root);
     cache.put(&root_id, &root).unwrap();
     let f = Fetcher::new(remote, cache);
-    let fs = SnapshotFs::new(f.clone(), root_id, 0);
+    let fs = SnapshotFs::new(f.clone(), TreeId::from_hash(root_id), 0);
     assert!(!f.is_local(&deep_id));
     assert_eq!(fs.preload_trees().await.unwrap(), 3);
     assert!(f.is_local(&deep_id), "the tree only the store had is local now");
@@ -754,9 +763,14 @@ async fn the_stat_change_carries_a_moved_unread_directory_and_drops_what_went() 
     let (remote, cache) = local_store(d.path());
     let (root, stat) = nested_tree(&cache);
     let sid = Hash::of(&stat.encode());
-    let fs =
-        SnapshotFs::writable(Fetcher::new(remote, cache.clone()), root, 0, d.path().join("upper"), Some((sid, stat)))
-            .unwrap();
+    let fs = SnapshotFs::writable(
+        Fetcher::new(remote, cache.clone()),
+        TreeId::from_hash(root),
+        0,
+        d.path().join("upper"),
+        Some((sid, stat)),
+    )
+    .unwrap();
     // Nothing changed: an empty change over the base.
     let b = fs.build(&cache, &mut Staged::default()).unwrap();
     assert_eq!((b.stat.over, b.stat.is_empty(), b.stat.len), (Some(sid), true, 9), "{:?}", b.stat);
@@ -816,7 +830,7 @@ async fn base_times_are_kept_in_the_cache_and_a_workspace_keeps_one_file_of_its_
     let sid = Hash::of(&stat.encode());
     let open = |s: StatObject, upper: &str| {
         let f = Fetcher::new(remote.clone(), cache.clone());
-        SnapshotFs::writable(f, root, 0, d.path().join(upper), Some((sid, s))).unwrap()
+        SnapshotFs::writable(f, TreeId::from_hash(root), 0, d.path().join(upper), Some((sid, s))).unwrap()
     };
     let fs = open(stat.clone(), "upper");
     let base_file = cache.flat_times_path(&sid);

@@ -10,7 +10,7 @@ use crate::cache::DiskCache;
 use crate::error::{Error, Next, Result};
 use crate::failpoint::hit as failpoint;
 use crate::fetch::Fetcher;
-use crate::hash::Hash;
+use crate::hash::{Hash, SnapshotId, TreeId};
 use crate::object::{RefValue, Snapshot, StatObject};
 use crate::store::Space;
 use crate::workspace::working_copy::save_state_at;
@@ -78,7 +78,7 @@ pub(super) async fn commit(
     // cache) while the walk runs, not after it. The stager is one thread,
     // so this uses a core that would otherwise wait. Used only if the ref
     // names it; any failure here is met again, and reported, after the walk.
-    let guess = st.pending.as_deref().unwrap_or(&st.head).parse::<Hash>().ok();
+    let guess = st.pending.as_deref().unwrap_or(&st.head).parse::<SnapshotId>().ok();
     let early = async {
         let p = match guess {
             Some(id) => load_parent(fetcher, id, whole_stat).await.ok(),
@@ -144,7 +144,7 @@ impl WalkedStat {
 /// What a checkpoint needs of its parent snapshot: the snapshot, its stat
 /// object's chain, and its pack index.
 pub(super) struct Parent {
-    id: Hash,
+    id: SnapshotId,
     snap: Snapshot,
     stat: Option<ParentStat>,
     /// `None`: the parent has no index (a store from before packs-first).
@@ -158,7 +158,7 @@ pub(super) struct Parent {
 /// `whole_stat`: merge the parent's whole stat object too (a walk of
 /// every path compares with it); else only the layers above its bottom
 /// are read.
-async fn load_parent(fetcher: &Arc<Fetcher>, id: Hash, whole_stat: bool) -> Result<Parent> {
+async fn load_parent(fetcher: &Arc<Fetcher>, id: SnapshotId, whole_stat: bool) -> Result<Parent> {
     let snap = fetcher.snapshot(id).await?;
     let stat = async {
         match snap.stat {
@@ -178,7 +178,7 @@ async fn load_parent(fetcher: &Arc<Fetcher>, id: Hash, whole_stat: bool) -> Resu
     // The layers' flat copies, mapped (made once from the index, if this
     // machine had none): only the small layers above the bottom decode.
     let index = async {
-        let got = crate::fetch::load_flat_layers(&fetcher.remote, &fetcher.cache, snap.root, &[]).await?;
+        let got = crate::fetch::load_flat_layers(&fetcher.remote, &fetcher.cache, *snap.root, &[]).await?;
         let Ok((layers, _)) = got else { return Ok::<_, Error>(None) };
         Ok(crate::pack::FlatBase::of(&layers).ok().map(Arc::new))
     };
@@ -370,7 +370,7 @@ pub(super) async fn commit_locked(
         stat_layers: up.base.clone(),
     };
     let enc = snap.encode();
-    let sid = Hash::of(&enc);
+    let sid = SnapshotId::from_hash(Hash::of(&enc));
     cache.put(&sid, &enc)?;
     let snapshot = async {
         remote.put_object(Space::Snapshots, &sid, Bytes::from(enc)).await?;
@@ -408,7 +408,7 @@ pub(super) async fn commit_locked(
             let packs = crate::publish::publish_packs(
                 remote,
                 &cache,
-                walked.root,
+                *walked.root,
                 pack_opts(base, true, check),
                 Some(fetcher.clone()),
             );
@@ -456,7 +456,7 @@ pub(super) async fn commit_locked(
 
 /// What walking a working copy produced.
 pub(super) struct Walked {
-    pub(super) root: Hash,
+    pub(super) root: TreeId,
     pub(super) stat: WalkedStat,
     pub(super) files_read: u64,
     pub(super) files_unchanged: u64,

@@ -31,16 +31,12 @@ pub async fn check_lease_free(remote: &Remote, name: &str, steal: bool) -> Resul
 /// A lease object as read: its bytes and version, or `None` if absent.
 pub type Seen = Option<(Bytes, RefVersion)>;
 
-/// Takes or renews the lease of workspace `name` for `holder`. A lease
-/// another holder keeps is refused with [`Error::LeaseHeld`]; an expired
-/// one is taken only with `steal`; a released one is free.
-pub async fn take_lease(remote: &Remote, name: &str, holder: &str, steal: bool) -> Result<()> {
-    take_lease_seen(remote, name, holder, steal, None).await
-}
-
-/// [`take_lease`], starting from `seen` (a [`read_lease`] made earlier)
-/// instead of its own first GET: one conditional PUT when nobody moved the
-/// lease since. A lost race reads it again.
+/// Takes or renews the lease of workspace `name` for `holder`, starting
+/// from `seen` (a [`read_lease`] made earlier; `None`: its own first GET):
+/// one conditional PUT when nobody moved the lease since. A lost race
+/// reads it again. A lease another holder keeps is refused with
+/// [`Error::LeaseHeld`]; an expired one is taken only with `steal`; a
+/// released one is free.
 pub async fn take_lease_seen(remote: &Remote, name: &str, holder: &str, steal: bool, seen: Option<Seen>) -> Result<()> {
     take_lease_was(remote, name, holder, steal, seen).await.map(|_| ())
 }

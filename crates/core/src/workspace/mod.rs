@@ -34,6 +34,7 @@ use crate::store::{Remote, Space};
 use crate::upload::UploadReport;
 
 mod commit;
+mod handle;
 mod lease;
 mod machine;
 mod mounted;
@@ -41,14 +42,14 @@ mod statcache;
 mod status;
 mod working_copy;
 
+pub use handle::Workspace;
 use lease::read_lease;
-pub use lease::{check_lease_free, release, release_interrupted, release_lease, take_lease};
+pub use lease::{release, release_interrupted};
 pub use machine::{
-    export_set_aside, forget_unused_mount_state, last_mounted_at, list_set_aside, local_mount_holder, lock_for_removal,
-    record_unmounted, recover_set_aside, set_aside_if_removed, set_aside_removed, uncheckpointed_mount_state,
-    workspaces_root, MountLock, MountState, SetAside,
+    export_set_aside, list_set_aside, record_unmounted, recover_set_aside, workspaces_root, MountLock, MountState,
+    SetAside,
 };
-pub use mounted::{checkpoint_mount, open_mount, save_mount_state, MountedWorkspace, StateSaver};
+pub use mounted::{checkpoint_mount, save_mount_state, MountedWorkspace, StateSaver};
 pub use status::{mount_status, status, Status};
 
 pub use working_copy::{checkpoint, find_working_copy, interrupted_resume_of, load_state, load_state_at, LocalState};
@@ -155,7 +156,7 @@ pub enum ResumeLease {
 }
 
 /// `ws create`: a new workspace from `spec`, materialized into `dir`.
-pub async fn create(
+async fn create(
     fetcher: &Arc<Fetcher>,
     name: &str,
     spec: &str,
@@ -228,7 +229,7 @@ async fn create_ref_or_moved(fetcher: &Arc<Fetcher>, name: &str, spec: &str) -> 
 
 /// Creates the ref of a new workspace from `spec`; one of that name is
 /// refused, pointing at a resume of it.
-pub async fn create_ref(fetcher: &Arc<Fetcher>, name: &str, spec: &str) -> Result<RefValue> {
+async fn create_ref(fetcher: &Arc<Fetcher>, name: &str, spec: &str) -> Result<RefValue> {
     create_ref_or_moved(fetcher, name, spec).await.map_err(|e| match e {
         Error::RefMoved { .. } => Error::User(format!("workspace {name} already exists"))
             .then(Next::ResumeExisting { name: name.to_string() }),
@@ -242,7 +243,7 @@ pub async fn create_ref(fetcher: &Arc<Fetcher>, name: &str, spec: &str) -> Resul
 /// once); then the snapshot and the pack index, one on each; then the
 /// packs, the stat object and the lease's conditional PUT. A lease another
 /// holder keeps is refused after the first, before anything is written.
-pub async fn resume(
+async fn resume(
     fetcher: &Arc<Fetcher>,
     name: &str,
     dir: &Path,
@@ -286,7 +287,7 @@ pub async fn list(fetcher: &Arc<Fetcher>) -> Result<Vec<WsInfo>> {
 ///
 /// `dead`: a holder known to be gone (a mount here whose daemon died),
 /// whose lease refuses nothing.
-pub async fn remove(remote: &Remote, name: &str, force: bool, dead: Option<&str>) -> Result<()> {
+async fn remove(remote: &Remote, name: &str, force: bool, dead: Option<&str>) -> Result<()> {
     let refname = ws_ref(name)?;
     let (cur, lease) = futures::join!(remote.read_ref(&refname), read_lease(remote, name));
     if cur?.is_none() {

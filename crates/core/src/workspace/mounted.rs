@@ -11,7 +11,7 @@ use super::{holder_id, holder_prefix, read_ws_ref, CheckpointLease, CheckpointRe
 use crate::cache::DiskCache;
 use crate::error::{Error, Next, Result, Warning};
 use crate::fetch::Fetcher;
-use crate::hash::Hash;
+use crate::hash::SnapshotId;
 use crate::upload::Staged;
 use crate::vfs::SnapshotFs;
 use crate::workspace::commit::commit;
@@ -162,7 +162,7 @@ pub struct MountedWorkspace {
     /// Where its state lives: `<cache>/workspaces/<key>/` (`workspace.json`,
     /// `overlay.json` and the upper layer in `upper/`).
     pub state_dir: PathBuf,
-    pub snapshot: Hash,
+    pub snapshot: SnapshotId,
     /// Whether (and how) its pack index was attached.
     pub attach: crate::fetch::Attach,
     /// Uncheckpointed changes from an earlier mount were picked up.
@@ -208,7 +208,7 @@ pub async fn open_mount(
         v => v?,
     };
     let seen = seen?;
-    let (attach, snap) = futures::join!(fetcher.attach_hinted(v.root, &v.layers), fetcher.snapshot(v.snapshot));
+    let (attach, snap) = futures::join!(fetcher.attach_hinted(*v.root, &v.layers), fetcher.snapshot(v.snapshot));
     let snap = snap?;
     let attach = attach?;
     let mut warnings = Vec::new();
@@ -295,7 +295,7 @@ pub async fn open_mount(
     if let (Some(b), true) = (&saved, reopen) {
         let old = SnapshotFs::saved_root(b)?;
         if old != v.root {
-            fetcher.attach(old).await?;
+            fetcher.attach(*old).await?;
         }
     }
     let upper = sd.join("upper");

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::codec::{put_bytes, put_varint, DecodeError, Reader};
-use crate::hash::Hash;
+use crate::hash::{Hash, SnapshotId};
 
 const MAGIC: &[u8; 4] = b"MADC";
 /// Version 2 added the snapshot the cache was written for and directory
@@ -59,7 +59,7 @@ pub(super) struct StatCache {
     /// The snapshot the rows were written for (its checkpoint or resume):
     /// directory rows name trees of that snapshot, so they are used only
     /// while it is the working copy's base. `None` in a version 1 file.
-    pub(super) head: Option<Hash>,
+    pub(super) head: Option<SnapshotId>,
 }
 
 impl StatCache {
@@ -117,7 +117,7 @@ impl StatCache {
             VERSION_1 => None,
             _ => match r.u8()? {
                 0 => None,
-                1 => Some(r.hash()?),
+                1 => Some(SnapshotId::from_hash(r.hash()?)),
                 f => return Err(DecodeError::Invalid(format!("bad head flag {f}"))),
             },
         };
@@ -256,8 +256,11 @@ mod tests {
     }
 
     fn sample() -> StatCache {
-        let mut c =
-            StatCache { written_ns: 1_700_000_000_123_456_789, rows: BTreeMap::new(), head: Some(Hash::of(b"head")) };
+        let mut c = StatCache {
+            written_ns: 1_700_000_000_123_456_789,
+            rows: BTreeMap::new(),
+            head: Some(SnapshotId::from_hash(Hash::of(b"head"))),
+        };
         for (i, p) in
             [&b"a"[..], b"a/b", b"a/b/c.rs", b"a/bc", b"b\xff\xfe", b"z/y/x/w/v", b"z/y/x/w/v2"].iter().enumerate()
         {

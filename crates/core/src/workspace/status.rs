@@ -10,7 +10,7 @@ use super::working_copy::{self};
 use super::working_copy::{load_state, load_state_at};
 use crate::error::{Error, Result};
 use crate::fetch::Fetcher;
-use crate::hash::Hash;
+use crate::hash::SnapshotId;
 use crate::upload::Staged;
 use std::path::Path;
 use std::sync::Arc;
@@ -36,10 +36,10 @@ pub struct Status {
 /// The status of the plain working copy at `dir`.
 pub async fn status(fetcher: &Arc<Fetcher>, dir: &Path, no_ignore: bool) -> Result<Status> {
     let st = load_state(dir)?;
-    let base: Hash = st.head.parse().map_err(|_| Error::local_state(dir, "a bad head snapshot id"))?;
+    let base: SnapshotId = st.head.parse().map_err(|_| Error::local_state(dir, "a bad head snapshot id"))?;
     let snap = fetcher.snapshot(base).await?;
     // The base's trees through its index (a local copy, once resumed).
-    let _ = fetcher.attach(snap.root).await;
+    let _ = fetcher.attach(*snap.root).await;
     let (cache, d) = (fetcher.cache.clone(), dir.to_path_buf());
     // Directory rows of the stat cache are the base's trees (while no
     // checkpoint is pending): unchanged directories are not re-encoded.

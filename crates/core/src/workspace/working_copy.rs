@@ -13,7 +13,7 @@ use super::{holder_id, holder_prefix, CheckpointLease, CheckpointReport, ResumeL
 use crate::cache::DiskCache;
 use crate::error::{Error, Next, Result};
 use crate::fetch::Fetcher;
-use crate::hash::Hash;
+use crate::hash::{Hash, SnapshotId, TreeId};
 use crate::object::{Entry, Kind, Lease, RefValue, StatObject, Tree};
 use crate::upload::Staged;
 use serde::{Deserialize, Serialize};
@@ -388,7 +388,7 @@ impl Stager<'_> {
 /// `base`: the snapshot the working copy stands on, when the stat cache's
 /// directory rows may be trusted for it (see [`StatRow::dir`]); `None` to
 /// re-encode every directory.
-pub(super) fn stage(dir: &Path, cache: &DiskCache, no_ignore: bool, base: Option<Hash>) -> Result<Walked> {
+pub(super) fn stage(dir: &Path, cache: &DiskCache, no_ignore: bool, base: Option<SnapshotId>) -> Result<Walked> {
     let mut staged = Staged::default();
     let sc = load_statcache(dir);
     let written_ns = ns(Ok(SystemTime::now()));
@@ -396,7 +396,7 @@ pub(super) fn stage(dir: &Path, cache: &DiskCache, no_ignore: bool, base: Option
     let root_meta = std::fs::symlink_metadata(dir).map_err(Error::io(format!("reading {}", dir.display())))?;
     let (listings, ignored) = scan(dir, &sc, &ign)?;
     let w = Walked {
-        root: Hash([0; 32]),
+        root: TreeId::from_hash(Hash([0; 32])),
         stat: WalkedStat::Whole(StatObject::default()),
         files_read: 0,
         files_unchanged: 0,
@@ -408,7 +408,7 @@ pub(super) fn stage(dir: &Path, cache: &DiskCache, no_ignore: bool, base: Option
     let reuse_dirs = base.is_some() && sc.head == base;
     let mut st = Stager { dir, cache, staged: &mut staged, sc: &sc, reuse_dirs, rows: Vec::new(), listings, w, times };
     // Building trees recurses once per level.
-    st.w.root = crate::fsutil::on_deep_stack(|| st.dir_tree(&[]))?;
+    st.w.root = TreeId::from_hash(crate::fsutil::on_deep_stack(|| st.dir_tree(&[]))?);
     let mut w = st.w;
     st.times.sort_unstable();
     w.stat = WalkedStat::Whole(StatObject::whole(st.times));
@@ -558,19 +558,19 @@ pub(super) async fn materialize_into(
     // Round trips: the snapshot and the pack index together (the ref named
     // the root); then the packs, the stat object and the lease together.
     let (snapshot, root) = (at.snapshot, at.root);
-    let (snap, attach) = futures::join!(fetcher.snapshot(snapshot), fetcher.attach_hinted(root, &at.layers));
+    let (snap, attach) = futures::join!(fetcher.snapshot(snapshot), fetcher.attach_hinted(*root, &at.layers));
     let snap = snap?;
     attach?;
     if snap.root != root {
         return Err(Error::Corrupt {
-            id: snapshot,
+            id: *snapshot,
             what: "snapshot",
             path: name.to_string(),
             detail: "the workspace ref names a different root tree than its snapshot".into(),
         });
     }
     if partial {
-        if let Some(p) = crate::checkout::first_foreign(fetcher, root, dir, &[STATE_DIR]).await? {
+        if let Some(p) = crate::checkout::first_foreign(fetcher, *root, dir, &[STATE_DIR]).await? {
             return Err(Error::User(format!(
                 "{} holds the partial copy an interrupted resume left, and {p}, which this resume would not \
                  have written; move away what you put there and run this again (it then removes the rest and \
@@ -586,7 +586,7 @@ pub(super) async fn materialize_into(
     mark_resuming(dir, name, &holder)?;
     let co_fut = crate::checkout::checkout(
         fetcher,
-        snap.root,
+        *snap.root,
         dir,
         crate::checkout::CheckoutOptions { force: false, allow_name: Some(super::STATE_DIR), paths: &[], progress },
     );

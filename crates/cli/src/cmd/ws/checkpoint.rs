@@ -36,7 +36,7 @@ pub(super) enum Location {
 /// runs from outside any copy of it without --dir (the daemon checks the
 /// name is its workspace's); the plain working copy at or above the
 /// directory.
-pub(super) fn locate(fetcher: &Fetcher, name: Option<&str>, dir: Option<&Path>) -> Result<Location> {
+pub(super) fn locate(fetcher: &Arc<Fetcher>, name: Option<&str>, dir: Option<&Path>) -> Result<Location> {
     let start = match dir {
         Some(d) => d.to_path_buf(),
         None => std::env::current_dir()?,
@@ -50,7 +50,8 @@ pub(super) fn locate(fetcher: &Fetcher, name: Option<&str>, dir: Option<&Path>) 
         return Ok(Location::Served(sock));
     }
     if dir.is_none() && workspace::find_working_copy(&start).is_none() {
-        let mounted_here = workspace::last_mounted_at(fetcher, name)
+        let mounted_here = workspace::Workspace::new(fetcher, name)?
+            .last_mounted_at()
             .filter(|at| mado_mount::control::find_mount(at).is_ok_and(|m| m.is_some()));
         if let Some(at) = mounted_here {
             return Ok(Location::Mount(at));

@@ -269,7 +269,8 @@ async fn recover(a: RecoverArgs, ctx: &Ctx, fetcher: &Arc<Fetcher>) -> Result<()
 async fn rm(a: RmArgs, ctx: &Ctx, fetcher: &Arc<Fetcher>) -> Result<()> {
     // No mount of it starts here meanwhile; one running now keeps
     // its state (with --force: set aside when it ends).
-    let held = workspace::lock_for_removal(fetcher, &a.name);
+    let ws = workspace::Workspace::new(fetcher, &a.name)?;
+    let held = ws.lock_for_removal();
     if let (Err(e), false) = (&held, a.force) {
         return Err(mado_core::Error::User(format!(
             "{e}\n  hint: unmount it first; with --force the workspace goes now, and that mount's \
@@ -279,10 +280,10 @@ async fn rm(a: RmArgs, ctx: &Ctx, fetcher: &Arc<Fetcher>) -> Result<()> {
     }
     // A lease held by a mount of it here whose daemon died (the
     // state lock is ours, so no daemon serves it) refuses nothing.
-    let dead = held.as_ref().ok().and_then(|_| workspace::local_mount_holder(fetcher, &a.name));
-    workspace::remove(&fetcher.remote, &a.name, a.force, dead.as_deref()).await?;
+    let dead = held.as_ref().ok().and_then(|_| ws.local_mount_holder());
+    ws.remove(a.force, dead.as_deref()).await?;
     let aside = match &held {
-        Ok(lock) => workspace::set_aside_removed(fetcher, &a.name, lock),
+        Ok(lock) => ws.set_aside_removed(lock),
         Err(_) => Ok(None),
     };
     drop(held);

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use anyhow::Result;
 use mado_core::fetch::Fetcher;
-use mado_core::workspace;
+use mado_core::workspace::{self, Workspace};
 
 use super::args::{CreateArgs, ResumeArgs};
 use crate::ctx::Ctx;
@@ -29,7 +29,8 @@ pub(super) async fn create(a: CreateArgs, ctx: &Ctx, fetcher: &Arc<Fetcher>) -> 
                     let _ = std::fs::remove_dir(mp);
                 }
             };
-            if let Err(e) = workspace::create_ref(fetcher, &name, &from).await {
+            let ws = Workspace::new(fetcher, &name)?;
+            if let Err(e) = ws.create_ref(&from).await {
                 unmake(&mp);
                 return Err(e.into());
             }
@@ -44,14 +45,14 @@ pub(super) async fn create(a: CreateArgs, ctx: &Ctx, fetcher: &Arc<Fetcher>) -> 
                 // Never mounted, so never changed: take the new ref back,
                 // so that fixing the cause and running the same command
                 // again works (rather than "already exists").
-                let _ = workspace::remove(&fetcher.remote, &name, true, None).await;
+                let _ = ws.remove(true, None).await;
                 // Nor its state folder, if the daemon made one.
-                let _ = workspace::forget_unused_mount_state(fetcher, &name);
+                let _ = ws.forget_unused_mount_state();
             }
             mounted
         }
         a if a.no_checkout => {
-            let id = workspace::create_ref(fetcher, &a.name, &a.from).await?.snapshot;
+            let id = Workspace::new(fetcher, &a.name)?.create_ref(&a.from).await?.snapshot;
             if ctx.json {
                 return ctx.print_json(&serde_json::json!({ "workspace": a.name, "snapshot": id.to_hex() }));
             }
@@ -61,7 +62,7 @@ pub(super) async fn create(a: CreateArgs, ctx: &Ctx, fetcher: &Arc<Fetcher>) -> 
         a => {
             let dir = a.dir.expect("clap requires --dir, --mount or --no-checkout");
             let (pb, p) = ctx.progress_counter("checking out");
-            let r = workspace::create(fetcher, &a.name, &a.from, &dir, &p).await;
+            let r = Workspace::new(fetcher, &a.name)?.create(&a.from, &dir, &p).await;
             pb.finish_and_clear();
             print_resume(ctx, "created", &r?)
         }
@@ -78,8 +79,9 @@ pub(super) async fn resume(a: ResumeArgs, ctx: &Ctx, fetcher: &Arc<Fetcher>) -> 
             // Work a mount here saved and never checkpointed would not be
             // in this copy, and a checkpoint from it would leave that work
             // behind: said before anything is fetched or written.
-            if let Some(st) = workspace::uncheckpointed_mount_state(fetcher, &a.name)? {
-                check_mount_changes(ctx, fetcher, &a, &st).await?;
+            let ws = Workspace::new(fetcher, &a.name)?;
+            if let Some(st) = ws.uncheckpointed_mount_state()? {
+                check_mount_changes(ctx, &ws, &a, &st).await?;
             }
             let (pb, p) = ctx.progress_counter("restoring");
             let lease = if a.read_only {
@@ -87,7 +89,7 @@ pub(super) async fn resume(a: ResumeArgs, ctx: &Ctx, fetcher: &Arc<Fetcher>) -> 
             } else {
                 workspace::ResumeLease::Take { steal: a.steal }
             };
-            let r = workspace::resume(fetcher, &a.name, &a.dir, lease, &p).await;
+            let r = ws.resume(&a.dir, lease, &p).await;
             pb.finish_and_clear();
             print_resume(ctx, "resumed", &r?)
         }
@@ -128,12 +130,7 @@ fn print_resume(ctx: &Ctx, verb: &str, r: &workspace::ResumeReport) -> Result<()
 /// checkpointed (`st`) would not be in the copy, and a checkpoint from it
 /// would leave that work behind: refused (said before anything is fetched
 /// or written) unless --ignore-mount-changes or --read-only.
-async fn check_mount_changes(
-    ctx: &Ctx,
-    fetcher: &std::sync::Arc<mado_core::fetch::Fetcher>,
-    a: &ResumeArgs,
-    st: &workspace::MountState,
-) -> Result<()> {
+async fn check_mount_changes(ctx: &Ctx, ws: &Workspace, a: &ResumeArgs, st: &workspace::MountState) -> Result<()> {
     let on = match st.head.get(..12) {
         Some(h) => format!(" on top of checkpoint {h}"),
         None => String::new(),
@@ -161,7 +158,7 @@ async fn check_mount_changes(
     // The lease a live mount holds: that refusal says more. The lease a
     // dead one took (its daemon killed) is known here to be held by no
     // one: no reason to wait for it to expire.
-    let dead = match workspace::check_lease_free(&fetcher.remote, &a.name, a.steal).await {
+    let dead = match ws.check_lease_free(a.steal).await {
         Ok(()) => false,
         Err(mado_core::Error::LeaseHeld { holder, .. }) if !st.live && !st.holder.is_empty() && holder == st.holder => {
             true
@@ -180,7 +177,7 @@ async fn check_mount_changes(
         .into());
     }
     if dead {
-        workspace::release_lease(&fetcher.remote, &a.name, &st.holder).await?;
+        ws.release_lease(&st.holder).await?;
         note!(ctx, "note: released the lease the dead mount of {} held", a.name);
     }
     note!(ctx, "note: {what}; they stay saved, and are not in {}", a.dir.display());
