@@ -110,3 +110,52 @@ pub async fn diff_trees(fetcher: &Arc<Fetcher>, old: TreeId, new: TreeId) -> Res
     out.deleted.sort();
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::DiskCache;
+    use crate::store::{Remote, Space};
+    use bytes::Bytes;
+
+    fn file(name: &str, content: &[u8]) -> Entry {
+        Entry { name: name.into(), kind: Kind::File, chunked: false, size: content.len() as u64, id: Hash::of(content) }
+    }
+
+    async fn put(remote: &Remote, entries: Vec<Entry>) -> Entry {
+        let enc = Tree { entries }.encode();
+        let id = Hash::of(&enc);
+        remote.put_object(Space::Objects, &id, Bytes::from(enc)).await.unwrap();
+        Entry { name: Vec::new(), kind: Kind::Directory, chunked: false, size: 0, id }
+    }
+
+    /// Entries equal on both sides are stepped over in step, so the ones
+    /// after them pair up with their own kind: a change among many equal
+    /// names is that change alone, in a subtree too.
+    #[tokio::test]
+    async fn only_what_differs_is_listed_past_equal_entries() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("file://{}/store", dir.path().display());
+        let remote = Arc::new(Remote::open(&url, &Default::default()).unwrap());
+        let f = Fetcher::new(remote.clone(), Arc::new(DiskCache::open(dir.path().join("cache"), None).unwrap()));
+        let sub_old = put(&remote, vec![file("a", b"1"), file("b", b"2"), file("c", b"3")]).await;
+        let sub_new =
+            put(&remote, vec![file("a", b"1"), file("b", b"2"), file("c", b"changed"), file("d", b"4")]).await;
+        let named = |mut e: Entry, n: &str| {
+            e.name = n.into();
+            e
+        };
+        let old = put(&remote, vec![file("k", b"k"), file("l", b"l"), named(sub_old, "s"), file("x", b"x")]).await;
+        let new = put(&remote, vec![file("k", b"k"), file("l", b"l2"), named(sub_new, "s"), file("y", b"y")]).await;
+        let c = diff_trees(&f, TreeId::from_hash(old.id), TreeId::from_hash(new.id)).await.unwrap();
+        assert_eq!(
+            c,
+            Changes {
+                added: vec!["s/d".into(), "y".into()],
+                modified: vec!["l".into(), "s/c".into()],
+                deleted: vec!["x".into()]
+            }
+        );
+        assert!(diff_trees(&f, TreeId::from_hash(old.id), TreeId::from_hash(old.id)).await.unwrap().is_empty());
+    }
+}
