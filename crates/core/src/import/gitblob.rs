@@ -410,11 +410,11 @@ impl Read for BlobStream {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::chunk::tests::pseudo_random as bytes;
 
-    fn git(repo: &Path, args: &[&str]) -> String {
+    pub(in crate::import) fn git(repo: &Path, args: &[&str]) -> String {
         let o = std::process::Command::new("git")
             .current_dir(repo)
             .env("GIT_CONFIG_NOSYSTEM", "1")

@@ -260,3 +260,31 @@ impl Walker<'_, '_> {
         self.staged.content(self.cache, data)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::import::gitblob::tests::git;
+
+    /// A file's attributes are looked up by its path in the tree: a rule
+    /// for `sub/*.txt` converts sub/a.txt, as `git clone` would, and not a
+    /// file of the same name elsewhere.
+    #[test]
+    fn attributes_apply_by_the_path_in_the_tree() {
+        let t = tempfile::tempdir().unwrap();
+        let repo = t.path().join("repo");
+        std::fs::create_dir_all(repo.join("sub")).unwrap();
+        git(&repo, &["init", "-q"]);
+        std::fs::write(repo.join(".gitattributes"), "sub/*.txt text eol=crlf\n").unwrap();
+        std::fs::write(repo.join("sub/a.txt"), "in sub\n").unwrap();
+        std::fs::write(repo.join("a.txt"), "at the top\n").unwrap();
+        git(&repo, &["add", "."]);
+        git(&repo, &["commit", "-qm", "x"]);
+        let cache = DiskCache::open(t.path().join("cache"), None).unwrap();
+        let (_, revs) = stage(&repo, &["HEAD".to_string()], &cache, Staged::default(), &|_, _| {}).unwrap();
+        assert_eq!(revs.len(), 1);
+        assert!(cache.contains(&Hash::of(b"in sub\r\n")), "sub/a.txt was not converted");
+        assert!(!cache.contains(&Hash::of(b"in sub\n")));
+        assert!(cache.contains(&Hash::of(b"at the top\n")), "a.txt was converted");
+    }
+}
