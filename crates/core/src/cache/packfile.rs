@@ -551,6 +551,9 @@ mod tests {
         let (_d, c) = cache();
         let (bytes, entry, _) = pack_of(3);
         store(&c, &bytes, &entry, 0..=2);
+        // Its bytes and its record are one pack, checked once.
+        let r = c.verify(|_, _| {});
+        assert_eq!((r.checked, r.bad.len()), (1, 0), "{r:?}");
         let p = c.pack_data_path(&entry.id);
         let mut b = fs::read(&p).unwrap();
         let at = entry.members[1].offset as usize;
