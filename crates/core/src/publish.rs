@@ -111,8 +111,8 @@ pub async fn publish_packs(
     build_and_publish(remote, cache, tree, opts, inline, None).await
 }
 
-/// [`publish_packs`] for content an import staged in memory
-/// ([`crate::upload::Staged::in_memory`]): members are read from `staged`
+/// [`publish_packs`] for content an import staged in a spill file
+/// ([`crate::upload::Staged::spilling`]): members are read from `staged`
 /// first (then the cache), and every pack built is also kept in the disk
 /// cache whole, as a fetch of it would have left it, so reads right after
 /// the import need no GET.
@@ -121,7 +121,7 @@ pub async fn publish_staged_packs(
     cache: &Arc<DiskCache>,
     tree: Hash,
     opts: PackOptions,
-    staged: Arc<crate::upload::InMemory>,
+    staged: Arc<crate::upload::Spilled>,
 ) -> Result<PackReport> {
     build_and_publish(remote, cache, tree, opts, None, Some(staged)).await
 }
@@ -132,7 +132,7 @@ async fn build_and_publish(
     tree: Hash,
     opts: PackOptions,
     inline: Option<Arc<crate::fetch::Fetcher>>,
-    staged: Option<Arc<crate::upload::InMemory>>,
+    staged: Option<Arc<crate::upload::Spilled>>,
 ) -> Result<PackReport> {
     if let Some(e) = crate::failpoint::error("publish-packs") {
         return Err(e);
@@ -282,7 +282,7 @@ async fn build_and_publish(
                 // Every member of the tree is in a pack the index names, or
                 // must be stored alone: those the store lacks go up too.
                 let loose = upload_loose(remote, cache, staged.as_deref(), &loose);
-                let created = remote.create_index(&tree, Bytes::from(enc.clone()));
+                let created = remote.create_index(&tree, enc.clone());
                 let (loose, created) = futures::join!(loose, created);
                 Some((loose?, created?))
             }
@@ -312,7 +312,7 @@ async fn build_and_publish(
                 let sent = enc.len() as u64;
                 let (bytes, layer) = match found {
                     Existing::Sound { bytes, layer } => (bytes, layer),
-                    _ => (Bytes::from(enc), idx),
+                    _ => (enc, idx),
                 };
                 save_cache_file(&cache.index_path(&tree), &bytes);
                 crate::fetch::keep_flat(cache, &layer);
@@ -329,7 +329,7 @@ async fn build_and_publish(
                 // Left by a writer that never finished: its ref never moved
                 // (a ref moves only once its packs are up), so nothing
                 // reads it; ours, whose packs are all up now, replaces it.
-                remote.put_index(&tree, Bytes::from(enc.clone())).await?;
+                remote.put_index(&tree, enc.clone()).await?;
                 (loose, true)
             }
         },
@@ -345,7 +345,7 @@ async fn build_and_publish(
                 false
             };
             if !same {
-                remote.put_index(&tree, Bytes::from(enc.clone())).await?;
+                remote.put_index(&tree, enc.clone()).await?;
             }
             (loose, !same)
         }
@@ -400,7 +400,7 @@ fn chain_of<'a>(
 /// of a base pack holding it, and last the store.
 struct Reader {
     cache: Arc<DiskCache>,
-    staged: Option<Arc<crate::upload::InMemory>>,
+    staged: Option<Arc<crate::upload::Spilled>>,
     fetcher: Option<Arc<crate::fetch::Fetcher>>,
     rt: tokio::runtime::Handle,
 }
@@ -412,8 +412,8 @@ impl Reader {
         trees: &dyn Fn(&Hash) -> Option<Vec<u8>>,
         holders: &dyn Fn(&Hash) -> Vec<crate::pack::PackEntry>,
     ) -> Result<Vec<u8>> {
-        if let Some(b) = self.staged.as_ref().and_then(|m| m.get(id)) {
-            return Ok(b.to_vec());
+        if let Some(b) = self.staged.as_ref().map(|m| m.get(id)).transpose()?.flatten() {
+            return Ok(b);
         }
         if let Some(t) = trees(id) {
             return Ok(t);
@@ -461,10 +461,10 @@ async fn place_index(
     mut idx: crate::pack::PackIndex,
     (placed_at, partial): (usize, bool),
     view_wanted: bool,
-) -> Result<(crate::pack::PackIndex, Vec<u8>)> {
+) -> Result<(crate::pack::PackIndex, Bytes)> {
     let layer = match chain {
         Chain::Merged { view: None, .. } => {
-            let enc = idx.encode();
+            let enc = Bytes::from(idx.encode());
             return Ok((idx, enc));
         }
         Chain::Flat(fb) => idx.layer_over_flat(fb, placed_at).map_err(Error::Internal)?,
@@ -498,7 +498,9 @@ async fn place_index(
         )));
     }
     idx.base = layer.base.clone();
-    let enc = layer.encode();
+    // Shared, not copied, by the PUT and the cache's copy (at a million
+    // files the index is 70 MB).
+    let enc = Bytes::from(layer.encode());
     if partial {
         idx = match (chain, view_wanted) {
             (Chain::Merged { view, parts }, true) => match chain_of(view, parts) {
@@ -562,7 +564,7 @@ pub async fn index_is_sound(remote: &Remote, tree: &Hash) -> Result<bool> {
 async fn upload_loose(
     remote: &Remote,
     cache: &DiskCache,
-    staged: Option<&crate::upload::InMemory>,
+    staged: Option<&crate::upload::Spilled>,
     loose: &[(Hash, MemberKind)],
 ) -> Result<(u64, u64)> {
     let ids: Vec<Hash> = loose.iter().map(|(id, _)| *id).collect();

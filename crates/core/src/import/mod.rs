@@ -5,9 +5,9 @@
 //!    gix, apply the repository's `.gitattributes` conversions as `git
 //!    clone` would (read from the commit's own tree, not the worktree),
 //!    split large files, and stage every object: into the disk cache, or
-//!    (when packs are built, the default) trees and small blobs in memory
-//!    up to [`IN_MEMORY_BUDGET`], the packs then being what reaches the
-//!    cache. Hostile names are refused here, with the path.
+//!    (when packs are built, the default) trees and small blobs in one
+//!    spill file up to [`SPILL_BUDGET`], the packs then being what reaches
+//!    the cache. Hostile names are refused here, with the path.
 //! 2. **Upload** (async), packs-first by default: what the store has is
 //!    what the index of the ref's tree names, so the new members go up as
 //!    packs built on top of it (no HEAD or PUT per object), then the index,
@@ -32,11 +32,11 @@ use crate::error::{Error, Next, Result};
 use crate::hash::{Hash, SnapshotId};
 use crate::object::{RefValue, Snapshot};
 use crate::store::{Remote, Space};
-use crate::upload::{upload_closure, InMemory, Staged, UploadReport};
+use crate::upload::{upload_closure, Spilled, Staged, UploadReport};
 
-/// Blob bytes an import stages in memory before it stages in the cache
-/// (see [`Staged::in_memory`]).
-pub const IN_MEMORY_BUDGET: u64 = 1 << 30;
+/// Blob bytes an import stages in its spill file before it stages in the
+/// cache (see [`Staged::spilling`]).
+pub const SPILL_BUDGET: u64 = 4 << 30;
 
 /// One imported commit.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -81,7 +81,7 @@ pub async fn publish(
     seed: Option<&str>,
 ) -> Result<ImportReport> {
     let roots: Vec<Hash> = revs.iter().map(|r| *r.root).collect();
-    let memory = staged.memory();
+    let spilled = staged.spilled();
     let primary = packs.as_ref().filter(|o| o.primary).cloned();
     // One new tree, packs-first (an import of one commit, the usual case):
     // whether its index exists is asked alongside its packs, after the
@@ -147,7 +147,7 @@ pub async fn publish(
         let mut upload = UploadReport::default();
         let nothing = async { Ok((Vec::new(), UploadReport::default())) };
         let r =
-            finish_publish(remote, cache, revs, ref_name, packs, Ok(current), &mut upload, indexed, &memory, nothing)
+            finish_publish(remote, cache, revs, ref_name, packs, Ok(current), &mut upload, indexed, &spilled, nothing)
                 .await?;
         (r, upload, None)
     } else {
@@ -190,8 +190,8 @@ pub async fn publish(
                         (false, Some(p)) => vec![p.map(|(r, present)| (r, Some(present)))?],
                         (false, None) => indexed?.into_iter().map(|(r, present)| (r, Some(present))).collect(),
                     };
-                    let memory = &memory;
-                    let f = async move { publish_primary(remote, cache, &indexed, base, &opts, memory).await };
+                    let spilled = &spilled;
+                    let f = async move { publish_primary(remote, cache, &indexed, base, &opts, spilled).await };
                     (futures::future::Either::Left(f), None, Ok(Vec::new()))
                 }
                 None => {
@@ -209,7 +209,7 @@ pub async fn publish(
                 Ok(current),
                 &mut upload,
                 indexed,
-                &memory,
+                &spilled,
                 alongside,
             )
             .await?;
@@ -253,7 +253,7 @@ async fn publish_primary(
     indexed: &[(Hash, Option<bool>)],
     mut base: Option<Arc<crate::pack::PackIndex>>,
     opts: &crate::publish::PackOptions,
-    memory: &Option<Arc<InMemory>>,
+    spilled: &Option<Arc<Spilled>>,
 ) -> Result<(Vec<crate::publish::PackReport>, UploadReport)> {
     let mut upload = UploadReport::default();
     let mut reports = Vec::new();
@@ -278,7 +278,7 @@ async fn publish_primary(
             Some(_) => crate::publish::IndexCheck::KnownAbsent,
         };
         let o = crate::publish::PackOptions { index_check, base: base.clone(), primary: true, ..opts.clone() };
-        let r = packs_of(remote, cache, *root, o, memory).await?;
+        let r = packs_of(remote, cache, *root, o, spilled).await?;
         upload.objects_uploaded += r.loose_uploaded;
         upload.bytes_uploaded += r.bytes_uploaded;
         base = r.index.clone();
@@ -287,29 +287,31 @@ async fn publish_primary(
     Ok((reports, upload))
 }
 
-/// Builds and publishes `root`'s packs from what was staged: from memory
+/// Builds and publishes `root`'s packs from what was staged: from the spill file
 /// (the packs then kept in the cache) when the import staged there.
 async fn packs_of(
     remote: &Remote,
     cache: &Arc<DiskCache>,
     root: Hash,
     opts: crate::publish::PackOptions,
-    memory: &Option<Arc<InMemory>>,
+    spilled: &Option<Arc<Spilled>>,
 ) -> Result<crate::publish::PackReport> {
-    match memory {
+    match spilled {
         Some(m) => crate::publish::publish_staged_packs(remote, cache, root, opts, m.clone()).await,
         None => crate::publish::publish_packs(remote, cache, root, opts, None).await,
     }
 }
 
-/// Content staged in memory that no pack in the cache carries (a tree
+/// Content spilled at staging that no pack in the cache carries (a tree
 /// indexed already, or the ref's own, or members of the ref's packs this
 /// cache never read) goes to the cache as loose objects, where staging in
 /// the cache would have left it: reads right after an import stay local.
-/// Best effort, as any cache write (a full disk warns once).
+/// Everything spilled is below one of `roots`. Best effort, as any cache
+/// write (a full disk warns once). What the packs carry is one sorted list
+/// of ids, not a map: on a big tree the import's peak is near.
 async fn spill(cache: &Arc<DiskCache>, staged: &Staged, roots: &[Hash], built: &[crate::publish::PackReport]) {
-    let Some(memory) = staged.memory() else { return };
-    let mut left: Vec<Hash> = Vec::new();
+    let Some(spilled) = staged.spilled() else { return };
+    let mut covered: Vec<Hash> = Vec::new();
     let mut done = HashSet::new();
     for root in roots {
         if !done.insert(*root) {
@@ -320,28 +322,27 @@ async fn spill(cache: &Arc<DiskCache>, staged: &Staged, roots: &[Hash], built: &
             Some(i) => Some(i),
             None => local_index(cache, root).map(Arc::new),
         };
-        let (trees, members): (HashSet<Hash>, std::collections::HashMap<Hash, Hash>) = match &index {
-            Some(i) => (
-                i.trees.iter().map(|(t, _)| *t).collect(),
-                i.packs.iter().flat_map(|p| p.members.iter().map(move |m| (m.id, p.id))).collect(),
-            ),
-            None => Default::default(),
-        };
-        left.extend(
-            staged
-                .in_memory_below(root)
-                .into_iter()
-                .filter(|id| !trees.contains(id) && !members.get(id).is_some_and(|pack| cache.pack_has(pack, id))),
-        );
+        if let Some(i) = index {
+            covered.reserve(i.trees.len() + i.member_count());
+            covered.extend(i.trees.iter().map(|(t, _)| *t));
+            for p in &i.packs {
+                covered.extend(p.members.iter().filter(|m| cache.pack_has(&p.id, &m.id)).map(|m| m.id));
+            }
+        }
     }
+    covered.sort_unstable();
+    covered.dedup();
+    let Ok(ids) = spilled.ids() else { return };
+    let left: Vec<Hash> = ids.into_iter().filter(|id| covered.binary_search(id).is_err()).collect();
+    drop(covered);
     if left.is_empty() {
         return;
     }
     let c = cache.clone();
     let _ = tokio::task::spawn_blocking(move || {
         for id in left {
-            if let Some(b) = memory.get(&id) {
-                if c.put(&id, b).is_err() {
+            if let Ok(Some(b)) = spilled.get(&id) {
+                if c.put(&id, &b).is_err() {
                     return;
                 }
             }
@@ -380,7 +381,7 @@ async fn finish_publish(
     current: Result<CurrentRef>,
     upload: &mut UploadReport,
     indexed: Result<Vec<(Hash, bool)>>,
-    memory: &Option<Arc<InMemory>>,
+    spilled: &Option<Arc<Spilled>>,
     alongside: impl std::future::Future<Output = Result<(Vec<crate::publish::PackReport>, UploadReport)>>,
 ) -> Result<(Vec<Imported>, Vec<crate::publish::PackReport>, Vec<String>)> {
     let (current, indexed) = (current?, indexed?);
@@ -400,7 +401,7 @@ async fn finish_publish(
             // not fail for them. One retry, then a warning.
             let mut last = None;
             for _ in 0..2 {
-                match packs_of(remote, cache, root, opts.clone(), memory).await {
+                match packs_of(remote, cache, root, opts.clone(), spilled).await {
                     Ok(r) => {
                         pack_reports.push(r);
                         last = None;
@@ -573,7 +574,7 @@ pub async fn import_git(
     // Packs are built from what is staged: small content need not be in
     // the cache as one file per object (the packs go there instead).
     // Without packs, the objects staged in the cache are what reads find.
-    let staged = if packs.is_some() { Staged::in_memory(IN_MEMORY_BUDGET) } else { Staged::default() };
+    let staged = if packs.is_some() { Staged::spilling(&cache, SPILL_BUDGET)? } else { Staged::default() };
     let (staged, revs) = tokio::task::spawn_blocking(move || stage(&repo, &revs, &c, staged, &*progress))
         .await
         .map_err(|e| Error::Io { context: "import task".into(), source: std::io::Error::other(e) })??;

@@ -80,6 +80,7 @@ fn stage_here(
         let root = TreeId::from_hash(walker.walk(tree_id, "", false)?);
         out.push(StagedRev { rev: rev.clone(), commit: commit.id.to_string(), root, time, author: author_s, message });
     }
+    staged.finish()?;
     Ok((staged, out))
 }
 

@@ -598,6 +598,15 @@ pub fn build(
         Mode::Recursive => plan_recursive(&root, cap, &mut groups),
         Mode::PerDir => plan_per_dir(&root, &mut groups),
     }
+    // v1 then leaves what no pack took alone, so needs every member; the
+    // walk's copy is dropped otherwise (the plan holds its own: a member
+    // a file of the tree, twice over, while the packs are built).
+    let every = (mode == Mode::PerDir).then(|| {
+        let mut all = Vec::new();
+        flatten(&root, &mut all);
+        all
+    });
+    drop(root);
     let mut seen = HashSet::new();
     let mut packs = Vec::new();
     // The plan caps what a group holds before compression; v2 then puts
@@ -624,32 +633,34 @@ pub fn build(
         if ids.is_empty() {
             continue;
         }
-        let data: Vec<Vec<u8>> = ids.iter().map(|(id, _)| src(id)).collect::<Result<_>>()?;
-        let members: Vec<(Hash, MemberKind, &[u8])> =
-            ids.iter().zip(&data).map(|((id, k), d)| (*id, *k, d.as_slice())).collect();
-        let stored = super::stored_members(&members);
-        drop(data);
-        let bytes: u64 = stored.iter().map(|m| m.body.len() as u64).sum();
-        if mode == Mode::PerDir || pending_bytes + bytes > cap || pending.len() + stored.len() > MAX_PACK_MEMBERS {
-            flush(&mut pending, &mut packs)?;
-            pending_bytes = 0;
-        }
-        for m in stored {
-            // A group of more members than a pack takes goes on, in walk
-            // order, in the next pack.
-            if pending.len() == MAX_PACK_MEMBERS {
+        // A group of more members than a pack takes starts a pack whatever
+        // its bytes, and goes on in walk order in the next: it is read a
+        // pack's members at a time (a group of a big tree's small files
+        // holds hundreds of thousands, `cap` of content twice over).
+        let whole = ids.len() <= MAX_PACK_MEMBERS;
+        for (i, part) in ids.chunks(MAX_PACK_MEMBERS).enumerate() {
+            let stored = stored_of(part, src)?;
+            let bytes: u64 = stored.iter().map(|m| m.body.len() as u64).sum();
+            let starts =
+                mode == Mode::PerDir || pending_bytes + bytes > cap || pending.len() + stored.len() > MAX_PACK_MEMBERS;
+            if i == 0 && (!whole || starts) {
                 flush(&mut pending, &mut packs)?;
                 pending_bytes = 0;
             }
-            pending_bytes += m.body.len() as u64;
-            pending.push(m);
+            for m in stored {
+                if pending.len() == MAX_PACK_MEMBERS {
+                    flush(&mut pending, &mut packs)?;
+                    pending_bytes = 0;
+                }
+                pending_bytes += m.body.len() as u64;
+                pending.push(m);
+            }
         }
     }
     flush(&mut pending, &mut packs)?;
     if mode == Mode::PerDir {
         let packed: HashSet<Hash> = packs.iter().flat_map(|p| p.members.iter().map(|m| m.id)).collect();
-        let mut all = Vec::new();
-        flatten(&root, &mut all);
+        let mut all = every.unwrap_or_default();
         all.extend(std::mem::take(&mut w.runs).into_iter().flatten());
         let alone: Vec<(Hash, MemberKind)> = all.into_iter().filter(|(id, _)| !packed.contains(id)).collect();
         w.unpacked += alone.len() as u64;
@@ -666,6 +677,14 @@ pub fn build(
         placed_at: 0,
         partial: false,
     })
+}
+
+/// Members `ids` read and made ready to store (compressed where it pays).
+fn stored_of(ids: &[(Hash, MemberKind)], src: &Source<'_>) -> Result<Vec<super::Stored>> {
+    let data: Vec<Vec<u8>> = ids.iter().map(|(id, _)| src(id)).collect::<Result<_>>()?;
+    let members: Vec<(Hash, MemberKind, &[u8])> =
+        ids.iter().zip(&data).map(|((id, k), d)| (*id, *k, d.as_slice())).collect();
+    Ok(super::stored_members(&members))
 }
 
 /// Members in the order given, in packs of at most `cap` raw bytes and
