@@ -579,6 +579,64 @@ pub async fn checkout(
     dest: &Path,
     opts: CheckoutOptions<'_>,
 ) -> Result<CheckoutReport> {
+    let Dest { made, empty, partial_left, removed_partial } = dest_state(fetcher, root, dest, &opts).await?;
+    let named = lookup_named(fetcher, root, opts.paths).await?;
+    std::fs::create_dir_all(dest).map_err(Error::io(format!("creating {}", dest.display())))?;
+    let root_fd = Arc::new(
+        rustix::fs::open(dest, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
+            .map_err(|e| Error::Io { context: format!("opening {}", dest.display()), source: e.into() })?,
+    );
+    // Into an empty or new directory, marked until every file is written:
+    // a checkout that fails or is dropped (Ctrl-C) leaves the directory as
+    // it found it, and one killed leaves the mark, so the next checkout
+    // there knows whose files they are. A tree that holds a file of the
+    // mark's name at its top is not marked.
+    let marks = opts.allow_name.is_none()
+        && (empty || partial_left)
+        && !fetcher.tree(root, "").await?.entries.iter().any(|e| e.name == PARTIAL_MARK.as_bytes());
+    let partial = if marks && empty { Some(Partial::mark(&root_fd, dest, made)?) } else { None };
+    // --force over what a killed checkout left: its mark goes at the end.
+    let stale_mark = marks && !empty;
+    let mut report = CheckoutReport { removed_partial, ..Default::default() };
+    let files = walk(fetcher, &root_fd, root, named, &opts, &mut report).await?;
+    let results = write_files(fetcher, &root_fd, files, &opts).await?;
+    for (kind, n, p, e) in results {
+        if kind == Kind::Symlink {
+            report.symlinks += 1;
+        } else {
+            report.files += 1;
+            report.bytes += n;
+            report.written.push((p, e));
+        }
+    }
+    if let Some(p) = partial {
+        p.done(&root_fd)?;
+    }
+    if stale_mark {
+        // The killed checkout's half-written temp files go too.
+        remove_temps(dest);
+        rustix::fs::unlinkat(&*root_fd, PARTIAL_MARK, AtFlags::empty())
+            .map_err(io_at(PARTIAL_MARK.as_bytes(), "removing"))?;
+    }
+    Ok(report)
+}
+
+/// What [`dest_state`] found at the checkout's target directory.
+struct Dest {
+    /// It did not exist.
+    made: bool,
+    /// It is empty (but for `allow_name`), or was emptied of what an
+    /// interrupted checkout left.
+    empty: bool,
+    /// It holds what an interrupted checkout left (its mark).
+    partial_left: bool,
+    removed_partial: bool,
+}
+
+/// Checks the target directory: empty, new, or written over with
+/// `--force`; what an interrupted checkout (kill -9) left there is removed,
+/// and the checkout done again, unless something else is there too.
+async fn dest_state(fetcher: &Arc<Fetcher>, root: Hash, dest: &Path, opts: &CheckoutOptions<'_>) -> Result<Dest> {
     // A file where `dest` goes is refused here, with --force too.
     let made = std::fs::symlink_metadata(dest).is_err();
     let mut empty = is_empty_dir_but(dest, opts.allow_name)?;
@@ -608,8 +666,13 @@ pub async fn checkout(
             dest.display()
         )));
     }
-    // Named paths are checked and looked up before anything is written.
-    let roots = roots_of(opts.paths)?;
+    Ok(Dest { made, empty, partial_left, removed_partial })
+}
+
+/// The entries of the named paths (each checked first): a missing one
+/// stops the checkout before anything is written.
+async fn lookup_named(fetcher: &Arc<Fetcher>, root: Hash, paths: &[String]) -> Result<Vec<(Vec<u8>, Entry)>> {
+    let roots = roots_of(paths)?;
     let found: Vec<Option<Entry>> = futures::stream::iter(roots.iter().map(|p| {
         let f = fetcher.clone();
         async move {
@@ -630,23 +693,20 @@ pub async fn checkout(
             e.map(|e| (p.clone(), e)).ok_or_else(|| Error::NotFound(format!("{} is not in the snapshot", lossy(&p))))
         })
         .collect::<Result<_>>()?;
-    std::fs::create_dir_all(dest).map_err(Error::io(format!("creating {}", dest.display())))?;
-    let root_fd = Arc::new(
-        rustix::fs::open(dest, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
-            .map_err(|e| Error::Io { context: format!("opening {}", dest.display()), source: e.into() })?,
-    );
-    // Into an empty or new directory, marked until every file is written:
-    // a checkout that fails or is dropped (Ctrl-C) leaves the directory as
-    // it found it, and one killed leaves the mark, so the next checkout
-    // there knows whose files they are. A tree that holds a file of the
-    // mark's name at its top is not marked.
-    let marks = opts.allow_name.is_none()
-        && (empty || partial_left)
-        && !fetcher.tree(root, "").await?.entries.iter().any(|e| e.name == PARTIAL_MARK.as_bytes());
-    let partial = if marks && empty { Some(Partial::mark(&root_fd, dest, made)?) } else { None };
-    // --force over what a killed checkout left: its mark goes at the end.
-    let stale_mark = marks && !empty;
-    let mut report = CheckoutReport { removed_partial, ..Default::default() };
+    Ok(named)
+}
+
+/// Creates the directories of the tree (or of the named paths) under
+/// `root_fd`, one level of trees at a time, and returns the files to
+/// write.
+async fn walk(
+    fetcher: &Arc<Fetcher>,
+    root_fd: &Arc<OwnedFd>,
+    root: Hash,
+    named: Vec<(Vec<u8>, Entry)>,
+    opts: &CheckoutOptions<'_>,
+    report: &mut CheckoutReport,
+) -> Result<Vec<(Vec<u8>, Entry)>> {
     let mut files: Vec<(Vec<u8>, Entry)> = Vec::new();
     let mut level: Vec<(Vec<u8>, Hash)> = Vec::new();
     if opts.paths.is_empty() {
@@ -660,14 +720,14 @@ pub async fn checkout(
             while let Some(i) = p[at..].iter().position(|c| *c == b'/') {
                 let parent = p[..at + i].to_vec();
                 if made.insert(parent.clone()) {
-                    make_dir(&root_fd, &parent, opts.force)?;
+                    make_dir(root_fd, &parent, opts.force)?;
                     report.dirs += 1;
                 }
                 at += i + 1;
             }
             match e.kind {
                 Kind::Directory | Kind::Gitlink => {
-                    make_dir(&root_fd, &p, opts.force)?;
+                    make_dir(root_fd, &p, opts.force)?;
                     made.insert(p.clone());
                     report.dirs += 1;
                     if e.kind == Kind::Directory {
@@ -695,7 +755,7 @@ pub async fn checkout(
                 let p = join(dir, &e.name);
                 match e.kind {
                     Kind::Directory | Kind::Gitlink => {
-                        make_dir(&root_fd, &p, opts.force)?;
+                        make_dir(root_fd, &p, opts.force)?;
                         report.dirs += 1;
                         if e.kind == Kind::Directory {
                             next.push((p, e.id));
@@ -710,6 +770,18 @@ pub async fn checkout(
         }
         level = next;
     }
+    Ok(files)
+}
+
+/// Writes `files`: those whose packs the cache lacks streamed from each
+/// pack's span once, the rest read as usual, through one set of writers;
+/// every write is done (or failed) before it returns.
+async fn write_files(
+    fetcher: &Arc<Fetcher>,
+    root_fd: &Arc<OwnedFd>,
+    files: Vec<(Vec<u8>, Entry)>,
+    opts: &CheckoutOptions<'_>,
+) -> Result<Vec<Written>> {
     // Whole files of packs the cache has no copy of: each pack's span is
     // streamed once and each member goes from the stream to the writers
     // (nothing held for later readers, nothing read back from the cache).
@@ -819,7 +891,7 @@ pub async fn checkout(
     };
     let (from_packs, others) = futures::join!(
         async { futures::join!(streams, streamed).1 },
-        read_and_write(fetcher, &root_fd, &writers, rest, &opts, &done, total)
+        read_and_write(fetcher, root_fd, &writers, rest, opts, &done, total)
     );
     // What the streams did not deliver (a pack that failed, or that
     // another reader was fetching) is read the usual way.
@@ -827,7 +899,7 @@ pub async fn checkout(
         (Ok(mut a), Ok(b)) => {
             a.extend(b);
             let left: Vec<(Vec<u8>, Entry)> = by_id.into_values().flatten().collect();
-            read_and_write(fetcher, &root_fd, &writers, left, &opts, &done, total).await.map(|c| {
+            read_and_write(fetcher, root_fd, &writers, left, opts, &done, total).await.map(|c| {
                 a.extend(c);
                 a
             })
@@ -841,26 +913,7 @@ pub async fn checkout(
     }
     // A writer's own error first (what a task stopped early on is a copy).
     finished?;
-    let results: Vec<Written> = results?;
-    for (kind, n, p, e) in results {
-        if kind == Kind::Symlink {
-            report.symlinks += 1;
-        } else {
-            report.files += 1;
-            report.bytes += n;
-            report.written.push((p, e));
-        }
-    }
-    if let Some(p) = partial {
-        p.done(&root_fd)?;
-    }
-    if stale_mark {
-        // The killed checkout's half-written temp files go too.
-        remove_temps(dest);
-        rustix::fs::unlinkat(&*root_fd, PARTIAL_MARK, AtFlags::empty())
-            .map_err(io_at(PARTIAL_MARK.as_bytes(), "removing"))?;
-    }
-    Ok(report)
+    results
 }
 
 /// How the names of files being written start, until they are moved into
