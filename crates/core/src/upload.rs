@@ -778,6 +778,8 @@ mod tests {
         let fresh = Hash([2; 32]);
         m.put(fresh, b"in the tail").unwrap();
         assert!(m.written > 0 && !m.tail.is_empty(), "one record written out, one still gathered");
+        // Only the id sharing a prefix and the huge one need the exact table.
+        assert_eq!(m.other.len(), 2);
         assert_eq!(m.get(&a).unwrap().as_deref(), Some(&b"first"[..]));
         assert_eq!(m.get(&b).unwrap().as_deref(), Some(&b"second"[..]));
         assert_eq!(m.len_of(&b).unwrap(), Some(6));
