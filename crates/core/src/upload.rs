@@ -203,6 +203,11 @@ impl Spilled {
         if self.contains(&id)? {
             return Ok(());
         }
+        self.append(id, data)
+    }
+
+    /// [`Spilled::put`] of an object the caller found absent.
+    fn append(&mut self, id: Hash, data: &[u8]) -> Result<()> {
         let len = u32::try_from(data.len())
             .map_err(|_| Error::Internal(format!("object {} is too large to spill", id.short())))?;
         let at = self.written + self.tail.len() as u64;
@@ -265,7 +270,7 @@ impl Staged {
             return Ok(false);
         }
         m.held += data.len() as u64;
-        m.put(*id, data)?;
+        m.append(*id, data)?;
         Ok(true)
     }
 
@@ -313,24 +318,24 @@ impl Staged {
     fn content_was(&mut self, cache: &DiskCache, data: &[u8], known: Option<Hash>) -> Result<(Hash, bool)> {
         self.files += 1;
         self.bytes += data.len() as u64;
-        let r = self.content_split(cache, data, known)?;
-        let spilled = match &self.spill {
-            Some(m) => m.contains(&r.0)?,
-            None => false,
-        };
+        let (id, chunked, spilled) = self.content_split(cache, data, known)?;
+        // The spill file knows a spilled blob's length.
         if !spilled {
-            self.sizes.insert(r.0, data.len() as u64);
+            self.sizes.insert(id, data.len() as u64);
         }
-        Ok(r)
+        Ok((id, chunked))
     }
 
-    fn content_split(&mut self, cache: &DiskCache, data: &[u8], known: Option<Hash>) -> Result<(Hash, bool)> {
+    /// Stores `data`; returns its id, whether it is chunked, and whether it
+    /// is in the spill file.
+    fn content_split(&mut self, cache: &DiskCache, data: &[u8], known: Option<Hash>) -> Result<(Hash, bool, bool)> {
         match split(data) {
             Split::Whole { id } => {
-                if Some(id) != known && !self.keep_blob(&id, data)? {
+                let spilled = Some(id) != known && self.keep_blob(&id, data)?;
+                if Some(id) != known && !spilled {
                     cache.put(&id, data)?;
                 }
-                Ok((id, false))
+                Ok((id, false, spilled))
             }
             Split::Chunked { encoded, id, chunks, .. } => {
                 for (cid, piece) in &chunks {
@@ -338,7 +343,7 @@ impl Staged {
                 }
                 cache.put(&id, &encoded)?;
                 self.manifests.insert(id, chunks.iter().map(|(h, _)| *h).collect());
-                Ok((id, true))
+                Ok((id, true, false))
             }
         }
     }
