@@ -20,7 +20,7 @@ from results import (J_CHECKOUT_COLD, J_CHECKOUT_COLD_PINNED, J_CHECKOUT_WARM, J
 from results import (K_CHECKPOINT, K_EDITS, K_FLAT, K_GIT, K_GOAL_RTT, K_META_LIMIT, K_ROWS, K_RTTS_AFTER_WALK,
                      K_TOUCH, K_TOUCH_PER_FILE, K_TOUCHES, K_VS_GIT, K_WALK_RTTS, ck_system)
 from results import M_GUEST_DISK, M_GUEST_WARM, M_WARM_LIMIT
-from results import (O_RTT, P_MEM_ROWS, P_ROWS, P_RTT, p_system, N_BUILD, N_CP, N_GIT, N_GREP, N_LOCAL, N_MOUNT, N_QUICK_FILES, N_READ, N_RM, N_ROWS, N_RTT,
+from results import (O_RTT, P_MEM_ROWS, P_ROWS, P_RTT, P_UP_ROW, p_system, N_BUILD, N_CP, N_GIT, N_GREP, N_LOCAL, N_MOUNT, N_QUICK_FILES, N_READ, N_RM, N_ROWS, N_RTT,
                      N_SED, N_STAT, N_STATUS, work_system)
 from results import (L_BIG_RTT, L_CHANGED, L_IMPORT, L_NEXT, L_NEXT_COLD, L_NEXT_PUSH, L_NEXT_RTTS,
                      L_PUSH, L_PUT_BYTES, L_PUT_EXTRA, L_ROWS, L_VS_PUSH, l_system)
@@ -726,12 +726,19 @@ class Report:
                 cells.append("–" if not r or r.rss_mib is None else
                              f"{r.rss_mib:.1f} MiB ({r.rss_mib * 2**20 / n:.0f} B/file)")
             out.append(f"| {label} | " + " | ".join(cells) + " |")
+        label, _ = P_UP_ROW
+        cells = []
+        for n in sizes:
+            r = self.scale(label, n)
+            cells.append("–" if not r or r.up_bytes is None else f"{r.up_bytes / 1024:.1f} KiB")
+        out.append(f"| {label} | " + " | ".join(cells) + " |")
         out += ["", " ".join([
             "`bench/scale.sh`: a synthetic monorepo of TOPS × 10 × 100 small Rust files (one git commit made "
             "with `git fast-import`), imported into the embedded store; then `mado mount` of it, `find -printf "
             "%s` over the mount and over git's own checkout with the page cache dropped before each, `mado ws "
-            "create --mount`, `mado ws status` with 10 files edited, and the second of two checkpoints of 10 "
-            "edits each. Memory is the import's max RSS and each daemon's private memory (RssAnon); \"once "
+            "create --mount`, `mado ws status` with 10 files edited, the second of two checkpoints of 10 "
+            "edits each (in 10 top directories) and what it sent, and `mado ws resume --mount` of the workspace "
+            "into a new folder. Memory is the import's max RSS and each daemon's private memory (RssAnon); \"once "
             "the kernel forgot\" is the read-only mount's daemon after `drop_caches` made the kernel forget the "
             "walk's inodes and its threads took requests again (400 lookups, then 10 s: a thread gives back "
             "what it freed as it takes a request). Issue #46's goals at 1M files: at most 300 bytes a file "

@@ -192,7 +192,10 @@ P_ROWS = (
     ("ws create --mount", 7, "s"),
     ("ws status, 10 edits", 8, "s"),
     ("ws checkpoint, 10 edits (the second)", 9, "s"),
+    ("ws resume --mount", 13, "s"),
 )
+# Bytes up by the second 10-edit checkpoint (the script's column 10).
+P_UP_ROW = ("bytes up by that checkpoint", 10)
 
 
 def p_system(label: str, files: int) -> str:
@@ -203,8 +206,8 @@ P_MEM_ROWS = (
     ("import-git max RSS", 1),
     ("mount daemon at rest", 3),
     ("mount daemon after the find", 6),
-    ("workspace daemon after the checkpoints", 10),
-    ("mount daemon once the kernel forgot the find's inodes", 11),
+    ("workspace daemon after the checkpoints", 11),
+    ("mount daemon once the kernel forgot the find's inodes", 12),
 )
 
 N_LOCAL = "local disk"

@@ -21,7 +21,7 @@ tops=("$@")
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/mado-scale.XXXXXX")
 cleanup() {
-  for d in "$work"/*/mnt "$work"/*/ws; do
+  for d in "$work"/*/mnt "$work"/*/ws "$work"/*/ws2; do
     [ -d "$d" ] && { "$mado" umount "$d" >/dev/null 2>&1 || fusermount3 -uz "$d" 2>/dev/null || true; }
   done
   rm -rf "$work"
@@ -48,8 +48,8 @@ secs() { local t0=$(date +%s.%N); "$@" >/dev/null; echo "$(date +%s.%N) - $t0" |
 rss_mib() { awk '/RssAnon/ {printf "%.1f", $2/1024}' "/proc/$1/status"; }
 daemon_of() { pgrep -f -- "$1 --foreground" | head -1; }
 
-echo "| files | import s (max RSS MiB) | mount s | daemon MiB at rest | find over mount s | find over git checkout s | daemon MiB after find | ws create --mount s | ws status (10 edits) s | 2nd 10-edit checkpoint s | daemon MiB after | mount daemon MiB once forgotten |"
-echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
+echo "| files | import s (max RSS MiB) | mount s | daemon MiB at rest | find over mount s | find over git checkout s | daemon MiB after find | ws create --mount s | ws status (10 edits) s | 2nd 10-edit checkpoint s | its bytes up | daemon MiB after | mount daemon MiB once forgotten | ws resume --mount s |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 for n in "${tops[@]}"; do
   d="$work/$n"
   mkdir -p "$d"
@@ -90,10 +90,15 @@ for n in "${tops[@]}"; do
   status=$(cd "$d/ws" && secs "$mado" ws status)
   (cd "$d/ws" && "$mado" ws checkpoint >/dev/null)
   edit two
-  ckpt=$(cd "$d/ws" && secs "$mado" ws checkpoint)
+  t0=$(date +%s.%N)
+  up=$(cd "$d/ws" && "$mado" ws checkpoint --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["remote"]["bytes_up"])')
+  ckpt=$(echo "$(date +%s.%N) - $t0" | bc)
   wafter=$(rss_mib "$wpid")
   "$mado" umount "$d/ws" >/dev/null
-  printf '| %s | %.1f (%.0f) | %.2f | %s | %.1f | %.1f | %s | %.2f | %.2f | %.2f | %s | %s |\n' \
+  mkdir -p "$d/ws2"
+  resume=$(secs "$mado" ws resume w "$d/ws2" --mount)
+  "$mado" umount "$d/ws2" >/dev/null
+  printf '| %s | %.1f (%.0f) | %.2f | %s | %.1f | %.1f | %s | %.2f | %.2f | %.2f | %s | %s | %s | %.2f |\n' \
     "$files" "${imp% *}" "$(echo "${imp#* } / 1024" | bc -l)" "$mnt_s" "$rest" "$find_m" "$find_l" "$after" \
-    "$create" "$status" "$ckpt" "$wafter" "$forgot"
+    "$create" "$status" "$ckpt" "$up" "$wafter" "$forgot" "$resume"
 done

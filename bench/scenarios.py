@@ -23,7 +23,7 @@ from results import (FLOOR_ROW, GIT_CLONE_ROW, GIT_PUSH_ROW, GIT_SPARSE_ROW, IMP
                      large_system, materialize_row, mount_row, readers_row, size_label, writers_row,
                      M_GUEST_COLD, M_GUEST_DISK, M_GUEST_WARM, M_HOST_COLD, M_HOST_WARM)
 from results import (N_LOCAL, N_MOUNT, N_QUICK_FILES, N_ROWS, N_RTT, O_QUICK_SIZES, O_RTT, O_SIZES, P_MEM_ROWS,
-                     P_QUICK_TOPS, P_ROWS, P_RTT, P_TOPS, o_system, p_system, work_system)
+                     P_QUICK_TOPS, P_ROWS, P_RTT, P_TOPS, P_UP_ROW, o_system, p_system, work_system)
 
 DENSE = Subtree.DENSE.value
 
@@ -1256,7 +1256,7 @@ class Scale(OncePerRun):
         log(f"p: {os.path.relpath(self.SCRIPT, ROOT)} {h.mado} {' '.join(map(str, tops))}")
         h.quiet_start()
         limit = h.timeout * 2 * sum(max(1, t // 50) for t in tops)
-        leftovers = [os.path.join(h.work, "mado-scale.*", "*", d) for d in ("mnt", "ws")]
+        leftovers = [os.path.join(h.work, "mado-scale.*", "*", d) for d in ("mnt", "ws", "ws2")]
         try:
             out = run_script([self.SCRIPT, h.mado, *map(str, tops)], dict(os.environ, TMPDIR=h.work), limit, leftovers)
         except ScriptFailed as e:
@@ -1268,7 +1268,7 @@ class Scale(OncePerRun):
     def parse(out: str) -> Iterator[Result]:
         for line in out.splitlines():
             cols = [c.strip() for c in line.strip().strip("|").split("|")]
-            if len(cols) != 12 or not cols[0].isdigit():
+            if len(cols) != 14 or not cols[0].isdigit():
                 continue
             files = int(cols[0])
             for label, col, _ in P_ROWS:
@@ -1279,6 +1279,9 @@ class Scale(OncePerRun):
                 text = cols[col]
                 mib = float(text.split("(")[1].rstrip(")")) if col == 1 else float(text)
                 yield log_result(Result(Table.P, p_system(label, files), P_RTT, n=1, rss_mib=mib, tree_files=files))
+            label, col = P_UP_ROW
+            yield log_result(Result(Table.P, p_system(label, files), P_RTT, n=1, up_bytes=int(cols[col]),
+                                    tree_files=files))
 
 
 def scenarios() -> Dict[str, Callable[[Harness, int], Iterator[Result]]]:

@@ -151,11 +151,20 @@ mod tests {
             std::ptr::write_bytes(warm, 0xaa, layout.size());
             a.dealloc(warm, layout);
         }
-        let before = resident_kib();
-        let p = unsafe { a.alloc_zeroed(layout) };
-        assert!(!p.is_null());
-        assert_eq!(a.live(), 1);
-        let grown = resident_kib().saturating_sub(before);
+        // Other tests of this binary allocate on other threads meanwhile:
+        // the least growth over a few tries is this block's.
+        let mut grown = u64::MAX;
+        let mut p: *mut u8 = std::ptr::null_mut();
+        for _ in 0..5 {
+            if !p.is_null() {
+                unsafe { a.dealloc(p, layout) };
+            }
+            let before = resident_kib();
+            p = unsafe { a.alloc_zeroed(layout) };
+            assert!(!p.is_null());
+            assert_eq!(a.live(), 1);
+            grown = grown.min(resident_kib().saturating_sub(before));
+        }
         assert!(grown < 2048, "a 16 MiB zeroed block made {grown} KiB resident");
         let s = unsafe { std::slice::from_raw_parts_mut(p, layout.size()) };
         assert!(s.iter().step_by(4096).all(|&b| b == 0) && s[layout.size() - 1] == 0);

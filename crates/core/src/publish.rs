@@ -499,8 +499,9 @@ async fn place_index(
     }
     idx.base = layer.base.clone();
     // Shared, not copied, by the PUT and the cache's copy (at a million
-    // files the index is 70 MB).
-    let enc = Bytes::from(layer.encode());
+    // files the index is 70 MB). A layer's big directories go as deltas
+    // over the trees below it.
+    let enc = Bytes::from(encode_layer(&layer, chain));
     if partial {
         idx = match (chain, view_wanted) {
             (Chain::Merged { view, parts }, true) => match chain_of(view, parts) {
@@ -511,6 +512,35 @@ async fn place_index(
         };
     }
     Ok((idx, enc))
+}
+
+/// Layer `layer` as stored, its new directories written as deltas where
+/// that pays ([`crate::pack::delta::choose`]), each over a tree of a layer
+/// the chain below it holds.
+fn encode_layer(layer: &crate::pack::PackIndex, chain: &Chain) -> Vec<u8> {
+    if layer.base.is_empty() || layer.trees.is_empty() {
+        return layer.encode();
+    }
+    let below = |t: &Hash| layer.base.contains(t);
+    let (parts, flat): (Vec<&crate::pack::PackIndex>, _) = match chain {
+        Chain::Flat(fb) => {
+            let bottom = below(&fb.bottom.tree()).then_some(&fb.bottom);
+            (fb.above.iter().filter(|l| below(&l.tree)).collect(), bottom)
+        }
+        Chain::Merged { parts: Some(p), .. } => (p.iter().filter(|l| below(&l.tree)).collect(), None),
+        // A view holds every tree of its layers: all of them below.
+        Chain::Merged { view: Some(v), parts: None } if v.layers() == layer.base => (vec![&**v], None),
+        Chain::Merged { .. } => (Vec::new(), None),
+    };
+    let trees: std::collections::HashMap<Hash, &[u8]> =
+        parts.iter().flat_map(|l| l.trees.iter()).map(|(id, t)| (*id, &t[..])).collect();
+    let lookup = |id: &Hash| {
+        trees
+            .get(id)
+            .map(|t| std::borrow::Cow::Borrowed(*t))
+            .or_else(|| flat?.inline(id).map(std::borrow::Cow::Borrowed))
+    };
+    crate::pack::delta::encode_with(layer, crate::pack::delta::choose(layer, &lookup))
 }
 
 /// What a conditional PUT of an index found in its place.
@@ -527,7 +557,8 @@ enum Existing {
 }
 
 /// Looks at the index found at tree `tree`'s key: one GET, then one HEAD
-/// per pack and lower layer it names, all at once.
+/// per pack and lower layer it names, all at once (a GET of each lower
+/// layer when it holds tree deltas: they must rebuild from them).
 async fn reconcile(remote: &Remote, tree: &Hash, ours: &[u8]) -> Result<Existing> {
     let Some(bytes) = remote.get_index(tree).await? else {
         // Gone since (gc of an unreached index): write ours.
@@ -536,17 +567,41 @@ async fn reconcile(remote: &Remote, tree: &Hash, ours: &[u8]) -> Result<Existing
     if bytes[..] == ours[..] {
         return Ok(Existing::Ours);
     }
-    let layer = match crate::pack::PackIndex::decode(&bytes) {
+    let mut layer = match crate::pack::PackIndex::decode(&bytes) {
         Ok(l) if l.tree == *tree => l,
         _ => return Ok(Existing::Broken),
     };
     let packs = layer.packs.iter().map(|p| remote.has_pack(&p.id));
-    let lower = layer.base.iter().map(|t| remote.has_index(t));
+    let deltas = !layer.deltas.is_empty();
+    let lower = layer.base.iter().map(|t| async move {
+        match deltas {
+            true => remote.get_index(t).await,
+            false => Ok(remote.has_index(t).await?.then(Bytes::new)),
+        }
+    });
     let (packs, lower) = futures::join!(futures::future::join_all(packs), futures::future::join_all(lower));
-    for present in packs.into_iter().chain(lower) {
+    for present in packs {
         if !present? {
             return Ok(Existing::Broken);
         }
+    }
+    let mut chain = vec![];
+    for (t, got) in layer.base.iter().zip(lower) {
+        match (got?, deltas) {
+            (None, _) => return Ok(Existing::Broken),
+            (Some(_), false) => {}
+            (Some(b), true) => match crate::pack::PackIndex::decode(&b) {
+                Ok(l) if l.tree == *t => chain.push(l),
+                _ => return Ok(Existing::Broken),
+            },
+        }
+    }
+    if deltas {
+        chain.insert(0, layer);
+        if crate::pack::delta::resolve_chain(&mut chain).is_err() {
+            return Ok(Existing::Broken);
+        }
+        layer = chain.swap_remove(0);
     }
     Ok(Existing::Sound { bytes, layer })
 }

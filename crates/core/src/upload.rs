@@ -63,6 +63,9 @@ pub struct Spilled {
     /// whose first 8 bytes another id has: (record offset, length).
     other: HashMap<Hash, (u64, u64)>,
     file: std::fs::File,
+    /// The folder it was made in (unlinked at once), for messages: a full
+    /// disk there stops the import.
+    dir: std::path::PathBuf,
     /// Bytes appended after `written` (not in the file yet).
     tail: Vec<u8>,
     written: u64,
@@ -127,6 +130,7 @@ impl Spilled {
             short: HashMap::default(),
             other: HashMap::new(),
             file,
+            dir,
             tail: Vec::new(),
             written: 0,
             held: 0,
@@ -229,7 +233,9 @@ impl Spilled {
 
     fn flush(&mut self) -> Result<()> {
         use std::io::Write;
-        (&self.file).write_all(&self.tail).map_err(Error::io("writing the import's spill file"))?;
+        (&self.file)
+            .write_all(&self.tail)
+            .map_err(Error::io(format!("writing the import's spill file in {}", self.dir.display())))?;
         self.written += self.tail.len() as u64;
         self.tail.clear();
         Ok(())

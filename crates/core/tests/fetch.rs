@@ -117,7 +117,15 @@ async fn a_pack_that_failed_while_the_store_was_away_is_read_once_it_is_back() {
     let pack = entry.id;
     remote.put_pack(&pack, Bytes::from(bytes)).await.unwrap();
     let tree = Hash([9; 32]);
-    let idx = PackIndex { tree, mode: Mode::Recursive, dirs: 1, packs: vec![entry], trees: vec![], base: vec![] };
+    let idx = PackIndex {
+        tree,
+        mode: Mode::Recursive,
+        dirs: 1,
+        packs: vec![entry],
+        trees: vec![],
+        base: vec![],
+        deltas: vec![],
+    };
     remote.put_index(&tree, Bytes::from(idx.encode())).await.unwrap();
     let cache = Arc::new(DiskCache::open(dir.path().join("cache"), None).unwrap());
     let f = Fetcher::new(remote.clone(), cache);
@@ -152,7 +160,15 @@ async fn a_first_read_far_into_a_pack_is_fetched_from_its_own_offset() {
     let size = bytes.len() as u64;
     remote.put_pack(&entry.id, Bytes::from(bytes)).await.unwrap();
     let tree = Hash([7; 32]);
-    let idx = PackIndex { tree, mode: Mode::Recursive, dirs: 1, packs: vec![entry], trees: vec![], base: vec![] };
+    let idx = PackIndex {
+        tree,
+        mode: Mode::Recursive,
+        dirs: 1,
+        packs: vec![entry],
+        trees: vec![],
+        base: vec![],
+        deltas: vec![],
+    };
     remote.put_index(&tree, Bytes::from(idx.encode())).await.unwrap();
 
     let cache = Arc::new(DiskCache::open(dir.path().join("cache"), None).unwrap());
@@ -218,8 +234,15 @@ async fn stored_pack(
         bytes[entry.members[i].offset as usize + 100] ^= 1;
     }
     remote.put_pack(&entry.id, Bytes::from(bytes)).await.unwrap();
-    let idx =
-        PackIndex { tree, mode: Mode::Recursive, dirs: 1, packs: vec![entry.clone()], trees: vec![], base: vec![] };
+    let idx = PackIndex {
+        tree,
+        mode: Mode::Recursive,
+        dirs: 1,
+        packs: vec![entry.clone()],
+        trees: vec![],
+        base: vec![],
+        deltas: vec![],
+    };
     remote.put_index(&tree, Bytes::from(idx.encode())).await.unwrap();
     (raws, entry)
 }
@@ -239,8 +262,15 @@ async fn stored_chunks(
         raws.iter().map(|r| (Hash::of(r), MemberKind::Chunk, &r[..])).collect();
     let (bytes, entry) = build_pack(&members);
     remote.put_pack(&entry.id, Bytes::from(bytes)).await.unwrap();
-    let idx =
-        PackIndex { tree, mode: Mode::Recursive, dirs: 1, packs: vec![entry.clone()], trees: vec![], base: vec![] };
+    let idx = PackIndex {
+        tree,
+        mode: Mode::Recursive,
+        dirs: 1,
+        packs: vec![entry.clone()],
+        trees: vec![],
+        base: vec![],
+        deltas: vec![],
+    };
     remote.put_index(&tree, Bytes::from(idx.encode())).await.unwrap();
     (raws, entry)
 }
@@ -563,7 +593,7 @@ async fn run_packs_download_a_few_at_a_time() {
         firsts.push(raws[0].clone());
     }
     let tree = Hash([4; 32]);
-    let idx = PackIndex { tree, mode: Mode::Recursive, dirs: 1, packs, trees: vec![], base: vec![] };
+    let idx = PackIndex { tree, mode: Mode::Recursive, dirs: 1, packs, trees: vec![], base: vec![], deltas: vec![] };
     remote.put_index(&tree, Bytes::from(idx.encode())).await.unwrap();
     let cache = Arc::new(DiskCache::open(dir.path().join("cache"), None).unwrap());
     let f = Fetcher::new(remote.clone(), cache);
@@ -629,7 +659,7 @@ async fn warm_starts_one_small_files_pack_at_a_time() {
         raws.push(r);
     }
     let tree = Hash([9; 32]);
-    let idx = PackIndex { tree, mode: Mode::Recursive, dirs: 1, packs, trees: vec![], base: vec![] };
+    let idx = PackIndex { tree, mode: Mode::Recursive, dirs: 1, packs, trees: vec![], base: vec![], deltas: vec![] };
     remote.put_index(&tree, Bytes::from(idx.encode())).await.unwrap();
     let cache = Arc::new(DiskCache::open(dir.path().join("cache"), None).unwrap());
     let f = Fetcher::new(remote.clone(), cache.clone());
@@ -693,7 +723,15 @@ async fn a_large_file_is_written_as_its_chunks_arrive_whatever_their_order() {
         packs.push(entry);
     }
     let tree = Hash([7; 32]);
-    let idx = PackIndex { tree, mode: Mode::Recursive, dirs: 1, packs: packs.clone(), trees: vec![], base: vec![] };
+    let idx = PackIndex {
+        tree,
+        mode: Mode::Recursive,
+        dirs: 1,
+        packs: packs.clone(),
+        trees: vec![],
+        base: vec![],
+        deltas: vec![],
+    };
     remote.put_index(&tree, Bytes::from(idx.encode())).await.unwrap();
     faults.add(Fault { op: Op::Get, key_contains: packs[0].id.to_hex(), times: 1, failure: Failure::Hold });
     let cache = Arc::new(DiskCache::open(dir.path().join("cache"), None).unwrap());
@@ -799,6 +837,7 @@ async fn an_index_is_read_in_place_from_its_flat_copy_and_a_bad_copy_is_made_aga
         packs: vec![pack_a],
         trees: vec![(Hash::of(&tree_a), tree_a.clone())],
         base: vec![],
+        deltas: Vec::new(),
     };
     let top = PackIndex {
         tree: b,
@@ -807,6 +846,7 @@ async fn an_index_is_read_in_place_from_its_flat_copy_and_a_bad_copy_is_made_aga
         packs: vec![pack_b],
         trees: vec![(Hash::of(&tree_b), tree_b.clone())],
         base: vec![a],
+        deltas: Vec::new(),
     };
     remote.put_index(&a, Bytes::from(bottom.encode())).await.unwrap();
     remote.put_index(&b, Bytes::from(top.encode())).await.unwrap();

@@ -29,6 +29,7 @@ async fn store_with_a_ref(remote: &Remote) -> (SnapshotId, TreeId) {
         packs: vec![],
         trees: vec![(root, tree)],
         base: vec![],
+        deltas: Vec::new(),
     };
     remote.put_index(&root, Bytes::from(idx.encode())).await.unwrap();
     let snap = Snapshot {
@@ -93,7 +94,15 @@ async fn a_ref_naming_another_root_than_its_snapshot_fails_the_check() {
     let (snapshot, _) = store_with_a_ref(&remote).await;
     // Another tree id, with an index of its own, named by a second ref.
     let other = Hash([9; 32]);
-    let idx = PackIndex { tree: other, mode: Mode::Recursive, dirs: 1, packs: vec![], trees: vec![], base: vec![] };
+    let idx = PackIndex {
+        tree: other,
+        mode: Mode::Recursive,
+        dirs: 1,
+        packs: vec![],
+        trees: vec![],
+        base: vec![],
+        deltas: vec![],
+    };
     remote.put_index(&other, Bytes::from(idx.encode())).await.unwrap();
     remote.cas_ref("bad", None, RefValue { snapshot, root: TreeId::from_hash(other), layers: vec![] }).await.unwrap();
     let cache = Arc::new(DiskCache::open(dir.path().join("cache"), None).unwrap());

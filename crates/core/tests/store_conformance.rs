@@ -124,6 +124,7 @@ async fn conditional_indexes_and_their_soundness(r: &Remote) {
         packs: vec![PackEntry { id: pack, size: 10, header_len: 4, members: Vec::new() }],
         trees: Vec::new(),
         base: vec![below],
+        deltas: Vec::new(),
     };
     let bytes = Bytes::from(layer.encode());
     assert!(!index_is_sound(r, &tree).await.unwrap(), "absent");

@@ -354,8 +354,10 @@ pub fn store_objects(store: &Path) -> BTreeMap<mado_core::Hash, Vec<u8>> {
         }
     }
     let Ok(indexes) = std::fs::read_dir(store.join("packs/index")) else { return out };
+    let mut deltas = Vec::new();
     for i in indexes {
         let Ok(idx) = mado_core::pack::PackIndex::decode(&std::fs::read(i.unwrap().path()).unwrap()) else { continue };
+        deltas.extend(idx.deltas);
         for (id, t) in idx.trees {
             out.insert(id, t);
         }
@@ -370,6 +372,20 @@ pub fn store_objects(store: &Path) -> BTreeMap<mado_core::Hash, Vec<u8>> {
                     }
                 }
             }
+        }
+    }
+    // A layer's trees written as deltas, each rebuilt over its base once
+    // that is at hand (a base may be a delta of a layer below).
+    while !deltas.is_empty() {
+        let before = deltas.len();
+        deltas.retain(|d| {
+            let made = out.get(&d.base).map(|b| d.apply(b));
+            let Some(Ok(t)) = made else { return true };
+            out.insert(d.id, t);
+            false
+        });
+        if deltas.len() == before {
+            break;
         }
     }
     out

@@ -241,16 +241,20 @@ pub async fn load_index(remote: &Remote, cache: &DiskCache, tree: Hash, hint: &[
 
 /// Tree `tree`'s index layers as stored, not merged: the top first, then
 /// every layer it names (one for a whole index); each from its local copy,
-/// else the store. The layers `hint` names (the ref carries them) are
-/// fetched in the same round trip as the top; a layer the top names that
-/// the hint did not costs one more.
+/// else the store, with its delta trees rebuilt. The layers `hint` names
+/// (the ref carries them) are fetched in the same round trip as the top; a
+/// layer the top names that the hint did not costs one more.
 pub async fn load_index_layers(
     remote: &Remote,
     cache: &DiskCache,
     tree: Hash,
     hint: &[Hash],
 ) -> Result<std::result::Result<(Vec<PackIndex>, Discovery), Attach>> {
-    layer_chain(tree, hint, |t| one_layer(remote, cache, t), |l: &PackIndex| &l.base).await
+    let got = layer_chain(tree, hint, |t| one_layer(remote, cache, t), |l: &PackIndex| &l.base).await?;
+    Ok(got.and_then(|(mut layers, via)| match crate::pack::delta::resolve_chain(&mut layers) {
+        Ok(()) => Ok((layers, via)),
+        Err(detail) => Err(Attach::Undecodable { detail }),
+    }))
 }
 
 /// Tree `tree`'s index layers, the top first, then every layer it names
@@ -328,7 +332,23 @@ async fn one_layer(remote: &Remote, cache: &DiskCache, tree: Hash) -> Result<Loc
     Ok(Ok((idx, Discovery::DerivedPointer)))
 }
 
-type FlatLayer = std::result::Result<(Arc<FlatIndex>, Discovery), Attach>;
+/// A layer on its way to its flat form: flat already, or decoded with
+/// tree deltas that need the layers below it first.
+enum Layer {
+    Flat(Arc<FlatIndex>),
+    Pending(PackIndex),
+}
+
+impl Layer {
+    fn base(&self) -> &[Hash] {
+        match self {
+            Layer::Flat(f) => f.base(),
+            Layer::Pending(idx) => &idx.base,
+        }
+    }
+}
+
+type FlatLayer = std::result::Result<(Layer, Discovery), Attach>;
 
 /// Tree `tree`'s index layers, flat (the top first, then every layer it
 /// names, checked to be the chain named): each from its flat file in the
@@ -340,7 +360,28 @@ pub async fn load_flat_layers(
     tree: Hash,
     hint: &[Hash],
 ) -> Result<std::result::Result<(Vec<Arc<FlatIndex>>, Discovery), Attach>> {
-    layer_chain(tree, hint, |t| one_flat(remote, cache, t), |l: &Arc<FlatIndex>| l.base()).await
+    let (layers, via) = match layer_chain(tree, hint, |t| one_flat(remote, cache, t), Layer::base).await? {
+        Ok(x) => x,
+        Err(reason) => return Ok(Err(reason)),
+    };
+    // The bottom up: a layer's delta trees are rebuilt from the flat
+    // layers below it, then it is made flat in turn.
+    let mut flats: Vec<Arc<FlatIndex>> = Vec::with_capacity(layers.len());
+    for layer in layers.into_iter().rev() {
+        let flat = match layer {
+            Layer::Flat(f) => f,
+            Layer::Pending(mut idx) => {
+                let below = |id: &Hash| flats.iter().find_map(|f| f.inline(id)).map(std::borrow::Cow::Borrowed);
+                if let Err(detail) = idx.resolve_deltas(&below) {
+                    return Ok(Err(Attach::Undecodable { detail }));
+                }
+                flat_of(cache, idx)?
+            }
+        };
+        flats.push(flat);
+    }
+    flats.reverse();
+    Ok(Ok((flats, via)))
 }
 
 /// Keeps the flat form of index layer `layer` (as stored: not a merged
@@ -356,7 +397,7 @@ pub fn keep_flat(cache: &DiskCache, layer: &PackIndex) {
 async fn one_flat(remote: &Remote, cache: &DiskCache, tree: Hash) -> Result<FlatLayer> {
     let path = cache.flat_index_path(&tree);
     match FlatIndex::open(&path) {
-        Ok(Some(f)) if f.tree() == tree => return Ok(Ok((Arc::new(f), Discovery::LocalPointer))),
+        Ok(Some(f)) if f.tree() == tree => return Ok(Ok((Layer::Flat(Arc::new(f)), Discovery::LocalPointer))),
         Ok(None) => {}
         // Unsound, or of another tree: made again below.
         _ => {
@@ -367,15 +408,22 @@ async fn one_flat(remote: &Remote, cache: &DiskCache, tree: Hash) -> Result<Flat
         Ok(x) => x,
         Err(reason) => return Ok(Err(reason)),
     };
+    if !idx.deltas.is_empty() {
+        return Ok(Ok((Layer::Pending(idx), via)));
+    }
+    Ok(Ok((Layer::Flat(flat_of(cache, idx)?), via)))
+}
+
+/// Layer `idx` (its trees whole) made flat and kept in the cache.
+fn flat_of(cache: &DiskCache, idx: PackIndex) -> Result<Arc<FlatIndex>> {
     keep_flat(cache, &idx);
-    let flat = match FlatIndex::open(&path).ok().flatten() {
-        Some(f) => f,
+    let flat = match FlatIndex::open(&cache.flat_index_path(&idx.tree)).ok().flatten() {
+        Some(f) if f.tree() == idx.tree => f,
         // A cache that cannot take the file: the same tables, in memory.
-        None => FlatIndex::from_bytes(crate::pack::flat::encode(&idx))
+        _ => FlatIndex::from_bytes(crate::pack::flat::encode(&idx))
             .map_err(|e| crate::Error::Internal(format!("a flat index just made does not read: {e}")))?,
     };
-    drop(idx);
-    Ok(Ok((Arc::new(flat), via)))
+    Ok(Arc::new(flat))
 }
 
 /// For people (`--verbose`): what was attached, or why not.

@@ -135,6 +135,31 @@ pub fn check_name(name: &[u8]) -> Result<(), String> {
     Ok(())
 }
 
+/// One tree entry's bytes (a tree's, and an index layer's tree delta's).
+pub(crate) fn put_entry(out: &mut Vec<u8>, e: &Entry) {
+    put_bytes(out, &e.name);
+    out.push(e.kind.code());
+    out.push(if e.chunked { FLAG_CHUNKED } else { 0 });
+    put_varint(out, e.size);
+    out.extend_from_slice(e.id.as_bytes());
+}
+
+/// [`put_entry`]'s reverse; the name is checked where the entry is used
+/// ([`Tree::normalized`], [`Tree::decode`]).
+pub(crate) fn read_entry(r: &mut Reader<'_>) -> Result<Entry, DecodeError> {
+    let name = r.bytes()?.to_vec();
+    let at = r.pos();
+    let kind =
+        Kind::from_code(r.u8()?).ok_or_else(|| DecodeError::Invalid(format!("unknown entry kind at byte {at}")))?;
+    let flags = r.u8()?;
+    if flags & !FLAG_CHUNKED != 0 {
+        return Err(DecodeError::Invalid(format!("unknown entry flags {flags:#x}")));
+    }
+    let size = r.varint()?;
+    let id = r.hash()?;
+    Ok(Entry { name, kind, chunked: flags & FLAG_CHUNKED != 0, size, id })
+}
+
 /// The longest file name Linux filesystems accept (NAME_MAX).
 pub const MAX_NAME_BYTES: usize = 255;
 
@@ -174,11 +199,7 @@ impl Tree {
         out.push(FORMAT_VERSION);
         put_varint(&mut out, self.entries.len() as u64);
         for e in &self.entries {
-            put_bytes(&mut out, &e.name);
-            out.push(e.kind.code());
-            out.push(if e.chunked { FLAG_CHUNKED } else { 0 });
-            put_varint(&mut out, e.size);
-            out.extend_from_slice(e.id.as_bytes());
+            put_entry(&mut out, e);
         }
         out
     }
@@ -191,17 +212,7 @@ impl Tree {
         let n = r.count(36)?;
         let mut entries = Vec::with_capacity(n);
         for _ in 0..n {
-            let name = r.bytes()?.to_vec();
-            let at = r.pos();
-            let kind = Kind::from_code(r.u8()?)
-                .ok_or_else(|| DecodeError::Invalid(format!("unknown entry kind at byte {at}")))?;
-            let flags = r.u8()?;
-            if flags & !FLAG_CHUNKED != 0 {
-                return Err(DecodeError::Invalid(format!("unknown entry flags {flags:#x}")));
-            }
-            let size = r.varint()?;
-            let id = r.hash()?;
-            entries.push(Entry { name, kind, chunked: flags & FLAG_CHUNKED != 0, size, id });
+            entries.push(read_entry(&mut r)?);
         }
         r.finish()?;
         let t = Tree { entries };

@@ -488,7 +488,15 @@ fn finish_delta(
         pack_in_order(run, cap.min(RUN_PACK_BYTES), src, emit, &mut packs)?;
     }
     Ok(Built {
-        index: PackIndex { tree, mode: Mode::Recursive, dirs: w.dirs, packs, trees: w.trees, base: Vec::new() },
+        index: PackIndex {
+            tree,
+            mode: Mode::Recursive,
+            dirs: w.dirs,
+            packs,
+            trees: w.trees,
+            base: Vec::new(),
+            deltas: Vec::new(),
+        },
         unpacked: w.unpacked,
         loose: w.loose,
         placed_at,
@@ -671,7 +679,7 @@ pub fn build(
         pack_in_order(run, cap.min(RUN_PACK_BYTES), src, emit, &mut packs)?;
     }
     Ok(Built {
-        index: PackIndex { tree, mode, dirs: w.dirs, packs, trees: w.trees, base: Vec::new() },
+        index: PackIndex { tree, mode, dirs: w.dirs, packs, trees: w.trees, base: Vec::new(), deltas: Vec::new() },
         unpacked: w.unpacked,
         loose: w.loose,
         placed_at: 0,

@@ -64,7 +64,9 @@ fn hash_at(b: &[u8], at: usize) -> Hash {
     Hash(b[at..at + 32].try_into().expect("32 bytes"))
 }
 
-/// Encodes `idx` (one layer, as stored: not a merged view) flat.
+/// Encodes `idx` (one layer, as stored: not a merged view) flat. Its
+/// delta trees must have been rebuilt ([`super::delta::resolve_chain`]):
+/// a flat layer holds its trees whole, and `encode` panics otherwise.
 pub fn encode(idx: &PackIndex) -> Vec<u8> {
     let mut out = Vec::new();
     encode_to(idx, &mut out).expect("writing to memory");
@@ -74,6 +76,12 @@ pub fn encode(idx: &PackIndex) -> Vec<u8> {
 /// [`encode`], written to `out` as it goes (an index of a million members
 /// is over 100 MB flat: a writer of it need not hold it).
 pub fn encode_to(idx: &PackIndex, out: &mut (impl std::io::Write + ?Sized)) -> std::io::Result<()> {
+    if !idx.deltas.is_empty() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("index layer {} still holds tree deltas", idx.tree.short()),
+        ));
+    }
     // Members sorted by (id, pack): a lookup finds the first pack that
     // holds an id, as a merged index does.
     let mut rows: Vec<(Hash, u32, u32, &Member)> = Vec::with_capacity(idx.member_count());
@@ -401,7 +409,15 @@ impl FlatIndex {
             let t = self.inline(&id).ok_or_else(|| format!("inline object {} is damaged", id.short()))?;
             trees.push((id, t.to_vec()));
         }
-        Ok(PackIndex { tree: self.tree, mode: self.mode, dirs: self.dirs, packs, trees, base: self.base.clone() })
+        Ok(PackIndex {
+            tree: self.tree,
+            mode: self.mode,
+            dirs: self.dirs,
+            packs,
+            trees,
+            base: self.base.clone(),
+            deltas: Vec::new(),
+        })
     }
 }
 
@@ -434,6 +450,7 @@ mod tests {
             packs,
             trees: trees.iter().map(|t| (Hash::of(t), t.clone())).collect(),
             base: vec![Hash([8; 32]), Hash([9; 32])],
+            deltas: Vec::new(),
         };
         let mut all = blobs;
         all.push(shared);
@@ -485,6 +502,7 @@ mod tests {
             packs: vec![entry],
             trees: vec![(Hash::of(b"t"), b"t".to_vec())],
             base: vec![],
+            deltas: Vec::new(),
         };
         let enc = encode(&idx);
         assert_eq!(enc.len(), HEAD + 2 * FANOUT + PACK_ROW + MEMBER_ROW + 4 + INLINE_ROW + 1);
@@ -533,6 +551,7 @@ mod tests {
             packs: vec![pack(&x), pack(&y)],
             trees: vec![],
             base: vec![],
+            deltas: Vec::new(),
         };
         let mut enc = encode(&idx);
         let at = FlatIndex::from_bytes(enc.clone()).unwrap().at_order;

@@ -28,6 +28,7 @@ use crate::error::Result;
 use crate::hash::Hash;
 
 mod build;
+pub mod delta;
 pub mod flat;
 
 pub use build::{build, build_delta, build_delta_flat, is_run_pack, Absorb, Built, FlatBase, Source};
@@ -136,6 +137,10 @@ pub struct PackIndex {
     /// this layer then holds only the packs and trees they lack. A view
     /// merged from its layers ([`PackIndex::merge`]) keeps the list.
     pub base: Vec<Hash>,
+    /// A layer's trees written as deltas over trees of the layers below
+    /// it, as decoded and not yet rebuilt ([`delta::resolve_chain`]);
+    /// empty once resolved, and in every index built here.
+    pub deltas: Vec<delta::TreeDelta>,
 }
 
 /// A chain of index layers is compacted into one whole index when it
@@ -144,8 +149,10 @@ pub struct PackIndex {
 pub const MAX_INDEX_LAYERS: usize = 8;
 
 /// Index encoding versions: 1, a whole index; 2, a layer (1 plus the list
-/// of the layers below).
+/// of the layers below); 3, a layer with some trees as deltas (2 plus
+/// those, [`delta`]).
 const INDEX_LAYERED: u8 = 2;
+const INDEX_DELTAS: u8 = 3;
 
 fn kind_from(c: u8) -> Result<MemberKind, DecodeError> {
     Ok(match c {
@@ -461,7 +468,8 @@ impl PackIndex {
     fn body_bound(&self) -> usize {
         let members: usize = self.packs.iter().map(|p| p.members.len()).sum();
         let trees: usize = self.trees.iter().map(|(_, t)| t.len() + 42).sum();
-        64 + self.packs.len() * 62 + members * 64 + trees + self.base.len() * 32
+        let deltas: usize = self.deltas.iter().map(|d| 80 + d.removed.len() * 256 + d.upserts.len() * 300).sum();
+        74 + self.packs.len() * 62 + members * 64 + trees + self.base.len() * 32 + deltas
     }
 
     pub fn encode(&self) -> Vec<u8> {
@@ -490,9 +498,20 @@ impl PackIndex {
                 body.extend_from_slice(b.as_bytes());
             }
         }
+        let version = match (self.base.is_empty(), self.deltas.is_empty()) {
+            (true, _) => PACK_VERSION,
+            (false, true) => INDEX_LAYERED,
+            (false, false) => {
+                put_varint(&mut body, self.deltas.len() as u64);
+                for d in &self.deltas {
+                    d.put(&mut body);
+                }
+                INDEX_DELTAS
+            }
+        };
         let mut out = Vec::new();
         out.extend_from_slice(INDEX_MAGIC);
-        out.push(if self.base.is_empty() { PACK_VERSION } else { INDEX_LAYERED });
+        out.push(version);
         put_varint(&mut out, body.len() as u64);
         // Compressed into the output itself, after its head (no second
         // copy of it): the same bytes as zstd::bulk::compress.
@@ -512,8 +531,8 @@ impl PackIndex {
         let mut r = Reader::new(buf);
         r.magic(INDEX_MAGIC)?;
         let version = r.u8()?;
-        if version != PACK_VERSION && version != INDEX_LAYERED {
-            return Err(DecodeError::Version { format: "pack index", version, supported: INDEX_LAYERED });
+        if !(PACK_VERSION..=INDEX_DELTAS).contains(&version) {
+            return Err(DecodeError::Version { format: "pack index", version, supported: INDEX_DELTAS });
         }
         let raw_len = r.varint()?;
         if raw_len > MAX_INDEX_BYTES {
@@ -558,7 +577,7 @@ impl PackIndex {
             trees.push((id, t));
         }
         let mut base = Vec::new();
-        if version == INDEX_LAYERED {
+        if version >= INDEX_LAYERED {
             let n = r.count(32)?;
             if n == 0 || n >= MAX_INDEX_LAYERS * 4 {
                 return Err(DecodeError::Invalid(format!("index layer names {n} layers below it")));
@@ -571,8 +590,18 @@ impl PackIndex {
                 base.push(b);
             }
         }
+        let mut deltas = Vec::new();
+        if version == INDEX_DELTAS {
+            let n = r.count(68)?;
+            if n == 0 {
+                return Err(DecodeError::Invalid("index layer of version 3 holds no tree delta".into()));
+            }
+            for _ in 0..n {
+                deltas.push(delta::TreeDelta::read(&mut r)?);
+            }
+        }
         r.finish()?;
-        Ok(PackIndex { tree, mode, dirs, packs, trees, base })
+        Ok(PackIndex { tree, mode, dirs, packs, trees, base, deltas })
     }
 
     /// Every layer's tree, this one first (one entry for a whole index).
@@ -583,7 +612,8 @@ impl PackIndex {
     /// The view of a layered index: `self` (the top layer) over `lower`
     /// (the layers of `self.base`, in that order). Returns why not when a
     /// layer is not the one named, or names another chain below it.
-    pub fn merge(mut self, lower: Vec<PackIndex>) -> Result<PackIndex, String> {
+    /// Trees written as deltas are rebuilt from the layers below them.
+    pub fn merge(mut self, mut lower: Vec<PackIndex>) -> Result<PackIndex, String> {
         if lower.len() != self.base.len() {
             return Err(format!("{} layers below, {} named", lower.len(), self.base.len()));
         }
@@ -591,6 +621,11 @@ impl PackIndex {
             if l.tree != self.base[i] || l.base[..] != self.base[i + 1..] {
                 return Err(format!("layer {} is not the one named", l.tree.short()));
             }
+        }
+        if !self.deltas.is_empty() || lower.iter().any(|l| !l.deltas.is_empty()) {
+            lower.insert(0, self);
+            delta::resolve_chain(&mut lower)?;
+            self = lower.remove(0);
         }
         let mut seen_packs: HashSet<Hash> = self.packs.iter().map(|p| p.id).collect();
         let mut seen_trees: HashSet<Hash> = self.trees.iter().map(|t| t.0).collect();
@@ -626,7 +661,7 @@ impl PackIndex {
         if below.len() >= MAX_INDEX_LAYERS || below.contains(&self.tree) || trees.len() * 2 > view_trees.max(1) {
             return PackIndex { base: Vec::new(), ..self.clone() };
         }
-        PackIndex { tree: self.tree, mode: self.mode, dirs: self.dirs, packs, trees, base: below }
+        PackIndex { tree: self.tree, mode: self.mode, dirs: self.dirs, packs, trees, base: below, deltas: Vec::new() }
     }
 
     /// The layer to publish for the view `self` over its parent's chain
@@ -784,6 +819,7 @@ mod tests {
             packs: packs.iter().map(|p| PackEntry { id: h(*p), size: 10, header_len: 10, members: vec![] }).collect(),
             trees: trees.iter().map(|t| (Hash::of(t), t.to_vec())).collect(),
             base: base.iter().map(|b| h(*b)).collect(),
+            deltas: Vec::new(),
         }
     }
 
