@@ -240,7 +240,14 @@ impl World {
         let whole = w.fs.stat_view(&built.stat).unwrap();
         let base = (Hash::of(&whole.encode()), whole);
         w.upper = w.dir.path().join("upper2");
-        w.fs = SnapshotFs::writable(w.fetcher.clone(), built.root, 0, w.upper.clone(), Some(base.clone())).unwrap();
+        w.fs = SnapshotFs::writable(
+            w.fetcher.clone(),
+            built.root,
+            0,
+            w.upper.clone(),
+            Some((base.0, base.1.clone().into())),
+        )
+        .unwrap();
         w.base = Some(base);
         w.k = Kernel::default();
         w
@@ -462,8 +469,13 @@ impl World {
                 let saved = self.fs.save_state().unwrap();
                 // As the daemon does after its final save.
                 self.fs.drop_spares();
-                self.fs = SnapshotFs::load_state(self.fetcher.clone(), &saved, self.upper.clone(), self.base.clone())
-                    .unwrap();
+                self.fs = SnapshotFs::load_state(
+                    self.fetcher.clone(),
+                    &saved,
+                    self.upper.clone(),
+                    self.base.clone().map(|(id, s)| (id, s.into())),
+                )
+                .unwrap();
             }
             // A character device node made or removed (as root: the model
             // is a plain directory), at names no other step uses: kept

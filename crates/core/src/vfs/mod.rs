@@ -303,6 +303,30 @@ fn mtimes_by_path(stat: StatObject) -> times::PathTimes {
     times::PathTimes::new(&stat.entries)
 }
 
+/// A base stat object's mtimes as a read-write filesystem opens with them:
+/// the object, or its flat copy the cache keeps (which needs no object:
+/// at a million files decoding the object is most of a mount's start).
+pub struct BaseTimes(Times);
+
+enum Times {
+    Object(StatObject),
+    Kept(times::PathTimes),
+}
+
+impl From<StatObject> for BaseTimes {
+    fn from(s: StatObject) -> BaseTimes {
+        BaseTimes(Times::Object(s))
+    }
+}
+
+impl BaseTimes {
+    /// Stat object `id`'s flat copy in the cache, when it is there and
+    /// sound.
+    pub fn kept(fetcher: &Fetcher, id: &Hash) -> Option<BaseTimes> {
+        times::PathTimes::open(&fetcher.cache.flat_times_path(id), id).map(|t| BaseTimes(Times::Kept(t)))
+    }
+}
+
 impl SnapshotFs {
     /// The read-only filesystem of tree `root`.
     pub fn new(fetcher: Arc<Fetcher>, root: TreeId, time: i64) -> SnapshotFs {
@@ -328,12 +352,13 @@ impl SnapshotFs {
         root: TreeId,
         time: i64,
         upper_dir: PathBuf,
-        base_stat: Option<(Hash, StatObject)>,
+        base_stat: Option<(Hash, BaseTimes)>,
     ) -> Result<SnapshotFs> {
         let root = root.hash();
         std::fs::create_dir_all(&upper_dir).map_err(Error::io(format!("creating {}", upper_dir.display())))?;
         let (id, map) = match base_stat {
-            Some((id, s)) => {
+            Some((id, BaseTimes(Times::Kept(map)))) => (Some(id), map),
+            Some((id, BaseTimes(Times::Object(s)))) => {
                 let at = fetcher.cache.flat_times_path(&id);
                 let map = times::PathTimes::open(&at, &id).unwrap_or_else(|| mtimes_by_path(s).kept_at(&at, &id));
                 (Some(id), map)

@@ -6,7 +6,6 @@ use super::{NodeKind, SnapshotFs, ROOT_INO};
 use crate::error::{Error, Result};
 use crate::fetch::Fetcher;
 use crate::hash::{Hash, TreeId};
-use crate::object::StatObject;
 use crate::object::{check_name, Kind};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -411,7 +410,7 @@ impl SnapshotFs {
         fetcher: Arc<Fetcher>,
         bytes: &[u8],
         upper_dir: PathBuf,
-        base_stat: Option<(Hash, StatObject)>,
+        base_stat: Option<(Hash, super::BaseTimes)>,
     ) -> Result<SnapshotFs> {
         let (h, mut r) = Self::saved_header(bytes)?;
         let fs = SnapshotFs::writable(fetcher, TreeId::from_hash(h.root), h.time, upper_dir, base_stat)?;

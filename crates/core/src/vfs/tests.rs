@@ -768,7 +768,7 @@ async fn the_stat_change_carries_a_moved_unread_directory_and_drops_what_went() 
         TreeId::from_hash(root),
         0,
         d.path().join("upper"),
-        Some((sid, stat)),
+        Some((sid, stat.into())),
     )
     .unwrap();
     // Nothing changed: an empty change over the base.
@@ -830,7 +830,7 @@ async fn base_times_are_kept_in_the_cache_and_a_workspace_keeps_one_file_of_its_
     let sid = Hash::of(&stat.encode());
     let open = |s: StatObject, upper: &str| {
         let f = Fetcher::new(remote.clone(), cache.clone());
-        SnapshotFs::writable(f, TreeId::from_hash(root), 0, d.path().join(upper), Some((sid, s))).unwrap()
+        SnapshotFs::writable(f, TreeId::from_hash(root), 0, d.path().join(upper), Some((sid, s.into()))).unwrap()
     };
     let fs = open(stat.clone(), "upper");
     let base_file = cache.flat_times_path(&sid);

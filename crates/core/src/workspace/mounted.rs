@@ -257,10 +257,15 @@ pub async fn open_mount(
     };
     let stat_fut = async {
         match base_id {
-            Some(id) => {
-                let hint = if Some(id) == snap.stat { &snap.stat_layers[..] } else { &[] };
-                fetcher.stat(id, hint).await.map(|s| Some((id, s)))
-            }
+            // Its flat copy, kept by the checkpoint that made it or an
+            // earlier mount: the object (every path) is not read.
+            Some(id) => match crate::vfs::BaseTimes::kept(fetcher, &id) {
+                Some(kept) => Ok(Some((id, kept))),
+                None => {
+                    let hint = if Some(id) == snap.stat { &snap.stat_layers[..] } else { &[] };
+                    fetcher.stat(id, hint).await.map(|s| Some((id, s.into())))
+                }
+            },
             None => Ok(None),
         }
     };
