@@ -894,3 +894,41 @@ async fn an_index_is_read_in_place_from_its_flat_copy_and_a_bad_copy_is_made_aga
     assert_eq!((flat_len(&a), flat_len(&b)), (len_a, len_b), "both made again");
     check(h, &raws, &inline).await;
 }
+
+/// A layer fetched while the store held a damaged copy of it (naming a
+/// layer below that is not there) is not kept as the truth: once the store
+/// holds the right one again, the next load, flat or not, reads it.
+#[tokio::test]
+async fn a_cached_layer_naming_a_missing_layer_is_fetched_again_once_the_store_is_repaired() {
+    use mado_core::fetch::{load_flat_layers, load_index_layers, Attach};
+    use mado_core::pack::{Mode, PackIndex};
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}/store", dir.path().display());
+    let remote = Arc::new(Remote::open(&url, &OpenOptions::default()).unwrap());
+    let cache = Arc::new(DiskCache::open(dir.path().join("cache"), None).unwrap());
+    let (a, b, gone) = (Hash([0xa; 32]), Hash([0xb; 32]), Hash([0xc; 32]));
+    let index = |tree: Hash, base: Vec<Hash>| PackIndex {
+        tree,
+        mode: Mode::Recursive,
+        dirs: 1,
+        packs: vec![],
+        trees: vec![],
+        base,
+        deltas: Vec::new(),
+    };
+    remote.put_index(&a, Bytes::from(index(a, vec![]).encode())).await.unwrap();
+    for flat in [false, true] {
+        remote.put_index(&b, Bytes::from(index(b, vec![gone]).encode())).await.unwrap();
+        let load = || async {
+            match flat {
+                false => load_index_layers(&remote, &cache, b, &[]).await.unwrap().map(|(l, _)| l.len()),
+                true => load_flat_layers(&remote, &cache, b, &[]).await.unwrap().map(|(l, _)| l.len()),
+            }
+        };
+        assert!(matches!(load().await, Err(Attach::Undecodable { .. })), "flat: {flat}");
+        remote.put_index(&b, Bytes::from(index(b, vec![a]).encode())).await.unwrap();
+        assert_eq!(load().await.ok(), Some(2), "flat: {flat}: the repaired layer and the one below");
+        let _ = std::fs::remove_file(cache.index_path(&b));
+        let _ = std::fs::remove_file(cache.flat_index_path(&b));
+    }
+}

@@ -251,10 +251,27 @@ pub async fn load_index_layers(
     hint: &[Hash],
 ) -> Result<std::result::Result<(Vec<PackIndex>, Discovery), Attach>> {
     let got = layer_chain(tree, hint, |t| one_layer(remote, cache, t), |l: &PackIndex| &l.base).await?;
-    Ok(got.and_then(|(mut layers, via)| match crate::pack::delta::resolve_chain(&mut layers) {
+    let got = got.and_then(|(mut layers, via)| match crate::pack::delta::resolve_chain(&mut layers) {
         Ok(()) => Ok((layers, via)),
         Err(detail) => Err(Attach::Undecodable { detail }),
-    }))
+    });
+    Ok(forget_if_undecodable(cache, &tree, got))
+}
+
+/// A chain that does not hold together: the top's local copies (its
+/// index and flat files) go with the failure, as a top that names a layer
+/// the store lacks may be a copy of a damaged index the store has had
+/// repaired since; the next load asks the store again (one GET).
+fn forget_if_undecodable<T>(
+    cache: &DiskCache,
+    tree: &Hash,
+    got: std::result::Result<T, Attach>,
+) -> std::result::Result<T, Attach> {
+    if let Err(Attach::Undecodable { .. }) = &got {
+        let _ = std::fs::remove_file(cache.index_path(tree));
+        let _ = std::fs::remove_file(cache.flat_index_path(tree));
+    }
+    got
 }
 
 /// Tree `tree`'s index layers, the top first, then every layer it names
@@ -362,7 +379,7 @@ pub async fn load_flat_layers(
 ) -> Result<std::result::Result<(Vec<Arc<FlatIndex>>, Discovery), Attach>> {
     let (layers, via) = match layer_chain(tree, hint, |t| one_flat(remote, cache, t), Layer::base).await? {
         Ok(x) => x,
-        Err(reason) => return Ok(Err(reason)),
+        Err(reason) => return Ok(forget_if_undecodable(cache, &tree, Err(reason))),
     };
     // The bottom up: a layer's delta trees are rebuilt from the flat
     // layers below it, then it is made flat in turn.
@@ -373,7 +390,7 @@ pub async fn load_flat_layers(
             Layer::Pending(mut idx) => {
                 let below = |id: &Hash| flats.iter().find_map(|f| f.inline(id)).map(std::borrow::Cow::Borrowed);
                 if let Err(detail) = idx.resolve_deltas(&below) {
-                    return Ok(Err(Attach::Undecodable { detail }));
+                    return Ok(forget_if_undecodable(cache, &tree, Err(Attach::Undecodable { detail })));
                 }
                 flat_of(cache, idx)?
             }
