@@ -309,7 +309,9 @@ where
         let layer = match got.remove(b) {
             Some(Ok((l, _))) => l,
             Some(Err(reason)) => {
-                let detail = format!("index layer {} below {}: {}", b.short(), tree.short(), reason.describe());
+                // The whole id: a damaged reference may share its first
+                // characters with a layer that is there.
+                let detail = format!("index layer {} named below {}: {}", b.to_hex(), tree.short(), reason.describe());
                 return Ok(Err(Attach::Undecodable { detail }));
             }
             None => unreachable!("every layer below was asked for"),
