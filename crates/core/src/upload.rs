@@ -111,7 +111,7 @@ impl std::io::Read for ReadAt<'_> {
 const RECORD_HEAD: u64 = 36;
 const SHORT_LEN_BITS: u32 = 24;
 
-fn prefix(id: &Hash) -> u64 {
+pub(crate) fn prefix(id: &Hash) -> u64 {
     u64::from_le_bytes(id.0[..8].try_into().expect("8 bytes"))
 }
 
@@ -188,6 +188,21 @@ impl Spilled {
             t = &t[RECORD_HEAD as usize + len..];
         }
         Ok(out)
+    }
+
+    /// How many objects are staged here.
+    pub fn len(&self) -> usize {
+        self.short.len() + self.other.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether object `id` may be staged here: an object whose id starts
+    /// as one staged here does (not read back to be sure). False: it is not.
+    pub fn may_hold(&self, id: &Hash) -> bool {
+        self.short.contains_key(&prefix(id)) || self.other.contains_key(id)
     }
 
     /// The length of object `id`, if staged here.
@@ -322,9 +337,25 @@ impl Staged {
     /// [`Staged::content`], but a whole blob that hashes to `known` is not
     /// written: the caller knows the store has it.
     fn content_was(&mut self, cache: &DiskCache, data: &[u8], known: Option<Hash>) -> Result<(Hash, bool)> {
+        self.content_placed(cache, data, split(data), known)
+    }
+
+    /// [`Staged::content`] of content already [`split`]: the hashing done
+    /// beforehand, outside a lock that guards the staged objects.
+    pub(crate) fn content_split_of(&mut self, cache: &DiskCache, data: &[u8], s: Split<'_>) -> Result<(Hash, bool)> {
+        self.content_placed(cache, data, s, None)
+    }
+
+    fn content_placed(
+        &mut self,
+        cache: &DiskCache,
+        data: &[u8],
+        s: Split<'_>,
+        known: Option<Hash>,
+    ) -> Result<(Hash, bool)> {
         self.files += 1;
         self.bytes += data.len() as u64;
-        let (id, chunked, spilled) = self.content_split(cache, data, known)?;
+        let (id, chunked, spilled) = self.place(cache, data, s, known)?;
         // The spill file knows a spilled blob's length.
         if !spilled {
             self.sizes.insert(id, data.len() as u64);
@@ -332,10 +363,16 @@ impl Staged {
         Ok((id, chunked))
     }
 
-    /// Stores `data`; returns its id, whether it is chunked, and whether it
-    /// is in the spill file.
-    fn content_split(&mut self, cache: &DiskCache, data: &[u8], known: Option<Hash>) -> Result<(Hash, bool, bool)> {
-        match split(data) {
+    /// Stores `data`, split as `s`; returns its id, whether it is chunked,
+    /// and whether it is in the spill file.
+    fn place(
+        &mut self,
+        cache: &DiskCache,
+        data: &[u8],
+        s: Split<'_>,
+        known: Option<Hash>,
+    ) -> Result<(Hash, bool, bool)> {
+        match s {
             Split::Whole { id } => {
                 let spilled = Some(id) != known && self.keep_blob(&id, data)?;
                 if Some(id) != known && !spilled {
@@ -401,7 +438,14 @@ impl Staged {
         self.streamed(cache, streamed, known)
     }
 
-    fn streamed(&mut self, cache: &DiskCache, streamed: Streamed, known: Option<Hash>) -> Result<(Hash, bool, u64)> {
+    /// Stages what [`split_stream`] (or [`split_file`]) made of a file;
+    /// returns its id, whether it is chunked, and its size.
+    pub(crate) fn streamed(
+        &mut self,
+        cache: &DiskCache,
+        streamed: Streamed,
+        known: Option<Hash>,
+    ) -> Result<(Hash, bool, u64)> {
         match streamed {
             Streamed::Whole { data } => {
                 let (id, chunked) = self.content_was(cache, &data, known)?;
@@ -441,6 +485,16 @@ impl Staged {
     /// Stores a tree in the cache (in the spill file only, in spill mode)
     /// and remembers its children for upload.
     pub fn tree(&mut self, cache: &DiskCache, tree: &Tree) -> Result<Hash> {
+        let enc = tree.encode();
+        let id = Hash::of(&enc);
+        self.tree_encoded(cache, tree, enc, id)
+    }
+
+    /// [`Staged::tree`] of a tree already encoded (as `enc`, whose id is
+    /// `id`): the encoding and hashing done outside a lock that guards the
+    /// staged objects.
+    pub(crate) fn tree_encoded(&mut self, cache: &DiskCache, tree: &Tree, enc: Vec<u8>, id: Hash) -> Result<Hash> {
+        debug_assert_eq!(Hash::of(&enc), id);
         for e in &tree.entries {
             let staged = match (self.sizes.get(&e.id), &self.spill) {
                 (Some(n), _) => Some(*n),
@@ -459,8 +513,6 @@ impl Staged {
                 _ => {}
             }
         }
-        let enc = tree.encode();
-        let id = Hash::of(&enc);
         let held = match self.spill_mut()? {
             Some(m) => {
                 m.put(id, &enc)?;

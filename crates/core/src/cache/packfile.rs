@@ -290,6 +290,20 @@ impl DiskCache {
         self.pack_row(pack, member).is_some()
     }
 
+    /// Those of `members` that the cache's copy of pack `pack` lists (not
+    /// verified), as [`DiskCache::pack_has`] says of each, with one look-up
+    /// of the pack rather than one per member.
+    pub fn pack_listed<'a>(&self, pack: &Hash, members: impl IntoIterator<Item = &'a Hash>) -> Vec<Hash> {
+        let members: Vec<&Hash> = members.into_iter().collect();
+        let listed = |p: &OpenPack| members.iter().filter(|m| p.member(m).is_some()).map(|m| **m).collect::<Vec<_>>();
+        let Some(p) = self.open_pack(pack, false) else { return Vec::new() };
+        let got = listed(&p);
+        if got.len() == members.len() {
+            return got;
+        }
+        self.open_pack(pack, true).map(|p| listed(&p)).unwrap_or(got)
+    }
+
     /// Copies member `member` of pack `pack` from the cache's copy into `to`
     /// at `at`, in the kernel ([`crate::fsutil::copy_range`]), when the
     /// cache lists it and it is stored raw (its stored bytes are its

@@ -311,25 +311,40 @@ async fn packs_of(
 /// of ids, not a map: on a big tree the import's peak is near.
 async fn spill(cache: &Arc<DiskCache>, staged: &Staged, roots: &[Hash], built: &[crate::publish::PackReport]) {
     let Some(spilled) = staged.spilled() else { return };
-    let mut covered: Vec<Hash> = Vec::new();
+    let mut indexes = Vec::new();
     let mut done = HashSet::new();
     for root in roots {
         if !done.insert(*root) {
             continue;
         }
         let hex = root.to_hex();
-        let index = match built.iter().rev().find(|r| r.tree == hex).and_then(|r| r.index.clone()) {
-            Some(i) => Some(i),
-            None => local_index(cache, root).map(Arc::new),
-        };
-        if let Some(i) = index {
-            covered.reserve(i.trees.len() + i.member_count());
-            covered.extend(i.trees.iter().map(|(t, _)| *t));
-            for p in &i.packs {
-                covered.extend(p.members.iter().filter(|m| cache.pack_has(&p.id, &m.id)).map(|m| m.id));
-            }
+        match built.iter().rev().find(|r| r.tree == hex).and_then(|r| r.index.clone()) {
+            Some(i) => indexes.push(i),
+            None => indexes.extend(local_index(cache, root).map(Arc::new)),
         }
     }
+    // The trees, and the members the cache's copies of the packs list.
+    let mut covered: Vec<Hash> = Vec::new();
+    for i in &indexes {
+        covered.reserve(i.trees.len() + i.member_count());
+        covered.extend(i.trees.iter().map(|(t, _)| *t));
+        for p in &i.packs {
+            covered.extend(cache.pack_listed(&p.id, p.members.iter().map(|m| &m.id)));
+        }
+    }
+    drop(indexes);
+    // Usually all that was spilled (a new tree, packed whole): told by
+    // the ids' first bytes, without reading the spill file back. (Two
+    // ids sharing their first 8 bytes count once: then the long way. An id
+    // of another object taken for a spilled one, a chance of about one in
+    // 2^64 per pair, leaves that one out of the cache: a read of it then
+    // costs a GET, never a wrong byte.)
+    let mut hit: HashSet<u64, std::hash::BuildHasherDefault<crate::upload::IdPrefix>> = HashSet::default();
+    hit.extend(covered.iter().filter(|id| spilled.may_hold(id)).map(crate::upload::prefix));
+    if hit.len() == spilled.len() {
+        return;
+    }
+    drop(hit);
     covered.sort_unstable();
     covered.dedup();
     let Ok(ids) = spilled.ids() else { return };
