@@ -595,3 +595,61 @@ pub async fn import_git(
         .map_err(|e| Error::Io { context: "import task".into(), source: std::io::Error::other(e) })??;
     publish(remote, &cache, &staged, &revs, ref_name, packs, seed).await
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::import::gitblob::tests::git;
+
+    fn packs_first() -> crate::publish::PackOptions {
+        crate::publish::PackOptions {
+            mode: crate::pack::Mode::Recursive,
+            cap: 1 << 20,
+            index_check: crate::publish::IndexCheck::KnownAbsent,
+            base: None,
+            layers: None,
+            flat: None,
+            primary: true,
+        }
+    }
+
+    async fn import(remote: &Remote, cache: &Path, repo: &Path, rev: &str, ref_name: &str) -> Arc<DiskCache> {
+        let cache = Arc::new(DiskCache::open(cache.to_path_buf(), None).unwrap());
+        let revs = vec![rev.to_string()];
+        let seed = Some(SEED_REF);
+        import_git(remote, cache.clone(), repo, revs, ref_name, Some(packs_first()), seed, Arc::new(|_, _| {}))
+            .await
+            .unwrap();
+        cache
+    }
+
+    /// What an import spilled and none of its packs holds (here, files the
+    /// store has in the seed's packs, which this cache never read) goes to
+    /// the cache alone; what its packs hold does not.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn spilled_objects_no_pack_holds_go_to_the_cache_alone() {
+        let t = tempfile::tempdir().unwrap();
+        let repo = t.path().join("repo");
+        std::fs::create_dir_all(repo.join("d")).unwrap();
+        git(&repo, &["init", "-q", "-b", "main"]);
+        std::fs::write(repo.join("d/a.txt"), "kept a\n").unwrap();
+        std::fs::write(repo.join("b.txt"), "kept b\n").unwrap();
+        git(&repo, &["add", "."]);
+        git(&repo, &["commit", "-qm", "one"]);
+        std::fs::write(repo.join("d/c.txt"), "new c\n").unwrap();
+        git(&repo, &["add", "."]);
+        git(&repo, &["commit", "-qm", "two"]);
+        let url = url::Url::from_directory_path(t.path().join("store")).unwrap().to_string();
+        let remote = Remote::open_creating(&url, &Default::default()).unwrap();
+
+        let first = import(&remote, &t.path().join("c1"), &repo, "HEAD~1", "main").await;
+        for text in ["kept a\n", "kept b\n"] {
+            assert!(!first.contains(&Hash::of(text.as_bytes())), "{text:?} is in a pack and alone too");
+        }
+        let second = import(&remote, &t.path().join("c2"), &repo, "HEAD", "other").await;
+        for text in ["kept a\n", "kept b\n"] {
+            assert!(second.contains(&Hash::of(text.as_bytes())), "{text:?}, packed under main only, is not in the cache");
+        }
+        assert!(!second.contains(&Hash::of(b"new c\n")), "new c is in this import's pack and alone too");
+    }
+}
