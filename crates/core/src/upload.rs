@@ -821,6 +821,20 @@ mod tests {
     /// that shares them with a staged one but was never staged is not
     /// found. An object too long for the short table, and every record
     /// (written out or still gathered), reads back.
+    /// Staging counts the files and bytes it was given, spilled or not,
+    /// and hashing first gives what staging whole gives.
+    #[test]
+    fn staged_content_is_counted_however_it_is_hashed() {
+        let d = tempfile::tempdir().unwrap();
+        let cache = DiskCache::open(d.path().join("cache"), None).unwrap();
+        for mut s in [Staged::default(), Staged::spilling(&cache, u64::MAX).unwrap()] {
+            assert_eq!(s.content(&cache, b"one").unwrap(), (Hash::of(b"one"), false));
+            let data = b"and two";
+            assert_eq!(s.content_split_of(&cache, data, split(data)).unwrap(), (Hash::of(data), false));
+            assert_eq!((s.files, s.bytes), (2, 10));
+        }
+    }
+
     #[test]
     fn spilled_objects_sharing_an_id_prefix_each_read_back() {
         let d = tempfile::tempdir().unwrap();
@@ -851,6 +865,10 @@ mod tests {
         assert_eq!(m.get(&huge).unwrap().unwrap(), big);
         assert_eq!(m.get(&fresh).unwrap().as_deref(), Some(&b"in the tail"[..]));
         assert_eq!(m.ids().unwrap(), vec![a, b, huge, fresh]);
+        assert_eq!(m.len(), 4);
+        // Told by the first 8 bytes: `absent` starts as `a` does.
+        assert!([a, b, huge, fresh, absent].iter().all(|id| m.may_hold(id)));
+        assert!(!m.may_hold(&Hash([3; 32])));
         m.flush().unwrap();
         assert_eq!(m.ids().unwrap(), vec![a, b, huge, fresh]);
         assert_eq!(m.get(&fresh).unwrap().as_deref(), Some(&b"in the tail"[..]));
