@@ -648,7 +648,10 @@ mod tests {
         }
         let second = import(&remote, &t.path().join("c2"), &repo, "HEAD", "other").await;
         for text in ["kept a\n", "kept b\n"] {
-            assert!(second.contains(&Hash::of(text.as_bytes())), "{text:?}, packed under main only, is not in the cache");
+            assert!(
+                second.contains(&Hash::of(text.as_bytes())),
+                "{text:?}, packed under main only, is not in the cache"
+            );
         }
         assert!(!second.contains(&Hash::of(b"new c\n")), "new c is in this import's pack and alone too");
     }

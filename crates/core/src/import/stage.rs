@@ -546,6 +546,27 @@ mod tests {
         assert_eq!(MAX_SPLIT_DEPTH, 4);
     }
 
+    /// The threads give each cut subtree the id one walk gives it.
+    #[test]
+    fn each_cut_subtree_is_staged_by_the_threads() {
+        let t = tempfile::tempdir().unwrap();
+        let repo = t.path().join("repo");
+        shaped_repo(&repo);
+        let r = gix::open(&repo).unwrap();
+        let root = r.head_commit().unwrap().tree_id().unwrap().detach();
+        let cache = DiskCache::open(t.path().join("c"), None).unwrap();
+        let shared = Shared { cache: &cache, staged: Mutex::new(Staged::default()), progress: &|_, _| {} };
+        let index = attributes_index(&r, &[]);
+        let cut = split_points(&r, root, 5).unwrap();
+        let done = stage_subtrees(&r, &index, &cut, &shared, 2).unwrap();
+        assert_eq!(done.len(), cut.len());
+        let none = HashMap::new();
+        let mut one = Walker::new(&r, &index, &shared, &none).unwrap();
+        for (id, path) in &cut {
+            assert_eq!(done.get(path), Some(&one.walk(*id, path).unwrap()), "{path}");
+        }
+    }
+
     /// A blob missing from the repository fails the import on whichever
     /// thread reads it, naming its path.
     #[test]
