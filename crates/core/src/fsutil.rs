@@ -261,6 +261,12 @@ pub fn show_path(p: &[u8]) -> String {
     )
 }
 
+/// Threads for work bound by the CPU that splits freely (compressing a
+/// pack's members, staging an import's subtrees): one per core, at most 8.
+pub fn cpu_threads() -> usize {
+    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(8)
+}
+
 /// How deep a tree may be: git's own limit (`core.maxTreeDepth`, 4096).
 pub const MAX_TREE_DEPTH: usize = 4096;
 

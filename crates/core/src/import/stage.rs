@@ -51,7 +51,7 @@ pub fn stage(
     staged: Staged,
     progress: &(dyn Fn(u64, u64) + Sync),
 ) -> Result<(Staged, Vec<StagedRev>)> {
-    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(8);
+    let threads = crate::fsutil::cpu_threads();
     crate::fsutil::on_deep_stack(|| stage_here(repo_path, revs, cache, staged, progress, threads))
 }
 
@@ -156,17 +156,19 @@ fn check(
     let decoded = tree.decode().map_err(|e| Error::Git(format!("decoding tree {path:?}: {e}")))?;
     for e in &decoded.entries {
         let name: &[u8] = e.filename.as_ref();
-        let p = join(path, name);
-        check_name(name).map_err(|reason| Error::UnsafePath { path: p.clone(), reason })?;
+        // The path is made only where it is used: not for each of a
+        // million files.
+        let p = || join(path, name);
+        check_name(name).map_err(|reason| Error::UnsafePath { path: p(), reason })?;
         if name.eq_ignore_ascii_case(b".git") {
-            return Err(Error::UnsafePath { path: p, reason: "git refuses to check out a .git entry".into() });
+            return Err(Error::UnsafePath { path: p(), reason: "git refuses to check out a .git entry".into() });
         }
         match e.mode.kind() {
-            gix::object::tree::EntryKind::Tree => check(repo, e.oid.to_owned(), &p, attributes)?,
+            gix::object::tree::EntryKind::Tree => check(repo, e.oid.to_owned(), &p(), attributes)?,
             gix::object::tree::EntryKind::Blob | gix::object::tree::EntryKind::BlobExecutable
                 if name == b".gitattributes" =>
             {
-                attributes.push((p, e.oid.to_owned()))
+                attributes.push((p(), e.oid.to_owned()))
             }
             _ => {}
         }
@@ -246,15 +248,6 @@ fn stage_subtrees(
     threads: usize,
 ) -> Result<HashMap<String, Hash>> {
     let threads = threads.min(cut.len());
-    let mut done = HashMap::with_capacity(cut.len());
-    if threads <= 1 {
-        let none = HashMap::new();
-        let mut w = Walker::new(repo, index, shared, &none)?;
-        for (id, path) in cut {
-            done.insert(path.clone(), w.walk(*id, path)?);
-        }
-        return Ok(done);
-    }
     let sync = repo.clone().into_sync();
     let next = AtomicUsize::new(0);
     let failed = AtomicBool::new(false);
@@ -276,19 +269,25 @@ fn stage_subtrees(
         }
         Ok(out)
     };
-    let results: Vec<Result<Vec<(usize, Hash)>>> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..threads)
-            .map(|i| {
-                // As deep a stack as the walk on one thread has.
-                std::thread::Builder::new()
-                    .name(format!("mado-stage-{i}"))
-                    .stack_size(1 << 30)
-                    .spawn_scoped(s, work)
-                    .map_err(Error::io("starting a staging thread"))
-            })
-            .collect();
-        handles.into_iter().map(|h| h?.join().map_err(|_| poisoned())?).collect()
-    });
+    // One thread: the walk runs here (no thread to start).
+    let results: Vec<Result<Vec<(usize, Hash)>>> = if threads <= 1 {
+        vec![work()]
+    } else {
+        std::thread::scope(|s| {
+            let handles: Vec<_> = (0..threads)
+                .map(|i| {
+                    // As deep a stack as the walk on one thread has.
+                    std::thread::Builder::new()
+                        .name(format!("mado-stage-{i}"))
+                        .stack_size(1 << 30)
+                        .spawn_scoped(s, work)
+                        .map_err(Error::io("starting a staging thread"))
+                })
+                .collect();
+            handles.into_iter().map(|h| h?.join().map_err(|_| poisoned())?).collect()
+        })
+    };
+    let mut done = HashMap::with_capacity(cut.len());
     for r in results {
         for (i, h) in r? {
             done.insert(cut[i].1.clone(), h);
@@ -498,6 +497,15 @@ mod tests {
         git(repo, &["commit", "-qm", "x"]);
     }
 
+    /// [`shaped_repo`] in `dir`, opened, and its HEAD's tree.
+    fn shaped_tree(dir: &Path) -> (gix::Repository, gix::ObjectId) {
+        let repo = dir.join("repo");
+        shaped_repo(&repo);
+        let r = gix::open(&repo).unwrap();
+        let root = r.head_commit().unwrap().tree_id().unwrap().detach();
+        (r, root)
+    }
+
     fn staged_root(repo: &Path, cache_dir: &Path, threads: usize) -> Result<TreeId> {
         let cache = DiskCache::open(cache_dir.to_path_buf(), None).unwrap();
         let revs = ["HEAD".to_string()];
@@ -529,10 +537,7 @@ mod tests {
     #[test]
     fn the_cut_covers_the_tree_once() {
         let t = tempfile::tempdir().unwrap();
-        let repo = t.path().join("repo");
-        shaped_repo(&repo);
-        let r = gix::open(&repo).unwrap();
-        let root = r.head_commit().unwrap().tree_id().unwrap().detach();
+        let (r, root) = shaped_tree(t.path());
         let paths = |want| -> Vec<String> {
             let mut p: Vec<String> = split_points(&r, root, want).unwrap().into_iter().map(|(_, p)| p).collect();
             p.sort();
@@ -550,10 +555,7 @@ mod tests {
     #[test]
     fn each_cut_subtree_is_staged_by_the_threads() {
         let t = tempfile::tempdir().unwrap();
-        let repo = t.path().join("repo");
-        shaped_repo(&repo);
-        let r = gix::open(&repo).unwrap();
-        let root = r.head_commit().unwrap().tree_id().unwrap().detach();
+        let (r, root) = shaped_tree(t.path());
         let cache = DiskCache::open(t.path().join("c"), None).unwrap();
         let shared = Shared { cache: &cache, staged: Mutex::new(Staged::default()), progress: &|_, _| {} };
         let index = attributes_index(&r, &[]);

@@ -204,7 +204,7 @@ fn stored_form<'a>(
 /// build of a large import is bound by zstd, and each member is its own
 /// frame, so the work splits freely and the bytes do not change.
 fn stored_forms<'a>(members: &[(Hash, MemberKind, &'a [u8])]) -> Vec<(Codec, std::borrow::Cow<'a, [u8]>)> {
-    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(8);
+    let threads = crate::fsutil::cpu_threads();
     let part = |c: &[(Hash, MemberKind, &'a [u8])]| {
         let mut z = None;
         c.iter().map(|(_, _, raw)| stored_form(&mut z, raw)).collect::<Vec<_>>()
