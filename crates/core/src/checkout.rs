@@ -1004,7 +1004,7 @@ impl Partial {
         let fd = rustix::fs::openat(
             root_fd,
             PARTIAL_MARK,
-            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC,
             Mode::from_raw_mode(0o644),
         )
         .map_err(io_at(PARTIAL_MARK.as_bytes(), "creating"))?;
@@ -1055,6 +1055,33 @@ mod tests {
         let paths = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         let roots = roots_of(&paths(&["src/lib", "src", "README", "src2/x", "src/", "srcx"])).unwrap();
         assert_eq!(roots, vec![b"README".to_vec(), b"src".to_vec(), b"src2/x".to_vec(), b"srcx".to_vec()]);
+    }
+
+    /// The mark is made only where nothing is: a symlink in its place
+    /// (O_EXCL never follows one) or a file left there is refused, and what
+    /// a symlink points at is not written.
+    #[test]
+    fn the_partial_mark_is_never_written_through_a_symlink_or_over_a_file() {
+        let base = tempfile::tempdir().unwrap();
+        let dest = base.path().join("dest");
+        std::fs::create_dir_all(&dest).unwrap();
+        let outside = base.path().join("outside");
+        std::fs::write(&outside, b"keep").unwrap();
+        std::os::unix::fs::symlink(&outside, dest.join(PARTIAL_MARK)).unwrap();
+        let root = rustix::fs::open(&dest, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty()).unwrap();
+        assert!(Partial::mark(&root, &dest, false).is_err());
+        assert_eq!(std::fs::read(&outside).unwrap(), b"keep");
+        std::fs::remove_file(dest.join(PARTIAL_MARK)).unwrap();
+        std::fs::write(dest.join(PARTIAL_MARK), b"left").unwrap();
+        assert!(Partial::mark(&root, &dest, false).is_err());
+        assert_eq!(std::fs::read(dest.join(PARTIAL_MARK)).unwrap(), b"left");
+        std::fs::remove_file(dest.join(PARTIAL_MARK)).unwrap();
+        // Where nothing is, it is made (and the checkout it stands for,
+        // dropped unfinished, takes it away again).
+        let p = Partial::mark(&root, &dest, false).unwrap();
+        assert!(dest.join(PARTIAL_MARK).is_file());
+        drop(p);
+        assert!(std::fs::read_dir(&dest).unwrap().next().is_none());
     }
 
     #[test]

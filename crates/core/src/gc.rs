@@ -309,3 +309,44 @@ async fn gc_locked(f: &Arc<Fetcher>, grace: Duration, dry_run: bool, keep: &[Sna
     }
     Ok(report)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::gc;
+    use crate::cache::DiskCache;
+    use crate::fetch::Fetcher;
+    use crate::hash::Hash;
+    use crate::store::{Remote, Space};
+    use bytes::Bytes;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    /// A dry run says it is one, counts what the sweep then deletes, and
+    /// deletes nothing.
+    #[tokio::test]
+    async fn a_dry_run_counts_what_the_sweep_deletes_and_deletes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("file://{}/store", dir.path().display());
+        let remote = Arc::new(Remote::open(&url, &Default::default()).unwrap());
+        let cache = Arc::new(DiskCache::open(dir.path().join("cache"), None).unwrap());
+        let f = Fetcher::new(remote.clone(), cache);
+        let data = Bytes::from_static(b"no ref reaches this");
+        let id = Hash::of(&data);
+        remote.put_object(Space::Objects, &id, data).await.unwrap();
+        let dry = gc(&f, Duration::ZERO, true, &[]).await.unwrap();
+        assert!(dry.dry_run);
+        assert_eq!((dry.refs, dry.deleted_objects, dry.spared_young), (0, 1, 0));
+        assert!(dry.bytes_freed > 0);
+        assert!(remote.has_object(Space::Objects, &id).await.unwrap(), "a dry run deleted it");
+        let swept = gc(&f, Duration::ZERO, false, &[]).await.unwrap();
+        assert!(!swept.dry_run);
+        assert_eq!((swept.deleted_objects, swept.bytes_freed), (1, dry.bytes_freed));
+        assert!(!remote.has_object(Space::Objects, &id).await.unwrap());
+        // Younger than the grace period: spared, and counted as spared.
+        let id = Hash::of(b"young");
+        remote.put_object(Space::Objects, &id, Bytes::from_static(b"young")).await.unwrap();
+        let spared = gc(&f, Duration::from_secs(3600), false, &[]).await.unwrap();
+        assert_eq!((spared.deleted_objects, spared.spared_young), (0, 1));
+        assert!(remote.has_object(Space::Objects, &id).await.unwrap());
+    }
+}

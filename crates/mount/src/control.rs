@@ -212,6 +212,12 @@ pub async fn serve(listener: tokio::net::UnixListener, answer: Answer) {
                 if w.write_all(out.as_bytes()).await.is_err() {
                     break;
                 }
+                if matches!(reply, Reply::HandedOver { .. }) {
+                    // The mount is the new daemon's: this one ends here,
+                    // with no teardown (the lease and the lock are its).
+                    let _ = w.flush().await;
+                    std::process::exit(0);
+                }
             }
         });
     }

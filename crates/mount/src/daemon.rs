@@ -32,6 +32,9 @@ pub struct MountOptions {
     pub workspace: bool,
     /// With `workspace`: take its lease even though it expired under another holder.
     pub steal: bool,
+    /// Take the mount over from the daemon at the other end of this
+    /// inherited socket (`crate::handover`) rather than mount anew.
+    pub handover_fd: Option<i32>,
 }
 
 /// The transport: the filesystem behind either is the same [`MadoFs`].
@@ -183,6 +186,11 @@ struct Daemon {
     saver: Option<Arc<mado_core::workspace::StateSaver>>,
     save_error: Arc<Mutex<Option<String>>>,
     served: Served,
+    /// A workspace's FUSE session, for a handover (`mado restart`), and
+    /// how to serve again if the new daemon fails.
+    seat: Option<Arc<crate::handover::Seat>>,
+    make_fs: Arc<dyn Fn(bool) -> MadoFs + Send + Sync>,
+    allow_other: bool,
 }
 
 /// A snapshot or workspace opened for a mount.
@@ -200,14 +208,22 @@ impl Daemon {
     fn start(opts: MountOptions, fetcher: Arc<Fetcher>, rt: &tokio::runtime::Handle) -> Result<(Daemon, Ready)> {
         let mp = control::absolute(opts.serve.path()).map_err(Error::io("resolving the mount point"))?;
         let fuse = matches!(opts.serve, Serve::Fuse { .. });
-        check_target(&mp, fuse)?;
+        // A mount handed over: what the daemon before this one passed.
+        let mut received = opts.handover_fd.map(crate::handover::receive).transpose()?;
+        if received.is_none() {
+            check_target(&mp, fuse)?;
+        }
         let started = Instant::now();
         // The daemon's code, mapped while the snapshot opens (see `resident`).
         let mapping = std::thread::Builder::new()
             .name("mado-map-code".into())
             .spawn(crate::resident::map_executable)
             .map_err(Error::io("starting a thread"))?;
-        let Opened { id, core, attach, ws, warnings } = rt.block_on(open(&opts, &fetcher, &mp))?;
+        let handed = received.as_mut().map(|r| mado_core::workspace::HandedOver {
+            lock: mado_core::workspace::MountLock::from_fd(r.lock.try_clone().expect("a lock descriptor copies")),
+            image: std::mem::take(&mut r.image),
+        });
+        let Opened { id, core, attach, ws, warnings } = rt.block_on(open(&opts, &fetcher, &mp, handed))?;
         let stuck = watchdog(Arc::downgrade(&core));
         let sock = control::socket_path(&mp).map_err(Error::io("placing the control socket"))?;
         let listener = {
@@ -216,7 +232,13 @@ impl Daemon {
         };
         let saver = ws.as_ref().map(|w| Arc::new(mado_core::workspace::StateSaver::new(w.state_dir.clone())));
         let make_fs = fs_maker(&core, rt, &saver, &attach);
+        let seat =
+            (fuse && ws.is_some()).then(|| Arc::new(crate::handover::Seat::new(-1, mp.clone(), FUSE_THREADS as usize)));
         let fs = make_fs(opts.passthrough && fuse);
+        let fs = match &seat {
+            Some(seat) => fs.with_seat(seat),
+            None => fs,
+        };
         let ws = ws.map(Arc::new);
         let handler = Arc::new(ControlHandler {
             status: Arc::new(attach.clone()),
@@ -232,23 +254,42 @@ impl Daemon {
             save_error: Arc::default(),
             virtiofs: (!fuse).then(|| Arc::new(crate::virtiofs::Counts::default())),
             stuck,
+            seat: seat.clone(),
+            busy: Default::default(),
         });
         let answer: control::Answer = {
             let handler = handler.clone();
             Arc::new(move |req: Request| handler.answer(req))
         };
         rt.spawn(control::serve(listener, answer));
+        let allow_other = matches!(opts.serve, Serve::Fuse { allow_other: true, .. });
         let served = match &opts.serve {
-            Serve::Fuse { allow_other, .. } => serve_fuse(fs, &opts.spec, &mp, ws.is_some(), *allow_other),
+            Serve::Fuse { allow_other, .. } => {
+                let taken = received.as_ref().map(|r| r.fuse.try_clone()).transpose();
+                let taken = taken.map_err(Error::io("copying the FUSE descriptor handed over"))?;
+                serve_fuse(fs, &opts.spec, &mp, ws.is_some(), *allow_other, taken).map(|(served, at)| {
+                    if let (Some(seat), Some(at)) = (&seat, at) {
+                        seat.serving_on(at);
+                    }
+                    served
+                })
+            }
             Serve::VirtioFs { socket } => {
                 drop(fs);
                 let counts = handler.virtiofs.clone().unwrap_or_default();
-                serve_virtiofs(socket, make_fs, guest_sync(&ws, &saver, &core), counts)
+                serve_virtiofs(socket, make_fs.clone(), guest_sync(&ws, &saver, &core), counts)
             }
         };
-        let served = served.inspect_err(|_| {
+        let served = served.inspect_err(|e| {
             let _ = std::fs::remove_file(&sock);
+            if let Some(r) = &received {
+                crate::handover::answer(&r.answer, Err(e));
+            }
         })?;
+        if let Some(r) = &received {
+            tracing::info!(pid = std::process::id(), "took over {} from the daemon before", mp.display());
+            crate::handover::answer(&r.answer, Ok(()));
+        }
         let by_name = match (&ws, fuse) {
             (Some(w), false) => {
                 let alias = control::workspace_socket_path(fetcher.remote.url(), w.handle.name())
@@ -286,6 +327,9 @@ impl Daemon {
             saver,
             save_error: handler.save_error.clone(),
             served,
+            seat,
+            make_fs,
+            allow_other,
         };
         Ok((daemon, report))
     }
@@ -345,10 +389,34 @@ impl Daemon {
     /// Waits for the unmount (or the guest server's end), then saves a
     /// workspace's state and gives its lease back.
     fn wait_and_tear_down(self) -> Result<()> {
-        let Daemon { spec, fuse, rt, fetcher, core, mountpoint, sock, by_name, ws, served, .. } = self;
+        let Daemon {
+            spec,
+            fuse,
+            rt,
+            fetcher,
+            core,
+            mountpoint,
+            sock,
+            by_name,
+            ws,
+            served,
+            seat,
+            make_fs,
+            allow_other,
+            ..
+        } = self;
         let r = match served {
             Served::Fuse(session) => {
-                let r = session.join();
+                let r = match seat {
+                    Some(seat) => {
+                        let again = |fd| {
+                            let fs = make_fs(false).with_seat(&seat);
+                            serve_fuse(fs, &spec, &mountpoint, true, allow_other, Some(fd))
+                        };
+                        serve_until_unmounted(session, &seat, again)
+                    }
+                    None => session.join(),
+                };
                 tracing::info!("unmounted {} ({spec}): {}", mountpoint.display(), fetcher.remote.stats());
                 // A large file's whole copy being finished (hashed) is kept,
                 // not lost with the process; a partial one goes.
@@ -398,10 +466,18 @@ fn check_target(mp: &Path, fuse: bool) -> Result<()> {
 /// Opens the workspace (with its lease and saved state) or the snapshot,
 /// and loads its trees: all of them from an attached index (no network),
 /// else the root's, so the first `ls` needs no round trip.
-async fn open(opts: &MountOptions, fetcher: &Arc<Fetcher>, mp: &Path) -> Result<Opened> {
+async fn open(
+    opts: &MountOptions,
+    fetcher: &Arc<Fetcher>,
+    mp: &Path,
+    handed: Option<mado_core::workspace::HandedOver>,
+) -> Result<Opened> {
     let opened = if opts.workspace {
         let handle = mado_core::workspace::Workspace::new(fetcher, &opts.spec)?;
-        let m = handle.open_mount(mp, opts.steal).await?;
+        let m = match handed {
+            Some(h) => handle.open_handed_over(mp, h).await?,
+            None => handle.open_mount(mp, opts.steal).await?,
+        };
         let ws = Ws { handle, state_dir: m.state_dir, reopened: m.reopened, holder: m.holder, _lock: m.lock };
         Opened { id: m.snapshot, core: m.fs, attach: m.attach, ws: Some(ws), warnings: m.warnings }
     } else {
@@ -463,8 +539,55 @@ fn fs_maker(
     })
 }
 
-/// Mounts `fs` at `mp`.
-fn serve_fuse(fs: MadoFs, spec: &str, mp: &Path, workspace: bool, allow_other: bool) -> Result<Served> {
+/// A FUSE session's request threads.
+const FUSE_THREADS: u32 = 4;
+
+/// Serves a workspace's session until the mount goes, through handovers
+/// that failed (served again, on the descriptor kept); a handover that
+/// succeeded ends this process here, the mount left to the new daemon.
+fn serve_until_unmounted(
+    mut session: fuser::BackgroundSession,
+    seat: &crate::handover::Seat,
+    again: impl Fn(std::os::fd::OwnedFd) -> Result<(Served, Option<std::os::fd::RawFd>)>,
+) -> std::io::Result<()> {
+    loop {
+        seat.ended.wait();
+        match seat.after_end() {
+            crate::handover::After::Unmounted => return session.join(),
+            crate::handover::After::Exit => {
+                // The session's end must not unmount (fusermount3's mount
+                // would): the mount is the new daemon's now.
+                std::mem::forget(session);
+                loop {
+                    std::thread::park();
+                }
+            }
+            crate::handover::After::Serve(fd) => {
+                std::mem::forget(session);
+                match again(fd) {
+                    Ok((Served::Fuse(s), Some(at))) => {
+                        seat.serving_on(at);
+                        session = s;
+                    }
+                    Ok(_) => return Err(std::io::Error::other("serving the mount again gave no FUSE session")),
+                    Err(e) => return Err(std::io::Error::other(format!("serving the mount again: {e}"))),
+                }
+            }
+        }
+    }
+}
+
+/// Mounts `fs` at `mp`, or with `taken` serves the mount another daemon
+/// handed over on that kernel connection; and the descriptor number the
+/// session uses, when this process opened the connection itself (root).
+fn serve_fuse(
+    fs: MadoFs,
+    spec: &str,
+    mp: &Path,
+    workspace: bool,
+    allow_other: bool,
+    taken: Option<std::os::fd::OwnedFd>,
+) -> Result<(Served, Option<std::os::fd::RawFd>)> {
     let mut c = fuser::Config::default();
     c.mount_options = vec![
         // The source findmnt and df show: what is mounted.
@@ -483,21 +606,32 @@ fn serve_fuse(fs: MadoFs, spec: &str, mp: &Path, workspace: bool, allow_other: b
     if allow_other {
         c.acl = fuser::SessionACL::All;
     }
-    c.n_threads = Some(4);
-    // As root, mount(2) here with the type `fuse.mado`; fuser's own direct
-    // mount says only `fuse`. Others go through fusermount3, which passes
-    // the subtype on.
-    let spawned = match mount_as_fuse_mado(&source_name(spec, workspace), mp, !workspace, allow_other) {
-        Ok(Some(fd)) => fuser::Session::from_fd(fs, fd, c.acl, c).and_then(|s| s.spawn()).inspect_err(|_| {
-            let _ = rustix::mount::unmount(mp, rustix::mount::UnmountFlags::DETACH);
-        }),
-        Ok(None) => fuser::spawn_mount(fs, mp, &c),
-        Err(e) => Err(e),
+    c.n_threads = Some(FUSE_THREADS as usize);
+    let mut at = None;
+    let spawned = if let Some(fd) = taken {
+        crate::handover::session_on(fs, fd, c).and_then(|(s, fd)| {
+            at = Some(fd);
+            s.spawn()
+        })
+    } else {
+        // As root, mount(2) here with the type `fuse.mado`; fuser's own
+        // direct mount says only `fuse`. Others go through fusermount3,
+        // which passes the subtype on.
+        match mount_as_fuse_mado(&source_name(spec, workspace), mp, !workspace, allow_other) {
+            Ok(Some(fd)) => {
+                at = Some(std::os::fd::AsRawFd::as_raw_fd(&fd));
+                fuser::Session::from_fd(fs, fd, c.acl, c).and_then(|s| s.spawn()).inspect_err(|_| {
+                    let _ = rustix::mount::unmount(mp, rustix::mount::UnmountFlags::DETACH);
+                })
+            }
+            Ok(None) => fuser::spawn_mount(fs, mp, &c),
+            Err(e) => Err(e),
+        }
     };
     match spawned {
         Ok(s) => {
             tracing::info!(pid = std::process::id(), "serving {spec} at {}", mp.display());
-            Ok(Served::Fuse(s))
+            Ok((Served::Fuse(s), at))
         }
         Err(e) => Err(Error::User(format!("mounting at {}: {e} ({})", mp.display(), why_no_mount(allow_other)))),
     }

@@ -74,6 +74,10 @@ pub struct MadoFs {
     /// The largest read or write the kernel may send (a transport's
     /// limit; /dev/fuse has none below fuser's own).
     max_io: Option<u32>,
+    /// For a mount that may be handed over: its requests in flight, and
+    /// the session's end (`crate::handover`).
+    in_flight: Option<Arc<crate::handover::InFlight>>,
+    ended: Option<Arc<crate::handover::Ended>>,
 }
 
 /// Requests of a few kinds a mount was sent (for `mado stats`).
@@ -105,7 +109,17 @@ impl MadoFs {
             ttl: if core.is_writable() { RW_TTL } else { TTL },
             durable: None,
             max_io: None,
+            in_flight: None,
+            ended: None,
         }
+    }
+
+    /// Counts requests in flight and says when the session ends, for
+    /// `seat`'s handover.
+    pub fn with_seat(mut self, seat: &crate::handover::Seat) -> MadoFs {
+        self.in_flight = Some(seat.in_flight.clone());
+        self.ended = Some(seat.ended.clone());
+        self
     }
 
     /// Reads and writes of at most `n` bytes (the virtio-fs transport
@@ -175,6 +189,12 @@ macro_rules! writable_or_erofs {
 }
 
 impl Filesystem for MadoFs {
+    fn destroy(&mut self) {
+        if let Some(e) = &self.ended {
+            e.set();
+        }
+    }
+
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         let _ = config.add_capabilities(
             InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_PARALLEL_DIROPS | InitFlags::FUSE_CACHE_SYMLINKS,
@@ -335,7 +355,9 @@ impl Filesystem for MadoFs {
         let _span = tracing::debug_span!("fuse", op = "read", ino = ino.0).entered();
         let Some(f) = self.handles.lock().expect("handles lock").get(&fh.0).cloned() else {
             return match (&self.lazy, fh.0) {
-                (Some(lazy), 0) => self.read_lazily(lazy.clone(), ino.0, offset, size, reply),
+                // No handle (no-open mode), or one an earlier daemon of this
+                // mount gave out (handed over): served by inode.
+                (Some(lazy), _) => self.read_lazily(lazy.clone(), ino.0, offset, size, reply),
                 _ => reply.error(Errno::EBADF),
             };
         };
@@ -377,6 +399,11 @@ impl Filesystem for MadoFs {
             return reply.ok();
         }
         let closed = self.handles.lock().expect("handles lock").remove(&fh.0);
+        if closed.is_none() && self.lazy.is_some() {
+            // A handle an earlier daemon of this mount gave out (handed
+            // over): its open was that process's.
+            return reply.ok();
+        }
         if let Some(f) = closed.filter(|f| matches!(**f, OpenFile::Chunked { .. })) {
             // A large file's whole copy, if this handle was building one.
             let core = self.core.clone();
@@ -492,7 +519,7 @@ impl Filesystem for MadoFs {
         writable_or_erofs!(self, reply);
         let Some(f) = self.handles.lock().expect("handles lock").get(&fh.0).cloned() else {
             return match (&self.lazy, fh.0) {
-                (Some(lazy), 0) => self.write_lazily(lazy.clone(), ino.0, offset, data, reply),
+                (Some(lazy), _) => self.write_lazily(lazy.clone(), ino.0, offset, data, reply),
                 _ => reply.error(Errno::EBADF),
             };
         };
@@ -515,7 +542,7 @@ impl Filesystem for MadoFs {
     fn fsync(&self, _req: &Request, ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
         let _span = tracing::debug_span!("fuse", op = "fsync", ino = ino.0).entered();
         let f = self.handles.lock().expect("handles lock").get(&fh.0).cloned();
-        if f.is_none() && fh.0 == 0 && self.lazy.is_some() && self.core.is_writable() {
+        if f.is_none() && self.lazy.is_some() && self.core.is_writable() {
             // No handle in no-open mode: the inode's upper file.
             let core = self.core.clone();
             return self.sync_later(move || core.sync_upper(ino.0, datasync), reply);

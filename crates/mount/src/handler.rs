@@ -41,6 +41,11 @@ pub(crate) struct ControlHandler {
     pub virtiofs: Option<Arc<crate::virtiofs::Counts>>,
     /// Since when the watchdog has found the mount stuck.
     pub stuck: Arc<Mutex<Option<Instant>>>,
+    /// A workspace's FUSE session, which `mado restart` hands over.
+    pub seat: Option<Arc<crate::handover::Seat>>,
+    /// Held by a checkpoint or status (shared) and a handover (alone): a
+    /// mount is never handed over halfway through a checkpoint.
+    pub busy: tokio::sync::RwLock<()>,
 }
 
 type Answering = std::pin::Pin<Box<dyn std::future::Future<Output = Reply> + Send>>;
@@ -60,12 +65,58 @@ impl ControlHandler {
             }
             Op::Status { no_ignore } => {
                 let me = self.clone();
-                Box::pin(async move { me.status(no_ignore).await })
+                Box::pin(async move {
+                    let _busy = me.busy.read().await;
+                    me.status(no_ignore).await
+                })
             }
             Op::Checkpoint { message, steal, force, name, no_ignore } => {
                 let me = self.clone();
-                Box::pin(async move { me.checkpoint(message, steal, force, name, no_ignore).await })
+                Box::pin(async move {
+                    let _busy = me.busy.read().await;
+                    me.checkpoint(message, steal, force, name, no_ignore).await
+                })
             }
+            Op::HandOver { exe } => {
+                let me = self.clone();
+                Box::pin(async move { me.hand_over(exe).await })
+            }
+        }
+    }
+
+    /// Hands this mount to a new daemon of the program `exe` (`mado
+    /// restart`); its pid once it serves, after which this process exits.
+    async fn hand_over(self: &Arc<Self>, exe: PathBuf) -> Reply {
+        let (Some(seat), Some(ws)) = (self.seat.clone(), self.ws.clone()) else {
+            return Reply::error(
+                format!(
+                    "{} is not a workspace's FUSE mount: a read-only mount holds nothing to hand over;                      unmount and mount it again",
+                    self.mountpoint.display()
+                ),
+                true,
+            );
+        };
+        let busy = self.busy.write().await;
+        let core = self.core.clone();
+        let argv = crate::handover::successor_argv(&exe);
+        let r = tokio::task::spawn_blocking(move || {
+            seat.hand_over(&argv, || {
+                let image = mado_core::workspace::save_for_handover(&core, &ws.state_dir)?;
+                let lock = std::os::fd::AsFd::as_fd(&ws._lock)
+                    .try_clone_to_owned()
+                    .map_err(mado_core::Error::io("copying the mount lock"))?;
+                Ok((image, lock))
+            })
+        })
+        .await;
+        match r {
+            Ok(Ok(pid)) => {
+                // Held to the exit: no checkpoint starts here any more.
+                std::mem::forget(busy);
+                Reply::HandedOver { from: std::process::id(), to: pid }
+            }
+            Ok(Err(e)) => Reply::of_error(&e),
+            Err(e) => Reply::error(format!("handover task failed: {e}"), false),
         }
     }
 

@@ -10,6 +10,7 @@ pub mod control;
 pub mod daemon;
 pub mod fs;
 mod handler;
+pub mod handover;
 pub mod protocol;
 pub mod resident;
 pub mod virtiofs;

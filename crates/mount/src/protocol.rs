@@ -45,6 +45,11 @@ pub enum Op {
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         no_ignore: bool,
     },
+    /// Hand the mount to a new daemon of the program `exe` (`mado
+    /// restart`), without unmounting; this daemon then exits.
+    HandOver {
+        exe: std::path::PathBuf,
+    },
 }
 
 impl Request {
@@ -65,6 +70,11 @@ pub enum Reply {
     },
     Status {
         status: mado_core::workspace::Status,
+    },
+    /// The mount is served by daemon `to` now; daemon `from` exits.
+    HandedOver {
+        from: u32,
+        to: u32,
     },
     /// `next`: the steps past it, as data (the CLI words them).
     Error {

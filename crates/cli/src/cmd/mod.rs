@@ -17,6 +17,7 @@ mod mount;
 mod pack;
 mod pack_status;
 mod refs;
+mod restart;
 mod serve_virtiofs;
 mod stats;
 mod umount;
@@ -57,6 +58,7 @@ pub enum Command {
     Mount(mount::MountArgs),
     #[command(after_help = EX_UMOUNT)]
     Umount(umount::UmountArgs),
+    Restart(restart::RestartArgs),
     #[command(name = "serve-virtiofs", after_help = EX_SERVE_VIRTIOFS)]
     ServeVirtiofs(serve_virtiofs::ServeVirtiofsArgs),
     #[command(name = "pack-status", after_help = EX_PACK_STATUS)]
@@ -122,6 +124,7 @@ impl Command {
             Command::Gc(_) => "gc",
             Command::Mount(_) => "mount",
             Command::Umount(_) => "umount",
+            Command::Restart(_) => "restart",
             Command::ServeVirtiofs(_) => "serve-virtiofs",
             Command::PackStatus(_) => "pack-status",
             Command::Stats(_) => "stats",
@@ -149,6 +152,7 @@ async fn dispatch(cmd: Command, ctx: &Ctx) -> Result<()> {
         Command::Gc(a) => gc::run(a, ctx).await,
         Command::Mount(a) => mount::run(a, ctx).await,
         Command::Umount(a) => umount::run(a, ctx).await,
+        Command::Restart(a) => restart::run(a, ctx).await,
         Command::ServeVirtiofs(a) => serve_virtiofs::run(a, ctx),
         Command::PackStatus(a) => pack_status::run(a, ctx).await,
         Command::Stats(a) => stats::run(a, ctx).await,

@@ -53,6 +53,10 @@ pub struct MountArgs {
     /// (internal) report readiness on this inherited file descriptor.
     #[arg(long, hide = true)]
     ready_fd: Option<i32>,
+    /// (internal) take the mount over from the daemon at the other end of
+    /// this inherited socket (`mado restart`).
+    #[arg(long, hide = true, requires = "foreground")]
+    handover_fd: Option<i32>,
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -83,10 +87,16 @@ pub fn workspace_args(name: &str, dir: PathBuf, steal: bool, allow_other: bool) 
         steal,
         allow_other,
         ready_fd: None,
+        handover_fd: None,
     }
 }
 
 pub async fn run(a: MountArgs, ctx: &Ctx) -> Result<()> {
+    if a.handover_fd.is_some() {
+        // The mount is there, served by the daemon handing it over, which
+        // answers nothing meanwhile: not a stat of it until this one serves.
+        return run_daemon(a, ctx);
+    }
     // A missing mount point is made, as `checkout` and `ws create` make
     // their directory; and removed again (while empty) if the mount fails.
     let made = !a.dir.exists() && !daemon::is_disconnected(&a.dir);
@@ -196,6 +206,7 @@ fn run_daemon(a: MountArgs, ctx: &Ctx) -> Result<()> {
         passthrough: !a.no_passthrough,
         workspace: a.workspace,
         steal: a.steal,
+        handover_fd: a.handover_fd,
     };
     let ready_fd = a.ready_fd;
     let mp = a.dir.display().to_string();

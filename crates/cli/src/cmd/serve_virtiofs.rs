@@ -53,6 +53,7 @@ pub fn run(a: ServeVirtiofsArgs, ctx: &Ctx) -> Result<()> {
         passthrough: false,
         workspace: a.workspace,
         steal: a.steal,
+        handover_fd: None,
     };
     let (json, what) = (ctx.json, if a.workspace { "workspace " } else { "" });
     let socket = a.socket.display().to_string();

@@ -482,3 +482,44 @@ impl Attach {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{FlatIndex, PackSet};
+    use crate::hash::Hash;
+    use crate::pack::{build_pack, flat, MemberKind, Mode, PackIndex};
+    use std::sync::Arc;
+
+    /// Packs read out of a layer are kept built: a walk through two packs,
+    /// back and forth, builds each table once.
+    #[test]
+    fn packs_lately_read_are_kept_built() {
+        let blobs: Vec<Vec<u8>> = (0..8u8).map(|i| vec![i; 10 + i as usize]).collect();
+        let pack = |bs: &[Vec<u8>]| {
+            let rows: Vec<(Hash, MemberKind, &[u8])> =
+                bs.iter().map(|b| (Hash::of(b), MemberKind::Blob, &b[..])).collect();
+            build_pack(&rows).1
+        };
+        let idx = PackIndex {
+            tree: Hash([5; 32]),
+            mode: Mode::Recursive,
+            dirs: 1,
+            packs: vec![pack(&blobs[..4]), pack(&blobs[4..])],
+            trees: Vec::new(),
+            base: Vec::new(),
+            deltas: Vec::new(),
+        };
+        let layer = Arc::new(FlatIndex::from_bytes(flat::encode(&idx)).unwrap());
+        let set = PackSet { layers: vec![layer], recent: Default::default() };
+        let (first, i) = set.member(&Hash::of(&blobs[1])).unwrap();
+        assert_eq!((first.id, i), (idx.packs[0].id, 1));
+        let (second, j) = set.member(&Hash::of(&blobs[6])).unwrap();
+        assert_eq!((second.id, j), (idx.packs[1].id, 2));
+        let (again, _) = set.member(&Hash::of(&blobs[2])).unwrap();
+        assert!(Arc::ptr_eq(&first, &again), "the first pack's table was built again");
+        let (again, _) = set.member(&Hash::of(&blobs[7])).unwrap();
+        assert!(Arc::ptr_eq(&second, &again), "the second pack's table was built again");
+        assert_eq!(set.pack_id_of(&Hash::of(&blobs[5])), Some(idx.packs[1].id));
+        assert!(set.member(&Hash::of(b"in no pack")).is_none());
+    }
+}

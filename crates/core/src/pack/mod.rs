@@ -956,6 +956,24 @@ mod tests {
         m.dir("", top).id
     }
 
+    /// A whole (unchunked) file over the chunk threshold goes in no pack:
+    /// each is counted and named as going alone, and the small files
+    /// beside it are packed.
+    #[test]
+    fn whole_files_over_the_chunk_threshold_go_alone_each_counted() {
+        let mut m = Mem::default();
+        let big = |n: u8| vec![n; crate::chunk::CHUNK_THRESHOLD as usize + 1];
+        let (a, b) = (m.file("a.bin", big(1)), m.file("b.bin", big(2)));
+        let ids = [a.id, b.id];
+        let small = m.file("small.txt", b"small".to_vec());
+        let root = m.dir("", vec![a, b, small.clone()]).id;
+        let (built, _) = build_all(&m, root, Mode::Recursive, DEFAULT_MAX_PACK_BYTES);
+        assert_eq!(built.unpacked, 2);
+        assert_eq!(built.loose, ids.iter().map(|id| (*id, MemberKind::Blob)).collect::<Vec<_>>());
+        assert_eq!(built.index.member_count(), 1);
+        assert_eq!(built.index.packs[0].members[0].id, small.id);
+    }
+
     /// Tiny files far under the byte cap still make packs of at most
     /// MAX_PACK_MEMBERS members, each member once, in walk order.
     #[test]

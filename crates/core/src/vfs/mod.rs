@@ -52,7 +52,7 @@ mod tests;
 mod times;
 
 pub use build::{Built, Skips, StatChange};
-pub use saved::SavedChange;
+pub use saved::{InodeImage, SavedChange};
 
 pub use chunked::Readahead;
 use inode::{Body, Name, Node, State};

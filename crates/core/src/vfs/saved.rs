@@ -37,6 +37,52 @@ const REC_SPECIAL: u8 = 4;
 /// Another name of the node an earlier record made (a hard link): its
 /// record index follows.
 const REC_ALIAS: u8 = 5;
+/// The numbers the kernel knows a mount's nodes by, taken with its saved
+/// state ([`SnapshotFs::save_state_and_inodes`]): per record of the state,
+/// in order, the node's inode number and the lookups the kernel holds on
+/// it; and the next number to hand out. A node no name reaches (unlinked,
+/// still open) is in no record: its number is not carried over.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct InodeImage {
+    pub nodes: Vec<(u64, u64)>,
+    pub next_ino: u64,
+}
+
+const IMAGE_MAGIC: &[u8; 4] = b"MADI";
+
+impl InodeImage {
+    /// `MADI`, the next number, the count, then each (number, lookups),
+    /// all varints (docs/FORMAT.md, "Mount handover").
+    pub fn encode(&self) -> Vec<u8> {
+        use crate::codec::put_varint;
+        let mut out = Vec::with_capacity(16 + self.nodes.len() * 6);
+        out.extend_from_slice(IMAGE_MAGIC);
+        put_varint(&mut out, self.next_ino);
+        put_varint(&mut out, self.nodes.len() as u64);
+        for (ino, lookups) in &self.nodes {
+            put_varint(&mut out, *ino);
+            put_varint(&mut out, *lookups);
+        }
+        out
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<InodeImage> {
+        let mut r = crate::codec::Reader::new(bytes);
+        let image = (|| {
+            r.magic(IMAGE_MAGIC)?;
+            let next_ino = r.varint()?;
+            let n = r.count(2)?;
+            let mut nodes = Vec::with_capacity(n);
+            for _ in 0..n {
+                nodes.push((r.varint()?, r.varint()?));
+            }
+            r.finish()?;
+            Ok::<_, crate::codec::DecodeError>(InodeImage { nodes, next_ino })
+        })();
+        image.map_err(image_err)
+    }
+}
+
 fn put_opt_hash(out: &mut Vec<u8>, h: Option<Hash>) {
     match h {
         None => out.push(0),
@@ -187,6 +233,10 @@ pub enum SavedChange {
     },
 }
 
+fn image_err(e: impl std::fmt::Display) -> Error {
+    Error::LocalState { path: "the inode numbers a mount handed over".into(), detail: format!("unusable ({e})") }
+}
+
 fn state_err(e: impl std::fmt::Display) -> Error {
     Error::LocalState {
         path: "the saved state of this workspace mount".into(),
@@ -209,6 +259,19 @@ struct SavedHeader {
 impl SnapshotFs {
     /// The state of a read-write mount, for [`SnapshotFs::load_state`].
     pub fn save_state(&self) -> Result<Vec<u8>> {
+        self.encode_state(None)
+    }
+
+    /// [`SnapshotFs::save_state`], and the numbers the kernel knows its
+    /// nodes by, taken together: for a daemon handing its mount to another
+    /// process ([`SnapshotFs::load_handed_over`]).
+    pub fn save_state_and_inodes(&self) -> Result<(Vec<u8>, InodeImage)> {
+        let mut image = InodeImage::default();
+        let bytes = self.encode_state(Some(&mut image))?;
+        Ok((bytes, image))
+    }
+
+    fn encode_state(&self, mut image: Option<&mut InodeImage>) -> Result<Vec<u8>> {
         use crate::codec::{put_bytes, put_varint};
         let u = self.overlay()?;
         // The state lock first: root and base stat are leaves below it,
@@ -236,12 +299,18 @@ impl SnapshotFs {
             }
         }
         put_varint(&mut out, records.len() as u64);
+        if let Some(im) = image.as_deref_mut() {
+            im.next_ino = st.next_ino;
+        }
         // A node with hard links is written once; its other names are
         // aliases of that record.
         let mut first: HashMap<u64, u64> = HashMap::new();
         for (i, (ino, parent, name)) in records.iter().enumerate() {
             let (ino, parent) = (*ino, *parent);
             let n = st.get(ino)?;
+            if let Some(im) = image.as_deref_mut() {
+                im.nodes.push((ino, n.lookups));
+            }
             put_varint(&mut out, parent);
             put_bytes(&mut out, name);
             put_varint(&mut out, n.perm as u64);
@@ -412,6 +481,30 @@ impl SnapshotFs {
         upper_dir: PathBuf,
         base_stat: Option<(Hash, super::BaseTimes)>,
     ) -> Result<SnapshotFs> {
+        Self::load_numbered(fetcher, bytes, upper_dir, base_stat, None)
+    }
+
+    /// [`SnapshotFs::load_state`] of a state another process saved with
+    /// [`SnapshotFs::save_state_and_inodes`] while the kernel kept its
+    /// mount: every node under the number, and with the lookups, the
+    /// kernel knows it by, so the kernel's references stay good.
+    pub fn load_handed_over(
+        fetcher: Arc<Fetcher>,
+        bytes: &[u8],
+        upper_dir: PathBuf,
+        base_stat: Option<(Hash, super::BaseTimes)>,
+        image: &InodeImage,
+    ) -> Result<SnapshotFs> {
+        Self::load_numbered(fetcher, bytes, upper_dir, base_stat, Some(image))
+    }
+
+    fn load_numbered(
+        fetcher: Arc<Fetcher>,
+        bytes: &[u8],
+        upper_dir: PathBuf,
+        base_stat: Option<(Hash, super::BaseTimes)>,
+        image: Option<&InodeImage>,
+    ) -> Result<SnapshotFs> {
         let (h, mut r) = Self::saved_header(bytes)?;
         let fs = SnapshotFs::writable(fetcher, TreeId::from_hash(h.root), h.time, upper_dir, base_stat)?;
         let mut st = State {
@@ -422,6 +515,22 @@ impl SnapshotFs {
             shrunk: false,
         };
         let n = r.count(16).map_err(state_err)?;
+        if let Some(im) = image {
+            if im.nodes.len() != n || im.nodes.first().is_some_and(|(ino, _)| *ino != ROOT_INO) {
+                return Err(image_err(format!("they name {} nodes, the state {n}", im.nodes.len())));
+            }
+        }
+        // Where record `i` goes: the next number, or the one handed over.
+        let place = |st: &mut State, i: usize, mut node: Node| -> Result<u64> {
+            let Some(im) = image else { return Ok(st.push(node)) };
+            let (ino, lookups) = im.nodes[i];
+            if ino == 0 || ino >= im.next_ino || st.nodes.get(ino).is_some() {
+                return Err(image_err(format!("record {i}: inode {ino} given twice or out of range")));
+            }
+            node.lookups = lookups;
+            st.nodes.insert(ino, node);
+            Ok(ino)
+        };
         // Record index -> inode (records are numbered 0.., inodes 1..).
         let mut inos: Vec<u64> = Vec::with_capacity(n);
         let mut holders = Vec::new();
@@ -459,14 +568,14 @@ impl SnapshotFs {
             let is_upper = matches!(body, Body::Upper { .. });
             let ino = if i == 0 {
                 st.next_ino = ROOT_INO;
-                st.push(Node::new(ROOT_INO, name, perm, mtime, body).with_meta(meta))
+                place(&mut st, i, Node::new(ROOT_INO, name, perm, mtime, body).with_meta(meta))?
             } else {
                 let p = *inos
                     .get(parent as usize)
                     .filter(|_| (parent as usize) < i)
                     .ok_or_else(|| state_err(format!("record {i} names parent {parent}, not an earlier record")))?;
                 check_name(&name).map_err(state_err)?;
-                let ino = st.push(Node::new(p, name.clone(), perm, mtime, body).with_meta(meta));
+                let ino = place(&mut st, i, Node::new(p, name.clone(), perm, mtime, body).with_meta(meta))?;
                 match &mut st.get_mut(p)?.body {
                     Body::Dir { children: Some(c), .. } => {
                         if c.insert(name, ino).is_some() {
@@ -485,6 +594,9 @@ impl SnapshotFs {
         r.finish().map_err(state_err)?;
         if n == 0 {
             return Err(state_err("no root record"));
+        }
+        if let Some(im) = image {
+            st.next_ino = im.next_ino;
         }
         // Every directory above an upper file is rebuilt at the next
         // checkpoint. The saved state keeps "changed directories only

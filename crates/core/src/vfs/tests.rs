@@ -174,6 +174,55 @@ async fn opening_a_file_unlinked_before_the_open_is_enoent_not_eio() {
     }
 }
 
+/// A mount handed to another process keeps every number the kernel
+/// holds: each node comes back under its inode number with its lookups,
+/// and new nodes take numbers never handed out before (a plain load
+/// numbers the nodes afresh: the kernel's numbers would name others).
+#[tokio::test]
+async fn a_handed_over_state_keeps_the_kernels_inode_numbers() {
+    let d = tempfile::tempdir().unwrap();
+    let (fs, _cache) = empty_workspace(d.path());
+    let a = fs.mkdir(ROOT_INO, b"a", 0o755).await.unwrap();
+    fs.note_lookup(a.ino, 2);
+    // A gap in the numbers: a file made and removed between the others.
+    let (gone, _) = fs.create(ROOT_INO, b"gone", 0o644).await.unwrap();
+    fs.unlink(ROOT_INO, b"gone").await.unwrap();
+    let (f, h) = fs.create(a.ino, b"f", 0o644).await.unwrap();
+    fs.note_lookup(f.ino, 1);
+    fs.write(&h, 0, b"kept").unwrap();
+    let (saved, image) = fs.save_state_and_inodes().unwrap();
+    assert_eq!(saved, fs.save_state().unwrap(), "the state saved is the same either way");
+    assert_eq!(InodeImage::decode(&image.encode()).unwrap(), image);
+    assert!(image.nodes.contains(&(a.ino, 2)) && image.nodes.contains(&(f.ino, 1)), "{image:?}");
+    let upper = d.path().join("upper");
+    let plain = SnapshotFs::load_state(fs.fetcher().clone(), &saved, upper.clone(), None).unwrap();
+    let moved = plain.lookup(a.ino, b"f").await.map(|x| x.ino).ok();
+    assert_ne!(moved, Some(f.ino), "a plain load kept the numbers: this test shows nothing");
+
+    let back = SnapshotFs::load_handed_over(fs.fetcher().clone(), &saved, upper.clone(), None, &image).unwrap();
+    assert_eq!(back.lookup(ROOT_INO, b"a").await.unwrap().ino, a.ino);
+    // By number alone, as the kernel asks.
+    assert_eq!(back.getattr(f.ino).unwrap().size, 4);
+    let r = back.open(f.ino).await.unwrap();
+    assert_eq!(&back.read(&r, 0, 16).await.unwrap()[..], b"kept");
+    let n = back.mkdir(ROOT_INO, b"new", 0o755).await.unwrap();
+    assert!(n.ino >= image.next_ino && n.ino > gone.ino && n.ino > f.ino, "{} reused", n.ino);
+
+    // Numbers that do not fit the state are refused, never half loaded.
+    let load = |im: &InodeImage| SnapshotFs::load_handed_over(fs.fetcher().clone(), &saved, upper.clone(), None, im);
+    let mut short = image.clone();
+    short.nodes.pop();
+    let mut twice = image.clone();
+    twice.nodes[2].0 = twice.nodes[1].0;
+    let mut beyond = image.clone();
+    beyond.next_ino = 2;
+    for bad in [short, twice, beyond] {
+        let e = load(&bad).err().unwrap();
+        assert!(e.to_string().contains("handed over"), "{e}");
+    }
+    assert!(InodeImage::decode(&image.encode()[..5]).is_err());
+}
+
 #[tokio::test]
 async fn deep_directories_save_and_load_without_recursion() {
     let d = tempfile::tempdir().unwrap();

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::machine::{self, MountLock, MountState};
-use super::mounted::{self, MountedWorkspace};
+use super::mounted::{self, HandedOver, MountedWorkspace};
 use super::{lease, ws_ref, ResumeLease, ResumeReport};
 use crate::error::Result;
 use crate::fetch::Fetcher;
@@ -82,7 +82,13 @@ impl Workspace {
 
     /// Opens the workspace for a read-write mount at `mountpoint`.
     pub async fn open_mount(&self, mountpoint: &Path, steal: bool) -> Result<MountedWorkspace> {
-        mounted::open_mount(&self.fetcher, &self.name, mountpoint, steal).await
+        mounted::open_mount(&self.fetcher, &self.name, mountpoint, steal, None).await
+    }
+
+    /// [`Workspace::open_mount`] by a daemon taking over the mount that
+    /// another one served at `mountpoint` (see [`mounted::HandedOver`]).
+    pub async fn open_handed_over(&self, mountpoint: &Path, handed: HandedOver) -> Result<MountedWorkspace> {
+        mounted::open_mount(&self.fetcher, &self.name, mountpoint, false, Some(handed)).await
     }
 
     /// The saved state of a mount of the workspace on this machine that

@@ -149,7 +149,22 @@ pub fn set_aside_removed(fetcher: &Fetcher, name: &str, _held: &MountLock) -> Re
 /// mount here would share the first's state folder and lease holder, and
 /// each would overwrite the other's saved changes. The kernel lets go of
 /// it when the daemon dies, so a remount after `kill -9` is not refused.
-pub struct MountLock(#[allow(dead_code)] std::fs::File);
+pub struct MountLock(std::fs::File);
+
+impl MountLock {
+    /// The lock another process holds and passed over (its descriptor
+    /// shares the flock: a daemon handing its mount over keeps the
+    /// workspace locked throughout).
+    pub fn from_fd(fd: std::os::fd::OwnedFd) -> MountLock {
+        MountLock(std::fs::File::from(fd))
+    }
+}
+
+impl std::os::fd::AsFd for MountLock {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.0.as_fd()
+    }
+}
 
 /// Takes workspace `key`'s mount lock for `mountpoint`, or says where it is
 /// mounted already.

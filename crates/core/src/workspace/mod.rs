@@ -49,7 +49,7 @@ pub use machine::{
     export_set_aside, list_set_aside, record_unmounted, recover_set_aside, workspaces_root, MountLock, MountState,
     SetAside,
 };
-pub use mounted::{checkpoint_mount, save_mount_state, MountedWorkspace, StateSaver};
+pub use mounted::{checkpoint_mount, save_for_handover, save_mount_state, HandedOver, MountedWorkspace, StateSaver};
 pub use status::{mount_status, status, Status};
 
 pub use working_copy::{checkpoint, find_working_copy, interrupted_resume_of, load_state, load_state_at, LocalState};

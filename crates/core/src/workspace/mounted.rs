@@ -154,6 +154,16 @@ pub fn save_mount_state(fs: &SnapshotFs, state_dir: &Path) -> Result<()> {
     crate::fsutil::save_atomic(&state_dir.join(OVERLAY_FILE), &bytes)
 }
 
+/// [`save_mount_state`] by a daemon handing its mount over: the state and
+/// the inode numbers the kernel knows, taken together (nothing changes
+/// meanwhile: the mount serves no request by then).
+pub fn save_for_handover(fs: &SnapshotFs, state_dir: &Path) -> Result<crate::vfs::InodeImage> {
+    let _one_at_a_time = fs.save_guard();
+    let (bytes, image) = fs.save_state_and_inodes()?;
+    crate::fsutil::save_atomic(&state_dir.join(OVERLAY_FILE), &bytes)?;
+    Ok(image)
+}
+
 /// A workspace opened for a read-write mount.
 pub struct MountedWorkspace {
     /// This machine's one mount of the workspace: keep it while serving.
@@ -172,6 +182,12 @@ pub struct MountedWorkspace {
     pub warnings: Vec<Warning>,
 }
 
+/// What a daemon handing its mount over passes to the one taking it.
+pub struct HandedOver {
+    pub lock: MountLock,
+    pub image: crate::vfs::InodeImage,
+}
+
 /// Opens workspace `name` for a read-write mount at `mountpoint`. Round
 /// trips: the ref and the lease together (two connections opened at once);
 /// the snapshot and the pack index together, one on each; the stat object
@@ -179,16 +195,24 @@ pub struct MountedWorkspace {
 /// same checkpoint on this machine are picked up; changes on top of an
 /// older checkpoint are set aside (and named in a warning), unless a
 /// checkpoint holds them all.
+///
+/// With `handed`, a daemon is taking over the mount another one served
+/// (and saved just before): its lock is passed over, not taken again, and
+/// the saved state is loaded under the inode numbers the kernel knows.
 pub async fn open_mount(
     fetcher: &Arc<Fetcher>,
     name: &str,
     mountpoint: &Path,
     steal: bool,
+    handed: Option<HandedOver>,
 ) -> Result<MountedWorkspace> {
     // Before any request: a second mount of the workspace here is refused.
     let (root, key) = state_key(fetcher, name)?;
     crate::fsutil::create_private_dir(&root)?;
-    let lock = lock_mount(&root, &key, mountpoint, name)?;
+    let (lock, image) = match handed {
+        Some(h) => (h.lock, Some(h.image)),
+        None => (lock_mount(&root, &key, mountpoint, name)?, None),
+    };
     let (v, seen) = futures::join!(read_ws_ref(fetcher, name), read_lease(&fetcher.remote, name));
     let v = match v {
         // Removed elsewhere (`ws rm` on another machine) while this machine
@@ -304,8 +328,16 @@ pub async fn open_mount(
         }
     }
     let upper = sd.join("upper");
-    let fs = match (&saved, reopen) {
-        (Some(b), true) => SnapshotFs::load_state(fetcher.clone(), b, upper, stat)?,
+    let fs = match (&saved, reopen, &image) {
+        (Some(b), true, Some(im)) => SnapshotFs::load_handed_over(fetcher.clone(), b, upper, stat, im)?,
+        (_, _, Some(_)) => {
+            let _ = release_lease(&fetcher.remote, name, &holder).await;
+            return Err(Error::LocalState {
+                path: sd.display().to_string(),
+                detail: "the mount handed over saved no state at the workspace's checkpoint".into(),
+            });
+        }
+        (Some(b), true, None) => SnapshotFs::load_state(fetcher.clone(), b, upper, stat)?,
         _ => {
             let _ = std::fs::remove_dir_all(&upper);
             SnapshotFs::writable(fetcher.clone(), v.root, snap.time, upper, stat)?

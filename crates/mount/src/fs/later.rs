@@ -86,7 +86,12 @@ impl MadoFs {
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
         if task.as_mut().poll(&mut cx).is_pending() {
             // Polled again there, with a waker that counts, in the
-            // request's span.
+            // request's span; counted in flight until it has answered.
+            let flying = self.in_flight.as_ref().map(|f| f.start());
+            let task = async move {
+                task.await;
+                drop(flying);
+            };
             self.rt.spawn(tracing::Instrument::instrument(task, tracing::Span::current()));
         }
     }
@@ -98,8 +103,10 @@ impl MadoFs {
         reply: ReplyEmpty,
     ) {
         let (durable, span) = (self.durable.clone(), tracing::Span::current());
+        let flying = self.in_flight.as_ref().map(|f| f.start());
         self.rt.spawn_blocking(move || {
             let _span = span.enter();
+            let _flying = flying;
             if let Err(e) = sync_file() {
                 return reply.error(errno(&e));
             }
