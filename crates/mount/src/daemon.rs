@@ -18,6 +18,7 @@ use mado_core::{Error, Result};
 
 use crate::control;
 use crate::fs::MadoFs;
+use crate::fuse_mount::{serve_fuse, serve_until_unmounted, FUSE_THREADS};
 use crate::handler::{ControlHandler, Ws};
 use crate::protocol::{Op, Reply, Request};
 
@@ -108,7 +109,7 @@ pub fn unmount_and_wait(p: &Path, wait: Duration) -> std::io::Result<()> {
 /// The mount's source as /proc/mounts, findmnt and df show it: the ref
 /// or snapshot mounted (`ws/NAME` for a workspace), with no character that
 /// would need escaping there.
-fn source_name(spec: &str, workspace: bool) -> String {
+pub(crate) fn source_name(spec: &str, workspace: bool) -> String {
     let s = if workspace { format!("ws/{spec}") } else { spec.to_string() };
     s.chars().map(|c| if c.is_ascii_graphic() && c != ',' { c } else { '_' }).collect()
 }
@@ -300,14 +301,7 @@ impl Daemon {
             }
             _ => None,
         };
-        let advisory = match &attach {
-            Attach::Attached { .. } => None,
-            // The snapshot mounted, not `main` (`mado pack`'s default).
-            _ => Some(format!(
-                "cold reads are per-file — run `mado pack -r {}` to pack this snapshot",
-                if opts.workspace { format!("ws/{}", opts.spec) } else { opts.spec.clone() }
-            )),
-        };
+        let advisory = advisory(&attach, &opts);
         match mapping.join() {
             Ok(Ok(n)) => tracing::debug!("mapped {} MiB of the daemon's code", n >> 20),
             Ok(Err(e)) => tracing::debug!("not mapping the daemon's code: {e}"),
@@ -441,6 +435,18 @@ impl Daemon {
     }
 }
 
+/// The advisory for a snapshot served without packs.
+fn advisory(attach: &Attach, opts: &MountOptions) -> Option<String> {
+    match attach {
+        Attach::Attached { .. } => None,
+        // The snapshot mounted, not `main` (`mado pack`'s default).
+        _ => Some(format!(
+            "cold reads are per-file — run `mado pack -r {}` to pack this snapshot",
+            if opts.workspace { format!("ws/{}", opts.spec) } else { opts.spec.clone() }
+        )),
+    }
+}
+
 /// Refuses a socket a live server holds; cleans up a dead mount.
 fn check_target(mp: &Path, fuse: bool) -> Result<()> {
     if !fuse {
@@ -539,104 +545,6 @@ fn fs_maker(
     })
 }
 
-/// A FUSE session's request threads.
-const FUSE_THREADS: u32 = 4;
-
-/// Serves a workspace's session until the mount goes, through handovers
-/// that failed (served again, on the descriptor kept); a handover that
-/// succeeded ends this process here, the mount left to the new daemon.
-fn serve_until_unmounted(
-    mut session: fuser::BackgroundSession,
-    seat: &crate::handover::Seat,
-    again: impl Fn(std::os::fd::OwnedFd) -> Result<(Served, Option<std::os::fd::RawFd>)>,
-) -> std::io::Result<()> {
-    loop {
-        seat.ended.wait();
-        match seat.after_end() {
-            crate::handover::After::Unmounted => return session.join(),
-            crate::handover::After::Exit => {
-                // The session's end must not unmount (fusermount3's mount
-                // would): the mount is the new daemon's now.
-                std::mem::forget(session);
-                loop {
-                    std::thread::park();
-                }
-            }
-            crate::handover::After::Serve(fd) => {
-                std::mem::forget(session);
-                match again(fd) {
-                    Ok((Served::Fuse(s), Some(at))) => {
-                        seat.serving_on(at);
-                        session = s;
-                    }
-                    Ok(_) => return Err(std::io::Error::other("serving the mount again gave no FUSE session")),
-                    Err(e) => return Err(std::io::Error::other(format!("serving the mount again: {e}"))),
-                }
-            }
-        }
-    }
-}
-
-/// Mounts `fs` at `mp`, or with `taken` serves the mount another daemon
-/// handed over on that kernel connection; and the descriptor number the
-/// session uses, when this process opened the connection itself (root).
-fn serve_fuse(
-    fs: MadoFs,
-    spec: &str,
-    mp: &Path,
-    workspace: bool,
-    allow_other: bool,
-    taken: Option<std::os::fd::OwnedFd>,
-) -> Result<(Served, Option<std::os::fd::RawFd>)> {
-    let mut c = fuser::Config::default();
-    c.mount_options = vec![
-        // The source findmnt and df show: what is mounted.
-        fuser::MountOption::FSName(source_name(spec, workspace)),
-        fuser::MountOption::Subtype("mado".into()),
-        fuser::MountOption::NoAtime,
-        // Device nodes made in a workspace are names, never devices.
-        fuser::MountOption::NoDev,
-    ];
-    if kernel_checks_permissions(allow_other) {
-        c.mount_options.push(fuser::MountOption::DefaultPermissions);
-    }
-    if !workspace {
-        c.mount_options.push(fuser::MountOption::RO);
-    }
-    if allow_other {
-        c.acl = fuser::SessionACL::All;
-    }
-    c.n_threads = Some(FUSE_THREADS as usize);
-    let mut at = None;
-    let spawned = if let Some(fd) = taken {
-        crate::handover::session_on(fs, fd, c).and_then(|(s, fd)| {
-            at = Some(fd);
-            s.spawn()
-        })
-    } else {
-        // As root, mount(2) here with the type `fuse.mado`; fuser's own
-        // direct mount says only `fuse`. Others go through fusermount3,
-        // which passes the subtype on.
-        match mount_as_fuse_mado(&source_name(spec, workspace), mp, !workspace, allow_other) {
-            Ok(Some(fd)) => {
-                at = Some(std::os::fd::AsRawFd::as_raw_fd(&fd));
-                fuser::Session::from_fd(fs, fd, c.acl, c).and_then(|s| s.spawn()).inspect_err(|_| {
-                    let _ = rustix::mount::unmount(mp, rustix::mount::UnmountFlags::DETACH);
-                })
-            }
-            Ok(None) => fuser::spawn_mount(fs, mp, &c),
-            Err(e) => Err(e),
-        }
-    };
-    match spawned {
-        Ok(s) => {
-            tracing::info!(pid = std::process::id(), "serving {spec} at {}", mp.display());
-            Ok((Served::Fuse(s), at))
-        }
-        Err(e) => Err(Error::User(format!("mounting at {}: {e} ({})", mp.display(), why_no_mount(allow_other)))),
-    }
-}
-
 /// A guest's `sync` of a workspace: every upper file's bytes, then the
 /// state naming them.
 fn guest_sync(
@@ -704,110 +612,9 @@ fn end_workspace(rt: &tokio::runtime::Handle, core: &Arc<SnapshotFs>, ws: &Ws) -
 }
 
 /// A running transport.
-enum Served {
+pub(crate) enum Served {
     Fuse(fuser::BackgroundSession),
     VirtioFs(std::thread::JoinHandle<std::io::Result<()>>, crate::virtiofs::Stopper),
-}
-
-/// Whether the kernel checks modes and owners itself (`default_permissions`).
-/// It must whenever users other than the daemon's may come in
-/// (`--allow-other`) or the daemon's user is not root. Without
-/// `--allow-other` a root daemon's mount admits only root, whom those checks
-/// never refuse (but to execute a file with no execute bit, which the
-/// kernel checks anyway, and `access(X_OK)`, which `MadoFs::access`
-/// answers): then they only cost a GETATTR of a directory after each change
-/// in it, as the kernel forgets a changed directory's attributes and needs
-/// them for the next path walk through it (two of every three requests of
-/// an `rm -rf`).
-fn kernel_checks_permissions(allow_other: bool) -> bool {
-    allow_other || !rustix::process::geteuid().is_root()
-}
-
-/// What most likely kept a FUSE mount from starting, and what to do: the
-/// device missing, the device closed to this user (fusermount3 opens it as
-/// the calling user too, so its setuid bit does not help), fusermount3
-/// missing, or `--allow-other` refused.
-fn why_no_mount(allow_other: bool) -> String {
-    use std::os::unix::fs::MetadataExt;
-    let dev = Path::new("/dev/fuse");
-    let Ok(meta) = std::fs::metadata(dev) else {
-        return "/dev/fuse does not exist: load the module (`modprobe fuse`), or in a container pass the device in \
-                (`--device /dev/fuse`)"
-            .into();
-    };
-    let root = rustix::process::geteuid().is_root();
-    if !root && rustix::fs::access(dev, rustix::fs::Access::READ_OK | rustix::fs::Access::WRITE_OK).is_err() {
-        return format!(
-            "/dev/fuse is mode {:o} owned by uid {}, so uid {} cannot open it, and fusermount3 opens it as the \
-             calling user too; mount as root, or make the device usable by users (`chmod 0666 /dev/fuse`, the \
-             usual default, or a udev rule)",
-            meta.mode() & 0o7777,
-            meta.uid(),
-            rustix::process::getuid().as_raw()
-        );
-    }
-    if !root && !on_path("fusermount3") {
-        return "a mount by a user other than root needs fusermount3, which is not on PATH (Debian: \
-                `apt install fuse3`)"
-            .into();
-    }
-    if allow_other {
-        return "--allow-other needs root, or `user_allow_other` in /etc/fuse.conf".into();
-    }
-    "is fuse3 installed, and is the mount point an empty directory of yours?".into()
-}
-
-/// Whether an executable named `name` is in a directory of `$PATH`.
-fn on_path(name: &str) -> bool {
-    std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(name).is_file()))
-}
-
-/// Mounts `/dev/fuse` at `mp` with the type `fuse.mado` (what
-/// `/proc/mounts`, `findmnt -t fuse.mado` and `umount -t` see) and returns
-/// the device for the session, when this process is root and may mount.
-/// `None` otherwise: fusermount3 mounts then, and sets the subtype itself.
-fn mount_as_fuse_mado(
-    source: &str,
-    mp: &Path,
-    read_only: bool,
-    allow_other: bool,
-) -> std::io::Result<Option<std::os::fd::OwnedFd>> {
-    use rustix::mount::MountFlags;
-    if !rustix::process::geteuid().is_root() {
-        return Ok(None);
-    }
-    // No /dev/fuse here: fuser's own attempt says so, with the hint.
-    let Ok(dev) = rustix::fs::open(
-        "/dev/fuse",
-        rustix::fs::OFlags::RDWR | rustix::fs::OFlags::CLOEXEC,
-        rustix::fs::Mode::empty(),
-    ) else {
-        return Ok(None);
-    };
-    let mut data = format!(
-        "fd={},rootmode=40000,user_id={},group_id={}",
-        std::os::fd::AsRawFd::as_raw_fd(&dev),
-        rustix::process::getuid().as_raw(),
-        rustix::process::getgid().as_raw()
-    );
-    if kernel_checks_permissions(allow_other) {
-        data.push_str(",default_permissions");
-    }
-    if allow_other {
-        data.push_str(",allow_other");
-    }
-    let mut flags = MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOATIME;
-    if read_only {
-        flags |= MountFlags::RDONLY;
-    }
-    let data = std::ffi::CString::new(data).map_err(std::io::Error::other)?;
-    match rustix::mount::mount(source, mp, "fuse.mado", flags, data.as_c_str()) {
-        Ok(()) => Ok(Some(dev)),
-        // Root without the right to mount (a container, a user namespace):
-        // fusermount3, as for any user.
-        Err(rustix::io::Errno::PERM | rustix::io::Errno::ACCESS) => Ok(None),
-        Err(e) => Err(e.into()),
-    }
 }
 
 /// How long the watchdog waits for the inode table's lock before it calls

@@ -237,6 +237,10 @@ impl Seat {
     /// each write one message).
     fn quiesce(&self) -> Result<OwnedFd> {
         let io = |what: &'static str| move |e: rustix::io::Errno| Error::io(what)(e.into());
+        tracing::info!(
+            "handing {} over: the session's request threads stop (fuser logs a short read as each one does)",
+            self.mountpoint.display()
+        );
         let at = *self.fd.lock().expect("seat lock");
         // SAFETY: `at` is the session's open descriptor, which lives as
         // long as the session (never dropped while it is serving).

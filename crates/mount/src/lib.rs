@@ -9,6 +9,7 @@
 pub mod control;
 pub mod daemon;
 pub mod fs;
+mod fuse_mount;
 mod handler;
 pub mod handover;
 pub mod protocol;

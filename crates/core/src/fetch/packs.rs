@@ -597,6 +597,32 @@ mod flight_tests {
     use futures::StreamExt;
     use std::sync::atomic::AtomicUsize;
 
+    /// A pack mostly in the cache: a member missing from it is read by
+    /// its own byte range, and is the right bytes, kept in the cache.
+    #[tokio::test]
+    async fn a_member_missing_from_a_mostly_cached_pack_is_read_by_its_range() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("file://{}/store", dir.path().display());
+        let remote = Arc::new(crate::store::Remote::open(&url, &Default::default()).unwrap());
+        let cache = Arc::new(crate::cache::DiskCache::open(dir.path().join("cache"), None).unwrap());
+        let raws: Vec<Vec<u8>> = (0..12u8).map(|i| vec![i; 200 + i as usize]).collect();
+        let members: Vec<(Hash, MemberKind, &[u8])> =
+            raws.iter().map(|r| (Hash::of(r), MemberKind::Blob, &r[..])).collect();
+        let (bytes, pack) = build_pack(&members);
+        remote.put_pack(&pack.id, Bytes::from(bytes)).await.unwrap();
+        for r in raws.iter().enumerate().filter(|(i, _)| *i != 7).map(|(_, r)| r) {
+            cache.put(&Hash::of(r), r).unwrap();
+        }
+        let f = Fetcher::new(remote.clone(), cache.clone());
+        let before = remote.stats();
+        let got = f.member_of(Arc::new(pack), &Hash::of(&raws[7])).await;
+        assert_eq!(got.as_deref(), Some(&raws[7][..]));
+        let d = remote.stats().since(&before);
+        assert_eq!(d.ranged_gets + d.gets, 1, "{d:?}");
+        assert_eq!(f.counters.members_from_packs.load(Relaxed), 1);
+        assert!(cache.contains(&Hash::of(&raws[7])));
+    }
+
     #[test]
     fn an_arrival_says_whether_a_reader_waited_for_it() {
         let f = PackFlight::default();

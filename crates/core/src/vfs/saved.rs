@@ -48,10 +48,10 @@ pub struct InodeImage {
     pub next_ino: u64,
 }
 
-const IMAGE_MAGIC: &[u8; 4] = b"MADI";
+const IMAGE_MAGIC: &[u8; 4] = b"MADN";
 
 impl InodeImage {
-    /// `MADI`, the next number, the count, then each (number, lookups),
+    /// `MADN`, the next number, the count, then each (number, lookups),
     /// all varints (docs/FORMAT.md, "Mount handover").
     pub fn encode(&self) -> Vec<u8> {
         use crate::codec::put_varint;

@@ -223,6 +223,27 @@ async fn a_handed_over_state_keeps_the_kernels_inode_numbers() {
     assert!(InodeImage::decode(&image.encode()[..5]).is_err());
 }
 
+/// New entries a `.gitignore` names are skipped, an ignored directory
+/// whole: what is inside it is not looked at again (nor named).
+#[tokio::test]
+async fn an_ignored_new_directory_is_skipped_whole_and_not_looked_into() {
+    let d = tempfile::tempdir().unwrap();
+    let (fs, _cache) = empty_workspace(d.path());
+    let (_, rules) = fs.create(ROOT_INO, b".gitignore", 0o644).await.unwrap();
+    fs.write(&rules, 0, b"target/\n*.log\n").unwrap();
+    let target = fs.mkdir(ROOT_INO, b"target", 0o755).await.unwrap();
+    let debug = fs.mkdir(target.ino, b"debug", 0o755).await.unwrap();
+    fs.create(debug.ino, b"x.o", 0o644).await.unwrap();
+    fs.create(debug.ino, b"y.log", 0o644).await.unwrap();
+    let (log, _) = fs.create(ROOT_INO, b"run.log", 0o644).await.unwrap();
+    fs.create(ROOT_INO, b"kept.txt", 0o644).await.unwrap();
+    let src = fs.mkdir(ROOT_INO, b"src", 0o755).await.unwrap();
+    let (nested_log, _) = fs.create(src.ino, b"trace.log", 0o644).await.unwrap();
+    let skips = fs.ignored_new_entries().await.unwrap();
+    let want: std::collections::HashSet<u64> = [target.ino, log.ino, nested_log.ino].into();
+    assert_eq!(skips.skip, want);
+}
+
 #[tokio::test]
 async fn deep_directories_save_and_load_without_recursion() {
     let d = tempfile::tempdir().unwrap();
