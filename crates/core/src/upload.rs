@@ -745,6 +745,22 @@ mod tests {
         crate::object::Entry { name: name.into(), kind: Kind::File, chunked: false, size: size as u64, id }
     }
 
+    /// The default mode spills nothing: each tree and blob staged is in
+    /// the cache at once, and the staging holds no spill file.
+    #[test]
+    fn default_staging_puts_trees_and_blobs_in_the_cache() {
+        let d = tempfile::tempdir().unwrap();
+        let cache = DiskCache::open(d.path().join("cache"), None).unwrap();
+        let mut staged = Staged::default();
+        let (blob, _) = staged.content(&cache, b"in the cache").unwrap();
+        let tree = Tree { entries: vec![file("f", blob, 12)] };
+        let id = staged.tree(&cache, &tree).unwrap();
+        staged.finish().unwrap();
+        assert!(staged.spilled().is_none());
+        assert_eq!(cache.get(&blob).as_deref(), Some(&b"in the cache"[..]));
+        assert_eq!(cache.get(&id), Some(tree.encode()));
+    }
+
     /// Spill mode keeps trees and small blobs out of the cache until the
     /// blobs reach the budget; past it, and for blobs above SPILL_MAX_BLOB,
     /// content goes to the cache as in the default mode. An upload reads
