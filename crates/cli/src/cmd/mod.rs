@@ -58,6 +58,7 @@ pub enum Command {
     Mount(mount::MountArgs),
     #[command(after_help = EX_UMOUNT)]
     Umount(umount::UmountArgs),
+    #[command(after_help = EX_RESTART)]
     Restart(restart::RestartArgs),
     #[command(name = "serve-virtiofs", after_help = EX_SERVE_VIRTIOFS)]
     ServeVirtiofs(serve_virtiofs::ServeVirtiofsArgs),
@@ -289,6 +290,10 @@ const EX_PACK: &str = "Examples:
 
 const EX_UMOUNT: &str = "Examples:
   mado umount ~/mnt/project                   # waits for the daemon to finish (a workspace saves its state)";
+
+const EX_RESTART: &str = "Examples:
+  mado restart ~/work/agent-1                 # after installing a new mado: its daemon takes the mount over
+  mado restart ~/work/agent-1 --json          # {\"dir\":..., \"from_pid\":..., \"pid\":...}";
 
 const EX_SERVE_VIRTIOFS: &str = "Examples:
   mado serve-virtiofs main --socket /run/mado.sock           # read-only, to a VM guest
