@@ -313,12 +313,11 @@ async fn gc_locked(f: &Arc<Fetcher>, grace: Duration, dry_run: bool, keep: &[Sna
 #[cfg(test)]
 mod tests {
     use super::gc;
-    use crate::cache::DiskCache;
     use crate::fetch::Fetcher;
     use crate::hash::Hash;
-    use crate::store::{Remote, Space};
+    use crate::store::Space;
+    use crate::testutil::local_store;
     use bytes::Bytes;
-    use std::sync::Arc;
     use std::time::Duration;
 
     /// A dry run says it is one, counts what the sweep then deletes, and
@@ -326,9 +325,7 @@ mod tests {
     #[tokio::test]
     async fn a_dry_run_counts_what_the_sweep_deletes_and_deletes_nothing() {
         let dir = tempfile::tempdir().unwrap();
-        let url = format!("file://{}/store", dir.path().display());
-        let remote = Arc::new(Remote::open(&url, &Default::default()).unwrap());
-        let cache = Arc::new(DiskCache::open(dir.path().join("cache"), None).unwrap());
+        let (remote, cache) = local_store(dir.path());
         let f = Fetcher::new(remote.clone(), cache);
         let data = Bytes::from_static(b"no ref reaches this");
         let id = Hash::of(&data);

@@ -27,5 +27,8 @@ pub mod upload;
 pub mod vfs;
 pub mod workspace;
 
+#[cfg(test)]
+mod testutil;
+
 pub use error::{Error, Result};
 pub use hash::{Hash, SnapshotId, TreeId};

@@ -602,9 +602,7 @@ mod flight_tests {
     #[tokio::test]
     async fn a_member_missing_from_a_mostly_cached_pack_is_read_by_its_range() {
         let dir = tempfile::tempdir().unwrap();
-        let url = format!("file://{}/store", dir.path().display());
-        let remote = Arc::new(crate::store::Remote::open(&url, &Default::default()).unwrap());
-        let cache = Arc::new(crate::cache::DiskCache::open(dir.path().join("cache"), None).unwrap());
+        let (remote, cache) = crate::testutil::local_store(dir.path());
         let raws: Vec<Vec<u8>> = (0..12u8).map(|i| vec![i; 200 + i as usize]).collect();
         let members: Vec<(Hash, MemberKind, &[u8])> =
             raws.iter().map(|r| (Hash::of(r), MemberKind::Blob, &r[..])).collect();
@@ -642,9 +640,7 @@ mod flight_tests {
     #[tokio::test]
     async fn a_reader_gets_each_member_before_the_next_one_decodes() {
         let dir = tempfile::tempdir().unwrap();
-        let url = format!("file://{}/store", dir.path().display());
-        let remote = Arc::new(crate::store::Remote::open(&url, &Default::default()).unwrap());
-        let cache = Arc::new(crate::cache::DiskCache::open(dir.path().join("cache"), None).unwrap());
+        let (remote, cache) = crate::testutil::local_store(dir.path());
         let f = Fetcher::new(remote, cache);
         let raws: Vec<Vec<u8>> = (0..40u8).map(|i| vec![i; 300 + i as usize]).collect();
         let members: Vec<(Hash, MemberKind, &[u8])> =

@@ -426,25 +426,22 @@ pub fn merge_stat_chain(chain: &[(Hash, StatObject)]) -> Result<StatObject> {
 
 #[cfg(test)]
 mod tests {
-    use crate::cache::DiskCache;
     use crate::fetch::Fetcher;
     use crate::hash::Hash;
     use crate::object::{Entry, Kind};
-    use crate::store::{Remote, Space};
+    use crate::store::Space;
+    use crate::testutil::local_store;
     use bytes::Bytes;
     use futures::StreamExt;
-    use std::sync::Arc;
 
     /// A whole (unchunked) file comes as one piece: its bytes, at 0.
     #[tokio::test]
     async fn a_whole_file_is_one_piece_of_its_bytes() {
         let dir = tempfile::tempdir().unwrap();
-        let url = format!("file://{}/store", dir.path().display());
-        let remote = Arc::new(Remote::open(&url, &Default::default()).unwrap());
+        let (remote, cache) = local_store(dir.path());
         let data = Bytes::from_static(b"the whole file");
         let id = Hash::of(&data);
         remote.put_object(Space::Objects, &id, data.clone()).await.unwrap();
-        let cache = Arc::new(DiskCache::open(dir.path().join("cache"), None).unwrap());
         let f = Fetcher::new(remote, cache);
         let e = Entry { name: b"f".to_vec(), kind: Kind::File, chunked: false, size: data.len() as u64, id };
         let pieces: Vec<_> = f.pieces(&e, "f").await.unwrap().collect().await;

@@ -3,15 +3,9 @@
 
 use super::*;
 use crate::cache::DiskCache;
-use crate::store::{OpenOptions, Remote};
+use crate::testutil::local_store;
 use crate::upload::Staged;
 use std::path::Path;
-
-/// A store (the local directory kind) and a disk cache, in `dir`.
-fn local_store(dir: &Path) -> (Arc<Remote>, Arc<DiskCache>) {
-    let remote = Remote::open(&format!("file://{}/store", dir.display()), &OpenOptions::default()).unwrap();
-    (Arc::new(remote), Arc::new(DiskCache::open(dir.join("cache"), None).unwrap()))
-}
 
 /// A read-write filesystem over an empty tree, in `dir`.
 fn empty_workspace(dir: &Path) -> (SnapshotFs, Arc<DiskCache>) {
