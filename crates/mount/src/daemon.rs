@@ -210,20 +210,23 @@ impl Daemon {
         let mp = control::absolute(opts.serve.path()).map_err(Error::io("resolving the mount point"))?;
         let fuse = matches!(opts.serve, Serve::Fuse { .. });
         // A mount handed over: what the daemon before this one passed.
-        let mut received = opts.handover_fd.map(crate::handover::receive).transpose()?;
+        let received = opts.handover_fd.map(crate::handover::receive).transpose()?;
         if received.is_none() {
             check_target(&mp, fuse)?;
         }
+        let (handed, taken, to_old) = match received {
+            Some(r) => {
+                let lock = mado_core::workspace::MountLock::from_fd(r.lock);
+                (Some(mado_core::workspace::HandedOver { lock, image: r.image }), Some(r.fuse), Some(r.answer))
+            }
+            None => (None, None, None),
+        };
         let started = Instant::now();
         // The daemon's code, mapped while the snapshot opens (see `resident`).
         let mapping = std::thread::Builder::new()
             .name("mado-map-code".into())
             .spawn(crate::resident::map_executable)
             .map_err(Error::io("starting a thread"))?;
-        let handed = received.as_mut().map(|r| mado_core::workspace::HandedOver {
-            lock: mado_core::workspace::MountLock::from_fd(r.lock.try_clone().expect("a lock descriptor copies")),
-            image: std::mem::take(&mut r.image),
-        });
         let Opened { id, core, attach, ws, warnings } = rt.block_on(open(&opts, &fetcher, &mp, handed))?;
         let stuck = watchdog(Arc::downgrade(&core));
         let sock = control::socket_path(&mp).map_err(Error::io("placing the control socket"))?;
@@ -234,7 +237,7 @@ impl Daemon {
         let saver = ws.as_ref().map(|w| Arc::new(mado_core::workspace::StateSaver::new(w.state_dir.clone())));
         let make_fs = fs_maker(&core, rt, &saver, &attach);
         let seat =
-            (fuse && ws.is_some()).then(|| Arc::new(crate::handover::Seat::new(-1, mp.clone(), FUSE_THREADS as usize)));
+            (fuse && ws.is_some()).then(|| Arc::new(crate::handover::Seat::new(mp.clone(), FUSE_THREADS as usize)));
         let fs = make_fs(opts.passthrough && fuse);
         let fs = match &seat {
             Some(seat) => fs.with_seat(seat),
@@ -265,10 +268,8 @@ impl Daemon {
         rt.spawn(control::serve(listener, answer));
         let allow_other = matches!(opts.serve, Serve::Fuse { allow_other: true, .. });
         let served = match &opts.serve {
-            Serve::Fuse { allow_other, .. } => {
-                let taken = received.as_ref().map(|r| r.fuse.try_clone()).transpose();
-                let taken = taken.map_err(Error::io("copying the FUSE descriptor handed over"))?;
-                serve_fuse(fs, &opts.spec, &mp, ws.is_some(), *allow_other, taken).map(|(served, at)| {
+            Serve::Fuse { .. } => {
+                serve_fuse(fs, &opts.spec, &mp, ws.is_some(), allow_other, taken).map(|(served, at)| {
                     if let (Some(seat), Some(at)) = (&seat, at) {
                         seat.serving_on(at);
                     }
@@ -283,13 +284,13 @@ impl Daemon {
         };
         let served = served.inspect_err(|e| {
             let _ = std::fs::remove_file(&sock);
-            if let Some(r) = &received {
-                crate::handover::answer(&r.answer, Err(e));
+            if let Some(a) = &to_old {
+                crate::handover::answer(a, Err(e));
             }
         })?;
-        if let Some(r) = &received {
+        if let Some(a) = &to_old {
             tracing::info!(pid = std::process::id(), "took over {} from the daemon before", mp.display());
-            crate::handover::answer(&r.answer, Ok(()));
+            crate::handover::answer(a, Ok(()));
         }
         let by_name = match (&ws, fuse) {
             (Some(w), false) => {

@@ -91,6 +91,17 @@ pub struct RequestCounters {
 /// Saves a workspace's state durably; called by fsync and fsyncdir.
 pub type DurableSave = Arc<dyn Fn() -> mado_core::Result<()> + Send + Sync>;
 
+/// The session that served this filesystem has ended, however it ended
+/// (an unmount, a handover, a request thread's panic): the last reference
+/// goes with its last thread.
+impl Drop for MadoFs {
+    fn drop(&mut self) {
+        if let Some(e) = &self.ended {
+            e.set();
+        }
+    }
+}
+
 /// A read-only mount answers every change itself, before the core is
 /// asked (the core refuses too: this keeps the errno in one place here).
 macro_rules! writable_or_erofs {
@@ -102,12 +113,6 @@ macro_rules! writable_or_erofs {
 }
 
 impl Filesystem for MadoFs {
-    fn destroy(&mut self) {
-        if let Some(e) = &self.ended {
-            e.set();
-        }
-    }
-
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         let _ = config.add_capabilities(
             InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_PARALLEL_DIROPS | InitFlags::FUSE_CACHE_SYMLINKS,

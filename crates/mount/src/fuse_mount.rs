@@ -34,6 +34,9 @@ pub(crate) fn serve_until_unmounted(
             }
             crate::handover::After::Serve(fd) => {
                 std::mem::forget(session);
+                // The old session's filesystem is gone: the next one's end
+                // is waited for afresh.
+                seat.ended.reset();
                 match again(fd) {
                     Ok((Served::Fuse(s), Some(at))) => {
                         seat.serving_on(at);

@@ -41,7 +41,7 @@ impl Ended {
         }
     }
 
-    fn reset(&self) {
+    pub fn reset(&self) {
         *self.done.lock().expect("ended lock") = false;
     }
 }
@@ -97,8 +97,9 @@ enum Phase {
 /// The running FUSE session's parts a handover works on.
 pub struct Seat {
     /// The descriptor number the session reads requests from and writes
-    /// answers to.
-    fd: Mutex<RawFd>,
+    /// answers to; `None` while fusermount3 holds the connection (a mount
+    /// not made by this process as root).
+    fd: Mutex<Option<RawFd>>,
     mountpoint: PathBuf,
     threads: usize,
     pub ended: Arc<Ended>,
@@ -119,9 +120,9 @@ pub enum After {
 }
 
 impl Seat {
-    pub fn new(fd: RawFd, mountpoint: PathBuf, threads: usize) -> Seat {
+    pub fn new(mountpoint: PathBuf, threads: usize) -> Seat {
         Seat {
-            fd: Mutex::new(fd),
+            fd: Mutex::new(None),
             mountpoint,
             threads,
             ended: Arc::default(),
@@ -131,11 +132,9 @@ impl Seat {
         }
     }
 
-    /// A new session serves on descriptor number `fd`.
+    /// A session serves on descriptor number `fd`.
     pub fn serving_on(&self, fd: RawFd) {
-        *self.fd.lock().expect("seat lock") = fd;
-        self.ended.reset();
-        *self.phase.lock().expect("phase lock") = Phase::Serving;
+        *self.fd.lock().expect("seat lock") = Some(fd);
     }
 
     /// Called by the main thread once the session's threads have ended.
@@ -171,13 +170,22 @@ impl Seat {
         argv: &[std::ffi::OsString],
         save: impl FnOnce() -> Result<(mado_core::vfs::InodeImage, OwnedFd)>,
     ) -> Result<u32> {
-        if !rustix::process::geteuid().is_root() {
+        let at = *self.fd.lock().expect("seat lock");
+        let Some(at) = at.filter(|_| rustix::process::geteuid().is_root()) else {
             return Err(Error::User(
-                "handing a mount over needs root (the kernel connection is passed with its answers relayed); \
-                 unmount and mount again instead"
+                "handing a mount over needs a mount this daemon made as root (the kernel connection is passed \
+                 with its answers relayed); unmount and mount again instead"
                     .into(),
             ));
-        }
+        };
+        let io = |what: &'static str| move |e: rustix::io::Errno| Error::io(what)(e.into());
+        let (ours, theirs) =
+            rustix::net::socketpair(AddressFamily::UNIX, SocketType::STREAM, SocketFlags::empty(), None)
+                .map_err(io("making the handover socket"))?;
+        rustix::io::fcntl_setfd(&ours, rustix::io::FdFlags::CLOEXEC).map_err(io("making the handover socket"))?;
+        // A new daemon that hangs (its store unreachable) is given up on.
+        rustix::net::sockopt::set_socket_timeout(&ours, rustix::net::sockopt::Timeout::Recv, Some(SUCCESSOR_WAIT))
+            .map_err(io("making the handover socket"))?;
         {
             let mut p = self.phase.lock().expect("phase lock");
             if !matches!(*p, Phase::Serving) {
@@ -185,11 +193,6 @@ impl Seat {
             }
             *p = Phase::HandingOver;
         }
-        let (ours, theirs) =
-            rustix::net::socketpair(AddressFamily::UNIX, SocketType::STREAM, SocketFlags::empty(), None)
-                .map_err(|e| Error::io("making the handover socket")(e.into()))?;
-        rustix::io::fcntl_setfd(&ours, rustix::io::FdFlags::CLOEXEC)
-            .map_err(|e| Error::io("making the handover socket")(e.into()))?;
         let child = start_successor(argv, theirs.as_raw_fd());
         drop(theirs);
         let mut child = match child {
@@ -199,17 +202,22 @@ impl Seat {
                 return Err(e);
             }
         };
-        let fuse = match self.quiesce() {
+        let fuse = match self.detach(at) {
             Ok(f) => f,
             Err(e) => {
-                // Not quiesced: the session still serves (or is gone).
+                // Not detached: the session still serves.
                 let _ = child.kill();
+                let _ = child.wait();
                 self.set_phase(Phase::Serving);
                 return Err(e);
             }
         };
-        let sent = save().and_then(|(image, lock)| send(&ours, &fuse, &lock, &image.encode()));
-        let answer = sent.and_then(|()| await_successor(&ours));
+        // The session is ending from here on: any failure serves again.
+        let answer = self
+            .drain()
+            .and_then(|()| save())
+            .and_then(|(image, lock)| send(&ours, &fuse, &lock, &image.encode()))
+            .and_then(|()| await_successor(&ours));
         match answer {
             Ok(()) => {
                 tracing::info!("handed {} over to pid {}", self.mountpoint.display(), child.id());
@@ -226,22 +234,22 @@ impl Seat {
         }
     }
 
-    /// Stops the session from reading more requests, every request it has
-    /// read still answered to the kernel, and returns a descriptor of the
-    /// kernel's connection. The session's descriptor number is pointed at
-    /// a socket: a request thread reading it next finds its end and
-    /// returns; one asleep in a read of the connection is woken by a
-    /// lookup sent here (of a name never used), answers it, and then finds
-    /// the end too. Answers written meanwhile reach the socket and are
-    /// relayed to the connection whole (a sequenced-packet socket keeps
-    /// each write one message).
-    fn quiesce(&self) -> Result<OwnedFd> {
+    /// Stops the session from reading more requests (every request it has
+    /// read is still answered to the kernel: [`Seat::drain`] waits for
+    /// that), and returns a descriptor of the kernel's connection. The
+    /// session's descriptor number `at` is pointed at a socket: a request
+    /// thread reading it next finds its end and returns; one asleep in a
+    /// read of the connection is woken by a lookup sent here (of a name
+    /// never used), answers it, and then finds the end too. Answers written
+    /// meanwhile reach the socket and are relayed to the connection whole
+    /// (a sequenced-packet socket keeps each write one message). An error
+    /// leaves the session serving.
+    fn detach(&self, at: RawFd) -> Result<OwnedFd> {
         let io = |what: &'static str| move |e: rustix::io::Errno| Error::io(what)(e.into());
         tracing::info!(
             "handing {} over: the session's request threads stop (fuser logs a short read as each one does)",
             self.mountpoint.display()
         );
-        let at = *self.fd.lock().expect("seat lock");
         // SAFETY: `at` is the session's open descriptor, which lives as
         // long as the session (never dropped while it is serving).
         let session_fd = unsafe { BorrowedFd::borrow_raw(at) };
@@ -271,13 +279,22 @@ impl Seat {
                 .name("mado-handover-poke".into())
                 .spawn(move || std::fs::symlink_metadata(poke));
         }
+        Ok(fuse)
+    }
+
+    /// Waits until the session's threads have all returned and no request
+    /// it read waits on a task any more: then no node changes.
+    fn drain(&self) -> Result<()> {
         self.ended.wait();
         if !self.in_flight.wait_idle(Duration::from_secs(60)) {
             return Err(Error::Busy("requests of this mount are still waiting after a minute".into()));
         }
-        Ok(fuse)
+        Ok(())
     }
 }
+
+/// How long the old daemon waits for the new one to say it serves.
+const SUCCESSOR_WAIT: Duration = Duration::from_secs(120);
 
 /// The largest answer the relay carries: a READ's data (at most 1 MiB
 /// with fuser's settings) and its header, with room.
@@ -384,6 +401,12 @@ fn await_successor(sock: &OwnedFd) -> Result<()> {
             let mut why = String::new();
             let _ = r.read_to_string(&mut why);
             Err(Error::User(format!("the new daemon could not take the mount over: {}", why.trim())))
+        }
+        Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+            Err(Error::User(format!(
+                "the new daemon did not take the mount over within {} s; see the mount's log",
+                SUCCESSOR_WAIT.as_secs()
+            )))
         }
         _ => Err(Error::User("the new daemon ended before taking the mount over; see the mount's log".into())),
     }
