@@ -198,6 +198,15 @@ fn mount_helper_args(argv: Vec<std::ffi::OsString>) -> Result<Vec<std::ffi::OsSt
 fn main() {
     no_huge_pages();
     let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    // A mount's keeper (started by its daemon, never by hand): no command
+    // line, no runtime.
+    if argv.get(1).is_some_and(|a| a == mado_mount::keeper::KEEPER_ARG) {
+        let _ = init_logging(None, true);
+        match argv.get(2).and_then(|a| a.to_str()?.parse().ok()) {
+            Some(fd) => mado_mount::keeper::run(fd),
+            None => std::process::exit(exit::USER),
+        }
+    }
     let json = exit::wants_json(&argv);
     let as_helper =
         argv.first().and_then(|a| std::path::Path::new(a).file_name()).is_some_and(|n| n == "mount.fuse.mado");

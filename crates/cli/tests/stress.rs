@@ -208,7 +208,9 @@ fn daemon_pid(m: &Mado, dir: &Path) -> u64 {
     m.json(&["stats", dir.to_str().unwrap()])["pid"].as_u64().expect("the daemon reports its pid")
 }
 
+/// SIGKILL of mount daemon `pid` and of its keeper: a whole crash.
 fn kill_9(pid: u64) {
+    kill_keeper_of(pid);
     std::process::Command::new("kill").arg("-9").arg(pid.to_string()).status().unwrap();
     for _ in 0..200 {
         if !Path::new(&format!("/proc/{pid}")).exists() {

@@ -214,12 +214,13 @@ impl Daemon {
         if received.is_none() {
             check_target(&mp, fuse)?;
         }
-        let (handed, taken, to_old) = match received {
+        let (handed, taken, to_old, link) = match received {
             Some(r) => {
                 let lock = mado_core::workspace::MountLock::from_fd(r.lock);
-                (Some(mado_core::workspace::HandedOver { lock, image: r.image }), Some(r.fuse), Some(r.answer))
+                let taken = crate::fuse_mount::Taken { fd: r.fuse, clone: r.image.is_none() };
+                (Some(mado_core::workspace::HandedOver { lock, image: r.image }), Some(taken), Some(r.answer), r.keeper)
             }
-            None => (None, None, None),
+            None => (None, None, None, None),
         };
         let started = Instant::now();
         // The daemon's code, mapped while the snapshot opens (see `resident`).
@@ -267,15 +268,15 @@ impl Daemon {
         };
         rt.spawn(control::serve(listener, answer));
         let allow_other = matches!(opts.serve, Serve::Fuse { allow_other: true, .. });
+        let mut original = None;
         let served = match &opts.serve {
-            Serve::Fuse { .. } => {
-                serve_fuse(fs, &opts.spec, &mp, ws.is_some(), allow_other, taken).map(|(served, at)| {
-                    if let (Some(seat), Some(at)) = (&seat, at) {
-                        seat.serving_on(at);
-                    }
-                    served
-                })
-            }
+            Serve::Fuse { .. } => serve_fuse(fs, &opts.spec, &mp, ws.is_some(), allow_other, taken).map(|s| {
+                if let (Some(seat), Some(at)) = (&seat, s.at) {
+                    seat.serving_on(at);
+                }
+                original = s.original;
+                s.served
+            }),
             Serve::VirtioFs { socket } => {
                 drop(fs);
                 let counts = handler.virtiofs.clone().unwrap_or_default();
@@ -291,6 +292,11 @@ impl Daemon {
         if let Some(a) = &to_old {
             tracing::info!(pid = std::process::id(), "took over {} from the daemon before", mp.display());
             crate::handover::answer(a, Ok(()));
+        }
+        // After the answer: a keeper that started this daemon waits for
+        // it before it reads the link again.
+        if let Some(w) = &ws {
+            keep(w, original, link);
         }
         let by_name = match (&ws, fuse) {
             (Some(w), false) => {
@@ -406,7 +412,8 @@ impl Daemon {
                     Some(seat) => {
                         let again = |fd| {
                             let fs = make_fs(false).with_seat(&seat);
-                            serve_fuse(fs, &spec, &mountpoint, true, allow_other, Some(fd))
+                            let taken = crate::fuse_mount::Taken { fd, clone: false };
+                            serve_fuse(fs, &spec, &mountpoint, true, allow_other, Some(taken))
                         };
                         serve_until_unmounted(session, &seat, again)
                     }
@@ -430,9 +437,41 @@ impl Daemon {
             let _ = std::fs::remove_file(alias);
         }
         if let Some(ws) = &ws {
+            // Unmounted: the keeper goes first (nothing to keep), and the
+            // lock it shares is free once this process exits.
+            if let Some(k) = ws.keeper.get() {
+                k.bye();
+            }
             end_workspace(&rt, &core, ws)?;
         }
         r.map_err(Error::io(if fuse { "FUSE session" } else { "virtio-fs server" }))
+    }
+}
+
+/// A workspace's FUSE mount gets a keeper (crate::keeper): a new one for
+/// the mount this process made (`original`), or the one it had, told of
+/// this daemon (`link`, passed with the mount). Without either (a mount
+/// made through fusermount3), none: a killed daemon's mount then needs a
+/// remount, as before.
+fn keep(ws: &Ws, original: Option<std::os::fd::OwnedFd>, link: Option<std::os::fd::OwnedFd>) {
+    let exe = std::env::current_exe().map(|e| {
+        // A binary replaced on disk (an upgrade) reads as "… (deleted)".
+        let s = e.to_string_lossy();
+        s.strip_suffix(" (deleted)").map(PathBuf::from).unwrap_or(e)
+    });
+    let Ok(exe) = exe else { return };
+    let argv = crate::handover::successor_argv(&exe);
+    let r = match (original, link) {
+        (_, Some(l)) => crate::keeper::Link::adopt(l, &argv),
+        (Some(fd), None) => crate::keeper::Link::start(fd, std::os::fd::AsFd::as_fd(&ws._lock), &argv),
+        (None, None) => return,
+    };
+    match r {
+        Ok(l) => {
+            tracing::info!(keeper = l.keeper_pid, "the mount is kept through this daemon's death");
+            let _ = ws.keeper.set(l);
+        }
+        Err(e) => tracing::warn!("this mount has no keeper ({e}): if this daemon dies, remount it"),
     }
 }
 
@@ -481,11 +520,21 @@ async fn open(
 ) -> Result<Opened> {
     let opened = if opts.workspace {
         let handle = mado_core::workspace::Workspace::new(fetcher, &opts.spec)?;
+        // Numbers are kept for a keeper: a FUSE mount this root process
+        // makes itself (see `crate::keeper`).
+        let keep_numbers = matches!(opts.serve, Serve::Fuse { .. }) && rustix::process::geteuid().is_root();
         let m = match handed {
             Some(h) => handle.open_handed_over(mp, h).await?,
-            None => handle.open_mount(mp, opts.steal).await?,
+            None => handle.open_mount(mp, opts.steal, keep_numbers).await?,
         };
-        let ws = Ws { handle, state_dir: m.state_dir, reopened: m.reopened, holder: m.holder, _lock: m.lock };
+        let ws = Ws {
+            handle,
+            state_dir: m.state_dir,
+            reopened: m.reopened,
+            holder: m.holder,
+            _lock: m.lock,
+            keeper: Default::default(),
+        };
         Opened { id: m.snapshot, core: m.fs, attach: m.attach, ws: Some(ws), warnings: m.warnings }
     } else {
         let (id, snap, attach) = mado_core::resolve::open(fetcher, &opts.spec).await?;

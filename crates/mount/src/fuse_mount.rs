@@ -18,7 +18,7 @@ pub(crate) const FUSE_THREADS: u32 = 4;
 pub(crate) fn serve_until_unmounted(
     mut session: fuser::BackgroundSession,
     seat: &crate::handover::Seat,
-    again: impl Fn(std::os::fd::OwnedFd) -> Result<(Served, Option<std::os::fd::RawFd>)>,
+    again: impl Fn(std::os::fd::OwnedFd) -> Result<Serving>,
 ) -> std::io::Result<()> {
     loop {
         seat.ended.wait();
@@ -38,7 +38,7 @@ pub(crate) fn serve_until_unmounted(
                 // is waited for afresh.
                 seat.ended.reset();
                 match again(fd) {
-                    Ok((Served::Fuse(s), Some(at))) => {
+                    Ok(Serving { served: Served::Fuse(s), at: Some(at), .. }) => {
                         seat.serving_on(at);
                         session = s;
                     }
@@ -50,17 +50,34 @@ pub(crate) fn serve_until_unmounted(
     }
 }
 
+/// A mount taken over rather than made: a descriptor of its kernel
+/// connection, to serve on, or (`clone`, from a keeper) to clone first.
+pub(crate) struct Taken {
+    pub fd: std::os::fd::OwnedFd,
+    pub clone: bool,
+}
+
+/// A session serving.
+pub(crate) struct Serving {
+    pub served: Served,
+    /// The descriptor number the session uses, when this process opened
+    /// the connection itself (root).
+    pub at: Option<std::os::fd::RawFd>,
+    /// A workspace mount this process made, served on a clone: the
+    /// descriptor the mount was made with, for its keeper.
+    pub original: Option<std::os::fd::OwnedFd>,
+}
+
 /// Mounts `fs` at `mp`, or with `taken` serves the mount another daemon
-/// handed over on that kernel connection; and the descriptor number the
-/// session uses, when this process opened the connection itself (root).
+/// handed over (or a keeper kept) on that kernel connection.
 pub(crate) fn serve_fuse(
     fs: MadoFs,
     spec: &str,
     mp: &Path,
     workspace: bool,
     allow_other: bool,
-    taken: Option<std::os::fd::OwnedFd>,
-) -> Result<(Served, Option<std::os::fd::RawFd>)> {
+    taken: Option<Taken>,
+) -> Result<Serving> {
     let mut c = fuser::Config::default();
     c.mount_options = vec![
         // The source findmnt and df show: what is mounted.
@@ -81,7 +98,14 @@ pub(crate) fn serve_fuse(
     }
     c.n_threads = Some(FUSE_THREADS as usize);
     let mut at = None;
-    let spawned = if let Some(fd) = taken {
+    let mut original = None;
+    let spawned = if let Some(Taken { fd, clone }) = taken {
+        let fd = if clone {
+            crate::keeper::clone_connection(std::os::fd::AsFd::as_fd(&fd))
+                .map_err(|e| Error::User(format!("cloning the FUSE connection of {}: {e}", mp.display())))?
+        } else {
+            fd
+        };
         crate::handover::session_on(fs, fd, c).and_then(|(s, fd)| {
             at = Some(fd);
             s.spawn()
@@ -91,7 +115,20 @@ pub(crate) fn serve_fuse(
         // direct mount says only `fuse`. Others go through fusermount3,
         // which passes the subtype on.
         match mount_as_fuse_mado(&source_name(spec, workspace), mp, !workspace, allow_other) {
-            Ok(Some(fd)) => {
+            Ok(Some(made)) => {
+                // A workspace serves on a clone, the mount's own descriptor
+                // kept for its keeper (crate::keeper).
+                let fd = match workspace.then(|| crate::keeper::clone_connection(std::os::fd::AsFd::as_fd(&made))) {
+                    Some(Ok(clone)) => {
+                        original = Some(made);
+                        clone
+                    }
+                    Some(Err(e)) => {
+                        tracing::warn!("cloning the FUSE connection: {e}; this mount has no keeper");
+                        made
+                    }
+                    None => made,
+                };
                 at = Some(std::os::fd::AsRawFd::as_raw_fd(&fd));
                 fuser::Session::from_fd(fs, fd, c.acl, c).and_then(|s| s.spawn()).inspect_err(|_| {
                     let _ = rustix::mount::unmount(mp, rustix::mount::UnmountFlags::DETACH);
@@ -104,7 +141,7 @@ pub(crate) fn serve_fuse(
     match spawned {
         Ok(s) => {
             tracing::info!(pid = std::process::id(), "serving {spec} at {}", mp.display());
-            Ok((Served::Fuse(s), at))
+            Ok(Serving { served: Served::Fuse(s), at, original })
         }
         Err(e) => Err(Error::User(format!("mounting at {}: {e} ({})", mp.display(), why_no_mount(allow_other)))),
     }

@@ -22,6 +22,8 @@ pub(crate) struct Ws {
     pub holder: String,
     /// This machine's one mount of the workspace, held to the end.
     pub _lock: mado_core::workspace::MountLock,
+    /// The process that keeps the mount through this daemon's death.
+    pub keeper: std::sync::OnceLock<crate::keeper::Link>,
 }
 
 /// What the control socket's answers read: the mount's parts and counters.
@@ -105,7 +107,8 @@ impl ControlHandler {
                 let lock = std::os::fd::AsFd::as_fd(&ws._lock)
                     .try_clone_to_owned()
                     .map_err(mado_core::Error::io("copying the mount lock"))?;
-                Ok((image, lock))
+                let keeper = ws.keeper.get().map(|k| k.share()).transpose()?;
+                Ok((image, lock, keeper))
             })
         })
         .await;
@@ -141,6 +144,7 @@ impl ControlHandler {
             snapshot: self.snapshot.clone(),
             uptime_ms: self.started.elapsed().as_millis() as u64,
             pid: std::process::id(),
+            keeper_pid: self.ws.as_ref().and_then(|w| w.keeper.get()).map(|k| k.keeper_pid),
             remote: fetcher.remote.stats(),
             packs: fetcher.stats(),
             cache: fetcher.cache.stats(),

@@ -168,7 +168,7 @@ impl Seat {
     pub fn hand_over(
         &self,
         argv: &[std::ffi::OsString],
-        save: impl FnOnce() -> Result<(mado_core::vfs::InodeImage, OwnedFd)>,
+        save: impl FnOnce() -> Result<(mado_core::vfs::InodeImage, OwnedFd, Option<OwnedFd>)>,
     ) -> Result<u32> {
         let at = *self.fd.lock().expect("seat lock");
         let Some(at) = at.filter(|_| rustix::process::geteuid().is_root()) else {
@@ -216,7 +216,7 @@ impl Seat {
         let answer = self
             .drain()
             .and_then(|()| save())
-            .and_then(|(image, lock)| send(&ours, &fuse, &lock, &image.encode()))
+            .and_then(|(image, lock, keeper)| send(&ours, MAGIC, &fuse, &lock, keeper.as_ref(), &image.encode()))
             .and_then(|()| await_successor(&ours));
         match answer {
             Ok(()) => {
@@ -372,16 +372,28 @@ fn start_successor(argv: &[std::ffi::OsString], fd: RawFd) -> Result<std::proces
     cmd.spawn().map_err(Error::io(format!("starting {}", Path::new(prog).display())))
 }
 
+/// A daemon handing its mount over: the inode image follows.
 const MAGIC: &[u8; 4] = b"MADH";
+/// A keeper whose daemon died: no image (the new daemon reads the numbers
+/// saved on disk), and the descriptor is the connection's own, to clone.
+const MAGIC_RECOVER: &[u8; 4] = b"MADR";
 
-/// Sends the kernel connection and the mount lock (SCM_RIGHTS, with the
-/// header), then the inode numbers.
-fn send(sock: &OwnedFd, fuse: &OwnedFd, lock: &OwnedFd, image: &[u8]) -> Result<()> {
+/// Sends the kernel connection, the mount lock and the keeper's link when
+/// there is one (SCM_RIGHTS, with the header), then the inode numbers.
+fn send(
+    sock: &OwnedFd,
+    magic: &[u8; 4],
+    fuse: &OwnedFd,
+    lock: &OwnedFd,
+    keeper: Option<&OwnedFd>,
+    image: &[u8],
+) -> Result<()> {
     use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
-    let mut header = MAGIC.to_vec();
+    let mut header = magic.to_vec();
     header.extend_from_slice(&(image.len() as u64).to_le_bytes());
-    let fds = [fuse.as_fd(), lock.as_fd()];
-    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+    let mut fds = vec![fuse.as_fd(), lock.as_fd()];
+    fds.extend(keeper.map(|k| k.as_fd()));
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(3))];
     let mut anc = SendAncillaryBuffer::new(&mut space);
     anc.push(SendAncillaryMessage::ScmRights(&fds));
     let n = rustix::net::sendmsg(sock, &[std::io::IoSlice::new(&header)], &mut anc, SendFlags::NOSIGNAL)
@@ -412,11 +424,42 @@ fn await_successor(sock: &OwnedFd) -> Result<()> {
     }
 }
 
+/// A keeper's side of a killed daemon's recovery: starts a daemon from
+/// `argv` and hands it the mount as a restart would, with no image; the
+/// keeper's new link and the daemon's pid once it serves.
+pub(crate) fn start_recovery(argv: &[std::ffi::OsString], fuse: &OwnedFd, lock: &OwnedFd) -> Result<(OwnedFd, u32)> {
+    let io = |what: &'static str| move |e: rustix::io::Errno| Error::io(what)(e.into());
+    let (ours, theirs) = rustix::net::socketpair(AddressFamily::UNIX, SocketType::STREAM, SocketFlags::empty(), None)
+        .map_err(io("making the handover socket"))?;
+    rustix::io::fcntl_setfd(&ours, rustix::io::FdFlags::CLOEXEC).map_err(io("making the handover socket"))?;
+    rustix::net::sockopt::set_socket_timeout(&ours, rustix::net::sockopt::Timeout::Recv, Some(SUCCESSOR_WAIT))
+        .map_err(io("making the handover socket"))?;
+    let (keep, give) = rustix::net::socketpair(AddressFamily::UNIX, SocketType::STREAM, SocketFlags::CLOEXEC, None)
+        .map_err(io("making the keeper's socket"))?;
+    let mut child = start_successor(argv, theirs.as_raw_fd())?;
+    drop(theirs);
+    let r = send(&ours, MAGIC_RECOVER, fuse, lock, Some(&give), &[]).and_then(|()| await_successor(&ours));
+    drop(give);
+    match r {
+        Ok(()) => Ok((keep, child.id())),
+        Err(e) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            Err(e)
+        }
+    }
+}
+
 /// What the new daemon receives.
 pub struct Received {
+    /// With `image`, a descriptor to serve on; without, the connection's
+    /// own descriptor (a keeper's), to clone and serve on the clone.
     pub fuse: OwnedFd,
     pub lock: OwnedFd,
-    pub image: mado_core::vfs::InodeImage,
+    /// The inode numbers; `None` from a keeper (read those saved on disk).
+    pub image: Option<mado_core::vfs::InodeImage>,
+    /// The link to the mount's keeper, when it has one.
+    pub keeper: Option<OwnedFd>,
     /// Where it says whether it took the mount over.
     pub answer: OwnedFd,
 }
@@ -430,7 +473,7 @@ pub fn receive(fd: RawFd) -> Result<Received> {
     let sock = unsafe { OwnedFd::from_raw_fd(fd) };
     rustix::io::fcntl_setfd(&sock, rustix::io::FdFlags::CLOEXEC).map_err(|e| io(e.into()))?;
     let mut header = [0u8; 12];
-    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(3))];
     let mut anc = RecvAncillaryBuffer::new(&mut space);
     let got =
         rustix::net::recvmsg(&sock, &mut [std::io::IoSliceMut::new(&mut header)], &mut anc, RecvFlags::CMSG_CLOEXEC)
@@ -443,7 +486,8 @@ pub fn receive(fd: RawFd) -> Result<Received> {
     }
     let mut r = std::fs::File::from(sock.try_clone().map_err(io)?);
     r.read_exact(&mut header[got.bytes..]).map_err(io)?;
-    if &header[..4] != MAGIC || fds.len() != 2 {
+    let recover = &header[..4] == MAGIC_RECOVER;
+    if !(recover || &header[..4] == MAGIC) || !(2..=3).contains(&fds.len()) {
         return Err(Error::User(format!(
             "the handover socket carried no mount ({} descriptors, header {:?})",
             fds.len(),
@@ -453,10 +497,11 @@ pub fn receive(fd: RawFd) -> Result<Received> {
     let len = u64::from_le_bytes(header[4..].try_into().expect("8 bytes"));
     let mut image = vec![0u8; usize::try_from(len).map_err(|_| Error::User("a handover image too large".into()))?];
     r.read_exact(&mut image).map_err(io)?;
-    let image = mado_core::vfs::InodeImage::decode(&image)?;
+    let image = if recover { None } else { Some(mado_core::vfs::InodeImage::decode(&image)?) };
+    let keeper = if fds.len() == 3 { fds.pop() } else { None };
     let lock = fds.pop().expect("two descriptors");
     let fuse = fds.pop().expect("two descriptors");
-    Ok(Received { fuse, lock, image, answer: sock })
+    Ok(Received { fuse, lock, image, keeper, answer: sock })
 }
 
 /// Tells the old daemon whether this one serves the mount now.

@@ -117,6 +117,10 @@ pub struct MountStats {
     pub snapshot: String,
     pub uptime_ms: u64,
     pub pid: u32,
+    /// The process that keeps a workspace's FUSE mount through this
+    /// daemon's death (starting another), when it has one.
+    #[serde(default)]
+    pub keeper_pid: Option<u32>,
     pub remote: Stats,
     pub packs: FetchStats,
     pub cache: CacheStats,

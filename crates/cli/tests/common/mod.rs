@@ -133,6 +133,14 @@ impl Mado {
         serde_json::from_str(&self.ok(&a)).unwrap()
     }
 
+    /// [`Mado::json`] of a command that may fail: `None` then.
+    pub fn try_json(&self, args: &[&str]) -> Option<serde_json::Value> {
+        let mut a = args.to_vec();
+        a.push("--json");
+        let o = self.run(&a);
+        o.status.success().then(|| serde_json::from_slice(&o.stdout).ok()).flatten()
+    }
+
     /// Runs, expects failure with `code`; returns stderr.
     pub fn fails(&self, args: &[&str], code: i32) -> String {
         let o = self.run(args);
@@ -587,5 +595,36 @@ pub fn eventually(what: &str, mut f: impl FnMut() -> bool) {
     while !f() {
         assert!(t.elapsed() < Duration::from_secs(30), "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Kills (SIGKILL) the keeper of mount daemon `pid` (crates/mount's
+/// keeper: the daemon's parent or child running `__keep-mount`), so that a
+/// kill of the daemon after it is a whole crash: the mount disconnected,
+/// as with no keeper.
+pub fn kill_keeper_of(pid: u64) {
+    let keeper = |p: u64| {
+        std::fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| c.windows(13).any(|w| w == b"__keep-mount\0"))
+    };
+    let ppid = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(") ").and_then(|(_, r)| r.split(' ').nth(1)?.parse::<u64>().ok()));
+    let children: Vec<u64> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|c| c.split_whitespace().filter_map(|p| p.parse().ok()).collect::<Vec<u64>>())
+        .collect();
+    for k in ppid.into_iter().chain(children).filter(|p| keeper(*p)) {
+        let _ = Command::new("kill").arg("-9").arg(k.to_string()).status();
+        for _ in 0..100 {
+            if !Path::new(&format!("/proc/{k}")).exists()
+                || std::fs::read_to_string(format!("/proc/{k}/stat")).is_ok_and(|s| s.contains(") Z "))
+            {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
     }
 }

@@ -219,6 +219,9 @@ pub(super) struct State {
     pub(super) spare: std::collections::VecDeque<(u64, u64)>,
     /// The table shrank since the last FORGET looked.
     pub(super) shrunk: bool,
+    /// Where numbers given and dropped are logged, when they are kept
+    /// ([`SnapshotFs::keep_numbers`]).
+    pub(super) log: Option<super::numbers::NumberLog>,
 }
 
 impl State {
@@ -233,6 +236,7 @@ impl State {
             next_blob: 1,
             spare: Default::default(),
             shrunk: false,
+            log: None,
         }
     }
 
@@ -500,6 +504,7 @@ impl SnapshotFs {
         if let Ok(Node { body: Body::Dir { children, .. }, .. }) = st.get_mut(dir) {
             *children = None;
         }
+        st.log_fold(dir);
         true
     }
 

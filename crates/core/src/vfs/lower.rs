@@ -59,7 +59,7 @@ impl SnapshotFs {
         Some(t)
     }
 
-    async fn tree_by_id(&self, id: Hash, name: &str) -> Result<Arc<Tree>> {
+    pub(super) async fn tree_by_id(&self, id: Hash, name: &str) -> Result<Arc<Tree>> {
         if let Some(t) = self.tree_now(&id) {
             return Ok(t);
         }
@@ -70,10 +70,11 @@ impl SnapshotFs {
     }
 
     /// Fills in the children of directory `ino` from `tree`.
-    fn expand(&self, st: &mut State, ino: u64, tree: &Tree) {
+    pub(super) fn expand(&self, st: &mut State, ino: u64, tree: &Tree) {
         let Ok(n) = st.get(ino) else { return };
         let Body::Dir { children: None, origin, .. } = &n.body else { return };
         let origin = origin.clone();
+        let first = st.next_ino;
         // Built from the tree's sorted entries in one go: a map filled in
         // order is full, one inserted into one at a time half empty.
         let kids: Children = tree
@@ -96,6 +97,7 @@ impl SnapshotFs {
         if let Ok(Node { body: Body::Dir { children, .. }, .. }) = st.get_mut(ino) {
             *children = Some(Box::new(kids));
         }
+        st.log_expand(ino, first, tree.entries.len() as u64);
     }
 
     /// Under the write lock: makes sure directory `ino`'s children are

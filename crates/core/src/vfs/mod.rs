@@ -44,6 +44,7 @@ mod build;
 mod chunked;
 mod inode;
 mod lower;
+mod numbers;
 mod overlay;
 mod saved;
 mod table;
@@ -52,6 +53,8 @@ mod tests;
 mod times;
 
 pub use build::{Built, Skips, StatChange};
+pub use numbers::LogPos;
+pub(crate) use numbers::{drop_older_numbers, write_image};
 pub use saved::{InodeImage, SavedChange};
 
 pub use chunked::Readahead;

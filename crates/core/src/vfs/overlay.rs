@@ -402,6 +402,7 @@ impl SnapshotFs {
         }
         let name: Name = name.into();
         let ino = st.push(n(parent, name.clone()));
+        st.log_insert(ino);
         st.children_mut(parent)?.insert(name, ino);
         st.touch_dir(parent);
         let a = self.attr_of(&st, ino)?;

@@ -259,7 +259,7 @@ struct SavedHeader {
 impl SnapshotFs {
     /// The state of a read-write mount, for [`SnapshotFs::load_state`].
     pub fn save_state(&self) -> Result<Vec<u8>> {
-        self.encode_state(None)
+        self.encode_state(None, None)
     }
 
     /// [`SnapshotFs::save_state`], and the numbers the kernel knows its
@@ -267,16 +267,28 @@ impl SnapshotFs {
     /// process ([`SnapshotFs::load_handed_over`]).
     pub fn save_state_and_inodes(&self) -> Result<(Vec<u8>, InodeImage)> {
         let mut image = InodeImage::default();
-        let bytes = self.encode_state(Some(&mut image))?;
+        let bytes = self.encode_state(Some(&mut image), None)?;
         Ok((bytes, image))
     }
 
-    fn encode_state(&self, mut image: Option<&mut InodeImage>) -> Result<Vec<u8>> {
+    pub(super) fn encode_state(
+        &self,
+        mut image: Option<&mut InodeImage>,
+        log_pos: Option<&mut Option<super::numbers::LogPos>>,
+    ) -> Result<Vec<u8>> {
         use crate::codec::{put_bytes, put_varint};
         let u = self.overlay()?;
         // The state lock first: root and base stat are leaves below it,
-        // and a rebase changes all three under it.
-        let st = self.st();
+        // and a rebase changes all three under it. Written only when the
+        // number log's place is taken too (it may start a new generation).
+        let st = match log_pos {
+            Some(at) => {
+                let mut w = self.st_mut();
+                *at = w.log.as_mut().and_then(|l| l.pos());
+                std::sync::RwLockWriteGuard::downgrade(w)
+            }
+            None => self.st(),
+        };
         let base_id = u.base.read().expect("base stat lock").id;
         let mut out = Vec::with_capacity(64 + st.nodes.len() * 64);
         out.extend_from_slice(OVERLAY_MAGIC);
@@ -513,6 +525,7 @@ impl SnapshotFs {
             next_blob: h.next_blob,
             spare: Default::default(),
             shrunk: false,
+            log: None,
         };
         let n = r.count(16).map_err(state_err)?;
         if let Some(im) = image {

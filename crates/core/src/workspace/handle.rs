@@ -81,14 +81,18 @@ impl Workspace {
     }
 
     /// Opens the workspace for a read-write mount at `mountpoint`.
-    pub async fn open_mount(&self, mountpoint: &Path, steal: bool) -> Result<MountedWorkspace> {
-        mounted::open_mount(&self.fetcher, &self.name, mountpoint, steal, None).await
+    ///
+    /// With `keep_numbers`, the mount's inode numbers are kept on disk as
+    /// it runs, for a daemon started after this one is killed
+    /// ([`Workspace::open_handed_over`] with no image).
+    pub async fn open_mount(&self, mountpoint: &Path, steal: bool, keep_numbers: bool) -> Result<MountedWorkspace> {
+        mounted::open_mount(&self.fetcher, &self.name, mountpoint, steal, None, keep_numbers).await
     }
 
     /// [`Workspace::open_mount`] by a daemon taking over the mount that
     /// another one served at `mountpoint` (see [`mounted::HandedOver`]).
     pub async fn open_handed_over(&self, mountpoint: &Path, handed: HandedOver) -> Result<MountedWorkspace> {
-        mounted::open_mount(&self.fetcher, &self.name, mountpoint, false, Some(handed)).await
+        mounted::open_mount(&self.fetcher, &self.name, mountpoint, false, Some(handed), true).await
     }
 
     /// The saved state of a mount of the workspace on this machine that

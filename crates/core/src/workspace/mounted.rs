@@ -148,10 +148,23 @@ impl StateSaver {
 }
 
 /// Writes a read-write mount's state (atomically) into its folder.
+/// When the mount keeps its inode numbers, the image taken with the state
+/// is written first, so the state in place always has its image.
 pub fn save_mount_state(fs: &SnapshotFs, state_dir: &Path) -> Result<()> {
     let _one_at_a_time = fs.save_guard();
-    let bytes = fs.save_state()?;
-    crate::fsutil::save_atomic(&state_dir.join(OVERLAY_FILE), &bytes)
+    if !fs.keeps_numbers() {
+        let bytes = fs.save_state()?;
+        return crate::fsutil::save_atomic(&state_dir.join(OVERLAY_FILE), &bytes);
+    }
+    let (bytes, image, pos) = fs.save_state_numbered()?;
+    if let Some(pos) = pos {
+        crate::vfs::write_image(state_dir, &bytes, &image, pos)?;
+    }
+    crate::fsutil::save_atomic(&state_dir.join(OVERLAY_FILE), &bytes)?;
+    if let Some(pos) = pos {
+        crate::vfs::drop_older_numbers(state_dir, &bytes, pos);
+    }
+    Ok(())
 }
 
 /// [`save_mount_state`] by a daemon handing its mount over: the state and
@@ -185,7 +198,10 @@ pub struct MountedWorkspace {
 /// What a daemon handing its mount over passes to the one taking it.
 pub struct HandedOver {
     pub lock: MountLock,
-    pub image: crate::vfs::InodeImage,
+    /// The inode numbers the kernel knows; `None` from the keeper of a
+    /// mount whose daemon was killed: those saved with the state are read
+    /// ([`SnapshotFs::load_recovered`]).
+    pub image: Option<crate::vfs::InodeImage>,
 }
 
 /// Opens workspace `name` for a read-write mount at `mountpoint`. Round
@@ -205,7 +221,9 @@ pub async fn open_mount(
     mountpoint: &Path,
     steal: bool,
     handed: Option<HandedOver>,
+    keep_numbers: bool,
 ) -> Result<MountedWorkspace> {
+    let renumbered = handed.is_none();
     // Before any request: a second mount of the workspace here is refused.
     let (root, key) = state_key(fetcher, name)?;
     crate::fsutil::create_private_dir(&root)?;
@@ -329,7 +347,14 @@ pub async fn open_mount(
     }
     let upper = sd.join("upper");
     let fs = match (&saved, reopen, &image) {
-        (Some(b), true, Some(im)) => SnapshotFs::load_handed_over(fetcher.clone(), b, upper, stat, im)?,
+        (Some(b), true, Some(Some(im))) => SnapshotFs::load_handed_over(fetcher.clone(), b, upper, stat, im)?,
+        (Some(b), true, Some(None)) => match SnapshotFs::load_recovered(fetcher.clone(), b, upper, stat, &sd).await {
+            Ok(fs) => fs,
+            Err(e) => {
+                let _ = release_lease(&fetcher.remote, name, &holder).await;
+                return Err(e);
+            }
+        },
         (_, _, Some(_)) => {
             let _ = release_lease(&fetcher.remote, name, &holder).await;
             return Err(Error::LocalState {
@@ -353,6 +378,9 @@ pub async fn open_mount(
             )
             .into(),
         );
+    }
+    if keep_numbers {
+        fs.keep_numbers(&sd, renumbered)?;
     }
     let fs = Arc::new(fs);
     save_state_at(

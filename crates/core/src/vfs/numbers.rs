@@ -1,0 +1,536 @@
+//! The inode numbers of a workspace mount, kept on disk so that a daemon
+//! started after another was killed (kill -9, a crash) can serve the
+//! kernel's mount under the numbers the kernel already holds
+//! ([`SnapshotFs::load_recovered`]). docs/FORMAT.md ("Inode numbers")
+//! gives the bytes.
+//!
+//! Two parts, both in the workspace's state folder and neither fsynced
+//! (a daemon's death keeps the page cache; a machine's ends the mount):
+//!
+//! - with each saved state, its [`InodeImage`] (`inodes-<sum>`, named for
+//!   the state's checksum, so an image is only ever read with the state it
+//!   was taken with), and where the log stood at that moment;
+//! - a log (`inodes.log.<generation>`) of every change to the numbering
+//!   since: a directory's children numbered (first number, count: the
+//!   children of a tree are numbered in its order, so one record says
+//!   it), a directory's children dropped (folded), a number given to a
+//!   new node. Written under the table's lock, before the kernel can learn
+//!   any number it records.
+//!
+//! A number is never given twice, so a record that cannot be replayed
+//! leaves that number unknown (the kernel's use of it fails), never
+//! pointing at another node.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use super::inode::{Body, State};
+use super::saved::InodeImage;
+use super::{SnapshotFs, ROOT_INO};
+use crate::error::{Error, Result};
+use crate::hash::Hash;
+
+const IMAGE_MAGIC: &[u8; 4] = b"MADK";
+const IMAGE_VERSION: u8 = 1;
+const LOG_PREFIX: &str = "inodes.log.";
+const IMAGE_PREFIX: &str = "inodes-";
+
+/// Records of the log.
+const REC_EXPAND: u8 = 1;
+const REC_FOLD: u8 = 2;
+const REC_INSERT: u8 = 3;
+
+/// A log this large starts a new generation at the next save.
+const ROTATE_AT: u64 = 16 << 20;
+
+/// How many references a recovered node is taken to hold: more than the
+/// kernel can ever forget, so no node it may know is dropped (they stay in
+/// memory until the unmount).
+pub(super) const RECOVERED_LOOKUPS: u64 = u64::MAX / 4;
+
+/// Where the log stood: its generation and length.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LogPos {
+    pub generation: u64,
+    pub offset: u64,
+}
+
+/// The open log, held in the inode table's state.
+pub(super) struct NumberLog {
+    dir: PathBuf,
+    file: std::fs::File,
+    generation: u64,
+    len: u64,
+    /// A write failed: the log no longer tells every number, so no image
+    /// is written any more and those on disk are gone.
+    broken: bool,
+}
+
+fn log_path(dir: &Path, generation: u64) -> PathBuf {
+    dir.join(format!("{LOG_PREFIX}{generation}"))
+}
+
+fn image_path(dir: &Path, state: &[u8]) -> PathBuf {
+    let sum = &state[state.len().saturating_sub(32)..];
+    let hex: String = sum.iter().take(12).map(|b| format!("{b:02x}")).collect();
+    dir.join(format!("{IMAGE_PREFIX}{hex}"))
+}
+
+/// The generations of the logs in `dir`, in order.
+fn generations(dir: &Path) -> Vec<u64> {
+    let mut g: Vec<u64> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.strip_prefix(LOG_PREFIX)?.parse().ok())
+        .collect();
+    g.sort_unstable();
+    g
+}
+
+fn remove_matching(dir: &Path, keep: impl Fn(&str) -> bool) {
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let name = e.file_name();
+        let Some(n) = name.to_str() else { continue };
+        if (n.starts_with(LOG_PREFIX) || n.starts_with(IMAGE_PREFIX)) && !keep(n) {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
+impl NumberLog {
+    /// Opens a new generation in `dir`; with `fresh`, the numbers of an
+    /// earlier mount (images and logs) are removed first.
+    fn open(dir: &Path, fresh: bool) -> Result<NumberLog> {
+        if fresh {
+            remove_matching(dir, |_| false);
+        }
+        let generation = generations(dir).last().map_or(1, |g| g + 1);
+        let path = log_path(dir, generation);
+        let file = std::fs::OpenOptions::new()
+            .create_new(true)
+            .append(true)
+            .open(&path)
+            .map_err(Error::io(format!("opening {}", path.display())))?;
+        Ok(NumberLog { dir: dir.to_path_buf(), file, generation, len: 0, broken: false })
+    }
+
+    fn put(&mut self, rec: &[u8]) {
+        if self.broken {
+            return;
+        }
+        match self.file.write_all(rec) {
+            Ok(()) => self.len += rec.len() as u64,
+            Err(e) => {
+                tracing::error!(
+                    "writing {}: {e}; a daemon started after this one is killed will not take the mount over",
+                    log_path(&self.dir, self.generation).display()
+                );
+                self.broken = true;
+                remove_matching(&self.dir, |n| n.starts_with(LOG_PREFIX));
+            }
+        }
+    }
+
+    fn record(&mut self, tag: u8, values: &[u64]) {
+        let mut rec = Vec::with_capacity(1 + values.len() * 5);
+        rec.push(tag);
+        for v in values {
+            crate::codec::put_varint(&mut rec, *v);
+        }
+        self.put(&rec);
+    }
+
+    /// Where the log stands now, to save with an image; a log grown large
+    /// moves to a new generation first (the old one is removed once an
+    /// image naming the new one is on disk).
+    pub(super) fn pos(&mut self) -> Option<LogPos> {
+        if self.broken {
+            return None;
+        }
+        if self.len >= ROTATE_AT {
+            if let Ok(next) = NumberLog::open(&self.dir, false) {
+                *self = next;
+            }
+        }
+        Some(LogPos { generation: self.generation, offset: self.len })
+    }
+}
+
+impl State {
+    /// Directory `dir`'s children got the numbers `first..first + count`.
+    pub(super) fn log_expand(&mut self, dir: u64, first: u64, count: u64) {
+        if let Some(l) = &mut self.log {
+            l.record(REC_EXPAND, &[dir, first, count]);
+        }
+    }
+
+    /// Directory `dir`'s children were dropped (folded).
+    pub(super) fn log_fold(&mut self, dir: u64) {
+        if let Some(l) = &mut self.log {
+            l.record(REC_FOLD, &[dir]);
+        }
+    }
+
+    /// Number `ino` went to a new node.
+    pub(super) fn log_insert(&mut self, ino: u64) {
+        if let Some(l) = &mut self.log {
+            l.record(REC_INSERT, &[ino]);
+        }
+    }
+}
+
+/// One record of a log, as read.
+#[derive(Debug, PartialEq, Eq)]
+enum Rec {
+    Expand { dir: u64, first: u64, count: u64 },
+    Fold { dir: u64 },
+    Insert { ino: u64 },
+}
+
+/// The records of a log's bytes; a record cut short at the end (a daemon
+/// killed inside a write) ends it.
+fn records(bytes: &[u8]) -> Result<Vec<Rec>> {
+    let mut r = crate::codec::Reader::new(bytes);
+    let mut out = Vec::new();
+    while r.remaining() > 0 {
+        let one = (|| {
+            Ok::<_, crate::codec::DecodeError>(match r.u8()? {
+                REC_EXPAND => Rec::Expand { dir: r.varint()?, first: r.varint()?, count: r.varint()? },
+                REC_FOLD => Rec::Fold { dir: r.varint()? },
+                REC_INSERT => Rec::Insert { ino: r.varint()? },
+                t => return Err(crate::codec::DecodeError::Invalid(format!("record type {t}"))),
+            })
+        })();
+        match one {
+            Ok(rec) => out.push(rec),
+            Err(crate::codec::DecodeError::Truncated(_)) => break,
+            Err(e) => return Err(Error::LocalState { path: "inode number log".into(), detail: e.to_string() }),
+        }
+    }
+    Ok(out)
+}
+
+/// An image file's bytes: `MADK`, version, the state's checksum, the log's
+/// generation and offset, the image, then a checksum of all before it.
+fn encode_image(state: &[u8], image: &InodeImage, pos: LogPos) -> Vec<u8> {
+    let mut out = IMAGE_MAGIC.to_vec();
+    out.push(IMAGE_VERSION);
+    out.extend_from_slice(&state[state.len().saturating_sub(32)..]);
+    crate::codec::put_varint(&mut out, pos.generation);
+    crate::codec::put_varint(&mut out, pos.offset);
+    out.extend_from_slice(&image.encode());
+    let sum = Hash::of(&out);
+    out.extend_from_slice(sum.as_bytes());
+    out
+}
+
+fn decode_image(bytes: &[u8], state: &[u8]) -> std::result::Result<(InodeImage, LogPos), String> {
+    if bytes.len() < 4 + 1 + 32 + 32 || &bytes[..4] != IMAGE_MAGIC {
+        return Err("not an inode image".into());
+    }
+    let (body, sum) = bytes.split_at(bytes.len() - 32);
+    if Hash::of(body).as_bytes() != sum {
+        return Err("checksum mismatch: the file is torn or corrupt".into());
+    }
+    if body[4] != IMAGE_VERSION {
+        return Err(format!("version {} (this mado reads {IMAGE_VERSION})", body[4]));
+    }
+    if body[5..37] != state[state.len().saturating_sub(32)..] {
+        return Err("it was taken with another state".into());
+    }
+    let mut r = crate::codec::Reader::new(&body[37..]);
+    let generation = r.varint().map_err(|e| e.to_string())?;
+    let offset = r.varint().map_err(|e| e.to_string())?;
+    let rest = r.take(r.remaining()).map_err(|e| e.to_string())?;
+    let image = InodeImage::decode(rest).map_err(|e| e.to_string())?;
+    Ok((image, LogPos { generation, offset }))
+}
+
+/// Writes the image taken with saved state `state` into `dir` (before the
+/// state itself is put in place, so the state on disk always has its
+/// image); not fsynced.
+pub(crate) fn write_image(dir: &Path, state: &[u8], image: &InodeImage, pos: LogPos) -> Result<()> {
+    crate::fsutil::replace_cache_file(&image_path(dir, state), &encode_image(state, image, pos))
+}
+
+/// Once state `state` is in place: the images of other states and the
+/// logs before `pos`'s generation go.
+pub(crate) fn drop_older_numbers(dir: &Path, state: &[u8], pos: LogPos) {
+    let keep = image_path(dir, state);
+    let keep = keep.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
+    remove_matching(dir, |n| match n.strip_prefix(LOG_PREFIX) {
+        Some(g) => g.parse::<u64>().is_ok_and(|g| g >= pos.generation),
+        None => n == keep,
+    });
+}
+
+impl SnapshotFs {
+    /// Keeps this mount's inode numbers in `dir` from now on (see the
+    /// module's comment); with `fresh`, those of an earlier mount are
+    /// removed first (a mount that numbers its nodes anew).
+    pub fn keep_numbers(&self, dir: &Path, fresh: bool) -> Result<()> {
+        let log = NumberLog::open(dir, fresh)?;
+        self.st_mut().log = Some(log);
+        Ok(())
+    }
+
+    /// Whether [`SnapshotFs::keep_numbers`] is on (and its log whole).
+    pub fn keeps_numbers(&self) -> bool {
+        self.st().log.as_ref().is_some_and(|l| !l.broken)
+    }
+
+    /// [`SnapshotFs::save_state_and_inodes`], and where the number log
+    /// stood, all taken together; `None` for the last when no number is
+    /// kept.
+    pub fn save_state_numbered(&self) -> Result<(Vec<u8>, InodeImage, Option<LogPos>)> {
+        let mut image = InodeImage::default();
+        let mut pos = None;
+        let bytes = self.encode_state(Some(&mut image), Some(&mut pos))?;
+        Ok((bytes, image, pos))
+    }
+
+    /// Restores a mount whose daemon was killed while the kernel kept the
+    /// mount: state `bytes` under the numbers saved with it (its image in
+    /// `dir`), then the log since replayed, so every number the kernel may
+    /// hold names the node it named (but for changes after the last save,
+    /// which a killed daemon loses anyway). Fails when `dir` has no image
+    /// of this state.
+    pub async fn load_recovered(
+        fetcher: std::sync::Arc<crate::fetch::Fetcher>,
+        bytes: &[u8],
+        upper_dir: PathBuf,
+        base_stat: Option<(Hash, super::BaseTimes)>,
+        dir: &Path,
+    ) -> Result<SnapshotFs> {
+        let path = image_path(dir, bytes);
+        let no_image = |detail: String| Error::LocalState { path: path.display().to_string(), detail };
+        let raw = std::fs::read(&path).map_err(|e| no_image(format!("no inode numbers saved with the state: {e}")))?;
+        let (mut image, pos) = decode_image(&raw, bytes).map_err(no_image)?;
+        for n in &mut image.nodes {
+            n.1 = RECOVERED_LOOKUPS;
+        }
+        let fs = SnapshotFs::load_handed_over(fetcher, bytes, upper_dir, base_stat, &image)?;
+        let mut log = Vec::new();
+        for g in generations(dir).into_iter().filter(|g| *g >= pos.generation) {
+            let b = std::fs::read(log_path(dir, g))
+                .map_err(Error::io(format!("reading {}", log_path(dir, g).display())))?;
+            let from = if g == pos.generation { (pos.offset as usize).min(b.len()) } else { 0 };
+            log.extend(records(&b[from..])?);
+        }
+        fs.replay(log).await;
+        Ok(fs)
+    }
+
+    /// Applies the log's records to the table just loaded.
+    async fn replay(&self, log: Vec<Rec>) {
+        let mut high = self.st().next_ino;
+        let (mut done, mut skipped) = (0usize, 0usize);
+        for rec in log {
+            let ok = match rec {
+                Rec::Insert { ino } => {
+                    high = high.max(ino + 1);
+                    true
+                }
+                Rec::Fold { dir } => self.replay_fold(dir),
+                Rec::Expand { dir, first, count } => {
+                    high = high.max(first + count);
+                    self.replay_expand(dir, first, count).await
+                }
+            };
+            if ok {
+                done += 1;
+            } else {
+                skipped += 1;
+            }
+        }
+        let mut st = self.st_mut();
+        st.next_ino = st.next_ino.max(high);
+        tracing::info!("replayed {done} inode number records ({skipped} no longer apply)");
+    }
+
+    fn replay_fold(&self, dir: u64) -> bool {
+        let mut st = self.st_mut();
+        let Ok(super::inode::Node { body: Body::Dir { clean: Some(_), children: Some(kids), .. }, .. }) = st.get(dir)
+        else {
+            return false;
+        };
+        // What the killed daemon folded was idle then: leaves of the
+        // snapshot, nothing changed.
+        let leaf = |c: &u64| {
+            st.get(*c).is_ok_and(|n| {
+                n.opens == 0
+                    && n.meta.is_none()
+                    && matches!(n.body, Body::Lower(_) | Body::Dir { clean: Some(_), children: None, .. })
+            })
+        };
+        if !kids.values().all(leaf) {
+            return false;
+        }
+        let kids: Vec<u64> = kids.values().copied().collect();
+        for k in kids {
+            st.nodes.remove(k);
+        }
+        if let Ok(super::inode::Node { body: Body::Dir { children, .. }, .. }) = st.get_mut(dir) {
+            *children = None;
+        }
+        true
+    }
+
+    async fn replay_expand(&self, dir: u64, first: u64, count: u64) -> bool {
+        let (id, name) = {
+            let st = self.st();
+            match st.get(dir) {
+                Ok(n) => match &n.body {
+                    Body::Dir { clean: Some(id), children: None, .. } => {
+                        (*id, String::from_utf8_lossy(&n.name).into_owned())
+                    }
+                    _ => return false,
+                },
+                Err(_) => return false,
+            }
+        };
+        let Ok(tree) = self.tree_by_id(id, &name).await else { return false };
+        if tree.entries.len() as u64 != count || first <= ROOT_INO {
+            return false;
+        }
+        let mut st = self.st_mut();
+        // Still unexpanded (nothing else runs yet), and the numbers free.
+        if !matches!(st.get(dir).map(|n| &n.body), Ok(Body::Dir { children: None, .. }))
+            || (first..first + count).any(|i| st.nodes.get(i).is_some())
+        {
+            return false;
+        }
+        let next = st.next_ino;
+        st.next_ino = first;
+        self.expand(&mut st, dir, &tree);
+        st.next_ino = next.max(first + count);
+        for i in first..first + count {
+            if let Some(n) = st.nodes.get_mut(i) {
+                n.lookups = RECOVERED_LOOKUPS;
+            }
+        }
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fetch::Fetcher;
+    use crate::hash::TreeId;
+    use crate::object::{Entry, Kind, Tree};
+
+    /// A workspace over a root holding `dir` (100 files), in `d`.
+    fn workspace(d: &Path) -> SnapshotFs {
+        let (remote, cache) = crate::testutil::local_store(d);
+        let file = Hash::of(b"content");
+        cache.put(&file, b"content").unwrap();
+        let entries: Vec<Entry> = (0..100)
+            .map(|i| Entry { name: format!("f{i}").into_bytes(), kind: Kind::File, chunked: false, size: 7, id: file })
+            .collect();
+        let sub = Tree::normalized(entries).unwrap().encode();
+        let sub_id = Hash::of(&sub);
+        cache.put(&sub_id, &sub).unwrap();
+        let dir = Entry { name: b"dir".to_vec(), kind: Kind::Directory, chunked: false, size: 0, id: sub_id };
+        let root = Tree::normalized(vec![dir]).unwrap().encode();
+        let root_id = Hash::of(&root);
+        cache.put(&root_id, &root).unwrap();
+        let f = Fetcher::new(remote, cache);
+        SnapshotFs::writable(f, TreeId::from_hash(root_id), 0, d.join("upper"), None).unwrap()
+    }
+
+    /// What `workspace::save_mount_state` does with a mount that keeps its
+    /// numbers; the state's bytes.
+    fn save(fs: &SnapshotFs, dir: &Path) -> Vec<u8> {
+        let (bytes, image, pos) = fs.save_state_numbered().unwrap();
+        write_image(dir, &bytes, &image, pos.expect("numbers are kept")).unwrap();
+        drop_older_numbers(dir, &bytes, pos.unwrap());
+        bytes
+    }
+
+    /// After a kill, every number the kernel may hold names what it named,
+    /// numbers given after the last save included (a directory looked
+    /// into, folded and looked into again); a node made after the save is
+    /// lost (as its name is), and its number is never given again.
+    #[tokio::test]
+    async fn a_killed_mounts_numbers_come_back_from_its_image_and_log() {
+        let d = tempfile::tempdir().unwrap();
+        let sd = d.path().join("state");
+        std::fs::create_dir(&sd).unwrap();
+        let fs = workspace(d.path());
+        fs.keep_numbers(&sd, true).unwrap();
+        let dir = fs.lookup_counted(ROOT_INO, b"dir").await.unwrap().ino;
+        let saved = save(&fs, &sd);
+        // After the save: the directory's children numbered, all
+        // forgotten (folded), numbered again; one held, one made.
+        let first = fs.readdir(dir).await.unwrap();
+        for (_, a) in &first {
+            fs.note_lookup(a.ino, 1);
+        }
+        for (_, a) in &first {
+            fs.forget(a.ino, 1);
+        }
+        let held = fs.lookup_counted(dir, b"f7").await.unwrap();
+        assert!(first.iter().all(|(_, a)| a.ino < held.ino), "the directory was folded and numbered again");
+        let made = fs.mkdir(ROOT_INO, b"made", 0o755).await.unwrap();
+
+        let upper = d.path().join("upper");
+        let plain = SnapshotFs::load_state(fs.fetcher().clone(), &saved, upper.clone(), None).unwrap();
+        assert_ne!(plain.lookup(dir, b"f7").await.map(|a| a.ino).ok(), Some(held.ino), "this test shows nothing");
+
+        let back = SnapshotFs::load_recovered(fs.fetcher().clone(), &saved, upper.clone(), None, &sd).await.unwrap();
+        assert_eq!(back.getattr(held.ino).unwrap().size, 7, "the held file, by its number alone");
+        assert_eq!(back.lookup(dir, b"f7").await.unwrap().ino, held.ino);
+        assert_eq!(back.lookup(dir, b"f0").await.unwrap().ino, fs.lookup(dir, b"f0").await.unwrap().ino);
+        assert!(back.getattr(first[0].1.ino).is_err(), "a folded number names nothing");
+        assert!(back.getattr(made.ino).is_err(), "made after the save: lost");
+        let n = back.mkdir(ROOT_INO, b"new", 0o755).await.unwrap();
+        assert!(n.ino > made.ino, "number {} given twice", n.ino);
+        // A node the kernel may hold is never dropped.
+        back.forget(held.ino, 1000);
+        assert!(back.getattr(held.ino).is_ok());
+
+        // Only the image taken with a state is used with it.
+        fs.mkdir(ROOT_INO, b"later", 0o755).await.unwrap();
+        let unsaved = fs.save_state().unwrap();
+        let e = SnapshotFs::load_recovered(fs.fetcher().clone(), &unsaved, upper.clone(), None, &sd).await.err();
+        assert!(e.is_some_and(|e| e.to_string().contains("no inode numbers")));
+        // A fresh mount's numbering removes the old one.
+        fs.keep_numbers(&sd, true).unwrap();
+        let e = SnapshotFs::load_recovered(fs.fetcher().clone(), &saved, upper, None, &sd).await.err();
+        assert!(e.is_some(), "an image left from an earlier mount was used");
+    }
+
+    #[test]
+    fn a_log_reads_back_its_records_and_stops_at_a_torn_one() {
+        let mut b = vec![REC_EXPAND];
+        for v in [2u64, 300, 7] {
+            crate::codec::put_varint(&mut b, v);
+        }
+        b.extend_from_slice(&[REC_FOLD, 2, REC_INSERT, 0x80, 0x02]);
+        let whole = records(&b).unwrap();
+        assert_eq!(
+            whole,
+            vec![Rec::Expand { dir: 2, first: 300, count: 7 }, Rec::Fold { dir: 2 }, Rec::Insert { ino: 256 }]
+        );
+        assert_eq!(records(&b[..b.len() - 1]).unwrap().len(), 2, "a torn last record is dropped");
+        assert!(records(&[9]).is_err(), "an unknown record is an error");
+    }
+
+    #[test]
+    fn an_image_is_read_only_with_the_state_it_was_taken_with() {
+        let state = [7u8; 64];
+        let image = InodeImage { nodes: vec![(1, 0), (5, 2)], next_ino: 9 };
+        let pos = LogPos { generation: 3, offset: 44 };
+        let b = encode_image(&state, &image, pos);
+        assert_eq!(decode_image(&b, &state), Ok((image, pos)));
+        let mut other = state;
+        other[63] = 8;
+        assert!(decode_image(&b, &other).unwrap_err().contains("another state"));
+        let mut bad = b.clone();
+        bad[6] ^= 1;
+        assert!(decode_image(&bad, &state).unwrap_err().contains("checksum"));
+        assert!(decode_image(&b[..20], &state).is_err());
+    }
+}
