@@ -3,10 +3,12 @@
 //! the index, serves the control socket, mounts the FUSE filesystem and
 //! reports readiness; then waits, woken by the unmount or a signal.
 //!
-//! Recovery: a daemon killed with SIGKILL leaves its mount point
-//! disconnected ("Transport endpoint is not connected"). `mado umount DIR`
-//! and `mado mount` on the same DIR detect that and detach it lazily
-//! (`fusermount3 -uz`); the stale socket file is replaced.
+//! Recovery: a workspace mount made as root has a keeper that starts a
+//! new daemon on the same mount when this one is killed (crate::keeper).
+//! Without one (or with the keeper killed too) a killed daemon leaves its
+//! mount point disconnected ("Transport endpoint is not connected"); `mado
+//! umount DIR` and `mado mount` on the same DIR detect that and detach it
+//! lazily (`fusermount3 -uz`); the stale socket file is replaced.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
