@@ -224,7 +224,32 @@ pub(super) struct State {
     pub(super) log: Option<super::numbers::NumberLog>,
 }
 
+impl Node {
+    /// Unchanged, unopened and with nothing below it in memory: a leaf a
+    /// fold may drop (its tree gives it back).
+    pub(super) fn is_plain_leaf(&self) -> bool {
+        self.opens == 0
+            && self.meta.is_none()
+            && matches!(self.body, Body::Lower(_) | Body::Dir { clean: Some(_), children: None, .. })
+    }
+}
+
 impl State {
+    /// Drops directory `dir`'s children (judged idle by the caller): the
+    /// directory is its tree id again.
+    pub(super) fn fold(&mut self, dir: u64) {
+        let kids: Vec<u64> = match self.get(dir) {
+            Ok(Node { body: Body::Dir { children: Some(kids), .. }, .. }) => kids.values().copied().collect(),
+            _ => return,
+        };
+        for k in kids {
+            self.nodes.remove(k);
+        }
+        if let Ok(Node { body: Body::Dir { children, .. }, .. }) = self.get_mut(dir) {
+            *children = None;
+        }
+    }
+
     pub(super) fn with_root(root: Node) -> State {
         State {
             nodes: {
@@ -484,26 +509,12 @@ impl SnapshotFs {
         if self.trees.read().expect("trees lock").get(id).is_none() && !self.fetcher.is_local(id) {
             return false;
         }
-        let idle = |c: &u64| {
-            st.get(*c).is_ok_and(|n| {
-                n.lookups == 0
-                    && n.opens == 0
-                    && !n.touched
-                    && n.meta.is_none()
-                    && matches!(n.body, Body::Lower(_) | Body::Dir { clean: Some(_), children: None, .. })
-            })
-        };
+        let idle = |c: &u64| st.get(*c).is_ok_and(|n| n.lookups == 0 && !n.touched && n.is_plain_leaf());
         if !kids.values().all(idle) {
             return false;
         }
-        let kids: Vec<u64> = kids.values().copied().collect();
-        for k in kids {
-            st.nodes.remove(k);
-        }
+        st.fold(dir);
         st.shrink();
-        if let Ok(Node { body: Body::Dir { children, .. }, .. }) = st.get_mut(dir) {
-            *children = None;
-        }
         st.log_fold(dir);
         true
     }

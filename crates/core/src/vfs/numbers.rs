@@ -356,24 +356,11 @@ impl SnapshotFs {
             return false;
         };
         // What the killed daemon folded was idle then: leaves of the
-        // snapshot, nothing changed.
-        let leaf = |c: &u64| {
-            st.get(*c).is_ok_and(|n| {
-                n.opens == 0
-                    && n.meta.is_none()
-                    && matches!(n.body, Body::Lower(_) | Body::Dir { clean: Some(_), children: None, .. })
-            })
-        };
-        if !kids.values().all(leaf) {
+        // snapshot, nothing changed (their lookups are the recovered ones).
+        if !kids.values().all(|c| st.get(*c).is_ok_and(|n| n.is_plain_leaf())) {
             return false;
         }
-        let kids: Vec<u64> = kids.values().copied().collect();
-        for k in kids {
-            st.nodes.remove(k);
-        }
-        if let Ok(super::inode::Node { body: Body::Dir { children, .. }, .. }) = st.get_mut(dir) {
-            *children = None;
-        }
+        st.fold(dir);
         true
     }
 
@@ -416,29 +403,8 @@ impl SnapshotFs {
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::hundred_files as workspace;
     use super::*;
-    use crate::fetch::Fetcher;
-    use crate::hash::TreeId;
-    use crate::object::{Entry, Kind, Tree};
-
-    /// A workspace over a root holding `dir` (100 files), in `d`.
-    fn workspace(d: &Path) -> SnapshotFs {
-        let (remote, cache) = crate::testutil::local_store(d);
-        let file = Hash::of(b"content");
-        cache.put(&file, b"content").unwrap();
-        let entries: Vec<Entry> = (0..100)
-            .map(|i| Entry { name: format!("f{i}").into_bytes(), kind: Kind::File, chunked: false, size: 7, id: file })
-            .collect();
-        let sub = Tree::normalized(entries).unwrap().encode();
-        let sub_id = Hash::of(&sub);
-        cache.put(&sub_id, &sub).unwrap();
-        let dir = Entry { name: b"dir".to_vec(), kind: Kind::Directory, chunked: false, size: 0, id: sub_id };
-        let root = Tree::normalized(vec![dir]).unwrap().encode();
-        let root_id = Hash::of(&root);
-        cache.put(&root_id, &root).unwrap();
-        let f = Fetcher::new(remote, cache);
-        SnapshotFs::writable(f, TreeId::from_hash(root_id), 0, d.join("upper"), None).unwrap()
-    }
 
     /// What `workspace::save_mount_state` does with a mount that keeps its
     /// numbers; the state's bytes.

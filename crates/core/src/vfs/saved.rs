@@ -279,16 +279,15 @@ impl SnapshotFs {
         use crate::codec::{put_bytes, put_varint};
         let u = self.overlay()?;
         // The state lock first: root and base stat are leaves below it,
-        // and a rebase changes all three under it. Written only when the
-        // number log's place is taken too (it may start a new generation).
-        let st = match log_pos {
-            Some(at) => {
-                let mut w = self.st_mut();
-                *at = w.log.as_mut().and_then(|l| l.pos());
-                std::sync::RwLockWriteGuard::downgrade(w)
-            }
-            None => self.st(),
-        };
+        // and a rebase changes all three under it. The number log's place
+        // is taken just before (under the write lock: it may start a new
+        // generation); what changes in between is in both the log and the
+        // state, and its records no longer apply on a replay, or apply
+        // again to the same effect (a fold, then the same expansion).
+        if let Some(at) = log_pos {
+            *at = self.st_mut().log.as_mut().and_then(|l| l.pos());
+        }
+        let st = self.st();
         let base_id = u.base.read().expect("base stat lock").id;
         let mut out = Vec::with_capacity(64 + st.nodes.len() * 64);
         out.extend_from_slice(OVERLAY_MAGIC);

@@ -274,10 +274,10 @@ async fn deep_directories_save_and_load_without_recursion() {
     );
 }
 
-#[tokio::test]
-async fn forgotten_clean_nodes_fold_back_into_their_tree() {
-    let d = tempfile::tempdir().unwrap();
-    let (remote, cache) = local_store(d.path());
+/// A read-write filesystem over a root holding `dir`, a directory of 100
+/// files (`f0`..`f99`, 7 bytes each), in `d`.
+pub(super) fn hundred_files(d: &Path) -> SnapshotFs {
+    let (remote, cache) = local_store(d);
     // A tree of 100 files in one directory, below the root.
     let file = Hash::of(b"content");
     cache.put(&file, b"content").unwrap();
@@ -298,9 +298,13 @@ async fn forgotten_clean_nodes_fold_back_into_their_tree() {
     .encode();
     let root_id = Hash::of(&root);
     cache.put(&root_id, &root).unwrap();
-    let fs =
-        SnapshotFs::writable(Fetcher::new(remote, cache), TreeId::from_hash(root_id), 0, d.path().join("upper"), None)
-            .unwrap();
+    SnapshotFs::writable(Fetcher::new(remote, cache), TreeId::from_hash(root_id), 0, d.join("upper"), None).unwrap()
+}
+
+#[tokio::test]
+async fn forgotten_clean_nodes_fold_back_into_their_tree() {
+    let d = tempfile::tempdir().unwrap();
+    let fs = hundred_files(d.path());
     let dir = fs.lookup(ROOT_INO, b"dir").await.unwrap().ino;
     fs.note_lookup(dir, 1);
     let list = fs.readdir(dir).await.unwrap();
