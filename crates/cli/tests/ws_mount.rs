@@ -2133,6 +2133,21 @@ fn a_killed_daemon_is_replaced_by_its_keeper_and_nothing_using_the_mount_is_lost
     let mut writing = std::fs::OpenOptions::new().create(true).append(true).open(d.join("held.txt")).unwrap();
     let mut want = String::new();
     let mut pid = first["pid"].as_u64().unwrap();
+    // Requests in flight at each kill (this kernel sends a dead daemon's
+    // unanswered requests again: none fails).
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let appender = {
+        let (p, stop) = (d.join("log.txt"), stop.clone());
+        std::thread::spawn(move || {
+            let mut n = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) || n < 200 {
+                let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&p).unwrap();
+                writeln!(f, "line {n}").unwrap();
+                n += 1;
+            }
+            n
+        })
+    };
     for round in 0..4 {
         let line = format!("round {round}\n");
         writing.write_all(line.as_bytes()).unwrap();
@@ -2166,6 +2181,11 @@ fn a_killed_daemon_is_replaced_by_its_keeper_and_nothing_using_the_mount_is_lost
         assert!(names.contains(&"er".to_string()), "a held directory lists: {names:?}");
         assert_eq!(std::fs::metadata(d.join("src/lib.rs")).unwrap().ino(), ino);
     }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let lines = appender.join().expect("no write failed across the kills");
+    let log = std::fs::read_to_string(d.join("log.txt")).unwrap();
+    let all: String = (0..lines).map(|n| format!("line {n}\n")).collect();
+    assert!(log == all, "{} lines of {lines} came through in order", log.lines().count());
     writing.write_all(b"after\n").unwrap();
     writing.sync_all().unwrap();
     want.push_str("after\n");

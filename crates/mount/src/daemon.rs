@@ -219,7 +219,7 @@ impl Daemon {
         let (handed, taken, to_old, link) = match received {
             Some(r) => {
                 let lock = mado_core::workspace::MountLock::from_fd(r.lock);
-                let taken = crate::fuse_mount::Taken { fd: r.fuse, clone: r.image.is_none() };
+                let taken = crate::fuse_mount::Taken { fd: r.fuse, from_keeper: r.image.is_none() };
                 (Some(mado_core::workspace::HandedOver { lock, image: r.image }), Some(taken), Some(r.answer), r.keeper)
             }
             None => (None, None, None, None),
@@ -414,7 +414,7 @@ impl Daemon {
                     Some(seat) => {
                         let again = |fd| {
                             let fs = make_fs(false).with_seat(&seat);
-                            let taken = crate::fuse_mount::Taken { fd, clone: false };
+                            let taken = crate::fuse_mount::Taken { fd, from_keeper: false };
                             serve_fuse(fs, &spec, &mountpoint, true, allow_other, Some(taken))
                         };
                         serve_until_unmounted(session, &seat, again)

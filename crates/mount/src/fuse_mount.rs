@@ -51,10 +51,11 @@ pub(crate) fn serve_until_unmounted(
 }
 
 /// A mount taken over rather than made: a descriptor of its kernel
-/// connection, to serve on, or (`clone`, from a keeper) to clone first.
+/// connection to serve on, or (`from_keeper`) the keeper's, after a
+/// daemon died (crate::keeper).
 pub(crate) struct Taken {
     pub fd: std::os::fd::OwnedFd,
-    pub clone: bool,
+    pub from_keeper: bool,
 }
 
 /// A session serving.
@@ -63,8 +64,8 @@ pub(crate) struct Serving {
     /// The descriptor number the session uses, when this process opened
     /// the connection itself (root).
     pub at: Option<std::os::fd::RawFd>,
-    /// A workspace mount this process made, served on a clone: the
-    /// descriptor the mount was made with, for its keeper.
+    /// A workspace mount this process made: the descriptor the mount was
+    /// made with, for its keeper (the session serves on another).
     pub original: Option<std::os::fd::OwnedFd>,
 }
 
@@ -99,16 +100,22 @@ pub(crate) fn serve_fuse(
     c.n_threads = Some(FUSE_THREADS as usize);
     let mut at = None;
     let mut original = None;
-    let spawned = if let Some(Taken { fd, clone }) = taken {
-        let fd = if clone {
-            crate::keeper::clone_connection(std::os::fd::AsFd::as_fd(&fd))
-                .map_err(|e| Error::User(format!("cloning the FUSE connection of {}: {e}", mp.display())))?
+    let spawned = if let Some(Taken { fd, from_keeper }) = taken {
+        let fd = if from_keeper {
+            crate::keeper::serving_descriptor(&fd)
+                .map_err(|e| Error::User(format!("a descriptor of the FUSE connection of {}: {e}", mp.display())))?
         } else {
             fd
         };
         crate::handover::session_on(fs, fd, c).and_then(|(s, fd)| {
             at = Some(fd);
-            s.spawn()
+            let s = s.spawn()?;
+            if from_keeper && crate::keeper::kernel_resends() {
+                // The dead daemon's unanswered requests, once this session
+                // reads.
+                crate::keeper::ask_resend(fd)?;
+            }
+            Ok(s)
         })
     } else {
         // As root, mount(2) here with the type `fuse.mado`; fuser's own
@@ -116,15 +123,15 @@ pub(crate) fn serve_fuse(
         // which passes the subtype on.
         match mount_as_fuse_mado(&source_name(spec, workspace), mp, !workspace, allow_other) {
             Ok(Some(made)) => {
-                // A workspace serves on a clone, the mount's own descriptor
-                // kept for its keeper (crate::keeper).
-                let fd = match workspace.then(|| crate::keeper::clone_connection(std::os::fd::AsFd::as_fd(&made))) {
-                    Some(Ok(clone)) => {
+                // A workspace serves on a descriptor made from the mount's
+                // own, which is kept for its keeper (crate::keeper).
+                let fd = match workspace.then(|| crate::keeper::serving_descriptor(&made)) {
+                    Some(Ok(serving)) => {
                         original = Some(made);
-                        clone
+                        serving
                     }
                     Some(Err(e)) => {
-                        tracing::warn!("cloning the FUSE connection: {e}; this mount has no keeper");
+                        tracing::warn!("a second descriptor of the FUSE connection: {e}; this mount has no keeper");
                         made
                     }
                     None => made,

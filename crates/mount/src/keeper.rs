@@ -4,10 +4,13 @@
 //! one serving dies. docs/DESIGN.md ("A killed daemon") gives the sequence.
 //!
 //! The kernel keeps a FUSE connection while any descriptor of it is open.
-//! A daemon serves on a clone of the keeper's descriptor
-//! (`FUSE_DEV_IOC_CLONE`), never on a copy: when a daemon dies, the kernel
-//! closes its clone and fails the requests it had read and not answered
-//! (ECONNABORTED to their callers), where a copy would leave them waiting
+//! Requests a daemon had read and not answered when it died: on a kernel
+//! that resends (Linux 6.9), the daemon serves on a copy of the keeper's
+//! descriptor, so they stay queued on that open file, and the next daemon
+//! asks for them again (`FUSE_NOTIFY_RESEND`): their callers only see a
+//! pause. On an older kernel it serves on a clone (`FUSE_DEV_IOC_CLONE`),
+//! which the kernel closes with the daemon, failing those requests
+//! (ECONNABORTED to their callers); a copy there would leave them waiting
 //! for good. Requests sent after the death wait in the kernel for the new
 //! daemon, which takes the mount as a restarted one does
 //! (`crate::handover`), with the inode numbers saved on disk as the mount
@@ -40,6 +43,41 @@ const TRIES: [Duration; 4] =
 
 /// `FUSE_DEV_IOC_CLONE`: `_IOR(229, 0, uint32_t)`.
 const FUSE_DEV_IOC_CLONE: libc::c_ulong = 0x8004_e500;
+
+/// Whether this kernel sends again, when asked, the requests a daemon had
+/// read and not answered (`FUSE_NOTIFY_RESEND`, Linux 6.9).
+pub fn kernel_resends() -> bool {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut parts = release.split(|c: char| !c.is_ascii_digit()).filter_map(|p| p.parse::<u32>().ok());
+    matches!((parts.next(), parts.next()), (Some(major), Some(minor)) if (major, minor) >= (6, 9))
+}
+
+/// The descriptor a daemon serves on, made from the keeper's `fuse`: the
+/// same open file where the kernel resends (a dead daemon's unanswered
+/// requests stay queued on it until the next daemon asks for them:
+/// [`ask_resend`]), else a clone (the kernel then ends them).
+pub fn serving_descriptor(fuse: &OwnedFd) -> std::io::Result<OwnedFd> {
+    if kernel_resends() {
+        Ok(rustix::io::fcntl_dupfd_cloexec(fuse, 0)?)
+    } else {
+        clone_connection(fuse.as_fd())
+    }
+}
+
+/// Asks the kernel to send again every request read but not answered
+/// (a killed daemon's): they come back, marked, to this daemon, and their
+/// callers never see the death. A notification of no body: the header's
+/// `error` field is the code, `FUSE_NOTIFY_RESEND` (7).
+pub fn ask_resend(at: RawFd) -> std::io::Result<()> {
+    let mut msg = Vec::with_capacity(16);
+    msg.extend_from_slice(&16u32.to_le_bytes());
+    msg.extend_from_slice(&7i32.to_le_bytes());
+    msg.extend_from_slice(&0u64.to_le_bytes());
+    // SAFETY: `at` is the session's descriptor, open while it serves.
+    let fd = unsafe { BorrowedFd::borrow_raw(at) };
+    rustix::io::write(fd, &msg)?;
+    Ok(())
+}
 
 /// A new descriptor of `fuse`'s connection with its own queue of requests
 /// in progress (see the module's comment).
