@@ -39,6 +39,14 @@ const IMAGE_PREFIX: &str = "inodes-";
 const REC_EXPAND: u8 = 1;
 const REC_FOLD: u8 = 2;
 const REC_INSERT: u8 = 3;
+const REC_RENAME: u8 = 4;
+const REC_REMOVE: u8 = 5;
+const REC_LINK: u8 = 6;
+/// What a new node is, in its insert record.
+const NEW_DIR: u8 = 0;
+const NEW_UPPER: u8 = 1;
+const NEW_LINK: u8 = 2;
+const NEW_SPECIAL: u8 = 3;
 
 /// A log this large starts a new generation at the next save.
 const ROTATE_AT: u64 = 16 << 20;
@@ -172,12 +180,98 @@ impl State {
         }
     }
 
-    /// Number `ino` went to a new node.
-    pub(super) fn log_insert(&mut self, ino: u64) {
-        if let Some(l) = &mut self.log {
-            l.record(REC_INSERT, &[ino]);
+    /// Node `ino`, new, was named `name` in `parent`.
+    pub(super) fn log_insert(&mut self, ino: u64, parent: u64, name: &[u8]) {
+        let Some(n) = self.nodes.get(ino) else { return };
+        let Some(l) = &mut self.log else { return };
+        use crate::codec::{put_bytes, put_varint};
+        let mut rec = vec![REC_INSERT];
+        for v in [ino, parent] {
+            put_varint(&mut rec, v);
         }
+        put_bytes(&mut rec, name);
+        put_varint(&mut rec, n.perm as u64);
+        match &n.body {
+            Body::Dir { .. } => rec.push(NEW_DIR),
+            Body::Upper { blob, .. } => {
+                rec.push(NEW_UPPER);
+                put_varint(&mut rec, *blob);
+            }
+            Body::Link(t) => {
+                rec.push(NEW_LINK);
+                put_bytes(&mut rec, t);
+            }
+            Body::Special(k, rdev) => {
+                rec.push(NEW_SPECIAL);
+                rec.push(special_code(*k));
+                put_varint(&mut rec, *rdev as u64);
+            }
+            Body::Lower(_) => return,
+        }
+        l.put(&rec);
     }
+
+    /// `parent/name` moved to `new_parent/new_name`.
+    pub(super) fn log_rename(&mut self, parent: u64, name: &[u8], new_parent: u64, new_name: &[u8]) {
+        let Some(l) = &mut self.log else { return };
+        let mut rec = vec![REC_RENAME];
+        crate::codec::put_varint(&mut rec, parent);
+        crate::codec::put_bytes(&mut rec, name);
+        crate::codec::put_varint(&mut rec, new_parent);
+        crate::codec::put_bytes(&mut rec, new_name);
+        l.put(&rec);
+    }
+
+    /// `parent/name` was removed (`dir`: by rmdir).
+    pub(super) fn log_remove(&mut self, parent: u64, name: &[u8], dir: bool) {
+        let Some(l) = &mut self.log else { return };
+        let mut rec = vec![REC_REMOVE];
+        crate::codec::put_varint(&mut rec, parent);
+        crate::codec::put_bytes(&mut rec, name);
+        rec.push(dir as u8);
+        l.put(&rec);
+    }
+
+    /// Node `ino` was named `new_parent/new_name` too (a hard link).
+    pub(super) fn log_link(&mut self, ino: u64, new_parent: u64, new_name: &[u8]) {
+        let Some(l) = &mut self.log else { return };
+        let mut rec = vec![REC_LINK];
+        crate::codec::put_varint(&mut rec, ino);
+        crate::codec::put_varint(&mut rec, new_parent);
+        crate::codec::put_bytes(&mut rec, new_name);
+        l.put(&rec);
+    }
+}
+
+/// A FIFO (0), socket (1), block (2) or character device (3) in a record.
+fn special_code(k: super::NodeKind) -> u8 {
+    use super::NodeKind::*;
+    match k {
+        Socket => 1,
+        BlockDev => 2,
+        CharDev => 3,
+        _ => 0,
+    }
+}
+
+fn special_kind(code: u8) -> Option<super::NodeKind> {
+    use super::NodeKind::*;
+    Some(match code {
+        0 => Fifo,
+        1 => Socket,
+        2 => BlockDev,
+        3 => CharDev,
+        _ => return None,
+    })
+}
+
+/// A new node's body in an insert record.
+#[derive(Debug, PartialEq, Eq)]
+enum New {
+    Dir,
+    Upper(u64),
+    Link(Vec<u8>),
+    Special(u8, u32),
 }
 
 /// One record of a log, as read.
@@ -185,7 +279,10 @@ impl State {
 enum Rec {
     Expand { dir: u64, first: u64, count: u64 },
     Fold { dir: u64 },
-    Insert { ino: u64 },
+    Insert { ino: u64, parent: u64, name: Vec<u8>, perm: u16, new: New },
+    Rename { parent: u64, name: Vec<u8>, new_parent: u64, new_name: Vec<u8> },
+    Remove { parent: u64, name: Vec<u8>, dir: bool },
+    Link { ino: u64, new_parent: u64, new_name: Vec<u8> },
 }
 
 /// The records of a log's bytes; a record cut short at the end (a daemon
@@ -198,7 +295,31 @@ fn records(bytes: &[u8]) -> Result<Vec<Rec>> {
             Ok::<_, crate::codec::DecodeError>(match r.u8()? {
                 REC_EXPAND => Rec::Expand { dir: r.varint()?, first: r.varint()?, count: r.varint()? },
                 REC_FOLD => Rec::Fold { dir: r.varint()? },
-                REC_INSERT => Rec::Insert { ino: r.varint()? },
+                REC_INSERT => {
+                    let (ino, parent, name) = (r.varint()?, r.varint()?, r.bytes()?.to_vec());
+                    let perm = (r.varint()? & 0o7777) as u16;
+                    let new = match r.u8()? {
+                        NEW_DIR => New::Dir,
+                        NEW_UPPER => New::Upper(r.varint()?),
+                        NEW_LINK => New::Link(r.bytes()?.to_vec()),
+                        NEW_SPECIAL => {
+                            let k = r.u8()?;
+                            let rdev = u32::try_from(r.varint()?)
+                                .map_err(|_| crate::codec::DecodeError::Invalid("device number".into()))?;
+                            New::Special(k, rdev)
+                        }
+                        t => return Err(crate::codec::DecodeError::Invalid(format!("new node kind {t}"))),
+                    };
+                    Rec::Insert { ino, parent, name, perm, new }
+                }
+                REC_RENAME => Rec::Rename {
+                    parent: r.varint()?,
+                    name: r.bytes()?.to_vec(),
+                    new_parent: r.varint()?,
+                    new_name: r.bytes()?.to_vec(),
+                },
+                REC_REMOVE => Rec::Remove { parent: r.varint()?, name: r.bytes()?.to_vec(), dir: r.u8()? != 0 },
+                REC_LINK => Rec::Link { ino: r.varint()?, new_parent: r.varint()?, new_name: r.bytes()?.to_vec() },
                 t => return Err(crate::codec::DecodeError::Invalid(format!("record type {t}"))),
             })
         })();
@@ -310,7 +431,7 @@ impl SnapshotFs {
         for n in &mut image.nodes {
             n.1 = RECOVERED_LOOKUPS;
         }
-        let fs = SnapshotFs::load_handed_over(fetcher, bytes, upper_dir, base_stat, &image)?;
+        let fs = SnapshotFs::load_numbered(fetcher, bytes, upper_dir, base_stat, Some(&image), true)?;
         let mut log = Vec::new();
         for g in generations(dir).into_iter().filter(|g| *g >= pos.generation) {
             let b = std::fs::read(log_path(dir, g))
@@ -319,6 +440,8 @@ impl SnapshotFs {
             log.extend(records(&b[from..])?);
         }
         fs.replay(log).await;
+        let next_blob = SnapshotFs::saved_header(bytes)?.0.next_blob;
+        super::saved::drop_unnamed_uppers(&fs.st(), &fs.upper_dir()?, next_blob);
         Ok(fs)
     }
 
@@ -328,10 +451,20 @@ impl SnapshotFs {
         let (mut done, mut skipped) = (0usize, 0usize);
         for rec in log {
             let ok = match rec {
-                Rec::Insert { ino } => {
+                Rec::Insert { ino, parent, name, perm, new } => {
                     high = high.max(ino + 1);
-                    true
+                    self.replay_insert(ino, parent, &name, perm, new).await
                 }
+                // Through the operations themselves: each does to the
+                // table what it did to the killed daemon's.
+                Rec::Rename { parent, name, new_parent, new_name } => {
+                    self.rename(parent, &name, new_parent, &new_name, false).await.is_ok()
+                }
+                Rec::Remove { parent, name, dir } => match dir {
+                    true => self.rmdir(parent, &name).await.is_ok(),
+                    false => self.unlink(parent, &name).await.is_ok(),
+                },
+                Rec::Link { ino, new_parent, new_name } => self.link(ino, new_parent, &new_name).await.is_ok(),
                 Rec::Fold { dir } => self.replay_fold(dir),
                 Rec::Expand { dir, first, count } => {
                     high = high.max(first + count);
@@ -361,6 +494,46 @@ impl SnapshotFs {
             return false;
         }
         st.fold(dir);
+        true
+    }
+
+    /// A node made after the last save, made again under its number: a
+    /// new file only while its upper file is there (its bytes are).
+    async fn replay_insert(&self, ino: u64, parent: u64, name: &[u8], perm: u16, new: New) -> bool {
+        if self.load(parent).await.is_err() || crate::object::check_name(name).is_err() {
+            return false;
+        }
+        let body = match new {
+            New::Dir => Body::Dir { clean: None, origin: None, children: Some(Box::default()) },
+            New::Link(t) => Body::Link(t.into()),
+            New::Special(k, rdev) => match special_kind(k) {
+                Some(k) => Body::Special(k, rdev),
+                None => return false,
+            },
+            New::Upper(blob) => {
+                let Ok(p) = self.blob_path(blob) else { return false };
+                let Ok(m) = std::fs::symlink_metadata(&p) else { return false };
+                Body::Upper { blob, size: m.len(), clean: None }
+            }
+        };
+        let mut st = self.st_mut();
+        if st.nodes.get(ino).is_some() || !matches!(st.children(parent), Ok(Some(c)) if !c.contains_key(name)) {
+            return false;
+        }
+        if let Body::Upper { blob, .. } = body {
+            st.next_blob = st.next_blob.max(blob + 1);
+            st.spare.retain(|(b, _)| *b != blob);
+        }
+        let name: super::inode::Name = name.into();
+        let mut node = super::inode::Node::new(parent, name.clone(), perm, super::now(), body);
+        node.lookups = RECOVERED_LOOKUPS;
+        st.nodes.insert(ino, node);
+        if let Ok(c) = st.children_mut(parent) {
+            c.insert(name, ino);
+        }
+        st.touch_dir(parent);
+        drop(st);
+        self.changed();
         true
     }
 
@@ -417,8 +590,9 @@ mod tests {
 
     /// After a kill, every number the kernel may hold names what it named,
     /// numbers given after the last save included (a directory looked
-    /// into, folded and looked into again); a node made after the save is
-    /// lost (as its name is), and its number is never given again.
+    /// into, folded and looked into again), and the changes made since
+    /// are made again: a directory and a file made (with its bytes), a
+    /// rename, an unlink. No number is given twice.
     #[tokio::test]
     async fn a_killed_mounts_numbers_come_back_from_its_image_and_log() {
         let d = tempfile::tempdir().unwrap();
@@ -440,6 +614,10 @@ mod tests {
         let held = fs.lookup_counted(dir, b"f7").await.unwrap();
         assert!(first.iter().all(|(_, a)| a.ino < held.ino), "the directory was folded and numbered again");
         let made = fs.mkdir(ROOT_INO, b"made", 0o755).await.unwrap();
+        let (file, h) = fs.create(made.ino, b"new.txt", 0o644).await.unwrap();
+        fs.write(&h, 0, b"abc").unwrap();
+        fs.rename(made.ino, b"new.txt", made.ino, b"renamed.txt", false).await.unwrap();
+        fs.unlink(dir, b"f3").await.unwrap();
 
         let upper = d.path().join("upper");
         let plain = SnapshotFs::load_state(fs.fetcher().clone(), &saved, upper.clone(), None).unwrap();
@@ -450,9 +628,15 @@ mod tests {
         assert_eq!(back.lookup(dir, b"f7").await.unwrap().ino, held.ino);
         assert_eq!(back.lookup(dir, b"f0").await.unwrap().ino, fs.lookup(dir, b"f0").await.unwrap().ino);
         assert!(back.getattr(first[0].1.ino).is_err(), "a folded number names nothing");
-        assert!(back.getattr(made.ino).is_err(), "made after the save: lost");
+        assert_eq!(back.lookup(ROOT_INO, b"made").await.unwrap().ino, made.ino, "made after the save, made again");
+        let again = back.lookup(made.ino, b"renamed.txt").await.unwrap();
+        assert_eq!((again.ino, again.size), (file.ino, 3), "a new file, renamed, with its bytes");
+        let r = back.open(file.ino).await.unwrap();
+        assert_eq!(&back.read(&r, 0, 16).await.unwrap()[..], b"abc");
+        assert!(back.lookup(made.ino, b"new.txt").await.is_err(), "the rename came through");
+        assert!(back.lookup(dir, b"f3").await.is_err(), "the unlink came through");
         let n = back.mkdir(ROOT_INO, b"new", 0o755).await.unwrap();
-        assert!(n.ino > made.ino, "number {} given twice", n.ino);
+        assert!(n.ino > file.ino, "number {} given twice", n.ino);
         // A node the kernel may hold is never dropped.
         back.forget(held.ino, 1000);
         assert!(back.getattr(held.ino).is_ok());
@@ -474,13 +658,13 @@ mod tests {
         for v in [2u64, 300, 7] {
             crate::codec::put_varint(&mut b, v);
         }
-        b.extend_from_slice(&[REC_FOLD, 2, REC_INSERT, 0x80, 0x02]);
+        b.extend_from_slice(&[REC_FOLD, 2, REC_INSERT, 0x80, 0x02, 1, 1, b'x', 0xa4, 0x03, NEW_UPPER, 9]);
+        b.extend_from_slice(&[REC_REMOVE, 1, 1, b'y', 1]);
         let whole = records(&b).unwrap();
-        assert_eq!(
-            whole,
-            vec![Rec::Expand { dir: 2, first: 300, count: 7 }, Rec::Fold { dir: 2 }, Rec::Insert { ino: 256 }]
-        );
-        assert_eq!(records(&b[..b.len() - 1]).unwrap().len(), 2, "a torn last record is dropped");
+        let x = Rec::Insert { ino: 256, parent: 1, name: b"x".to_vec(), perm: 0o644, new: New::Upper(9) };
+        let y = Rec::Remove { parent: 1, name: b"y".to_vec(), dir: true };
+        assert_eq!(whole, vec![Rec::Expand { dir: 2, first: 300, count: 7 }, Rec::Fold { dir: 2 }, x, y]);
+        assert_eq!(records(&b[..b.len() - 1]).unwrap().len(), 3, "a torn last record is dropped");
         assert!(records(&[9]).is_err(), "an unknown record is an error");
     }
 

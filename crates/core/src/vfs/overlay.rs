@@ -402,7 +402,7 @@ impl SnapshotFs {
         }
         let name: Name = name.into();
         let ino = st.push(n(parent, name.clone()));
-        st.log_insert(ino);
+        st.log_insert(ino, parent, &name);
         st.children_mut(parent)?.insert(name, ino);
         st.touch_dir(parent);
         let a = self.attr_of(&st, ino)?;
@@ -518,6 +518,7 @@ impl SnapshotFs {
         }
         Self::may_remove(&st, ino, dir)?;
         self.remove_entry(&mut st, parent, name, ino)?;
+        st.log_remove(parent, name, dir);
         st.touch_dir(parent);
         drop(st);
         self.changed();
@@ -573,6 +574,7 @@ impl SnapshotFs {
         let n = st.get_mut(src)?;
         n.move_name(parent, name, new_parent, &new_name);
         n.changed_now();
+        st.log_rename(parent, name, new_parent, &new_name);
         st.touch_dir(parent);
         st.touch_dir(new_parent);
         drop(st);
@@ -605,8 +607,9 @@ impl SnapshotFs {
         let new_name: Name = new_name.into();
         st.children_mut(new_parent)?.insert(new_name.clone(), ino);
         let n = st.get_mut(ino)?;
-        n.meta_mut().links.push((new_parent, new_name));
+        n.meta_mut().links.push((new_parent, new_name.clone()));
         n.changed_now();
+        st.log_link(ino, new_parent, &new_name);
         st.touch_dir(new_parent);
         let a = self.attr_of(&st, ino)?;
         drop(st);

@@ -248,12 +248,12 @@ fn state_err(e: impl std::fmt::Display) -> Error {
 }
 
 /// The header of a saved state: what must be fetched before loading it.
-struct SavedHeader {
+pub(super) struct SavedHeader {
     version: u8,
     root: Hash,
     time: i64,
     base_stat: Option<Hash>,
-    next_blob: u64,
+    pub(super) next_blob: u64,
 }
 
 impl SnapshotFs {
@@ -384,7 +384,7 @@ impl SnapshotFs {
         Ok(out)
     }
 
-    fn saved_header(bytes: &[u8]) -> Result<(SavedHeader, crate::codec::Reader<'_>)> {
+    pub(super) fn saved_header(bytes: &[u8]) -> Result<(SavedHeader, crate::codec::Reader<'_>)> {
         if bytes.len() < 4 + 32 || !bytes.starts_with(OVERLAY_MAGIC) {
             return Err(state_err("not an overlay state"));
         }
@@ -492,7 +492,7 @@ impl SnapshotFs {
         upper_dir: PathBuf,
         base_stat: Option<(Hash, super::BaseTimes)>,
     ) -> Result<SnapshotFs> {
-        Self::load_numbered(fetcher, bytes, upper_dir, base_stat, None)
+        Self::load_numbered(fetcher, bytes, upper_dir, base_stat, None, false)
     }
 
     /// [`SnapshotFs::load_state`] of a state another process saved with
@@ -506,15 +506,16 @@ impl SnapshotFs {
         base_stat: Option<(Hash, super::BaseTimes)>,
         image: &InodeImage,
     ) -> Result<SnapshotFs> {
-        Self::load_numbered(fetcher, bytes, upper_dir, base_stat, Some(image))
+        Self::load_numbered(fetcher, bytes, upper_dir, base_stat, Some(image), false)
     }
 
-    fn load_numbered(
+    pub(super) fn load_numbered(
         fetcher: Arc<Fetcher>,
         bytes: &[u8],
         upper_dir: PathBuf,
         base_stat: Option<(Hash, super::BaseTimes)>,
         image: Option<&InodeImage>,
+        keep_unnamed: bool,
     ) -> Result<SnapshotFs> {
         let (h, mut r) = Self::saved_header(bytes)?;
         let fs = SnapshotFs::writable(fetcher, TreeId::from_hash(h.root), h.time, upper_dir, base_stat)?;
@@ -616,25 +617,10 @@ impl SnapshotFs {
         for h in holders {
             st.dirty(h);
         }
-        // Upper files below `next_blob` that the state does not name are
-        // a killed daemon's spare or unlinked files (no one else uses the
-        // folder: the mount lock is held): their space goes back now.
-        // Those from `next_blob` on are taken over as new files.
-        let named: std::collections::HashSet<u64> = st
-            .nodes
-            .values()
-            .filter_map(|n| match n.body {
-                Body::Upper { blob, .. } => Some(blob),
-                _ => None,
-            })
-            .collect();
-        if let Ok(rd) = std::fs::read_dir(fs.upper_dir()?) {
-            for e in rd.flatten() {
-                let blob = e.file_name().to_str().and_then(|n| n.parse::<u64>().ok());
-                if blob.is_some_and(|b| b < h.next_blob && !named.contains(&b)) {
-                    let _ = std::fs::remove_file(e.path());
-                }
-            }
+        // A recovered mount's log may name more upper files: it drops the
+        // others once replayed (`drop_unnamed_uppers`).
+        if !keep_unnamed {
+            drop_unnamed_uppers(&st, &fs.upper_dir()?, h.next_blob);
         }
         let lost = reconcile_upper(&mut st, &fs.upper_dir()?)?;
         *fs.state.write().expect("state lock") = st;
@@ -645,6 +631,29 @@ impl SnapshotFs {
     /// was loaded (removed from the workspace; see `reconcile_upper`).
     pub fn lost_on_load(&self) -> &[Vec<u8>] {
         &self.lost_on_load
+    }
+}
+
+/// Upper files below `next_blob` (the saved state's) that no node names
+/// are a killed daemon's spare or unlinked files (no one else uses the
+/// folder: the mount lock is held): their space goes back now. Those from
+/// `next_blob` on are taken over as new files.
+pub(super) fn drop_unnamed_uppers(st: &State, upper: &Path, next_blob: u64) {
+    let named: std::collections::HashSet<u64> = st
+        .nodes
+        .values()
+        .filter_map(|n| match n.body {
+            Body::Upper { blob, .. } => Some(blob),
+            _ => None,
+        })
+        .collect();
+    if let Ok(rd) = std::fs::read_dir(upper) {
+        for e in rd.flatten() {
+            let blob = e.file_name().to_str().and_then(|n| n.parse::<u64>().ok());
+            if blob.is_some_and(|b| b < next_blob && !named.contains(&b)) {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
     }
 }
 
