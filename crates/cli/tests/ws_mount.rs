@@ -2161,6 +2161,11 @@ fn a_killed_daemon_is_replaced_by_its_keeper_and_nothing_using_the_mount_is_lost
         let mut reading = std::fs::File::open(d.join("src/deep/er/still.txt")).unwrap();
         let dir = std::fs::File::open(d.join("src/deep")).unwrap();
         let ino = std::fs::metadata(d.join("src/lib.rs")).unwrap().ino();
+        // Made and renamed a moment before the kill (no save since): the
+        // log brings them back.
+        std::fs::create_dir(d.join(format!("new{round}"))).unwrap();
+        std::fs::write(d.join(format!("new{round}/f.tmp")), format!("made {round}\n")).unwrap();
+        std::fs::rename(d.join(format!("new{round}/f.tmp")), d.join(format!("new{round}/f"))).unwrap();
         std::process::Command::new("kill").arg("-9").arg(pid.to_string()).status().unwrap();
         wait_gone(pid);
         let mut now = None;
@@ -2180,6 +2185,8 @@ fn a_killed_daemon_is_replaced_by_its_keeper_and_nothing_using_the_mount_is_lost
             .collect();
         assert!(names.contains(&"er".to_string()), "a held directory lists: {names:?}");
         assert_eq!(std::fs::metadata(d.join("src/lib.rs")).unwrap().ino(), ino);
+        assert_eq!(std::fs::read_to_string(d.join(format!("new{round}/f"))).unwrap(), format!("made {round}\n"));
+        assert!(!d.join(format!("new{round}/f.tmp")).exists(), "the rename was made again");
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let lines = appender.join().expect("no write failed across the kills");
