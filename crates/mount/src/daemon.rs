@@ -692,7 +692,8 @@ fn watchdog(core: std::sync::Weak<SnapshotFs>) -> Arc<Mutex<Option<std::time::In
                 *s = Some(std::time::Instant::now() - STUCK_AFTER);
                 tracing::error!(
                     "requests to this mount have waited over {} s for its inode table (a stuck request holds it); \
-                     `mado stats` shows how long; kill -9 of this daemon and `mado umount` end it (fsynced work is kept)",
+                     `mado stats` shows how long; kill -9 of this daemon replaces it if the mount has a keeper, else \
+                     `mado umount` after it ends the mount (fsynced work is kept either way)",
                     STUCK_AFTER.as_secs()
                 );
             }

@@ -48,6 +48,12 @@ pub async fn run(a: StatsArgs, ctx: &Ctx) -> Result<()> {
     }
     let (r, p, c) = (&v.remote, &v.packs, &v.cache);
     println!("mount:  {} ({} ms up)", v.mountpoint.display(), v.uptime_ms);
+    match v.keeper_pid {
+        Some(k) => {
+            println!("daemon: pid {} (kept by pid {k}: a new daemon takes the mount over if this one dies)", v.pid)
+        }
+        None => println!("daemon: pid {}", v.pid),
+    }
     println!(
         "remote: {} GETs ({} ranged), {} HEADs, {} bytes down",
         r.all_gets(),
@@ -68,10 +74,17 @@ pub async fn run(a: StatsArgs, ctx: &Ctx) -> Result<()> {
             "warning: requests to this mount have been stuck for {} s (a request holds its inode table)",
             ms / 1000
         );
-        println!(
-            "  the daemon's log says more; kill -9 of pid {} and `mado umount` end it (fsynced work is kept)",
-            v.pid
-        );
+        match v.keeper_pid {
+            Some(_) => println!(
+                "  the daemon's log says more; kill -9 of pid {} starts a new daemon on the same mount (fsynced work \
+                 is kept)",
+                v.pid
+            ),
+            None => println!(
+                "  the daemon's log says more; kill -9 of pid {} and `mado umount` end it (fsynced work is kept)",
+                v.pid
+            ),
+        }
     }
     if let Some(w) = &v.workspace {
         println!("workspace: {} ({} changes since mounted)", w.name, w.changes);
