@@ -2166,6 +2166,11 @@ fn a_killed_daemon_is_replaced_by_its_keeper_and_nothing_using_the_mount_is_lost
         std::fs::create_dir(d.join(format!("new{round}"))).unwrap();
         std::fs::write(d.join(format!("new{round}/f.tmp")), format!("made {round}\n")).unwrap();
         std::fs::rename(d.join(format!("new{round}/f.tmp")), d.join(format!("new{round}/f"))).unwrap();
+        // A file of the snapshot written for the first time (copied up).
+        let lib = std::fs::read_to_string(d.join("src/lib.rs")).unwrap();
+        std::fs::OpenOptions::new().append(true).open(d.join("src/lib.rs")).unwrap().write_all(b"// more\n").unwrap();
+        std::fs::set_permissions(d.join("run.sh"), std::os::unix::fs::PermissionsExt::from_mode(0o700 - round))
+            .unwrap();
         std::process::Command::new("kill").arg("-9").arg(pid.to_string()).status().unwrap();
         wait_gone(pid);
         let mut now = None;
@@ -2187,6 +2192,9 @@ fn a_killed_daemon_is_replaced_by_its_keeper_and_nothing_using_the_mount_is_lost
         assert_eq!(std::fs::metadata(d.join("src/lib.rs")).unwrap().ino(), ino);
         assert_eq!(std::fs::read_to_string(d.join(format!("new{round}/f"))).unwrap(), format!("made {round}\n"));
         assert!(!d.join(format!("new{round}/f.tmp")).exists(), "the rename was made again");
+        assert_eq!(std::fs::read_to_string(d.join("src/lib.rs")).unwrap(), format!("{lib}// more\n"));
+        let mode = std::fs::metadata(d.join("run.sh")).unwrap().mode() & 0o7777;
+        assert_eq!(mode, 0o700 - round, "a chmod just before the kill");
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let lines = appender.join().expect("no write failed across the kills");

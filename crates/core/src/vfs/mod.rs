@@ -244,7 +244,7 @@ pub struct SnapshotFs {
 }
 
 /// Attributes a caller may set (`None`: leave as is).
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SetAttr {
     pub size: Option<u64>,
     pub mode: Option<u32>,

@@ -42,6 +42,8 @@ const REC_INSERT: u8 = 3;
 const REC_RENAME: u8 = 4;
 const REC_REMOVE: u8 = 5;
 const REC_LINK: u8 = 6;
+const REC_COPY_UP: u8 = 7;
+const REC_SETATTR: u8 = 8;
 /// What a new node is, in its insert record.
 const NEW_DIR: u8 = 0;
 const NEW_UPPER: u8 = 1;
@@ -232,6 +234,42 @@ impl State {
         l.put(&rec);
     }
 
+    /// Lower file `ino`'s bytes went to `upper/<blob>` (to be written).
+    pub(super) fn log_copy_up(&mut self, ino: u64, blob: u64) {
+        if let Some(l) = &mut self.log {
+            l.record(REC_COPY_UP, &[ino, blob]);
+        }
+    }
+
+    /// Node `ino`'s attributes were set (its size is its upper file's
+    /// length, never replayed: writes after a truncate would be cut).
+    pub(super) fn log_setattr(&mut self, ino: u64, a: &super::SetAttr) {
+        let Some(l) = &mut self.log else { return };
+        use crate::codec::put_varint;
+        let flags = a.mode.is_some() as u8
+            | (a.mtime.is_some() as u8) << 1
+            | (a.atime.is_some() as u8) << 2
+            | (a.uid.is_some() as u8) << 3
+            | (a.gid.is_some() as u8) << 4;
+        if flags == 0 {
+            return;
+        }
+        let mut rec = vec![REC_SETATTR];
+        put_varint(&mut rec, ino);
+        rec.push(flags);
+        if let Some(m) = a.mode {
+            put_varint(&mut rec, m as u64);
+        }
+        for (s, ns) in [a.mtime, a.atime].into_iter().flatten() {
+            rec.extend_from_slice(&s.to_le_bytes());
+            put_varint(&mut rec, ns as u64);
+        }
+        for id in [a.uid, a.gid].into_iter().flatten() {
+            put_varint(&mut rec, id as u64);
+        }
+        l.put(&rec);
+    }
+
     /// Node `ino` was named `new_parent/new_name` too (a hard link).
     pub(super) fn log_link(&mut self, ino: u64, new_parent: u64, new_name: &[u8]) {
         let Some(l) = &mut self.log else { return };
@@ -283,6 +321,38 @@ enum Rec {
     Rename { parent: u64, name: Vec<u8>, new_parent: u64, new_name: Vec<u8> },
     Remove { parent: u64, name: Vec<u8>, dir: bool },
     Link { ino: u64, new_parent: u64, new_name: Vec<u8> },
+    CopyUp { ino: u64, blob: u64 },
+    SetAttr { ino: u64, attr: super::SetAttr },
+}
+
+fn read_setattr(r: &mut crate::codec::Reader) -> std::result::Result<Rec, crate::codec::DecodeError> {
+    use crate::codec::DecodeError;
+    let ino = r.varint()?;
+    let flags = r.u8()?;
+    if flags & !31 != 0 {
+        return Err(DecodeError::Invalid(format!("setattr flags {flags}")));
+    }
+    let small = |v: u64| u32::try_from(v).map_err(|_| DecodeError::Invalid(format!("{v} out of range")));
+    let mut a = super::SetAttr::default();
+    if flags & 1 != 0 {
+        a.mode = Some(small(r.varint()?)?);
+    }
+    for (bit, t) in [(2u8, &mut a.mtime), (4, &mut a.atime)] {
+        if flags & bit != 0 {
+            let s = r.i64_le()?;
+            let ns = small(r.varint()?)?;
+            if ns >= 1_000_000_000 {
+                return Err(DecodeError::Invalid(format!("nanoseconds {ns}")));
+            }
+            *t = Some((s, ns));
+        }
+    }
+    for (bit, id) in [(8u8, &mut a.uid), (16, &mut a.gid)] {
+        if flags & bit != 0 {
+            *id = Some(small(r.varint()?)?);
+        }
+    }
+    Ok(Rec::SetAttr { ino, attr: a })
 }
 
 /// The records of a log's bytes; a record cut short at the end (a daemon
@@ -320,6 +390,8 @@ fn records(bytes: &[u8]) -> Result<Vec<Rec>> {
                 },
                 REC_REMOVE => Rec::Remove { parent: r.varint()?, name: r.bytes()?.to_vec(), dir: r.u8()? != 0 },
                 REC_LINK => Rec::Link { ino: r.varint()?, new_parent: r.varint()?, new_name: r.bytes()?.to_vec() },
+                REC_COPY_UP => Rec::CopyUp { ino: r.varint()?, blob: r.varint()? },
+                REC_SETATTR => read_setattr(&mut r)?,
                 t => return Err(crate::codec::DecodeError::Invalid(format!("record type {t}"))),
             })
         })();
@@ -465,6 +537,8 @@ impl SnapshotFs {
                     false => self.unlink(parent, &name).await.is_ok(),
                 },
                 Rec::Link { ino, new_parent, new_name } => self.link(ino, new_parent, &new_name).await.is_ok(),
+                Rec::CopyUp { ino, blob } => self.replay_copy_up(ino, blob),
+                Rec::SetAttr { ino, attr } => self.setattr(ino, attr).await.is_ok(),
                 Rec::Fold { dir } => self.replay_fold(dir),
                 Rec::Expand { dir, first, count } => {
                     high = high.max(first + count);
@@ -532,6 +606,27 @@ impl SnapshotFs {
             c.insert(name, ino);
         }
         st.touch_dir(parent);
+        drop(st);
+        self.changed();
+        true
+    }
+
+    /// A lower file copied up after the last save: its node takes the
+    /// upper file, whatever was written to it since (re-hashed at the next
+    /// checkpoint).
+    fn replay_copy_up(&self, ino: u64, blob: u64) -> bool {
+        let Ok(p) = self.blob_path(blob) else { return false };
+        let Ok(m) = std::fs::symlink_metadata(&p) else { return false };
+        let mut st = self.st_mut();
+        match st.nodes.get_mut(ino) {
+            Some(n) if matches!(n.body, Body::Lower(_)) => {
+                n.body = Body::Upper { blob, size: m.len(), clean: None };
+            }
+            _ => return false,
+        }
+        st.next_blob = st.next_blob.max(blob + 1);
+        st.spare.retain(|(b, _)| *b != blob);
+        st.dirty(ino);
         drop(st);
         self.changed();
         true
@@ -618,6 +713,12 @@ mod tests {
         fs.write(&h, 0, b"abc").unwrap();
         fs.rename(made.ino, b"new.txt", made.ino, b"renamed.txt", false).await.unwrap();
         fs.unlink(dir, b"f3").await.unwrap();
+        // A lower file written (copied up) and one chmod'ed.
+        let f6 = fs.lookup(dir, b"f6").await.unwrap().ino;
+        let w = fs.open_for_write(f6).await.unwrap();
+        fs.write(&w, 7, b"X").unwrap();
+        let f5 = fs.lookup(dir, b"f5").await.unwrap().ino;
+        fs.setattr(f5, super::super::SetAttr { mode: Some(0o600), ..Default::default() }).await.unwrap();
 
         let upper = d.path().join("upper");
         let plain = SnapshotFs::load_state(fs.fetcher().clone(), &saved, upper.clone(), None).unwrap();
@@ -635,6 +736,9 @@ mod tests {
         assert_eq!(&back.read(&r, 0, 16).await.unwrap()[..], b"abc");
         assert!(back.lookup(made.ino, b"new.txt").await.is_err(), "the rename came through");
         assert!(back.lookup(dir, b"f3").await.is_err(), "the unlink came through");
+        let r = back.open(f6).await.unwrap();
+        assert_eq!(&back.read(&r, 0, 16).await.unwrap()[..], b"contentX", "a write to a copied-up file");
+        assert_eq!(back.getattr(f5).unwrap().perm, 0o600, "a chmod");
         let n = back.mkdir(ROOT_INO, b"new", 0o755).await.unwrap();
         assert!(n.ino > file.ino, "number {} given twice", n.ino);
         // A node the kernel may hold is never dropped.

@@ -120,6 +120,7 @@ impl SnapshotFs {
         match &n.body {
             Body::Lower(cur) if cur.id == e.id => {
                 n.body = Body::Upper { blob, size, clean: Some((e.id, e.chunked)) };
+                st.log_copy_up(ino, blob);
                 drop(st);
                 self.changed();
                 Ok(blob)
@@ -385,6 +386,7 @@ impl SnapshotFs {
                 n.changed_now();
             }
             n.tidy_meta();
+            st.log_setattr(ino, &a);
         }
         self.changed();
         self.getattr(ino)
