@@ -41,6 +41,10 @@ const MSG_BYE: u8 = b'B';
 const TRIES: [Duration; 4] =
     [Duration::ZERO, Duration::from_millis(500), Duration::from_secs(2), Duration::from_secs(8)];
 
+/// More daemon deaths than this within [`DEATHS_WITHIN`] end the keeping.
+const MAX_DEATHS: usize = 5;
+const DEATHS_WITHIN: Duration = Duration::from_secs(60);
+
 /// `FUSE_DEV_IOC_CLONE`: `_IOR(229, 0, uint32_t)`.
 const FUSE_DEV_IOC_CLONE: libc::c_ulong = 0x8004_e500;
 
@@ -278,6 +282,9 @@ pub fn run(fd: RawFd) -> ! {
     let me = std::process::id().to_le_bytes();
     let _ = rustix::io::write(&link, &me);
     tracing::debug!("keeping the mount for daemon {}", argv.first().map(|a| a.to_string_lossy()).unwrap_or_default());
+    // When daemons die: one that dies again and again (a request that
+    // kills it, sent again to each new one) ends the keeping.
+    let mut deaths: std::collections::VecDeque<std::time::Instant> = Default::default();
     loop {
         match get_msg(&link) {
             Ok((MSG_ANNOUNCE, payload, _)) => {
@@ -289,6 +296,18 @@ pub fn run(fd: RawFd) -> ! {
             Err(e) => {
                 if connection_gone(&fuse) {
                     std::process::exit(0);
+                }
+                let now = std::time::Instant::now();
+                deaths.retain(|t| now.duration_since(*t) < DEATHS_WITHIN);
+                deaths.push_back(now);
+                if deaths.len() > MAX_DEATHS {
+                    tracing::error!(
+                        "the mount's daemon died {} times within {} s; giving the mount up (it reads as \
+                         disconnected: see this log, then `mado umount` it and mount again)",
+                        deaths.len(),
+                        DEATHS_WITHIN.as_secs()
+                    );
+                    std::process::exit(1);
                 }
                 tracing::warn!("the mount's daemon is gone ({e}); starting a new one to serve it");
                 match respawn(&argv, &fuse, &lock) {

@@ -53,6 +53,9 @@ const NEW_SPECIAL: u8 = 3;
 /// A log this large starts a new generation at the next save.
 const ROTATE_AT: u64 = 16 << 20;
 
+/// How far numbering skips ahead after a log that could not be read whole.
+const LOST_LOG_GAP: u64 = 1 << 40;
+
 /// How many references a recovered node is taken to hold: more than the
 /// kernel can ever forget, so no node it may know is dropped (they stay in
 /// memory until the unmount).
@@ -304,7 +307,7 @@ fn special_kind(code: u8) -> Option<super::NodeKind> {
 }
 
 /// A new node's body in an insert record.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 enum New {
     Dir,
     Upper(u64),
@@ -313,7 +316,7 @@ enum New {
 }
 
 /// One record of a log, as read.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 enum Rec {
     Expand { dir: u64, first: u64, count: u64 },
     Fold { dir: u64 },
@@ -356,8 +359,8 @@ fn read_setattr(r: &mut crate::codec::Reader) -> std::result::Result<Rec, crate:
 }
 
 /// The records of a log's bytes; a record cut short at the end (a daemon
-/// killed inside a write) ends it.
-fn records(bytes: &[u8]) -> Result<Vec<Rec>> {
+/// killed inside a write) ends it. A damaged one ends it too, and says so.
+fn records(bytes: &[u8]) -> (Vec<Rec>, Option<String>) {
     let mut r = crate::codec::Reader::new(bytes);
     let mut out = Vec::new();
     while r.remaining() > 0 {
@@ -398,10 +401,13 @@ fn records(bytes: &[u8]) -> Result<Vec<Rec>> {
         match one {
             Ok(rec) => out.push(rec),
             Err(crate::codec::DecodeError::Truncated(_)) => break,
-            Err(e) => return Err(Error::LocalState { path: "inode number log".into(), detail: e.to_string() }),
+            Err(e) => {
+                let why = format!("record {} is damaged: {e}", out.len() + 1);
+                return (out, Some(why));
+            }
         }
     }
-    Ok(out)
+    (out, None)
 }
 
 /// An image file's bytes: `MADK`, version, the state's checksum, the log's
@@ -505,13 +511,28 @@ impl SnapshotFs {
         }
         let fs = SnapshotFs::load_numbered(fetcher, bytes, upper_dir, base_stat, Some(&image), true)?;
         let mut log = Vec::new();
-        for g in generations(dir).into_iter().filter(|g| *g >= pos.generation) {
+        let gens = generations(dir);
+        // Numbers the log would have told of may be lost (its file gone or
+        // damaged): numbering then starts far above any it could hold, so
+        // none is given twice; the nodes it named are unknown.
+        let mut whole = gens.contains(&pos.generation);
+        for g in gens.into_iter().filter(|g| *g >= pos.generation) {
             let b = std::fs::read(log_path(dir, g))
                 .map_err(Error::io(format!("reading {}", log_path(dir, g).display())))?;
             let from = if g == pos.generation { (pos.offset as usize).min(b.len()) } else { 0 };
-            log.extend(records(&b[from..])?);
+            let (r, damaged) = records(&b[from..]);
+            log.extend(r);
+            if let Some(e) = damaged {
+                tracing::warn!("{}: {e}; replayed up to there", log_path(dir, g).display());
+                whole = false;
+                break;
+            }
         }
         fs.replay(log).await;
+        if !whole {
+            let mut st = fs.st_mut();
+            st.next_ino = st.next_ino.saturating_add(LOST_LOG_GAP);
+        }
         let next_blob = SnapshotFs::saved_header(bytes)?.0.next_blob;
         super::saved::drop_unnamed_uppers(&fs.st(), &fs.upper_dir()?, next_blob);
         Ok(fs)
@@ -745,6 +766,24 @@ mod tests {
         back.forget(held.ino, 1000);
         assert!(back.getattr(held.ino).is_ok());
 
+        // A log gone: its numbers are unknown, and numbering starts far
+        // above any it could have given.
+        let logs: Vec<_> = std::fs::read_dir(&sd)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.to_string_lossy().contains(LOG_PREFIX))
+            .collect();
+        let hidden = d.path().join("hidden");
+        std::fs::create_dir(&hidden).unwrap();
+        for p in &logs {
+            std::fs::rename(p, hidden.join(p.file_name().unwrap())).unwrap();
+        }
+        let blind = SnapshotFs::load_recovered(fs.fetcher().clone(), &saved, upper.clone(), None, &sd).await.unwrap();
+        assert!(blind.getattr(held.ino).is_err());
+        assert!(blind.mkdir(ROOT_INO, b"n2", 0o755).await.unwrap().ino > LOST_LOG_GAP);
+        for p in &logs {
+            std::fs::rename(hidden.join(p.file_name().unwrap()), p).unwrap();
+        }
         // Only the image taken with a state is used with it.
         fs.mkdir(ROOT_INO, b"later", 0o755).await.unwrap();
         let unsaved = fs.save_state().unwrap();
@@ -764,12 +803,17 @@ mod tests {
         }
         b.extend_from_slice(&[REC_FOLD, 2, REC_INSERT, 0x80, 0x02, 1, 1, b'x', 0xa4, 0x03, NEW_UPPER, 9]);
         b.extend_from_slice(&[REC_REMOVE, 1, 1, b'y', 1]);
-        let whole = records(&b).unwrap();
+        let (whole, damaged) = records(&b);
+        assert!(damaged.is_none());
         let x = Rec::Insert { ino: 256, parent: 1, name: b"x".to_vec(), perm: 0o644, new: New::Upper(9) };
         let y = Rec::Remove { parent: 1, name: b"y".to_vec(), dir: true };
         assert_eq!(whole, vec![Rec::Expand { dir: 2, first: 300, count: 7 }, Rec::Fold { dir: 2 }, x, y]);
-        assert_eq!(records(&b[..b.len() - 1]).unwrap().len(), 3, "a torn last record is dropped");
-        assert!(records(&[9]).is_err(), "an unknown record is an error");
+        assert_eq!(records(&b[..b.len() - 1]), (whole[..3].to_vec(), None), "a torn last record is dropped");
+        let mut bad = b.clone();
+        bad.push(9);
+        let (good, damaged) = records(&bad);
+        assert_eq!(good.len(), 4, "the records before a damaged one are kept");
+        assert!(damaged.is_some_and(|e| e.contains("record 5")));
     }
 
     #[test]
