@@ -151,10 +151,25 @@ impl StateSaver {
 /// When the mount keeps its inode numbers, the image taken with the state
 /// is written first, so the state in place always has its image.
 pub fn save_mount_state(fs: &SnapshotFs, state_dir: &Path) -> Result<()> {
+    write_state(fs, state_dir, false).map(drop)
+}
+
+/// [`save_mount_state`] by a daemon handing its mount over: the state and
+/// the inode numbers the kernel knows, taken together (nothing changes
+/// meanwhile: the mount serves no request by then).
+pub fn save_for_handover(fs: &SnapshotFs, state_dir: &Path) -> Result<crate::vfs::InodeImage> {
+    write_state(fs, state_dir, true)
+}
+
+/// Both saves: the state, with its inode image when the numbers are kept
+/// (written to disk) or `want_image`; the image taken (empty when none
+/// was).
+fn write_state(fs: &SnapshotFs, state_dir: &Path, want_image: bool) -> Result<crate::vfs::InodeImage> {
     let _one_at_a_time = fs.save_guard();
-    if !fs.keeps_numbers() {
+    if !fs.keeps_numbers() && !want_image {
         let bytes = fs.save_state()?;
-        return crate::fsutil::save_atomic(&state_dir.join(OVERLAY_FILE), &bytes);
+        crate::fsutil::save_atomic(&state_dir.join(OVERLAY_FILE), &bytes)?;
+        return Ok(Default::default());
     }
     let (bytes, image, pos) = fs.save_state_numbered()?;
     if let Some(pos) = pos {
@@ -164,16 +179,6 @@ pub fn save_mount_state(fs: &SnapshotFs, state_dir: &Path) -> Result<()> {
     if let Some(pos) = pos {
         crate::vfs::drop_older_numbers(state_dir, &bytes, pos);
     }
-    Ok(())
-}
-
-/// [`save_mount_state`] by a daemon handing its mount over: the state and
-/// the inode numbers the kernel knows, taken together (nothing changes
-/// meanwhile: the mount serves no request by then).
-pub fn save_for_handover(fs: &SnapshotFs, state_dir: &Path) -> Result<crate::vfs::InodeImage> {
-    let _one_at_a_time = fs.save_guard();
-    let (bytes, image) = fs.save_state_and_inodes()?;
-    crate::fsutil::save_atomic(&state_dir.join(OVERLAY_FILE), &bytes)?;
     Ok(image)
 }
 
