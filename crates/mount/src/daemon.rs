@@ -641,7 +641,7 @@ fn end_workspace(rt: &tokio::runtime::Handle, core: &Arc<SnapshotFs>, ws: &Ws) -
     mado_core::workspace::save_mount_state(core, &ws.state_dir)?;
     // The state just saved names no spare upper file.
     core.drop_spares();
-    let uncheckpointed = core.uncheckpointed();
+    let uncheckpointed = core.tracker().uncheckpointed();
     if let Err(e) = mado_core::workspace::record_unmounted(&ws.state_dir, uncheckpointed) {
         tracing::warn!("recording whether workspace {} holds uncheckpointed changes: {e}", ws.handle.name());
     }

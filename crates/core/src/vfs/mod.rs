@@ -51,6 +51,7 @@ mod table;
 #[cfg(test)]
 mod tests;
 mod times;
+mod tracker;
 
 pub use build::{Built, Skips, StatChange};
 pub use numbers::LogPos;
@@ -59,6 +60,7 @@ pub use saved::{InodeImage, SavedChange};
 
 pub use chunked::Readahead;
 use inode::{Body, Name, Node, State};
+pub use tracker::Tracker;
 
 pub const ROOT_INO: u64 = 1;
 
@@ -129,7 +131,6 @@ struct Upper {
     base: RwLock<BaseStat>,
     /// Woken on every change (the daemon saves the state when woken).
     changed: Arc<tokio::sync::Notify>,
-    changes: AtomicU64,
     /// Per-file content locks, striped by inode: a writer of an upper
     /// file holds its stripe shared from the write to the node's update,
     /// and a checkpoint hashing the file holds it exclusively, so the
@@ -227,16 +228,8 @@ pub struct SnapshotFs {
     /// no-open mode): then every reference the kernel holds may be an open
     /// file, and an unlinked node's upper blob stays until it forgets it.
     untracked_opens: AtomicBool,
-    /// `changes()` as of the newest state saved durably (`note_saved`):
-    /// a spare upper file freed before it is named by no saved state.
-    saved_changes: AtomicU64,
-    /// `changes()` as of the start of the last checkpoint that succeeded.
-    checkpointed_changes: AtomicU64,
-    /// Changes from before this mount (a saved state picked up) that no
-    /// checkpoint holds yet.
-    uncheckpointed_before: std::sync::atomic::AtomicBool,
-    /// Held while the state is serialized and written (`save_guard`).
-    save_lock: std::sync::Mutex<()>,
+    /// The changes made, and what the newest save and checkpoint hold.
+    tracker: Tracker,
     /// Large files: recent chunks and read-ahead.
     chunks: chunked::Chunks,
     /// Paths a loaded saved state named without their upper files.
@@ -373,7 +366,6 @@ impl SnapshotFs {
             dir: upper_dir,
             base: RwLock::new(BaseStat { mtimes: map, id, own_file: false }),
             changed: Arc::new(tokio::sync::Notify::new()),
-            changes: AtomicU64::new(0),
             content: std::array::from_fn(|_| RwLock::new(())),
             doomed: Default::default(),
             checkpointing: Default::default(),
@@ -398,10 +390,7 @@ impl SnapshotFs {
             read_timeout_ms: AtomicU64::new(DEFAULT_READ_TIMEOUT.as_millis() as u64),
             reads: AtomicU64::new(0),
             untracked_opens: AtomicBool::new(false),
-            saved_changes: AtomicU64::new(0),
-            checkpointed_changes: AtomicU64::new(0),
-            uncheckpointed_before: std::sync::atomic::AtomicBool::new(false),
-            save_lock: std::sync::Mutex::new(()),
+            tracker: Tracker::default(),
             chunks: chunked::Chunks::default(),
             lost_on_load: Vec::new(),
         }
@@ -454,40 +443,19 @@ impl SnapshotFs {
         self.upper.as_ref().map(|u| u.changed.clone())
     }
 
+    /// The mount's changes against its durable saves and checkpoints.
+    pub fn tracker(&self) -> &Tracker {
+        &self.tracker
+    }
+
     /// Changes since the mount started (0 when read-only).
-    /// One save of the state at a time, from its serialization to its
-    /// file being in place: a save serialized earlier can never land after
-    /// a later one (a checkpoint's save once overwrote the save an fsync
-    /// had just made, and a kill -9 then lost the fsynced bytes).
-    pub fn save_guard(&self) -> std::sync::MutexGuard<'_, ()> {
-        self.save_lock.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// The state this mount started from held changes no checkpoint has
-    /// (a saved state picked up, not known to be clean).
-    pub fn set_uncheckpointed_before(&self, v: bool) {
-        self.uncheckpointed_before.store(v, Relaxed);
-    }
-
-    /// A checkpoint that began when `changes()` was `at` succeeded.
-    pub fn note_checkpointed(&self, at: u64) {
-        self.checkpointed_changes.fetch_max(at, Relaxed);
-        self.uncheckpointed_before.store(false, Relaxed);
-    }
-
-    /// Whether the workspace may hold changes no checkpoint has: any change
-    /// since the last checkpoint began, or from before this mount.
-    pub fn uncheckpointed(&self) -> bool {
-        self.uncheckpointed_before.load(Relaxed) || self.changes() > self.checkpointed_changes.load(Relaxed)
-    }
-
     pub fn changes(&self) -> u64 {
-        self.upper.as_ref().map(|u| u.changes.load(Relaxed)).unwrap_or(0)
+        self.tracker.changes()
     }
 
     fn changed(&self) {
         if let Some(u) = &self.upper {
-            u.changes.fetch_add(1, Relaxed);
+            self.tracker.count_change();
             u.changed.notify_one();
         }
     }

@@ -11,7 +11,6 @@ use bytes::Bytes;
 use rustix::io::Errno;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::PathBuf;
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 /// The mode of a file's upper copy: the file's own permission bits (a
@@ -148,7 +147,7 @@ impl SnapshotFs {
     /// in this one folder's block group.
     fn new_upper_file(&self, perm: u16) -> Result<(u64, PathBuf, std::fs::File)> {
         use std::os::unix::fs::PermissionsExt;
-        let saved = self.saved_changes.load(Relaxed);
+        let saved = self.tracker.saved();
         let (blob, reused) = {
             let mut st = self.st_mut();
             match st.spare.front() {
@@ -207,7 +206,7 @@ impl SnapshotFs {
             return;
         };
         if st.spare.len() >= SPARE_MAX || size.max(m.len()) > SPARE_BYTES {
-            if freed < self.saved_changes.load(Relaxed) {
+            if freed < self.tracker.saved() {
                 // A durable save names it no more already (the kernel
                 // forgot the node after that save).
                 let _ = std::fs::remove_file(p);
@@ -223,8 +222,8 @@ impl SnapshotFs {
     /// is durably saved: spare files freed before it may be reused, and
     /// doomed ones are unlinked now.
     pub fn note_saved(&self, changes: u64) {
-        self.saved_changes.fetch_max(changes, Relaxed);
-        self.unlink_doomed(self.saved_changes.load(Relaxed));
+        let saved = self.tracker.note_saved(changes);
+        self.unlink_doomed(saved);
     }
 
     /// Unlinks the doomed upper files now, before a save that no longer

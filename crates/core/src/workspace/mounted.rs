@@ -90,7 +90,7 @@ pub async fn checkpoint_mount(
     tracing::debug!(ms = t0.elapsed().as_millis() as u64, "checkpoint: rebased and saved");
     unlock.done().await;
     saved?;
-    fs.note_checkpointed(at);
+    fs.tracker().note_checkpointed(at);
     Ok(report)
 }
 
@@ -165,7 +165,7 @@ pub fn save_for_handover(fs: &SnapshotFs, state_dir: &Path) -> Result<crate::vfs
 /// (written to disk) or `want_image`; the image taken (empty when none
 /// was).
 fn write_state(fs: &SnapshotFs, state_dir: &Path, want_image: bool) -> Result<crate::vfs::InodeImage> {
-    let _one_at_a_time = fs.save_guard();
+    let _one_at_a_time = fs.tracker().save_guard();
     if !fs.keeps_numbers() && !want_image {
         let bytes = fs.save_state()?;
         crate::fsutil::save_atomic(&state_dir.join(OVERLAY_FILE), &bytes)?;
@@ -401,7 +401,7 @@ pub async fn open_mount(
             uncheckpointed: Some(true),
         },
     )?;
-    fs.set_uncheckpointed_before(reopen && prev.as_ref().is_none_or(|p| p.uncheckpointed != Some(false)));
+    fs.tracker().set_uncheckpointed_before(reopen && prev.as_ref().is_none_or(|p| p.uncheckpointed != Some(false)));
     save_mount_state(&fs, &sd)?;
     Ok(MountedWorkspace { lock, fs, state_dir: sd, snapshot: v.snapshot, attach, reopened: reopen, holder, warnings })
 }
