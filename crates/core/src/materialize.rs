@@ -76,7 +76,7 @@ pub async fn materialize(
     // Large files' chunks in flight, all files together: each is dropped
     // once it is in the cache. Collected per file, with 32 in flight for
     // each of up to 128 files, a materialize of 500 MB of large files
-    // peaked at 380 MB (found by a review; issue #19's bound is 256 MiB).
+    // peaked at 380 MB (the bound is 256 MiB).
     let chunk_slots = tokio::sync::Semaphore::new(crate::fetch::CHUNK_WINDOW);
     let bytes: Result<Vec<u64>> = futures::stream::iter(files.into_iter().map(|(p, e)| {
         let f = fetcher.clone();

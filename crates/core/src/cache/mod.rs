@@ -585,7 +585,7 @@ impl DiskCache {
                     // process or this one) stays: dropped now, the rest of
                     // its download went into a new file full of holes,
                     // which its record then named, and reads "healed" it
-                    // (found by a review, with a 5 MB cap).
+                    // (seen with a 5 MB cap).
                     let Ok(_lock) = self.lock_unless_busy(&id) else { continue };
                     self.drop_pack(&id)
                 }

@@ -390,7 +390,7 @@ impl DiskCache {
             // has bytes that are not recorded yet, and a record that will
             // name more of them: removed here, the download's work was
             // lost, and a later check found its record without its bytes
-            // and called the pack bad (found by a review).
+            // and called the pack bad.
             let Ok(_lock) = self.lock_unless_busy(&id) else {
                 report.busy.push(format!("pack {id}"));
                 continue;

@@ -170,8 +170,8 @@ impl Remote {
     pub async fn check_no_gc(&self, lock: StoreLock) -> Result<StoreLock> {
         // A sweep takes seconds: a writer that finds one steps back (its
         // lock gone, gc may go on) and asks again, waiting longer each
-        // time, up to `gc_wait()`. It failed at once before (found by a
-        // review: checkpoints next to a gc loop failed at random).
+        // time, up to `gc_wait()` (failing at once, checkpoints next to a
+        // gc loop failed at random).
         let (start, limit) = (Instant::now(), gc_wait());
         let mut pause = Duration::from_millis(100);
         let mut lock = lock;

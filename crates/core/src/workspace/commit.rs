@@ -266,7 +266,7 @@ pub(super) async fn commit_locked(
         // Made again at this copy's last checkpoint if the store still
         // holds it; after a gc swept it, from any snapshot, and a forced
         // checkpoint then puts this copy's tree on top (the hint named
-        // the swept snapshot, which could not work: found by a review).
+        // the swept snapshot, which could not work).
         let kept = match st.head.parse::<Hash>() {
             Ok(h) => remote.has_object(crate::store::Space::Snapshots, &h).await.unwrap_or(true),
             Err(_) => false,
