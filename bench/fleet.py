@@ -59,6 +59,23 @@ def pss_mib(pids) -> float:
     return total / 1024
 
 
+def proc_is(pid: int, exe: str) -> bool:
+    try:
+        return os.readlink(f"/proc/{pid}/exe") == exe
+    except OSError:
+        return False
+
+
+def proc_cpu(pid: int) -> float:
+    """A live process's CPU seconds so far (user + system); 0 once gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            rest = f.read().rsplit(")", 1)[1].split()
+        return (int(rest[11]) + int(rest[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 def du_bytes(path: str) -> int:
     total = 0
     for root, _, files in os.walk(path):
@@ -80,10 +97,23 @@ class Fleet:
         self.mado, self.work, self.env = mado, work, env
 
     def run(self, *args, cwd=None, check=True) -> str:
-        p = subprocess.run([self.mado, *args], cwd=cwd, env=self.env, capture_output=True, text=True)
+        return self.run_cpu(*args, cwd=cwd, check=check)[0]
+
+    def run_cpu(self, *args, cwd=None, check=True, cmd=None):
+        """Runs `mado ARGS` (or `cmd`): its output and the CPU seconds it
+        used (user + system, from wait4: a process of its own, whichever
+        thread of this one waits for it)."""
+        argv = cmd or [self.mado, *args]
+        with tempfile.TemporaryFile() as fo, tempfile.TemporaryFile() as fe:
+            p = subprocess.Popen(argv, cwd=cwd, env=self.env, stdout=fo, stderr=fe)
+            _, status, ru = os.wait4(p.pid, 0)
+            p.returncode = os.waitstatus_to_exitcode(status)
+            fo.seek(0)
+            fe.seek(0)
+            out, err = fo.read().decode(errors="replace"), fe.read().decode(errors="replace")
         if check and p.returncode != 0:
-            raise RuntimeError(f"mado {' '.join(args)} exited {p.returncode}: {p.stderr.strip()[-400:]}")
-        return p.stdout
+            raise RuntimeError(f"{' '.join(argv)} exited {p.returncode}: {err.strip()[-400:]}")
+        return out, ru.ru_utime + ru.ru_stime
 
     def tree(self, files_wanted: int) -> str:
         src = os.path.join(self.work, "src")
@@ -123,6 +153,48 @@ class Fleet:
         return tops, out, len(tracked)
 
 
+READER = r"""
+import json, os, select, sys, time
+roots, files = json.loads(sys.stdin.readline())
+lat = {r: [] for r in roots}
+passes = int(sys.argv[1])
+done = 0
+while True:
+    for r in roots:
+        for f in files:
+            t0 = time.perf_counter()
+            with open(os.path.join(r, f), "rb") as fh:
+                while fh.read(1 << 20):
+                    pass
+            lat[r].append(time.perf_counter() - t0)
+    done += 1
+    if passes and done >= passes:
+        break
+    if not passes and select.select([sys.stdin], [], [], 0)[0]:
+        break
+print(json.dumps(lat))
+"""
+
+
+def reader(roots, files, passes=0):
+    """A foreground reader in a process of its own (not a thread of this
+    one, whose interpreter lock 100 agent threads share): reads `files`
+    under each of `roots` in turn, pass after pass, `passes` times or (0)
+    until told to stop; returns a callable that stops it and gives the
+    per-file seconds by root."""
+    p = subprocess.Popen([sys.executable, "-c", READER, str(passes)], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)
+    p.stdin.write(json.dumps([roots, files]) + "\n")
+    p.stdin.flush()
+
+    def stop():
+        out, _ = p.communicate("stop\n")
+        if p.returncode != 0:
+            raise RuntimeError(f"the foreground reader exited {p.returncode}")
+        return json.loads(out)
+    return stop
+
+
 def read_files(root: str, files) -> list:
     """Reads each file whole; the seconds each took."""
     lat = []
@@ -135,7 +207,7 @@ def read_files(root: str, files) -> list:
     return lat
 
 
-def one_size(fl: Fleet, n: int, files, tops, rounds: int, cache_dir: str, one_cache):
+def one_size(fl: Fleet, n: int, src: str, files, tops, rounds: int, cache_dir: str, one_cache):
     mnts = [os.path.join(fl.work, f"m{n}-{i}") for i in range(n)]
     for m in mnts:
         os.makedirs(m)
@@ -164,14 +236,19 @@ def one_size(fl: Fleet, n: int, files, tops, rounds: int, cache_dir: str, one_ca
         if one_cache[0] is None:
             one_cache[0] = cache
         # The foreground reader alone, then beside the agents' loop.
+        # The same reader on the local disk's copy of the same files (the
+        # tree imported), pass for pass with the mount's: what waiting for
+        # a CPU among the agents costs any reader, the floor under the
+        # mount's figure.
         fg = files[: min(len(files), 1000)]
-        alone = read_files(mnts[0], fg)
-        stop = threading.Event()
-        busy = []
+        lat = reader([mnts[0], src], fg, passes=3)()
+        alone, alone_local = lat[mnts[0]], lat[src]
 
-        def foreground():
-            while not stop.is_set():
-                busy.extend(read_files(mnts[0], fg))
+        cpu, cpu_lock = {"grep": 0.0, "ws checkpoint": 0.0}, threading.Lock()
+
+        def count(what, secs):
+            with cpu_lock:
+                cpu[what] += secs
 
         def agent(i):
             m, done = mnts[i], 0
@@ -179,22 +256,36 @@ def one_size(fl: Fleet, n: int, files, tops, rounds: int, cache_dir: str, one_ca
                 edited = os.path.join(m, files[(i * 7 + r) % len(files)])
                 with open(edited, "ab") as fh:
                     fh.write(f"\n// agent {i} round {r}\n".encode())
-                subprocess.run(["grep", "-r", "-q", "no such string xyzzy", os.path.join(m, tops[0])],
-                               env=fl.env, capture_output=True)
-                fl.run("ws", "checkpoint", "-m", f"agent {i} round {r}", cwd=m)
+                count("grep", fl.run_cpu(cmd=["grep", "-r", "-q", "no such string xyzzy", os.path.join(m, tops[0])],
+                                         check=False)[1])
+                count("ws checkpoint", fl.run_cpu("ws", "checkpoint", "-m", f"agent {i} round {r}", cwd=m)[1])
                 done += 1
             return done
 
-        fgt = threading.Thread(target=foreground)
-        fgt.start()
+        def ws0_counts():
+            m0 = next(x for x in json.loads(fl.run("stats", "--all", "--json"))["mounts"]
+                      if x.get("mountpoint") == mnts[0])
+            return m0.get("lookups", 0), m0.get("reads", 0)
+        before = ws0_counts()
+        # The mount daemons' and keepers' CPU over the loop (they are not
+        # this process's children).
+        mado_pids = [int(x) for x in os.listdir("/proc") if x.isdigit() and proc_is(int(x), fl.mado)]
+        daemons0 = {p: proc_cpu(p) for p in mado_pids}
+        stop_reader = reader([mnts[0], src], fg)
         t1 = time.perf_counter()
         try:
             with ThreadPoolExecutor(max_workers=n) as ex:
                 made = sum(ex.map(agent, range(n)))
         finally:
             loop_s = time.perf_counter() - t1
-            stop.set()
-            fgt.join()
+            lat = stop_reader()
+        busy, busy_local = lat[mnts[0]], lat[src]
+        cpu["mount daemons and keepers"] = sum(max(0.0, proc_cpu(p) - c) for p, c in daemons0.items())
+        print(f"fleet: {n}: CPU seconds over the {loop_s:.1f} s loop ({2 * loop_s:.1f} on two cores): "
+              + ", ".join(f"{k} {v:.1f}" for k, v in cpu.items()), file=sys.stderr)
+        after = ws0_counts()
+        print(f"fleet: {n}: workspace 0 during the loop: {after[0] - before[0]} lookups, {after[1] - before[1]} reads; "
+              f"the reader read {len(busy)} files there", file=sys.stderr)
         # Each workspace's last checkpoint holds its agent's last edit.
         landed = 0
         for i, name in enumerate(names):
@@ -205,7 +296,9 @@ def one_size(fl: Fleet, n: int, files, tops, rounds: int, cache_dir: str, one_ca
             "n": n, "create": create, "idle": idle, "read": after_read, "private": private, "cache": cache,
             "pss_idle": pss_idle, "pss_read": pss_read,
             "cache_x": cache / one_cache[0], "p50_alone": pct(alone, 50) * 1e3, "p99_alone": pct(alone, 99) * 1e3,
-            "p50": pct(busy or alone, 50) * 1e3, "p99": pct(busy or alone, 99) * 1e3,
+            "p50": pct(busy, 50) * 1e3, "p99": pct(busy, 99) * 1e3,
+            "p50_local_alone": pct(alone_local, 50) * 1e3, "p99_local_alone": pct(alone_local, 99) * 1e3,
+            "p50_local": pct(busy_local, 50) * 1e3, "p99_local": pct(busy_local, 99) * 1e3,
             "ckpt_s": made / loop_s, "made": made, "landed": landed,
         }
     finally:
@@ -242,7 +335,7 @@ def main():
         cache_dir = os.path.join(home, ".cache", "mado")
         one_cache = [None]
         for n in (int(x) for x in a.sizes.split(",")):
-            r = one_size(fl, n, files, tops, a.rounds, cache_dir, one_cache)
+            r = one_size(fl, n, src, files, tops, a.rounds, cache_dir, one_cache)
             rows.append(r)
             print(f"fleet: {n} agents done", file=sys.stderr)
     except Exception as e:  # noqa: BLE001 (every failure is reported the same way)
@@ -256,11 +349,13 @@ def main():
     print()
     print("| agents | ws create --mount s (avg) | MiB in use per idle ws | MiB per ws after reading | "
           "daemon private MiB per ws | daemon PSS MiB per ws, idle / after reading | cache × one ws | "
-          "reader p50 ms alone / busy | reader p99 ms alone / busy | checkpoints/s | checkpoints landed |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "reader p50 ms alone / busy | reader p99 ms alone / busy | local disk p99 ms alone / busy | "
+          "busy p99 × local disk's | checkpoints/s | checkpoints landed |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['n']} | {r['create']:.3f} | {r['idle']:.1f} | {r['read']:.1f} | {r['private']:.1f} | {r['pss_idle']:.1f} / {r['pss_read']:.1f} | {r['cache_x']:.2f} | "
               f"{r['p50_alone']:.3f} / {r['p50']:.3f} | {r['p99_alone']:.3f} / {r['p99']:.3f} | "
+              f"{r['p99_local_alone']:.3f} / {r['p99_local']:.3f} | {r['p99'] / r['p99_local']:.2f} | "
               f"{r['ckpt_s']:.1f} | {r['landed']} of {r['n']} ({r['made']} made) |")
 
 

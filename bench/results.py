@@ -402,6 +402,11 @@ class Result:
     cache_x: Optional[float] = None
     p50_alone_ms: Optional[float] = None
     p99_alone_ms: Optional[float] = None
+    # the same reader on the local disk's copy of the same files, pass for
+    # pass with the mount's: alone and beside the agents (the floor under
+    # p99_ms: waiting for a CPU among N agents)
+    p99_local_alone_ms: Optional[float] = None
+    p99_local_ms: Optional[float] = None
     ckpt_per_s: Optional[float] = None
     landed: Optional[int] = None
     note: Optional[str] = None

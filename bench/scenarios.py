@@ -1225,18 +1225,20 @@ class Fleet(OncePerRun):
         num = lambda x: float(x.split()[0])  # noqa: E731
         for line in out.splitlines():
             cols = [c.strip() for c in line.strip().strip("|").split("|")]
-            if len(cols) != 11 or not cols[0].isdigit():
+            if len(cols) != 13 or not cols[0].isdigit():
                 continue
             n = int(cols[0])
             pss = [float(x) for x in cols[5].split("/")]
             p50 = [float(x) for x in cols[7].split("/")]
             p99 = [float(x) for x in cols[8].split("/")]
+            local = [float(x) for x in cols[9].split("/")]
             yield log_result(Result(Table.O, o_system(n), O_RTT, n=1, median=num(cols[1]), min=num(cols[1]),
                                     max=num(cols[1]), agents=n, mem_idle_mib=num(cols[2]),
                                     mem_read_mib=num(cols[3]), private_mib=num(cols[4]), pss_idle_mib=pss[0],
                                     pss_read_mib=pss[1], cache_x=num(cols[6]),
                                     p50_alone_ms=p50[0], p50_ms=p50[1], p99_alone_ms=p99[0], p99_ms=p99[1],
-                                    ckpt_per_s=num(cols[9]), landed=int(cols[10].split()[0]),
+                                    p99_local_alone_ms=local[0], p99_local_ms=local[1],
+                                    ckpt_per_s=num(cols[11]), landed=int(cols[12].split()[0]),
                                     tree_files=files))
 
 
