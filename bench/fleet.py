@@ -9,8 +9,10 @@ real tree, each agent in its own, all at once. For each N:
 - the disk cache's bytes against its bytes after one workspace read that
   subtree (every workspace shares one cache);
 - a foreground reader's per-file latency (open, read, close of the
-  subtree's files, in workspace 0), alone and while every agent runs an
-  edit -> grep -> checkpoint loop: p50 and p99;
+  subtree's files, in workspace 0, unbuffered as cat reads), alone and
+  while every agent runs an edit -> grep -> checkpoint loop: p50 and p99;
+  the same reader on the local disk's copy of the files, pass for pass
+  (the floor: what waiting for a CPU costs any reader);
 - checkpoints per second over that loop, and whether every checkpoint
   landed with its own agent's edit (read back from the store).
 
@@ -163,7 +165,10 @@ while True:
     for r in roots:
         for f in files:
             t0 = time.perf_counter()
-            with open(os.path.join(r, f), "rb") as fh:
+            # Unbuffered, as cat reads: a buffered open() asks isatty()
+            # (TCGETS) of every file, and on FUSE each such ioctl is a
+            # request to the daemon (docs/DESIGN.md, "Mounts").
+            with open(os.path.join(r, f), "rb", buffering=0) as fh:
                 while fh.read(1 << 20):
                     pass
             lat[r].append(time.perf_counter() - t0)

@@ -714,6 +714,17 @@ fn files_the_daemon_never_saw_opened_write_sync_and_outlive_unlink() {
         assert!(!missing.exists());
     }
     assert_eq!(lookups(), at + 1, "each probe of a missing name reached the daemon");
+
+    // isatty() of a file (Python's buffered open() asks it of every file)
+    // is one IOCTL request, refused with ENOTTY.
+    let ioctls = || m.json(&["stats", mnt.path()])["ioctls"].as_u64().unwrap();
+    let at = ioctls();
+    let tty = std::fs::File::open(&readme).unwrap();
+    let mut t: libc::termios = unsafe { std::mem::zeroed() };
+    let r = unsafe { libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(&tty), libc::TCGETS, &mut t) };
+    assert_eq!((r, std::io::Error::last_os_error().raw_os_error()), (-1, Some(libc::ENOTTY)));
+    drop(tty);
+    assert_eq!(ioctls(), at + 1, "isatty went to the daemon once");
     std::fs::write(&missing, "target\n").unwrap();
     assert_eq!(std::fs::read_to_string(&missing).unwrap(), "target\n");
     std::fs::remove_file(&missing).unwrap();

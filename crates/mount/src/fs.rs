@@ -64,9 +64,8 @@ pub struct MadoFs {
     lazy: Option<Arc<Mutex<LazyOpens>>>,
     want_passthrough: bool,
     passthrough: Arc<AtomicBool>,
-    /// OPEN and LOOKUP requests received (for stats).
-    opens: Arc<AtomicU64>,
-    lookups: Arc<AtomicU64>,
+    /// Requests of a few kinds received (for stats).
+    requests: RequestCounters,
     uid: u32,
     gid: u32,
     ttl: Duration,
@@ -82,10 +81,11 @@ pub struct MadoFs {
 }
 
 /// Requests of a few kinds a mount was sent (for `mado stats`).
-#[derive(Clone)]
+#[derive(Clone, Default)]
 pub struct RequestCounters {
     pub opens: Arc<AtomicU64>,
     pub lookups: Arc<AtomicU64>,
+    pub ioctls: Arc<AtomicU64>,
 }
 
 /// Saves a workspace's state durably; called by fsync and fsyncdir.
@@ -140,7 +140,7 @@ impl Filesystem for MadoFs {
     /// `.gitignore` in every directory; build tools probe many paths.
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let _span = tracing::debug_span!("fuse", op = "lookup", ino = parent.0).entered();
-        self.lookups.fetch_add(1, Relaxed);
+        self.requests.lookups.fetch_add(1, Relaxed);
         let core = self.core.clone();
         let name = name.as_bytes().to_vec();
         // Counted by the core: entry_later must not count it again.
@@ -187,7 +187,7 @@ impl Filesystem for MadoFs {
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let _span = tracing::debug_span!("fuse", op = "open", ino = ino.0).entered();
-        self.opens.fetch_add(1, Relaxed);
+        self.requests.opens.fetch_add(1, Relaxed);
         let accmode = flags.0 & libc::O_ACCMODE;
         if accmode != libc::O_RDONLY && !self.core.is_writable() {
             return reply.error(Errno::EROFS);
@@ -455,6 +455,27 @@ impl Filesystem for MadoFs {
     fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
         let _span = tracing::debug_span!("fuse", op = "flush").entered();
         reply.error(Errno::ENOSYS);
+    }
+
+    /// No ioctl is supported: ENOTTY at once, on the request's thread.
+    /// The kernel asks every time (it keeps no refusal for ioctls, as it
+    /// does for FLUSH), and programs ask often: Python's buffered `open()`
+    /// asks isatty() (TCGETS) of every file it opens, one request each.
+    #[allow(clippy::too_many_arguments)]
+    fn ioctl(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: fuser::IoctlFlags,
+        cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: fuser::ReplyIoctl,
+    ) {
+        let _span = tracing::debug_span!("fuse", op = "ioctl", ino = ino.0, cmd).entered();
+        self.requests.ioctls.fetch_add(1, Relaxed);
+        reply.error(Errno::ENOTTY);
     }
 
     fn fsync(&self, _req: &Request, ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {

@@ -158,6 +158,7 @@ impl ControlHandler {
             passthrough: self.passthrough.load(Relaxed),
             opens: self.requests.opens.load(Relaxed),
             lookups: self.requests.lookups.load(Relaxed),
+            ioctls: self.requests.ioctls.load(Relaxed),
             workspace: self.ws.as_ref().map(|w| WorkspaceStats {
                 name: w.handle.name().to_string(),
                 state_dir: w.state_dir.clone(),

@@ -146,6 +146,10 @@ pub struct MountStats {
     /// entry for, positive or negative, costs none until the entry expires).
     #[serde(default)]
     pub lookups: u64,
+    /// IOCTL requests (answered ENOTTY: a program's isatty() of a file in
+    /// the mount, one request each).
+    #[serde(default)]
+    pub ioctls: u64,
     pub workspace: Option<WorkspaceStats>,
     /// For `mado serve-virtiofs`: the guest's FUSE requests by kind.
     #[serde(default)]

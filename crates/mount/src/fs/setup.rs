@@ -24,8 +24,7 @@ impl MadoFs {
             lazy: None,
             want_passthrough,
             passthrough: Arc::new(AtomicBool::new(false)),
-            opens: Arc::default(),
-            lookups: Arc::default(),
+            requests: RequestCounters::default(),
             uid: rustix::process::getuid().as_raw(),
             gid: rustix::process::getgid().as_raw(),
             ttl: if core.is_writable() { RW_TTL } else { TTL },
@@ -79,9 +78,9 @@ impl MadoFs {
         self.passthrough.clone()
     }
 
-    /// How many OPEN and LOOKUP requests the kernel sent.
+    /// How many OPEN, LOOKUP and IOCTL requests the kernel sent.
     pub fn request_counters(&self) -> RequestCounters {
-        RequestCounters { opens: self.opens.clone(), lookups: self.lookups.clone() }
+        self.requests.clone()
     }
 
     pub(super) fn open_files(&self) -> OpenFiles {
