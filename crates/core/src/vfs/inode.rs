@@ -8,7 +8,7 @@ use crate::hash::Hash;
 use crate::object::{Entry, Kind};
 use rustix::io::Errno;
 use std::collections::BTreeMap;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -81,7 +81,7 @@ pub(super) struct Node {
     /// References the kernel holds (entries it was given and has not
     /// forgotten): a node is dropped only when nothing but the kernel knew
     /// it and the kernel let go.
-    pub(super) lookups: u64,
+    pub(super) lookups: Refs,
     /// Open handles: an unlinked file's upper blob stays until the last one
     /// closes.
     pub(super) opens: u32,
@@ -92,6 +92,40 @@ pub(super) struct Node {
     /// from the mtime, when the last name went. `None` for most nodes.
     pub(super) meta: Option<Box<Meta>>,
     pub(super) body: Body,
+}
+
+/// The kernel's references to a node. Counted up under the inode
+/// table's read lock by lookups of a loaded directory, which run side by
+/// side ([`Refs::add`] is atomic); counted down, and judged zero to drop
+/// or fold the node, only under its write lock, which no lookup holds.
+#[derive(Debug, Default)]
+pub(super) struct Refs(AtomicU64);
+
+impl Refs {
+    pub(super) fn get(&self) -> u64 {
+        self.0.load(Relaxed)
+    }
+
+    /// `n` more references (under the read lock or the write lock).
+    pub(super) fn add(&self, n: u64) {
+        self.0.fetch_add(n, Relaxed);
+    }
+
+    /// `n` references dropped (FORGET), never below none.
+    pub(super) fn forget(&mut self, n: u64) {
+        let r = self.0.get_mut();
+        *r = r.saturating_sub(n);
+    }
+
+    pub(super) fn set(&mut self, n: u64) {
+        *self.0.get_mut() = n;
+    }
+}
+
+impl Clone for Refs {
+    fn clone(&self) -> Refs {
+        Refs(AtomicU64::new(self.get()))
+    }
 }
 
 /// What a node has beyond a clean file's fields, while mounted.
@@ -115,7 +149,8 @@ pub(super) struct Meta {
 impl Node {
     pub(super) fn new(parent: u64, name: Name, perm: u16, mtime: (i64, u32), body: Body) -> Node {
         let (secs, nanos) = mtime;
-        Node { parent, name, perm, secs, nanos, version: 0, lookups: 0, opens: 0, touched: false, meta: None, body }
+        let lookups = Refs::default();
+        Node { parent, name, perm, secs, nanos, version: 0, lookups, opens: 0, touched: false, meta: None, body }
     }
 
     pub(super) fn with_meta(self, meta: Option<Box<Meta>>) -> Node {
@@ -378,7 +413,7 @@ impl SnapshotFs {
         let mut st = self.st_mut();
         for ino in inos {
             if let Ok(n) = st.get_mut(*ino) {
-                n.lookups = n.lookups.saturating_sub(1);
+                n.lookups.forget(1);
             }
             self.reap(&mut st, *ino);
         }
@@ -396,7 +431,7 @@ impl SnapshotFs {
     /// Whether something may still read `n`'s content: an open handle, or
     /// in no-open mode a reference of the kernel.
     pub(super) fn held(&self, n: &Node) -> bool {
-        n.opens > 0 || (n.lookups > 0 && self.untracked_opens.load(Relaxed))
+        n.opens > 0 || (n.lookups.get() > 0 && self.untracked_opens.load(Relaxed))
     }
 
     /// Counts a new handle of `ino`. A node that was unlinked while nothing
@@ -428,7 +463,7 @@ impl SnapshotFs {
             return;
         }
         if let Ok(node) = self.st_mut().get_mut(ino) {
-            node.lookups += n;
+            node.lookups.add(n);
         }
     }
 
@@ -439,7 +474,7 @@ impl SnapshotFs {
         }
         let mut st = self.st_mut();
         let Ok(node) = st.get_mut(ino) else { return };
-        node.lookups = node.lookups.saturating_sub(n);
+        node.lookups.forget(n);
         if node.parent == 0 {
             self.reap(&mut st, ino);
         } else {
@@ -467,13 +502,13 @@ impl SnapshotFs {
         // (until then a later FORGET comes back here): never unlinked now,
         // while a saved state may still name it.
         if let Body::Upper { blob, size, .. } = n.body {
-            if n.lookups == 0 {
+            if n.lookups.get() == 0 {
                 let freed = n.detached_at().unwrap_or_else(|| self.changes());
                 self.recycle(st, blob, size, freed);
             }
         }
         let Ok(n) = st.get(ino) else { return true };
-        if n.lookups == 0 {
+        if n.lookups.get() == 0 {
             st.nodes.remove(ino);
             st.shrink();
             return true;
@@ -509,7 +544,7 @@ impl SnapshotFs {
         if self.trees.read().expect("trees lock").get(id).is_none() && !self.fetcher.is_local(id) {
             return false;
         }
-        let idle = |c: &u64| st.get(*c).is_ok_and(|n| n.lookups == 0 && !n.touched && n.is_plain_leaf());
+        let idle = |c: &u64| st.get(*c).is_ok_and(|n| n.lookups.get() == 0 && !n.touched && n.is_plain_leaf());
         if !kids.values().all(idle) {
             return false;
         }

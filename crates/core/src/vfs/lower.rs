@@ -161,15 +161,28 @@ impl SnapshotFs {
     /// The child's attributes; with `count`, the kernel's reference to it
     /// is counted under the same lock (so no fold can drop it between the
     /// answer and the count).
-    fn lookup_loaded(&self, parent: u64, name: &[u8], count: bool) -> Result<Attr> {
+    pub(super) fn lookup_loaded(&self, parent: u64, name: &[u8], count: bool) -> Result<Attr> {
         if name.len() > crate::object::MAX_NAME_BYTES {
             return Err(Error::fs(Errno::NAMETOOLONG, "a name longer than 255 bytes"));
+        }
+        // A directory whose children are in the table: under the read
+        // lock, beside other lookups (the count is atomic; nothing drops
+        // a node while the lock is held).
+        {
+            let st = self.st();
+            if let Ok(Some(_)) = st.children(parent) {
+                let ino = st.child(parent, name)?;
+                if count {
+                    st.get(ino)?.lookups.add(1);
+                }
+                return self.attr_of(&st, ino);
+            }
         }
         let mut st = self.st_mut();
         self.loaded(&mut st, parent)?;
         let ino = st.child(parent, name)?;
         if count {
-            st.get_mut(ino)?.lookups += 1;
+            st.get(ino)?.lookups.add(1);
         }
         self.attr_of(&st, ino)
     }
@@ -194,20 +207,27 @@ impl SnapshotFs {
     /// The entries of `ino`, in name order; with `count`, those it picks
     /// are counted as references the kernel takes, under the listing's lock.
     fn list(&self, ino: u64, count: Option<&NamePicker<'_>>) -> Result<DirList> {
+        // Children in the table: under the read lock (as a lookup).
+        {
+            let st = self.st();
+            if let Ok(Some(_)) = st.children(ino) {
+                return self.list_loaded(&st, ino, count);
+            }
+        }
         let mut st = self.st_mut();
         self.loaded(&mut st, ino)?;
-        let kids: Vec<(Name, u64)> = st
-            .children(ino)?
+        self.list_loaded(&st, ino, count)
+    }
+
+    fn list_loaded(&self, st: &State, ino: u64, count: Option<&NamePicker<'_>>) -> Result<DirList> {
+        st.children(ino)?
             .ok_or_else(|| Error::NotFound("directory not loaded".into()))?
             .iter()
-            .map(|(n, c)| (n.clone(), *c))
-            .collect();
-        kids.into_iter()
             .map(|(name, c)| {
-                if count.is_some_and(|counted| counted(&name)) {
-                    st.get_mut(c)?.lookups += 1;
+                if count.is_some_and(|counted| counted(name)) {
+                    st.get(*c)?.lookups.add(1);
                 }
-                Ok((name.to_vec(), self.attr_of(&st, c)?))
+                Ok((name.to_vec(), self.attr_of(st, *c)?))
             })
             .collect()
     }

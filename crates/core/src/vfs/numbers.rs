@@ -621,7 +621,7 @@ impl SnapshotFs {
         }
         let name: super::inode::Name = name.into();
         let mut node = super::inode::Node::new(parent, name.clone(), perm, super::now(), body);
-        node.lookups = RECOVERED_LOOKUPS;
+        node.lookups.set(RECOVERED_LOOKUPS);
         st.nodes.insert(ino, node);
         if let Ok(c) = st.children_mut(parent) {
             c.insert(name, ino);
@@ -683,7 +683,7 @@ impl SnapshotFs {
         st.next_ino = next.max(first + count);
         for i in first..first + count {
             if let Some(n) = st.nodes.get_mut(i) {
-                n.lookups = RECOVERED_LOOKUPS;
+                n.lookups.set(RECOVERED_LOOKUPS);
             }
         }
         true

@@ -320,7 +320,7 @@ impl SnapshotFs {
             let (ino, parent) = (*ino, *parent);
             let n = st.get(ino)?;
             if let Some(im) = image.as_deref_mut() {
-                im.nodes.push((ino, n.lookups));
+                im.nodes.push((ino, n.lookups.get()));
             }
             put_varint(&mut out, parent);
             put_bytes(&mut out, name);
@@ -540,7 +540,7 @@ impl SnapshotFs {
             if ino == 0 || ino >= im.next_ino || st.nodes.get(ino).is_some() {
                 return Err(image_err(format!("record {i}: inode {ino} given twice or out of range")));
             }
-            node.lookups = lookups;
+            node.lookups.set(lookups);
             st.nodes.insert(ino, node);
             Ok(ino)
         };

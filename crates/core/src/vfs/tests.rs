@@ -948,3 +948,40 @@ async fn base_times_are_kept_in_the_cache_and_a_workspace_keeps_one_file_of_its_
     assert_ne!(after, mine);
     assert!(!cache.flat_times_path(&mine).exists() && base_file.is_file());
 }
+
+/// Lookups and listings of a directory whose children are in the table
+/// take the inode table's read lock: one goes on while another request
+/// holds it (they took its write lock, and waited), and the kernel's
+/// references they count are all there after.
+#[tokio::test]
+async fn lookups_of_a_loaded_directory_go_on_beside_a_reader_of_the_table() {
+    let d = tempfile::tempdir().unwrap();
+    let (fs, _cache) = empty_workspace(d.path());
+    let (a, f) = fs.create(ROOT_INO, b"f", 0o644).await.unwrap();
+    drop(f);
+    fs.release(a.ino);
+    let held = fs.st();
+    std::thread::scope(|s| {
+        let t = s.spawn(|| {
+            for _ in 0..3 {
+                assert_eq!(fs.lookup_loaded(ROOT_INO, b"f", true).unwrap().ino, a.ino);
+            }
+            let counted: &super::lower::NamePicker<'_> = &|n: &[u8]| n == b"f";
+            assert_eq!(fs.readdir_now_counted(ROOT_INO, counted).unwrap().unwrap().len(), 1);
+            assert!(fs.lookup_loaded(ROOT_INO, b"absent", true).is_err());
+        });
+        let start = std::time::Instant::now();
+        while !t.is_finished() && start.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let done = t.is_finished();
+        drop(held);
+        t.join().unwrap();
+        assert!(done, "a lookup waited for the read lock's holder");
+    });
+    assert_eq!(fs.st().get(a.ino).unwrap().lookups.get(), 4);
+    // Forgotten as many times, the node is dropped once unlinked.
+    fs.unlink(ROOT_INO, b"f").await.unwrap();
+    fs.forget(a.ino, 4);
+    assert!(fs.getattr(a.ino).is_err());
+}
