@@ -2227,3 +2227,39 @@ fn a_killed_daemon_is_replaced_by_its_keeper_and_nothing_using_the_mount_is_lost
     assert_eq!(std::fs::read_to_string(d.join("held.txt")).unwrap(), want);
     mnt.umount();
 }
+
+/// `ws rm` takes the flat copy of the workspace's last checkpoint's times
+/// out of the disk cache (kept there for the next mount of that
+/// checkpoint, which no one will make): a hundred agents' removed
+/// workspaces left a hundred of them. Another workspace's stays.
+#[test]
+fn ws_rm_drops_the_kept_times_of_its_last_checkpoint() {
+    if !fuse_usable() {
+        return;
+    }
+    let m = Mado::local();
+    setup(&m);
+    let flat = || -> Vec<PathBuf> {
+        let mut v = files_under(&m.cache_dir().join("stat").join("flat"));
+        v.sort();
+        v
+    };
+    let (a, b) = (create(&m, "gone"), create(&m, "stays"));
+    std::fs::write(a.dir.join("a.txt"), "a\n").unwrap();
+    a.checkpoint("a");
+    std::fs::write(b.dir.join("b.txt"), "b\n").unwrap();
+    b.checkpoint("b");
+    a.umount();
+    b.umount();
+    let both = flat();
+    assert_eq!(both.len(), 2, "{both:?}");
+    m.ok(&["ws", "rm", "gone"]);
+    let left = flat();
+    assert_eq!(left.len(), 1, "{left:?}");
+    // The one left is the other workspace's: it mounts with it.
+    let b = WsMount { m: &m, dir: m.dir.path().join("mnt-stays-again") };
+    m.ok(&["ws", "resume", "stays", b.path(), "--mount"]);
+    assert_eq!(std::fs::read(b.dir.join("b.txt")).unwrap(), b"b\n");
+    assert_eq!(flat(), left);
+    b.umount();
+}

@@ -12,7 +12,7 @@ use super::mounted::{self, HandedOver, MountedWorkspace};
 use super::{lease, ws_ref, ResumeLease, ResumeReport};
 use crate::error::Result;
 use crate::fetch::Fetcher;
-use crate::object::RefValue;
+use crate::object::{RefValue, Snapshot};
 
 /// Workspace `name` of the store `fetcher` reads.
 #[derive(Clone)]
@@ -65,9 +65,19 @@ impl Workspace {
     }
 
     /// Deletes the ref and the lease; see [`super::remove`] for when a
-    /// held lease refuses it.
+    /// held lease refuses it. The flat copy of its last checkpoint's times
+    /// that a mount here kept in the disk cache goes too: it was kept for
+    /// the next mount of that checkpoint, and none will come (a mount of
+    /// another workspace on the same checkpoint makes it again).
     pub async fn remove(&self, force: bool, dead: Option<&str>) -> Result<()> {
-        super::remove(&self.fetcher.remote, &self.name, force, dead).await
+        let was = super::remove(&self.fetcher.remote, &self.name, force, dead).await?;
+        // From the cache alone: no round trip for a copy that only a
+        // mount here, which had the snapshot, could have made.
+        let stat = self.fetcher.cache.get(&was.snapshot).and_then(|b| Snapshot::decode(&b).ok()).and_then(|s| s.stat);
+        if let Some(stat) = stat {
+            let _ = std::fs::remove_file(self.fetcher.cache.flat_times_path(&stat));
+        }
+        Ok(())
     }
 
     /// `Err(LeaseHeld)` when another working copy keeps the lease.

@@ -287,12 +287,13 @@ pub async fn list(fetcher: &Arc<Fetcher>) -> Result<Vec<WsInfo>> {
 ///
 /// `dead`: a holder known to be gone (a mount here whose daemon died),
 /// whose lease refuses nothing.
-async fn remove(remote: &Remote, name: &str, force: bool, dead: Option<&str>) -> Result<()> {
+/// Deletes the ref and the lease; returns what the ref named.
+async fn remove(remote: &Remote, name: &str, force: bool, dead: Option<&str>) -> Result<RefValue> {
     let refname = ws_ref(name)?;
     let (cur, lease) = futures::join!(remote.read_ref(&refname), read_lease(remote, name));
-    if cur?.is_none() {
+    let Some((cur, _)) = cur? else {
         return Err(Error::NotFound(format!("no workspace named {name}")));
-    }
+    };
     if let Some((bytes, _)) = lease? {
         match Lease::decode(&bytes) {
             Ok(l) if !force && !l.holder.is_empty() && l.expires > now() && dead != Some(l.holder.as_str()) => {
@@ -309,5 +310,5 @@ async fn remove(remote: &Remote, name: &str, force: bool, dead: Option<&str>) ->
     }
     remote.delete_ref(&refname).await?;
     remote.delete_lease(&refname).await;
-    Ok(())
+    Ok(cur)
 }
