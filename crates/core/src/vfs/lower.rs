@@ -171,20 +171,20 @@ impl SnapshotFs {
         {
             let st = self.st();
             if let Ok(Some(_)) = st.children(parent) {
-                let ino = st.child(parent, name)?;
-                if count {
-                    st.get(ino)?.lookups.add(1);
-                }
-                return self.attr_of(&st, ino);
+                return self.child_attr(&st, parent, name, count);
             }
         }
         let mut st = self.st_mut();
         self.loaded(&mut st, parent)?;
+        self.child_attr(&st, parent, name, count)
+    }
+
+    fn child_attr(&self, st: &State, parent: u64, name: &[u8], count: bool) -> Result<Attr> {
         let ino = st.child(parent, name)?;
         if count {
             st.get(ino)?.lookups.add(1);
         }
-        self.attr_of(&st, ino)
+        self.attr_of(st, ino)
     }
 
     /// Lookup without waiting: `None` when the parent's tree is not in memory.

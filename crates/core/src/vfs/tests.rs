@@ -201,6 +201,9 @@ async fn a_handed_over_state_keeps_the_kernels_inode_numbers() {
     assert_eq!(&back.read(&r, 0, 16).await.unwrap()[..], b"kept");
     let n = back.mkdir(ROOT_INO, b"new", 0o755).await.unwrap();
     assert!(n.ino >= image.next_ino && n.ino > gone.ino && n.ino > f.ino, "{} reused", n.ino);
+    // And the kernel's references to them: a's two, f's one.
+    assert_eq!(back.st().get(a.ino).unwrap().lookups.get(), 2);
+    assert_eq!(back.st().get(f.ino).unwrap().lookups.get(), 1);
 
     // Numbers that do not fit the state are refused, never half loaded.
     let load = |im: &InodeImage| SnapshotFs::load_handed_over(fs.fetcher().clone(), &saved, upper.clone(), None, im);
