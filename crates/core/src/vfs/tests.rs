@@ -983,6 +983,12 @@ async fn lookups_of_a_loaded_directory_go_on_beside_a_reader_of_the_table() {
         assert!(done, "a lookup waited for the read lock's holder");
     });
     assert_eq!(fs.st().get(a.ino).unwrap().lookups.get(), 4);
+    // A name of 255 bytes is one a directory may hold (absent here); one
+    // byte more is too long to look up.
+    let e = fs.lookup_loaded(ROOT_INO, &[b'n'; 255], true).unwrap_err();
+    assert!(matches!(e, Error::NotFound(_)), "{e}");
+    let e = fs.lookup_loaded(ROOT_INO, &[b'n'; 256], true).unwrap_err();
+    assert!(matches!(e, Error::Fs { errno, .. } if errno == libc::ENAMETOOLONG), "{e}");
     // Forgotten as many times, the node is dropped once unlinked.
     fs.unlink(ROOT_INO, b"f").await.unwrap();
     fs.forget(a.ino, 4);
