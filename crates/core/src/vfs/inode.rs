@@ -462,7 +462,8 @@ impl SnapshotFs {
         if ino == ROOT_INO {
             return;
         }
-        if let Ok(node) = self.st_mut().get_mut(ino) {
+        // Counted up: the read lock does (see `Refs`).
+        if let Ok(node) = self.st().get(ino) {
             node.lookups.add(n);
         }
     }

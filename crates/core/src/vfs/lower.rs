@@ -165,18 +165,23 @@ impl SnapshotFs {
         if name.len() > crate::object::MAX_NAME_BYTES {
             return Err(Error::fs(Errno::NAMETOOLONG, "a name longer than 255 bytes"));
         }
-        // A directory whose children are in the table: under the read
-        // lock, beside other lookups (the count is atomic; nothing drops
-        // a node while the lock is held).
+        self.with_children(parent, |st| self.child_attr(st, parent, name, count))
+    }
+
+    /// `f` over the table once directory `ino`'s children are in it: under
+    /// the read lock when they are already (lookups and listings then run
+    /// side by side; counts are atomic, and nothing drops a node while the
+    /// lock is held), else under the write lock that loads them.
+    fn with_children<T>(&self, ino: u64, f: impl Fn(&State) -> Result<T>) -> Result<T> {
         {
             let st = self.st();
-            if let Ok(Some(_)) = st.children(parent) {
-                return self.child_attr(&st, parent, name, count);
+            if let Ok(Some(_)) = st.children(ino) {
+                return f(&st);
             }
         }
         let mut st = self.st_mut();
-        self.loaded(&mut st, parent)?;
-        self.child_attr(&st, parent, name, count)
+        self.loaded(&mut st, ino)?;
+        f(&st)
     }
 
     fn child_attr(&self, st: &State, parent: u64, name: &[u8], count: bool) -> Result<Attr> {
@@ -207,16 +212,7 @@ impl SnapshotFs {
     /// The entries of `ino`, in name order; with `count`, those it picks
     /// are counted as references the kernel takes, under the listing's lock.
     fn list(&self, ino: u64, count: Option<&NamePicker<'_>>) -> Result<DirList> {
-        // Children in the table: under the read lock (as a lookup).
-        {
-            let st = self.st();
-            if let Ok(Some(_)) = st.children(ino) {
-                return self.list_loaded(&st, ino, count);
-            }
-        }
-        let mut st = self.st_mut();
-        self.loaded(&mut st, ino)?;
-        self.list_loaded(&st, ino, count)
+        self.with_children(ino, |st| self.list_loaded(st, ino, count))
     }
 
     fn list_loaded(&self, st: &State, ino: u64, count: Option<&NamePicker<'_>>) -> Result<DirList> {
