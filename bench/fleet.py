@@ -270,7 +270,7 @@ def one_size(fl: Fleet, n: int, src: str, files, tops, rounds: int, cache_dir: s
         def ws0_counts():
             m0 = next(x for x in json.loads(fl.run("stats", "--all", "--json"))["mounts"]
                       if x.get("mountpoint") == mnts[0])
-            return m0.get("lookups", 0), m0.get("reads", 0), m0.get("ioctls", 0)
+            return m0.get("lookups", 0), m0.get("reads", 0), m0.get("ioctls", 0), m0.get("getattrs", 0)
         before = ws0_counts()
         # The mount daemons' and keepers' CPU over the loop (they are not
         # this process's children).
@@ -290,7 +290,7 @@ def one_size(fl: Fleet, n: int, src: str, files, tops, rounds: int, cache_dir: s
               + ", ".join(f"{k} {v:.1f}" for k, v in cpu.items()), file=sys.stderr)
         after = ws0_counts()
         print(f"fleet: {n}: workspace 0 during the loop: {after[0] - before[0]} lookups, {after[1] - before[1]} reads, "
-              f"{after[2] - before[2]} ioctls; "
+              f"{after[2] - before[2]} ioctls, {after[3] - before[3]} getattrs; "
               f"the reader read {len(busy)} files there", file=sys.stderr)
         # Each workspace's last checkpoint holds its agent's last edit.
         landed = 0

@@ -725,6 +725,19 @@ fn files_the_daemon_never_saw_opened_write_sync_and_outlive_unlink() {
     assert_eq!((r, std::io::Error::last_os_error().raw_os_error()), (-1, Some(libc::ENOTTY)));
     drop(tty);
     assert_eq!(ioctls(), at + 1, "isatty went to the daemon once");
+
+    // A file's attributes come with its entry and are kept: stat and a
+    // read to its end ask the daemon nothing, until a write changes them.
+    let getattrs = || m.json(&["stats", mnt.path()])["getattrs"].as_u64().unwrap();
+    let at = getattrs();
+    for _ in 0..3 {
+        std::fs::metadata(&readme).unwrap();
+        std::fs::read(&readme).unwrap();
+    }
+    assert_eq!(getattrs(), at, "attributes the kernel holds were asked for again");
+    std::fs::write(mnt.dir.join("win.bat"), "echo two\r\n").unwrap();
+    std::fs::metadata(mnt.dir.join("win.bat")).unwrap();
+    assert_eq!(getattrs(), at + 1, "a file's attributes after a write are asked for once");
     std::fs::write(&missing, "target\n").unwrap();
     assert_eq!(std::fs::read_to_string(&missing).unwrap(), "target\n");
     std::fs::remove_file(&missing).unwrap();

@@ -197,6 +197,37 @@ struct Daemon {
 }
 
 /// A snapshot or workspace opened for a mount.
+/// What a daemon before this one passed, in the pieces `start` uses: the
+/// workspace's lock and saved inode numbers, the kernel connection, the
+/// channel to answer the old daemon on, and the keeper's link.
+type Pieces = (
+    Option<mado_core::workspace::HandedOver>,
+    Option<crate::fuse_mount::Taken>,
+    Option<std::os::fd::OwnedFd>,
+    Option<std::os::fd::OwnedFd>,
+);
+
+fn split_handover(received: Option<crate::handover::Received>) -> Pieces {
+    match received {
+        Some(r) => {
+            let lock = mado_core::workspace::MountLock::from_fd(r.lock);
+            let taken = crate::fuse_mount::Taken { fd: r.fuse, from_keeper: r.image.is_none() };
+            (Some(mado_core::workspace::HandedOver { lock, image: r.image }), Some(taken), Some(r.answer), r.keeper)
+        }
+        None => (None, None, None, None),
+    }
+}
+
+/// A virtio-fs workspace's control socket, also reachable by the
+/// workspace's name (the mount point is a vhost-user socket there).
+fn link_by_name(fetcher: &Fetcher, w: &Ws, sock: &Path) -> Result<PathBuf> {
+    let alias = control::workspace_socket_path(fetcher.remote.url(), w.handle.name())
+        .map_err(Error::io("placing the control socket"))?;
+    let _ = std::fs::remove_file(&alias);
+    std::os::unix::fs::symlink(sock, &alias).map_err(Error::io(format!("linking {}", alias.display())))?;
+    Ok(alias)
+}
+
 struct Opened {
     id: mado_core::SnapshotId,
     core: Arc<SnapshotFs>,
@@ -216,14 +247,7 @@ impl Daemon {
         if received.is_none() {
             check_target(&mp, fuse)?;
         }
-        let (handed, taken, to_old, link) = match received {
-            Some(r) => {
-                let lock = mado_core::workspace::MountLock::from_fd(r.lock);
-                let taken = crate::fuse_mount::Taken { fd: r.fuse, from_keeper: r.image.is_none() };
-                (Some(mado_core::workspace::HandedOver { lock, image: r.image }), Some(taken), Some(r.answer), r.keeper)
-            }
-            None => (None, None, None, None),
-        };
+        let (handed, taken, to_old, link) = split_handover(received);
         let started = Instant::now();
         // The daemon's code, mapped while the snapshot opens (see `resident`).
         let mapping = std::thread::Builder::new()
@@ -301,13 +325,7 @@ impl Daemon {
             keep(w, original, link);
         }
         let by_name = match (&ws, fuse) {
-            (Some(w), false) => {
-                let alias = control::workspace_socket_path(fetcher.remote.url(), w.handle.name())
-                    .map_err(Error::io("placing the control socket"))?;
-                let _ = std::fs::remove_file(&alias);
-                std::os::unix::fs::symlink(&sock, &alias).map_err(Error::io(format!("linking {}", alias.display())))?;
-                Some(alias)
-            }
+            (Some(w), false) => Some(link_by_name(&fetcher, w, &sock)?),
             _ => None,
         };
         let advisory = advisory(&attach, &opts);

@@ -86,6 +86,7 @@ pub struct RequestCounters {
     pub opens: Arc<AtomicU64>,
     pub lookups: Arc<AtomicU64>,
     pub ioctls: Arc<AtomicU64>,
+    pub getattrs: Arc<AtomicU64>,
 }
 
 /// Saves a workspace's state durably; called by fsync and fsyncdir.
@@ -168,6 +169,7 @@ impl Filesystem for MadoFs {
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         let _span = tracing::debug_span!("fuse", op = "getattr", ino = ino.0).entered();
+        self.requests.getattrs.fetch_add(1, Relaxed);
         match self.core.getattr(ino.0) {
             Ok(a) => reply.attr(&self.ttl, &self.owner().attr(&a)),
             Err(e) => reply.error(errno(&e)),

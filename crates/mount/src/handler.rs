@@ -159,6 +159,7 @@ impl ControlHandler {
             opens: self.requests.opens.load(Relaxed),
             lookups: self.requests.lookups.load(Relaxed),
             ioctls: self.requests.ioctls.load(Relaxed),
+            getattrs: self.requests.getattrs.load(Relaxed),
             workspace: self.ws.as_ref().map(|w| WorkspaceStats {
                 name: w.handle.name().to_string(),
                 state_dir: w.state_dir.clone(),

@@ -150,6 +150,10 @@ pub struct MountStats {
     /// the mount, one request each).
     #[serde(default)]
     pub ioctls: u64,
+    /// GETATTR requests (attributes the kernel held no valid copy of: after
+    /// a change, or once they expire).
+    #[serde(default)]
+    pub getattrs: u64,
     pub workspace: Option<WorkspaceStats>,
     /// For `mado serve-virtiofs`: the guest's FUSE requests by kind.
     #[serde(default)]

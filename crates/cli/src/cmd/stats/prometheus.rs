@@ -65,7 +65,7 @@ fn escape(v: &str) -> String {
 /// The metrics of `fleet`, one family after another.
 pub fn render(fleet: &Fleet) -> String {
     type Get = fn(&super::all::Seen) -> Option<f64>;
-    let families: [(&str, &str, &str, Get); 14] = [
+    let families: [(&str, &str, &str, Get); 15] = [
         ("mado_remote_gets_total", "counter", "GETs sent to the store (ranged or not)", |m| {
             Some(m.stats.remote.all_gets() as f64)
         }),
@@ -86,6 +86,7 @@ pub fn render(fleet: &Fleet) -> String {
         ("mado_ioctls_total", "counter", "IOCTL requests from the kernel (isatty of a file)", |m| {
             Some(m.stats.ioctls as f64)
         }),
+        ("mado_getattrs_total", "counter", "GETATTR requests from the kernel", |m| Some(m.stats.getattrs as f64)),
         ("mado_nodes_in_memory", "gauge", "inodes the daemon holds", |m| Some(m.stats.nodes_in_memory as f64)),
         ("mado_private_memory_bytes", "gauge", "the daemon's private resident memory (RssAnon)", |m| {
             m.private_bytes.map(|b| b as f64)
