@@ -2,6 +2,9 @@
 .PHONY: demo test check fmt bench bench-quick pjdfstest install uninstall
 
 PREFIX ?= $(HOME)/.local
+# scripts/env.sh is bash (it finds the clone from BASH_SOURCE); dash, make's
+# default /bin/sh, stops it there with "Bad substitution".
+SHELL := /bin/bash
 
 demo:   ## import this repository into the embedded local store and check it out
 	./scripts/demo.sh
