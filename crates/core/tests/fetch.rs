@@ -570,6 +570,37 @@ async fn a_member_missing_from_a_pack_cached_loose_is_read_alone() {
     assert_eq!(g.stats().split_fetches, 1);
 }
 
+/// The members a split flight left out come in one flight more, however
+/// much of the pack the split flight brought: once it brought most of it,
+/// the pack read as "mostly cached", and each member before the split was
+/// fetched by a ranged GET of its own (four readers of a mount at spread
+/// offsets of a 1,000-file directory made 85 GETs, one round trip each,
+/// where one pack flight had served them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn what_a_split_flight_left_out_comes_in_one_more_flight_however_much_it_brought() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}/store", dir.path().display());
+    let remote = Arc::new(Remote::open(&url, &OpenOptions::default()).unwrap());
+    let tree = Hash([6; 32]);
+    let (raws, _) = stored_pack(&remote, 64, tree, None).await;
+    let cache = Arc::new(DiskCache::open(dir.path().join("cache"), None).unwrap());
+    let f = Fetcher::new(remote.clone(), cache);
+    f.attach(tree).await.unwrap();
+    let before = remote.stats();
+    // Member 20 sits over 512 KiB in: the flight starts near it and brings
+    // the rest of the pack, most of it.
+    assert_eq!(f.get(Space::Objects, Hash::of(&raws[20]), "blob").await.unwrap(), raws[20]);
+    f.drain().await;
+    assert_eq!(f.stats().split_fetches, 1);
+    // The members before it, one reader after another, no flight running.
+    for r in &raws[..20] {
+        assert_eq!(&f.get(Space::Objects, Hash::of(r), "blob").await.unwrap()[..], &r[..]);
+        f.drain().await;
+    }
+    let d = remote.stats().since(&before);
+    assert_eq!(d.ranged_gets + d.gets, 2, "the split flight and one for what it left out: {d:?}");
+}
+
 /// Run packs (a large file's) download a few at a time: ten large files
 /// read at once start ten flights, but their GETs go out four by four
 /// (three round trips, not one), so the members a flight keeps until its

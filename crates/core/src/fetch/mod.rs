@@ -85,6 +85,9 @@ pub struct Fetcher {
     inflight: Mutex<HashMap<(Space, Hash), Flight>>,
     packs: RwLock<PackSet>,
     pack_flights: Mutex<HashMap<Hash, Arc<PackFlight>>>,
+    /// Per pack, the members a split flight left out (see `run_pack`):
+    /// the next reader of one starts a flight over all of them.
+    split_rest: Mutex<HashMap<Hash, (usize, usize)>>,
     bad_packs: Mutex<HashSet<Hash>>,
     /// Pack downloads in progress (their cache writes may outlive the
     /// reads they served): awaited by [`Fetcher::drain`].
@@ -129,6 +132,7 @@ impl Fetcher {
             inflight: Mutex::new(HashMap::new()),
             packs: RwLock::new(PackSet::default()),
             pack_flights: Mutex::new(HashMap::new()),
+            split_rest: Mutex::new(HashMap::new()),
             bad_packs: Mutex::new(HashSet::new()),
             pack_tasks: Mutex::new(Vec::new()),
             write_permits: Arc::new(tokio::sync::Semaphore::new(

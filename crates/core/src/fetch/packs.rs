@@ -235,11 +235,18 @@ impl Fetcher {
                 return Attempt::Got(Bytes::from(b));
             }
         }
-        if !running && !retry && self.mostly_cached(pack) {
-            // A warm pack missing a few members (evicted, healed): read just
-            // this member's byte range rather than the whole pack.
-            return self.fetch_member(pack, i).await.map_or(Attempt::Failed, Attempt::Got);
-        }
+        // Left out by a split flight: the rest of that stretch comes in one
+        // flight, however much of the pack the split one brought.
+        let rest = self.split_rest.lock().expect("split rest lock").get(&pack.id).copied();
+        let start = match rest {
+            Some((lo, hi)) if (lo..=hi).contains(&i) => Start::Span(lo, hi),
+            _ if !running && !retry && self.mostly_cached(pack) => {
+                // A warm pack missing a few members (evicted, healed): read
+                // just this member's byte range rather than the whole pack.
+                return self.fetch_member(pack, i).await.map_or(Attempt::Failed, Attempt::Got);
+            }
+            _ => start,
+        };
         let flight = self.flight(pack, start);
         let parked = {
             let mut s = flight.state.lock().expect("flight lock");
@@ -330,7 +337,8 @@ impl Fetcher {
     /// round trip instead of coming before it. Nothing (false) when `id` is
     /// in no attached pack, is a chunk (a large file's packs come down only
     /// when read), is cached, or its pack failed or is mostly cached (a
-    /// warm pack's misses are read member by member); nor while any pack is
+    /// warm pack's misses are read member by member, unless a split flight
+    /// left them out: those come as one flight); nor while any pack is
     /// downloading: a flight holds its members in memory until it ends, so
     /// a `find` over a large tree (listings, no reads) brings one pack at a
     /// time, never every pack of the tree at once.
@@ -360,15 +368,22 @@ impl Fetcher {
             (pack, i, end)
         };
         let m = &pack.members[i];
+        let rest = self.split_rest.lock().expect("split rest lock").get(&pack.id).copied();
+        let rest = rest.filter(|&(lo, hi)| (lo..=hi).contains(&i));
         if m.kind == crate::pack::MemberKind::Chunk
             || !self.pack_flights.lock().expect("pack flights lock").is_empty()
             || self.bad_packs.lock().expect("bad packs lock").contains(&pack.id)
             || self.in_cache(&pack, m)
-            || self.mostly_cached(&pack)
+            || (rest.is_none() && self.mostly_cached(&pack))
         {
             return false;
         }
-        self.flight(&pack, end.map_or(Start::Reader(i), |j| Start::Walk(i, j)));
+        let start = match rest {
+            // What a split flight left out, as a reader of it would fetch it.
+            Some((lo, hi)) => Start::Span(lo, hi),
+            None => end.map_or(Start::Reader(i), |j| Start::Walk(i, j)),
+        };
+        self.flight(&pack, start);
         self.counters.warmed_packs.fetch_add(1, Relaxed);
         true
     }
@@ -503,6 +518,13 @@ impl Fetcher {
             Start::Walk(i, j) => (lo.min(i), hi.min(j).max(i)),
             Start::Whole => (lo, hi),
         };
+        // A flight over what a split one left out: that is done with.
+        {
+            let mut rest = self.split_rest.lock().expect("split rest lock");
+            if rest.get(&pack.id).is_some_and(|&(a, b)| lo <= a && b <= hi) {
+                rest.remove(&pack.id);
+            }
+        }
         // The ends the cache holds already are not fetched again.
         while lo < hi && self.in_cache(&pack, &pack.members[lo]) {
             lo += 1;
@@ -526,8 +548,11 @@ impl Fetcher {
             while start > lo && at - pack.members[start - 1].offset <= SPLIT_BACK_BYTES {
                 start -= 1;
             }
-            lo = start;
-            self.counters.split_fetches.fetch_add(1, Relaxed);
+            if start > lo {
+                self.split_rest.lock().expect("split rest lock").insert(pack.id, (lo, start - 1));
+                lo = start;
+                self.counters.split_fetches.fetch_add(1, Relaxed);
+            }
         }
         flight.state.lock().expect("flight lock").covered = Some((lo, hi));
         if pack.members[lo..=hi].iter().all(|m| self.in_cache(&pack, m)) {
