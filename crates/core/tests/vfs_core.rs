@@ -697,6 +697,27 @@ async fn a_large_file_read_in_order_is_kept_whole_past_half_of_it() {
 /// A workspace opened for a mount through the core API: the lease holder
 /// it takes by place, and a mount that keeps its inode numbers opened
 /// again after its daemon was killed, under those numbers.
+/// Opens workspace `ws` at `at` once the lock of the mount dropped before
+/// it is free. A flock belongs to the open file, not the descriptor: a
+/// child another test spawns holds a copy of every descriptor from its
+/// fork to its exec (where close-on-exec closes it), so the lock can
+/// outlive its drop by that moment (this test failed so, once in many
+/// runs: "already mounted on this machine").
+async fn open_when_free(
+    ws: &mado_core::workspace::Workspace,
+    at: &std::path::Path,
+) -> mado_core::workspace::MountedWorkspace {
+    for _ in 0..100 {
+        match ws.open_mount(at, false, false).await {
+            Err(e) if format!("{e:?}").contains("already mounted") => {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await
+            }
+            r => return r.unwrap(),
+        }
+    }
+    panic!("{} stayed locked for 5 s after its mount was dropped", at.display());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mount_keeps_its_holder_in_place_and_its_numbers_after_a_kill() {
     let t = tempfile::tempdir().unwrap();
@@ -751,11 +772,11 @@ async fn a_mount_keeps_its_holder_in_place_and_its_numbers_after_a_kill() {
 
     // Mounted again in place: the holder names the place and stays; at
     // another place it is a new one naming that place.
-    let again = ws.open_mount(&a, false, false).await.unwrap();
+    let again = open_when_free(&ws, &a).await;
     assert_eq!(again.holder, holder);
     assert_eq!(again.state_dir, state_dir);
     drop(again);
-    let moved = ws.open_mount(&b, false, false).await.unwrap();
+    let moved = open_when_free(&ws, &b).await;
     assert_ne!(moved.holder, holder, "a mount elsewhere took the holder id of the old place");
     assert!(moved.holder.contains(&format!(":{}:", b.display())), "{}", moved.holder);
     assert!(moved.reopened, "the saved changes are picked up at the new place");
