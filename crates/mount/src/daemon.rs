@@ -196,7 +196,6 @@ struct Daemon {
     allow_other: bool,
 }
 
-/// A snapshot or workspace opened for a mount.
 /// What a daemon before this one passed, in the pieces `start` uses: the
 /// workspace's lock and saved inode numbers, the kernel connection, the
 /// channel to answer the old daemon on, and the keeper's link.
@@ -228,6 +227,7 @@ fn link_by_name(fetcher: &Fetcher, w: &Ws, sock: &Path) -> Result<PathBuf> {
     Ok(alias)
 }
 
+/// A snapshot or workspace opened for a mount.
 struct Opened {
     id: mado_core::SnapshotId,
     core: Arc<SnapshotFs>,

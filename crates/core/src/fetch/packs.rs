@@ -237,9 +237,8 @@ impl Fetcher {
         }
         // Left out by a split flight: the rest of that stretch comes in one
         // flight, however much of the pack the split one brought.
-        let rest = self.split_rest.lock().expect("split rest lock").get(&pack.id).copied();
-        let start = match rest {
-            Some((lo, hi)) if (lo..=hi).contains(&i) => Start::Span(lo, hi),
+        let start = match self.left_out(pack, i) {
+            Some((lo, hi)) => Start::Span(lo, hi),
             _ if !running && !retry && self.mostly_cached(pack) => {
                 // A warm pack missing a few members (evicted, healed): read
                 // just this member's byte range rather than the whole pack.
@@ -368,8 +367,7 @@ impl Fetcher {
             (pack, i, end)
         };
         let m = &pack.members[i];
-        let rest = self.split_rest.lock().expect("split rest lock").get(&pack.id).copied();
-        let rest = rest.filter(|&(lo, hi)| (lo..=hi).contains(&i));
+        let rest = self.left_out(&pack, i);
         if m.kind == crate::pack::MemberKind::Chunk
             || !self.pack_flights.lock().expect("pack flights lock").is_empty()
             || self.bad_packs.lock().expect("bad packs lock").contains(&pack.id)
@@ -462,6 +460,13 @@ impl Fetcher {
         let sample = pack.members.iter().step_by(step);
         let (seen, have) = sample.fold((0, 0), |(s, h), m| (s + 1, h + usize::from(cached(m))));
         have * 2 >= seen
+    }
+
+    /// The members a split flight of `pack` left out, when member `i` is
+    /// one of them.
+    fn left_out(&self, pack: &PackEntry, i: usize) -> Option<(usize, usize)> {
+        let rest = self.split_rest.lock().expect("split rest lock").get(&pack.id).copied();
+        rest.filter(|&(lo, hi)| (lo..=hi).contains(&i))
     }
 
     fn in_cache(&self, pack: &PackEntry, m: &crate::pack::Member) -> bool {
