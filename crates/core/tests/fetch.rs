@@ -601,6 +601,33 @@ async fn what_a_split_flight_left_out_comes_in_one_more_flight_however_much_it_b
     assert_eq!(d.ranged_gets + d.gets, 2, "the split flight and one for what it left out: {d:?}");
 }
 
+/// A member the split flight did not leave out, gone from the cache since
+/// (the pack's copy healed away): its reader starts a flight of its own,
+/// not first the one over what the split left out.
+#[tokio::test]
+async fn a_reader_past_the_split_point_does_not_fetch_what_the_split_left_out_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}/store", dir.path().display());
+    let remote = Arc::new(Remote::open(&url, &OpenOptions::default()).unwrap());
+    let tree = Hash([7; 32]);
+    let (raws, entry) = stored_pack(&remote, 64, tree, None).await;
+    let cache = Arc::new(DiskCache::open(dir.path().join("cache"), None).unwrap());
+    let f = Fetcher::new(remote.clone(), cache.clone());
+    f.attach(tree).await.unwrap();
+    assert_eq!(f.get(Space::Objects, Hash::of(&raws[20]), "blob").await.unwrap(), raws[20]);
+    f.drain().await;
+    assert_eq!(f.stats().split_fetches, 1);
+    std::fs::remove_file(cache.pack_have_path(&entry.id)).unwrap();
+    std::fs::remove_file(cache.pack_data_path(&entry.id)).unwrap();
+    cache.shed();
+    let before = remote.stats();
+    assert_eq!(f.get(Space::Objects, Hash::of(&raws[40]), "blob").await.unwrap(), raws[40]);
+    f.drain().await;
+    let d = remote.stats().since(&before);
+    assert_eq!(d.ranged_gets + d.gets, 1, "member 40's own flight only: {d:?}");
+    assert!(d.bytes_down < 30 * (32 << 10), "not the members before the split point: {d:?}");
+}
+
 /// Run packs (a large file's) download a few at a time: ten large files
 /// read at once start ten flights, but their GETs go out four by four
 /// (three round trips, not one), so the members a flight keeps until its
