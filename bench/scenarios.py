@@ -174,11 +174,29 @@ def concurrency(h: Harness, rtt: int) -> Iterator[Result]:
         yield foreground(h, rtt, agents, files, mnt)
 
 
+# One background agent of scenario f, a process of its own: in a thread of
+# the harness it would hold Python's lock between its writes, and the
+# foreground reader (a thread of the harness) would wait for that lock, not
+# for mado. argv: its directory, mado, a file whose presence stops it.
+AGENT = r"""
+import os, subprocess, sys
+d, mado, stop = sys.argv[1:4]
+k = 0
+while not os.path.exists(stop):
+    for j in range(20):
+        with open(os.path.join(d, f"out{j}.txt"), "w") as f:
+            f.write(f"{k} {j}\n" * 50)
+    subprocess.run([mado, "ws", "checkpoint", "--dir", d], capture_output=True)
+    k += 1
+"""
+
+
 def foreground(h: Harness, rtt: int, agents: int, files, mnt) -> Result:
     """Per-file read latency of a foreground reader through a cold
-    mount while `agents` workspaces write and checkpoint in a loop."""
+    mount while `agents` workspaces write and checkpoint in a loop, each
+    agent a process of its own."""
     v2 = Layout.V2.value
-    stop = threading.Event()
+    stop = os.path.join(h.work, f"agents-stop-{rtt}")
     dirs = []
     for i in range(agents):
         d = os.path.join(h.work, f"agent-{rtt}-{i}")
@@ -186,24 +204,16 @@ def foreground(h: Harness, rtt: int, agents: int, files, mnt) -> Result:
             h.mado_run(h.env(WS, direct=False), "ws", "create", f"agent-{rtt}-{i}", "--dir", d)
         dirs.append(d)
 
-    def agent(d):
-        k = 0
-        while not stop.is_set():
-            for j in range(20):
-                with open(os.path.join(d, f"out{j}.txt"), "w") as f:
-                    f.write(f"{k} {j}\n" * 50)
-            subprocess.run([h.mado, "ws", "checkpoint", "--dir", d], env=h.env(WS, d + "-cache"),
-                           capture_output=True)
-            k += 1
-
     lat = []
 
     def setup():
         h.mado_run(h.env(v2, h.fresh_cache()), "mount", "main", mnt)
-        ts = [threading.Thread(target=agent, args=(d,), daemon=True) for d in dirs]
-        [t.start() for t in ts]
+        if os.path.exists(stop):
+            os.unlink(stop)
+        ps = [subprocess.Popen([sys.executable, "-c", AGENT, d, h.mado, stop], env=h.env(WS, d + "-cache"))
+              for d in dirs]
         time.sleep(0.5 if agents else 0)
-        return (mnt, ts)
+        return (mnt, ps)
 
     def run(ctx):
         m, _ = ctx
@@ -215,9 +225,14 @@ def foreground(h: Harness, rtt: int, agents: int, files, mnt) -> Result:
         return Sample(wall=time.perf_counter() - t0)
 
     def teardown(ctx):
-        m, ts = ctx
-        stop.set()
-        [t.join(60) for t in ts]
+        m, ps = ctx
+        open(stop, "w").close()
+        for p in ps:
+            try:
+                p.wait(60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
         subprocess.run([h.mado, "umount", m], capture_output=True, env=h.env(v2))
 
     res = h.cell(Table.F_FG, writers_row(agents), rtt, h.s3proxy, setup, run, teardown)
