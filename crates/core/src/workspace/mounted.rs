@@ -91,6 +91,15 @@ pub async fn checkpoint_mount(
     unlock.done().await;
     saved?;
     fs.tracker().note_checkpointed(at);
+    if !report.unchanged {
+        // The trees of the base the mount moved to were put in the cache by
+        // the build, and stored only inline in the new index layer: that
+        // layer is attached (from the cache's copy, else one GET), so the
+        // next status or checkpoint finds them when the cache lost them.
+        if let Err(e) = fetcher.attach(*walked.root).await {
+            tracing::warn!("checkpoint {}: attaching its index: {e}", report.snapshot);
+        }
+    }
     Ok(report)
 }
 

@@ -1,0 +1,93 @@
+//! A mounted workspace's checkpoints when the disk cache loses what the
+//! last one put there (wiped by hand, capped, healed): the trees of the
+//! base a checkpoint moved the mount to came inline with its index layer,
+//! and the next status and checkpoint must find them there, not in the
+//! cache alone. A test binary of its own: it sets the process's
+//! per-machine state folder.
+
+use std::process::Command;
+use std::sync::Arc;
+
+use mado_core::cache::DiskCache;
+use mado_core::fetch::Fetcher;
+use mado_core::store::{OpenOptions, Remote};
+use mado_core::vfs::ROOT_INO;
+use mado_core::workspace::{checkpoint_mount, mount_status, CheckpointLease};
+
+fn git(dir: &std::path::Path, args: &[&str]) {
+    let o = Command::new("git")
+        .current_dir(dir)
+        .args(args)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("HOME", dir)
+        .env("GIT_AUTHOR_NAME", "a")
+        .env("GIT_AUTHOR_EMAIL", "a@a")
+        .env("GIT_COMMITTER_NAME", "a")
+        .env("GIT_COMMITTER_EMAIL", "a@a")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mount_checkpoints_again_after_its_cache_lost_the_last_checkpoints_trees() {
+    let t = tempfile::tempdir().unwrap();
+    std::env::set_var("MADO_WORKSPACES_DIR", t.path().join("workspaces"));
+    let repo = t.path().join("repo");
+    std::fs::create_dir_all(repo.join("src/deep")).unwrap();
+    std::fs::write(repo.join("src/deep/a.rs"), b"fn a() {}\n").unwrap();
+    std::fs::write(repo.join("README"), b"hello\n").unwrap();
+    git(&repo, &["init", "-q"]);
+    git(&repo, &["add", "-A"]);
+    git(&repo, &["commit", "-qm", "x"]);
+    let remote =
+        Arc::new(Remote::open(&format!("file://{}/store", t.path().display()), &OpenOptions::default()).unwrap());
+    let cache_dir = t.path().join("cache");
+    let cache = Arc::new(DiskCache::open(cache_dir.clone(), None).unwrap());
+    let progress = Arc::new(|_, _| {});
+    mado_core::import::import_git(&remote, cache.clone(), &repo, vec!["HEAD".into()], "main", None, None, progress)
+        .await
+        .unwrap();
+    let f = Fetcher::new(remote.clone(), cache);
+    let ws = mado_core::workspace::Workspace::new(&f, "w").unwrap();
+    ws.create_ref("main").await.unwrap();
+    let m = ws.open_mount(&t.path().join("mnt"), false, true).await.unwrap();
+
+    // A checkpoint that changes a directory below the root: new trees.
+    let src = m.fs.lookup(ROOT_INO, b"src").await.unwrap().ino;
+    let (_, h) = m.fs.create(src, b"one.rs", 0o644).await.unwrap();
+    m.fs.write(&h, 0, b"one\n").unwrap();
+    drop(h);
+    let first = checkpoint_mount(&f, &m.fs, &m.state_dir, "one", CheckpointLease::default()).await.unwrap();
+    assert!(!first.unchanged);
+
+    // The cache loses everything the checkpoint put there.
+    for d in std::fs::read_dir(&cache_dir).unwrap() {
+        let p = d.unwrap().path();
+        if p.is_dir() {
+            std::fs::remove_dir_all(&p).unwrap();
+        } else {
+            std::fs::remove_file(&p).unwrap();
+        }
+    }
+    f.cache.shed();
+
+    // Another change in that directory: its tree (and the root's) from the
+    // last checkpoint are read to build the next.
+    let (_, h) = m.fs.create(src, b"two.rs", 0o644).await.unwrap();
+    m.fs.write(&h, 0, b"two\n").unwrap();
+    drop(h);
+    let st = mount_status(&f, &m.fs, &m.state_dir, false).await.unwrap();
+    assert_eq!(st.added, vec!["src/two.rs".to_string()], "{st:?}");
+    let second = checkpoint_mount(&f, &m.fs, &m.state_dir, "two", CheckpointLease::default()).await.unwrap();
+    assert!(!second.unchanged);
+    assert_eq!(second.parent, first.snapshot);
+
+    // Read back through a fresh fetcher and cache: both files are there.
+    let g = Fetcher::new(remote, Arc::new(DiskCache::open(t.path().join("cache2"), None).unwrap()));
+    let tree = mado_core::resolve::open_tree(&g, "ws/w").await.unwrap();
+    for (name, body) in [("src/one.rs", &b"one\n"[..]), ("src/two.rs", b"two\n")] {
+        let entry = g.lookup(*tree.root, name).await.unwrap().unwrap();
+        assert_eq!(&g.content(&entry, name).await.unwrap()[..], body, "{name}");
+    }
+}
