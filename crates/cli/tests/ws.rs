@@ -868,10 +868,12 @@ fn ws_status_lists_what_a_checkpoint_would_record() {
     std::fs::remove_dir_all(w.join("src/deep")).unwrap();
     std::fs::create_dir_all(w.join("newdir/inner")).unwrap();
     std::fs::write(w.join("newdir/inner/x.txt"), "x\n").unwrap();
+    // An empty directory: the checkpoint records it, so status shows it.
+    std::fs::create_dir(w.join("hollow")).unwrap();
     let s = status(&[]);
     let list =
         |k: &str| -> Vec<String> { s[k].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_string()).collect() };
-    assert_eq!(list("added"), ["added.txt", "newdir/inner/x.txt", "newlink", "src/renamed.rs"]);
+    assert_eq!(list("added"), ["added.txt", "hollow/", "newdir/inner/x.txt", "newlink", "src/renamed.rs"]);
     assert_eq!(list("modified"), ["README.md", "win.bat"]);
     assert_eq!(list("deleted"), ["empty", "src/deep/er/still.txt", "src/lib.rs"]);
     let text = m.ok(&["ws", "status", "--dir", w.to_str().unwrap()]);

@@ -1634,6 +1634,8 @@ fn ws_status_in_a_mount_shows_the_next_checkpoint_and_changes_nothing() {
     std::fs::write(d.join("new.txt"), "new\n").unwrap();
     std::fs::create_dir_all(d.join("newdir")).unwrap();
     std::fs::write(d.join("newdir/inner.txt"), "inner\n").unwrap();
+    // Empty: the checkpoint records it, so status shows it.
+    std::fs::create_dir(d.join("hollow")).unwrap();
     std::fs::remove_file(d.join("empty")).unwrap();
     std::fs::write(d.join(".madoignore"), "*.tmp\n").unwrap();
     std::fs::write(d.join("scratch.tmp"), "scratch\n").unwrap();
@@ -1643,7 +1645,7 @@ fn ws_status_in_a_mount_shows_the_next_checkpoint_and_changes_nothing() {
         serde_json::from_slice(&o.stdout).unwrap()
     };
     let s = status(&m);
-    assert_eq!(s["added"], serde_json::json!([".madoignore", "new.txt", "newdir/inner.txt"]), "{s}");
+    assert_eq!(s["added"], serde_json::json!([".madoignore", "hollow/", "new.txt", "newdir/inner.txt"]), "{s}");
     assert_eq!(s["modified"], serde_json::json!(["README.md"]), "{s}");
     assert_eq!(s["deleted"], serde_json::json!(["empty"]), "{s}");
     assert_eq!(s["paths_ignored"], 1, "{s}");
@@ -1660,6 +1662,7 @@ fn ws_status_in_a_mount_shows_the_next_checkpoint_and_changes_nothing() {
     assert_eq!(std::fs::read_to_string(copy.join("README.md")).unwrap(), "changed in the mount\n");
     assert_eq!(std::fs::read_to_string(copy.join("newdir/inner.txt")).unwrap(), "inner\n");
     assert!(!copy.join("empty").exists() && !copy.join("scratch.tmp").exists());
+    assert!(copy.join("hollow").is_dir(), "the empty directory status showed was checkpointed");
 }
 
 /// Work that `ws rm` set aside was made on a checkpoint only the removed

@@ -48,6 +48,16 @@ pub async fn diff_trees(fetcher: &Arc<Fetcher>, old: TreeId, new: TreeId) -> Res
             }
         };
         let (a, b) = futures::try_join!(load(old), load(new))?;
+        // An empty directory on one side only: a working copy and a mount
+        // keep it and a checkpoint records it, so it is a change ("path/").
+        if !path.is_empty() {
+            if old.is_none() && b.entries.is_empty() {
+                out.added.push(format!("{path}/"));
+            }
+            if new.is_none() && a.entries.is_empty() {
+                out.deleted.push(format!("{path}/"));
+            }
+        }
         let join = |name: &[u8]| {
             let n = String::from_utf8_lossy(name);
             if path.is_empty() {
@@ -157,5 +167,28 @@ mod tests {
             }
         );
         assert!(diff_trees(&f, TreeId::from_hash(old.id), TreeId::from_hash(old.id)).await.unwrap().is_empty());
+    }
+
+    /// An empty directory added or removed is a change of its own (with a
+    /// `/`), alone or beside a file; one that holds files is its files.
+    #[tokio::test]
+    async fn an_empty_directory_added_or_removed_is_listed() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("file://{}/store", dir.path().display());
+        let remote = Arc::new(Remote::open(&url, &Default::default()).unwrap());
+        let f = Fetcher::new(remote.clone(), Arc::new(DiskCache::open(dir.path().join("cache"), None).unwrap()));
+        let named = |mut e: Entry, n: &str| {
+            e.name = n.into();
+            e
+        };
+        let empty = put(&remote, vec![]).await;
+        let full = put(&remote, vec![file("f", b"f")]).await;
+        let a = put(&remote, vec![file("k", b"k"), named(empty.clone(), "old")]).await;
+        let b = put(&remote, vec![file("k", b"k"), named(empty, "new"), named(full, "sub")]).await;
+        let c = diff_trees(&f, TreeId::from_hash(a.id), TreeId::from_hash(b.id)).await.unwrap();
+        assert_eq!(
+            c,
+            Changes { added: vec!["new/".into(), "sub/f".into()], modified: vec![], deleted: vec!["old/".into()] }
+        );
     }
 }

@@ -89,6 +89,8 @@ fn git_mode(k: mado_core::object::Kind) -> &'static str {
 }
 
 async fn side(fetcher: &std::sync::Arc<mado_core::fetch::Fetcher>, root: mado_core::Hash, path: &str) -> Result<Side> {
+    // An empty directory is listed as "path/".
+    let path = path.trim_end_matches('/');
     let e = match fetcher.lookup(root, path).await {
         Ok(Some(e)) => e,
         Ok(None) => return Ok(Side { data: Default::default(), size: 0, present: false, mode: None }),
