@@ -5,29 +5,14 @@
 //! cache alone. A test binary of its own: it sets the process's
 //! per-machine state folder.
 
-use std::process::Command;
+mod common;
+
 use std::sync::Arc;
 
 use mado_core::cache::DiskCache;
 use mado_core::fetch::Fetcher;
-use mado_core::store::{OpenOptions, Remote};
 use mado_core::vfs::ROOT_INO;
 use mado_core::workspace::{checkpoint_mount, mount_status, CheckpointLease};
-
-fn git(dir: &std::path::Path, args: &[&str]) {
-    let o = Command::new("git")
-        .current_dir(dir)
-        .args(args)
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("HOME", dir)
-        .env("GIT_AUTHOR_NAME", "a")
-        .env("GIT_AUTHOR_EMAIL", "a@a")
-        .env("GIT_COMMITTER_NAME", "a")
-        .env("GIT_COMMITTER_EMAIL", "a@a")
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mount_checkpoints_again_after_its_cache_lost_the_last_checkpoints_trees() {
@@ -37,11 +22,8 @@ async fn a_mount_checkpoints_again_after_its_cache_lost_the_last_checkpoints_tre
     std::fs::create_dir_all(repo.join("src/deep")).unwrap();
     std::fs::write(repo.join("src/deep/a.rs"), b"fn a() {}\n").unwrap();
     std::fs::write(repo.join("README"), b"hello\n").unwrap();
-    git(&repo, &["init", "-q"]);
-    git(&repo, &["add", "-A"]);
-    git(&repo, &["commit", "-qm", "x"]);
-    let remote =
-        Arc::new(Remote::open(&format!("file://{}/store", t.path().display()), &OpenOptions::default()).unwrap());
+    common::commit_all(&repo, "x");
+    let remote = common::store_in(t.path());
     let cache_dir = t.path().join("cache");
     let cache = Arc::new(DiskCache::open(cache_dir.clone(), None).unwrap());
     let progress = Arc::new(|_, _| {});

@@ -6,7 +6,9 @@
 //! workspace opened for a mount, and opened again after its daemon was
 //! killed.
 
-use std::process::Command;
+mod common;
+
+use common::{commit_all, git, store_in};
 use std::sync::Arc;
 
 use mado_core::cache::DiskCache;
@@ -14,33 +16,6 @@ use mado_core::fetch::Fetcher;
 use mado_core::store::{OpenOptions, Remote};
 use mado_core::vfs::{NodeKind, OpenFile, SnapshotFs, ROOT_INO};
 use mado_core::TreeId;
-
-fn git(dir: &std::path::Path, args: &[&str]) {
-    let o = Command::new("git")
-        .current_dir(dir)
-        .args(args)
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("HOME", dir)
-        .env("GIT_AUTHOR_NAME", "a")
-        .env("GIT_AUTHOR_EMAIL", "a@a")
-        .env("GIT_COMMITTER_NAME", "a")
-        .env("GIT_COMMITTER_EMAIL", "a@a")
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-}
-
-/// Makes `repo` a git repository whose one commit holds its files.
-fn commit_all(repo: &std::path::Path, message: &str) {
-    git(repo, &["init", "-q"]);
-    git(repo, &["add", "-A"]);
-    git(repo, &["commit", "-qm", message]);
-}
-
-/// The embedded store at `dir/store`.
-fn store_in(dir: &std::path::Path) -> Arc<Remote> {
-    Arc::new(Remote::open(&format!("file://{}/store", dir.display()), &OpenOptions::default()).unwrap())
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn snapshot_fs_answers_like_the_files() {

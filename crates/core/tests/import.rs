@@ -1,0 +1,57 @@
+//! `import_git` of a ref's next commit builds on the index of what the
+//! ref holds: only what its packs lack goes up.
+
+mod common;
+
+use std::sync::Arc;
+
+use mado_core::cache::DiskCache;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_commits_import_sends_only_what_the_refs_packs_lack() {
+    let t = tempfile::tempdir().unwrap();
+    let repo = t.path().join("repo");
+    std::fs::create_dir_all(&repo).unwrap();
+    // 256 KiB that do not compress, and a small file that changes.
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let big: Vec<u8> = (0..256 << 10)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    std::fs::write(repo.join("big.bin"), &big).unwrap();
+    std::fs::write(repo.join("small.txt"), b"one\n").unwrap();
+    common::commit_all(&repo, "one");
+    let remote = common::store_in(t.path());
+    // A fresh cache for each import: what the first left in the cache is
+    // not what the second finds the ref's content by.
+    let import = |cache: &str| {
+        let (remote, cache, repo) =
+            (remote.clone(), Arc::new(DiskCache::open(t.path().join(cache), None).unwrap()), repo.clone());
+        async move {
+            let before = remote.stats();
+            let progress = Arc::new(|_, _| {});
+            mado_core::import::import_git(&remote, cache, &repo, vec!["HEAD".into()], "main", None, None, progress)
+                .await
+                .unwrap();
+            remote.stats().since(&before).bytes_up
+        }
+    };
+    let first = import("c1").await;
+    assert!(first > 256 << 10, "the first import sends the big file: {first}");
+    std::fs::write(repo.join("small.txt"), b"two\n").unwrap();
+    common::git(&repo, &["commit", "-qam", "two"]);
+    let second = import("c2").await;
+    assert!(second < 64 << 10, "the second sends the small file, its trees and index, not the big file: {second}");
+    // The new snapshot's index names the pack the big file is in.
+    let f =
+        mado_core::fetch::Fetcher::new(remote.clone(), Arc::new(DiskCache::open(t.path().join("c3"), None).unwrap()));
+    let tree = mado_core::resolve::open_tree(&f, "main").await.unwrap();
+    for (name, body) in [("big.bin", &big[..]), ("small.txt", b"two\n")] {
+        let entry = f.lookup(*tree.root, name).await.unwrap().unwrap();
+        assert_eq!(&f.content(&entry, name).await.unwrap()[..], body, "{name}");
+    }
+}
