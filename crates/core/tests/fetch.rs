@@ -662,6 +662,50 @@ async fn the_readers_of_a_hole_in_a_mostly_cached_pack_cost_one_get_for_the_hole
     assert_eq!(d.bytes_down, 8 * pack.members[20].stored_len, "the holes' members only: {d:?}");
 }
 
+/// A walk that wants part of a pack brings only that part when it is
+/// under half of the pack's member bytes (its header not counted), and the
+/// whole pack (one GET either way) when it is at least half: here the
+/// wanted member is a little over half, by less than the header's length.
+#[tokio::test]
+async fn a_wanted_span_of_half_the_packs_members_brings_the_whole_pack() {
+    use mado_core::pack::{build_pack, MemberKind, Mode, PackIndex};
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}/store", dir.path().display());
+    let remote = Arc::new(Remote::open(&url, &OpenOptions::default()).unwrap());
+    let build = |extra: usize| {
+        let raws = vec![noise(0x1111, 1, (64 << 10) + extra).remove(0), noise(0x2222, 1, 64 << 10).remove(0)];
+        let members: Vec<(Hash, MemberKind, &[u8])> =
+            raws.iter().map(|r| (Hash::of(r), MemberKind::Blob, &r[..])).collect();
+        let (bytes, entry) = build_pack(&members);
+        (raws, bytes, entry)
+    };
+    let header = build(0).2.header_len as usize;
+    let (raws, bytes, entry) = build(header / 2);
+    let (a, b) = (entry.members[0].stored_len, entry.members[1].stored_len);
+    assert!(a >= b && a < b + entry.header_len && entry.size - entry.header_len == a + b, "{entry:?}");
+    remote.put_pack(&entry.id, Bytes::from(bytes)).await.unwrap();
+    let tree = Hash([3; 32]);
+    let idx = PackIndex {
+        tree,
+        mode: Mode::Recursive,
+        dirs: 1,
+        packs: vec![entry.clone()],
+        trees: vec![],
+        base: vec![],
+        deltas: vec![],
+    };
+    remote.put_index(&tree, Bytes::from(idx.encode())).await.unwrap();
+    let cache = Arc::new(DiskCache::open(dir.path().join("cache"), None).unwrap());
+    let f = Fetcher::new(remote.clone(), cache.clone());
+    f.attach(tree).await.unwrap();
+    let before = remote.stats();
+    f.want(Some([Hash::of(&raws[0])].into_iter().collect()));
+    f.drain().await;
+    let d = remote.stats().since(&before);
+    assert_eq!((d.ranged_gets + d.gets, d.bytes_down), (1, a + b), "{d:?}");
+    assert!(cache.pack_has(&entry.id, &Hash::of(&raws[1])));
+}
+
 /// Run packs (a large file's) download a few at a time: ten large files
 /// read at once start ten flights, but their GETs go out four by four
 /// (three round trips, not one), so the members a flight keeps until its
