@@ -1,5 +1,6 @@
 //! `import_git` of a ref's next commit builds on the index of what the
-//! ref holds: only what its packs lack goes up.
+//! ref holds: only what its packs lack goes up; `checkout` of it with
+//! `force` over a folder that holds other files.
 
 mod common;
 
@@ -54,4 +55,35 @@ async fn the_next_commits_import_sends_only_what_the_refs_packs_lack() {
         let entry = f.lookup(*tree.root, name).await.unwrap().unwrap();
         assert_eq!(&f.content(&entry, name).await.unwrap()[..], body, "{name}");
     }
+}
+
+/// `checkout` with `force` into a folder that holds a file of its own
+/// (no mark of an interrupted checkout): the tree is written beside it,
+/// and no mark is made or looked for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forced_checkout_over_a_folder_of_other_files_writes_the_tree_beside_them() {
+    let t = tempfile::tempdir().unwrap();
+    let repo = t.path().join("repo");
+    std::fs::create_dir_all(repo.join("src")).unwrap();
+    std::fs::write(repo.join("src/a.rs"), b"fn a() {}\n").unwrap();
+    common::commit_all(&repo, "one");
+    let remote = common::store_in(t.path());
+    let cache = Arc::new(DiskCache::open(t.path().join("cache"), None).unwrap());
+    let progress = Arc::new(|_, _| {});
+    mado_core::import::import_git(&remote, cache.clone(), &repo, vec!["HEAD".into()], "main", None, None, progress)
+        .await
+        .unwrap();
+    let f = mado_core::fetch::Fetcher::new(remote, cache);
+    let tree = mado_core::resolve::open_tree(&f, "main").await.unwrap();
+    let out = t.path().join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::write(out.join("mine.txt"), b"mine\n").unwrap();
+    let opts =
+        |force| mado_core::checkout::CheckoutOptions { force, allow_name: None, paths: &[], progress: &|_, _| {} };
+    assert!(mado_core::checkout::checkout(&f, *tree.root, &out, opts(false)).await.is_err(), "not empty, not forced");
+    let r = mado_core::checkout::checkout(&f, *tree.root, &out, opts(true)).await.unwrap();
+    assert_eq!(r.files, 1);
+    assert_eq!(std::fs::read(out.join("src/a.rs")).unwrap(), b"fn a() {}\n");
+    assert_eq!(std::fs::read(out.join("mine.txt")).unwrap(), b"mine\n");
+    assert!(!out.join(mado_core::checkout::PARTIAL_MARK).exists());
 }
