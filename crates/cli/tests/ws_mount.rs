@@ -635,6 +635,7 @@ fn a_failing_state_save_is_reported_and_blocks_checkpoints() {
     assert_eq!(cp["unchanged"], false, "{cp}");
     let st = m.json(&["stats", mnt.path()]);
     assert!(st["workspace"]["last_save_error"].is_null(), "{st}");
+    assert_eq!(st["snapshot"], cp["snapshot"], "stats shows the snapshot the mount is now based on");
 }
 
 /// fsync is durable: a file written and fsynced, then the daemon killed

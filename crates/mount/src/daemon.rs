@@ -277,7 +277,7 @@ impl Daemon {
             fetcher: fetcher.clone(),
             spec: opts.spec.clone(),
             mountpoint: mp.clone(),
-            snapshot: id.to_hex(),
+            snapshot: Mutex::new(id.to_hex()),
             started,
             passthrough: fs.passthrough_flag(),
             requests: fs.request_counters(),

@@ -33,7 +33,8 @@ pub(crate) struct ControlHandler {
     pub fetcher: Arc<Fetcher>,
     pub spec: String,
     pub mountpoint: PathBuf,
-    pub snapshot: String,
+    /// The snapshot the mount shows: a workspace's last checkpoint.
+    pub snapshot: Mutex<String>,
     pub started: Instant,
     pub passthrough: Arc<AtomicBool>,
     pub requests: RequestCounters,
@@ -128,7 +129,7 @@ impl ControlHandler {
         Reply::PackStatus(PackStatus {
             mountpoint: self.mountpoint.clone(),
             spec: self.spec.clone(),
-            snapshot: self.snapshot.clone(),
+            snapshot: self.snapshot.lock().expect("snapshot lock").clone(),
             attached: matches!(s, Attach::Attached { .. }),
             message: reason_text(&s),
             status: s,
@@ -141,7 +142,7 @@ impl ControlHandler {
         Reply::Stats(Box::new(MountStats {
             mountpoint: self.mountpoint.clone(),
             spec: self.spec.clone(),
-            snapshot: self.snapshot.clone(),
+            snapshot: self.snapshot.lock().expect("snapshot lock").clone(),
             uptime_ms: self.started.elapsed().as_millis() as u64,
             pid: std::process::id(),
             keeper_pid: self.ws.as_ref().and_then(|w| w.keeper.get()).map(|k| k.keeper_pid),
@@ -223,6 +224,7 @@ impl ControlHandler {
             Ok(Ok(report)) => {
                 // The checkpoint saved the state itself.
                 *self.save_error.lock().expect("save error lock") = None;
+                *self.snapshot.lock().expect("snapshot lock") = report.snapshot.clone();
                 Reply::Checkpoint { report, remote: self.fetcher.remote.stats().since(&before) }
             }
             Ok(Err(e)) => Reply::of_error(&e),
