@@ -40,6 +40,20 @@ async fn a_mount_checkpoints_again_after_its_cache_lost_the_last_checkpoints_tre
     let (_, h) = m.fs.create(src, b"one.rs", 0o644).await.unwrap();
     m.fs.write(&h, 0, b"one\n").unwrap();
     drop(h);
+    // A rule file written in the mount leaves out the new paths it names.
+    let (_, h) = m.fs.create(ROOT_INO, b".madoignore", 0o644).await.unwrap();
+    m.fs.write(&h, 0, b"*.tmp\n").unwrap();
+    drop(h);
+    let (_, h) = m.fs.create(src, b"scratch.tmp", 0o644).await.unwrap();
+    m.fs.write(&h, 0, b"scratch\n").unwrap();
+    drop(h);
+    // Another file, however much it reads like rules, is not rules.
+    let (_, h) = m.fs.create(src, b"notes.txt", 0o644).await.unwrap();
+    m.fs.write(&h, 0, b"*.rs\n").unwrap();
+    drop(h);
+    let st = mount_status(&f, &m.fs, &m.state_dir, false).await.unwrap();
+    let added = vec![".madoignore".to_string(), "src/notes.txt".into(), "src/one.rs".into()];
+    assert_eq!((st.added.clone(), st.paths_ignored), (added, 1), "{st:?}");
     let first = checkpoint_mount(&f, &m.fs, &m.state_dir, "one", CheckpointLease::default()).await.unwrap();
     assert!(!first.unchanged);
 

@@ -178,3 +178,17 @@ impl ObjectStore for FaultStore {
         self.inner.copy_opts(from, to, options).await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::FaultStore;
+    use object_store::memory::InMemory;
+    use std::sync::Arc;
+
+    /// A store names itself in what object_store reports of it: the
+    /// injecting one names the store it wraps.
+    #[test]
+    fn it_names_the_store_it_wraps() {
+        assert_eq!(FaultStore::new(Arc::new(InMemory::new())).to_string(), "Fault(InMemory)");
+    }
+}
