@@ -540,6 +540,9 @@ async fn a_large_file_read_in_order_costs_one_get_per_pack() {
         let packs: std::collections::HashSet<_> = manifest.data_chunks().map(|id| f.pack_of(&id).unwrap()).collect();
         assert!(packs.len() >= 2, "{} packs", packs.len());
         assert_eq!((d.ranged_gets, d.gets), (packs.len() as u64, 0), "round {round}: {d:?}");
+        // Read in order: the chunks after each read were started ahead.
+        let ahead = fs.chunks_read_ahead();
+        assert!(ahead > 1 && ahead < manifest.data_chunks().count() as u64 * 2, "round {round}: {ahead}");
         // Closed, the handle's whole copy is built from the cached packs
         // (their raw members copied by the kernel): no request more.
         fs.close_chunked(&h).await;
