@@ -20,6 +20,7 @@ pub mod materialize;
 pub mod memory;
 pub mod object;
 pub mod pack;
+pub mod priority;
 pub mod publish;
 pub mod resolve;
 pub mod store;

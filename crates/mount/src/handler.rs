@@ -211,14 +211,23 @@ impl ControlHandler {
         }
         let lease = mado_core::workspace::CheckpointLease { steal, force, no_ignore };
         // On a thread of its own: the checkpoint's future is not Send (it
-        // borrows across its upload streams).
+        // borrows across its upload streams). A new thread, not one of the
+        // runtime's, as it runs at a lower CPU priority (background work
+        // yields to the mount's readers; docs/DESIGN.md, "Background
+        // work"), which an unprivileged thread could not undo.
         let h = tokio::runtime::Handle::current();
         let before = self.fetcher.remote.stats();
         let (fetcher, core) = (self.fetcher.clone(), self.core.clone());
-        let r = tokio::task::spawn_blocking(move || {
-            h.block_on(mado_core::workspace::checkpoint_mount(&fetcher, &core, &ws.state_dir, &message, lease))
-        })
-        .await;
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let spawned = std::thread::Builder::new().name("checkpoint".into()).spawn(move || {
+            mado_core::priority::lower_this_thread(mado_core::priority::checkpoint_nice());
+            let r = h.block_on(mado_core::workspace::checkpoint_mount(&fetcher, &core, &ws.state_dir, &message, lease));
+            let _ = tx.send(r);
+        });
+        let r = match spawned {
+            Ok(_) => rx.await.map_err(|_| "the checkpoint thread ended without an answer".to_string()),
+            Err(e) => Err(format!("starting the checkpoint thread: {e}")),
+        };
         mado_core::memory::give_back();
         match r {
             Ok(Ok(report)) => {

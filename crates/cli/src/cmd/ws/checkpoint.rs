@@ -63,7 +63,12 @@ pub(super) fn locate(fetcher: &Arc<Fetcher>, name: Option<&str>, dir: Option<&Pa
 pub(super) async fn checkpoint(a: CheckpointArgs, ctx: &Ctx, fetcher: &Arc<Fetcher>) -> Result<()> {
     let at = locate(fetcher, a.name.as_deref(), a.dir.as_deref())?;
     let (r, remote) = match &at {
-        Location::Dir(dir) => (checkpoint_dir(fetcher, dir, &a).await?, fetcher.remote.stats()),
+        Location::Dir(dir) => {
+            // This process does nothing else: all of it yields the CPU to
+            // foreground work (docs/DESIGN.md, "Background work").
+            mado_core::priority::lower_this_process(mado_core::priority::checkpoint_nice());
+            (checkpoint_dir(fetcher, dir, &a).await?, fetcher.remote.stats())
+        }
         // The daemon did the work: its counts.
         by_daemon => {
             let op = Op::Checkpoint {

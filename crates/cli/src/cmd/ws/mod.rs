@@ -31,7 +31,9 @@ pub enum WsCommand {
     Create(CreateArgs),
     /// Upload what changed in the working copy, as a new snapshot whose
     /// parent is the previous checkpoint, and move `ws/NAME` with
-    /// compare-and-swap under the workspace's single-writer lease.
+    /// compare-and-swap under the workspace's single-writer lease. It runs
+    /// at a lower CPU priority (nice +10; MADO_CHECKPOINT_NICE=0 to 19
+    /// sets it, 0 keeps the caller's), so it yields to foreground work.
     #[command(after_help = EX_CHECKPOINT)]
     Checkpoint(CheckpointArgs),
     /// What a checkpoint of this working copy (a plain directory or a
