@@ -225,7 +225,7 @@ async fn stored_pack(
     tree: Hash,
     spoil: Option<usize>,
 ) -> (Vec<Vec<u8>>, mado_core::pack::PackEntry) {
-    use mado_core::pack::{build_pack, MemberKind, Mode, PackIndex};
+    use mado_core::pack::{build_pack, MemberKind};
     let raws = noise(0x9e37_79b9_7f4a_7c15, n, 32 << 10);
     let members: Vec<(Hash, MemberKind, &[u8])> =
         raws.iter().map(|r| (Hash::of(r), MemberKind::Blob, &r[..])).collect();
@@ -234,6 +234,13 @@ async fn stored_pack(
         bytes[entry.members[i].offset as usize + 100] ^= 1;
     }
     remote.put_pack(&entry.id, Bytes::from(bytes)).await.unwrap();
+    index_of_one_pack(remote, tree, &entry).await;
+    (raws, entry)
+}
+
+/// Stores the index of tree `tree` as one pack, `entry`.
+async fn index_of_one_pack(remote: &Remote, tree: Hash, entry: &mado_core::pack::PackEntry) {
+    use mado_core::pack::{Mode, PackIndex};
     let idx = PackIndex {
         tree,
         mode: Mode::Recursive,
@@ -244,7 +251,6 @@ async fn stored_pack(
         deltas: vec![],
     };
     remote.put_index(&tree, Bytes::from(idx.encode())).await.unwrap();
-    (raws, entry)
 }
 
 /// A large file's pack: `n` chunks of `len` pseudo-random bytes (from
@@ -256,22 +262,13 @@ async fn stored_chunks(
     len: usize,
     tree: Hash,
 ) -> (Vec<Vec<u8>>, mado_core::pack::PackEntry) {
-    use mado_core::pack::{build_pack, MemberKind, Mode, PackIndex};
+    use mado_core::pack::{build_pack, MemberKind};
     let raws = noise(seed, n, len);
     let members: Vec<(Hash, MemberKind, &[u8])> =
         raws.iter().map(|r| (Hash::of(r), MemberKind::Chunk, &r[..])).collect();
     let (bytes, entry) = build_pack(&members);
     remote.put_pack(&entry.id, Bytes::from(bytes)).await.unwrap();
-    let idx = PackIndex {
-        tree,
-        mode: Mode::Recursive,
-        dirs: 1,
-        packs: vec![entry.clone()],
-        trees: vec![],
-        base: vec![],
-        deltas: vec![],
-    };
-    remote.put_index(&tree, Bytes::from(idx.encode())).await.unwrap();
+    index_of_one_pack(remote, tree, &entry).await;
     (raws, entry)
 }
 
@@ -668,7 +665,7 @@ async fn the_readers_of_a_hole_in_a_mostly_cached_pack_cost_one_get_for_the_hole
 /// wanted member is a little over half, by less than the header's length.
 #[tokio::test]
 async fn a_wanted_span_of_half_the_packs_members_brings_the_whole_pack() {
-    use mado_core::pack::{build_pack, MemberKind, Mode, PackIndex};
+    use mado_core::pack::{build_pack, MemberKind};
     let dir = tempfile::tempdir().unwrap();
     let url = format!("file://{}/store", dir.path().display());
     let remote = Arc::new(Remote::open(&url, &OpenOptions::default()).unwrap());
@@ -685,16 +682,7 @@ async fn a_wanted_span_of_half_the_packs_members_brings_the_whole_pack() {
     assert!(a >= b && a < b + entry.header_len && entry.size - entry.header_len == a + b, "{entry:?}");
     remote.put_pack(&entry.id, Bytes::from(bytes)).await.unwrap();
     let tree = Hash([3; 32]);
-    let idx = PackIndex {
-        tree,
-        mode: Mode::Recursive,
-        dirs: 1,
-        packs: vec![entry.clone()],
-        trees: vec![],
-        base: vec![],
-        deltas: vec![],
-    };
-    remote.put_index(&tree, Bytes::from(idx.encode())).await.unwrap();
+    index_of_one_pack(&remote, tree, &entry).await;
     let cache = Arc::new(DiskCache::open(dir.path().join("cache"), None).unwrap());
     let f = Fetcher::new(remote.clone(), cache.clone());
     f.attach(tree).await.unwrap();

@@ -14,15 +14,7 @@ async fn the_next_commits_import_sends_only_what_the_refs_packs_lack() {
     let repo = t.path().join("repo");
     std::fs::create_dir_all(&repo).unwrap();
     // 256 KiB that do not compress, and a small file that changes.
-    let mut x = 0x2545_f491_4f6c_dd1du64;
-    let big: Vec<u8> = (0..256 << 10)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect();
+    let big = common::noise_bytes(0x2545_f491_4f6c_dd1d, 256 << 10);
     std::fs::write(repo.join("big.bin"), &big).unwrap();
     std::fs::write(repo.join("small.txt"), b"one\n").unwrap();
     common::commit_all(&repo, "one");
@@ -34,10 +26,7 @@ async fn the_next_commits_import_sends_only_what_the_refs_packs_lack() {
             (remote.clone(), Arc::new(DiskCache::open(t.path().join(cache), None).unwrap()), repo.clone());
         async move {
             let before = remote.stats();
-            let progress = Arc::new(|_, _| {});
-            mado_core::import::import_git(&remote, cache, &repo, vec!["HEAD".into()], "main", None, None, progress)
-                .await
-                .unwrap();
+            common::import_main(&remote, cache, &repo).await;
             remote.stats().since(&before).bytes_up
         }
     };
@@ -69,10 +58,7 @@ async fn a_forced_checkout_over_a_folder_of_other_files_writes_the_tree_beside_t
     common::commit_all(&repo, "one");
     let remote = common::store_in(t.path());
     let cache = Arc::new(DiskCache::open(t.path().join("cache"), None).unwrap());
-    let progress = Arc::new(|_, _| {});
-    mado_core::import::import_git(&remote, cache.clone(), &repo, vec!["HEAD".into()], "main", None, None, progress)
-        .await
-        .unwrap();
+    common::import_main(&remote, cache.clone(), &repo).await;
     let f = mado_core::fetch::Fetcher::new(remote, cache);
     let tree = mado_core::resolve::open_tree(&f, "main").await.unwrap();
     let out = t.path().join("out");

@@ -14,6 +14,12 @@ use mado_core::fetch::Fetcher;
 use mado_core::vfs::ROOT_INO;
 use mado_core::workspace::{checkpoint_mount, mount_status, CheckpointLease};
 
+/// Writes a new file `name` holding `body` in directory `parent`.
+async fn new_file(fs: &mado_core::vfs::SnapshotFs, parent: u64, name: &[u8], body: &[u8]) {
+    let (_, h) = fs.create(parent, name, 0o644).await.unwrap();
+    fs.write(&h, 0, body).unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mount_checkpoints_again_after_its_cache_lost_the_last_checkpoints_trees() {
     let t = tempfile::tempdir().unwrap();
@@ -26,10 +32,7 @@ async fn a_mount_checkpoints_again_after_its_cache_lost_the_last_checkpoints_tre
     let remote = common::store_in(t.path());
     let cache_dir = t.path().join("cache");
     let cache = Arc::new(DiskCache::open(cache_dir.clone(), None).unwrap());
-    let progress = Arc::new(|_, _| {});
-    mado_core::import::import_git(&remote, cache.clone(), &repo, vec!["HEAD".into()], "main", None, None, progress)
-        .await
-        .unwrap();
+    common::import_main(&remote, cache.clone(), &repo).await;
     let f = Fetcher::new(remote.clone(), cache);
     let ws = mado_core::workspace::Workspace::new(&f, "w").unwrap();
     ws.create_ref("main").await.unwrap();
@@ -37,20 +40,12 @@ async fn a_mount_checkpoints_again_after_its_cache_lost_the_last_checkpoints_tre
 
     // A checkpoint that changes a directory below the root: new trees.
     let src = m.fs.lookup(ROOT_INO, b"src").await.unwrap().ino;
-    let (_, h) = m.fs.create(src, b"one.rs", 0o644).await.unwrap();
-    m.fs.write(&h, 0, b"one\n").unwrap();
-    drop(h);
+    new_file(&m.fs, src, b"one.rs", b"one\n").await;
     // A rule file written in the mount leaves out the new paths it names.
-    let (_, h) = m.fs.create(ROOT_INO, b".madoignore", 0o644).await.unwrap();
-    m.fs.write(&h, 0, b"*.tmp\n").unwrap();
-    drop(h);
-    let (_, h) = m.fs.create(src, b"scratch.tmp", 0o644).await.unwrap();
-    m.fs.write(&h, 0, b"scratch\n").unwrap();
-    drop(h);
+    new_file(&m.fs, ROOT_INO, b".madoignore", b"*.tmp\n").await;
+    new_file(&m.fs, src, b"scratch.tmp", b"scratch\n").await;
     // Another file, however much it reads like rules, is not rules.
-    let (_, h) = m.fs.create(src, b"notes.txt", 0o644).await.unwrap();
-    m.fs.write(&h, 0, b"*.rs\n").unwrap();
-    drop(h);
+    new_file(&m.fs, src, b"notes.txt", b"*.rs\n").await;
     let st = mount_status(&f, &m.fs, &m.state_dir, false).await.unwrap();
     let added = vec![".madoignore".to_string(), "src/notes.txt".into(), "src/one.rs".into()];
     assert_eq!((st.added.clone(), st.paths_ignored), (added, 1), "{st:?}");
@@ -70,9 +65,7 @@ async fn a_mount_checkpoints_again_after_its_cache_lost_the_last_checkpoints_tre
 
     // Another change in that directory: its tree (and the root's) from the
     // last checkpoint are read to build the next.
-    let (_, h) = m.fs.create(src, b"two.rs", 0o644).await.unwrap();
-    m.fs.write(&h, 0, b"two\n").unwrap();
-    drop(h);
+    new_file(&m.fs, src, b"two.rs", b"two\n").await;
     let st = mount_status(&f, &m.fs, &m.state_dir, false).await.unwrap();
     assert_eq!(st.added, vec!["src/two.rs".to_string()], "{st:?}");
     let second = checkpoint_mount(&f, &m.fs, &m.state_dir, "two", CheckpointLease::default()).await.unwrap();

@@ -501,15 +501,7 @@ async fn a_large_file_read_in_order_costs_one_get_per_pack() {
     let t = tempfile::tempdir().unwrap();
     let repo = t.path().join("repo");
     std::fs::create_dir_all(&repo).unwrap();
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    let big: Vec<u8> = (0..(40usize << 20))
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect();
+    let big = common::noise_bytes(0x9e37_79b9_7f4a_7c15, 40 << 20);
     std::fs::write(repo.join("big.bin"), &big).unwrap();
     commit_all(&repo, "x");
     import_packed(&store_in(t.path()), &repo, t.path().join("c0")).await;
@@ -708,18 +700,7 @@ async fn a_mount_keeps_its_holder_in_place_and_its_numbers_after_a_kill() {
     commit_all(&repo, "x");
     let remote = store_in(t.path());
     let cache = Arc::new(DiskCache::open(t.path().join("cache"), None).unwrap());
-    mado_core::import::import_git(
-        &remote,
-        cache.clone(),
-        &repo,
-        vec!["HEAD".into()],
-        "main",
-        None,
-        None,
-        Arc::new(|_, _| {}),
-    )
-    .await
-    .unwrap();
+    common::import_main(&remote, cache.clone(), &repo).await;
     let f = Fetcher::new(remote, cache);
     let ws = mado_core::workspace::Workspace::new(&f, "w").unwrap();
     ws.create_ref("main").await.unwrap();
