@@ -147,6 +147,15 @@ fn a_file_where_the_target_directory_goes_is_a_user_error() {
         assert!(err.contains("afile is not a directory"), "{args:?}: {err}");
         assert_eq!(std::fs::read(&f).unwrap(), b"keep");
     }
+    // A path with `..` in a snapshot is refused as such, not looked up.
+    for p in ["src/../README.md", "../etc/passwd"] {
+        let err = m.fails(&["cat", "main", p], 1);
+        assert!(err.contains("has no `..`"), "{p}: {err}");
+    }
+    // A mount there is told where it can go instead (not "create it").
+    let err = m.fails(&["mount", "main", path], 1);
+    assert!(err.contains("afile is not a directory") && err.contains("empty directory"), "{err}");
+    assert_eq!(std::fs::read(&f).unwrap(), b"keep");
     // A name that is not UTF-8 is listed quoted with its bytes escaped.
     let listed = m.ok(&["ls", "main"]);
     assert!(listed.contains("\"caf\\xe9.txt\""), "{listed}");

@@ -114,7 +114,12 @@ pub async fn run(a: MountArgs, ctx: &Ctx) -> Result<()> {
 
 async fn mount(a: MountArgs, ctx: &Ctx) -> Result<()> {
     if !a.dir.is_dir() && !daemon::is_disconnected(&a.dir) {
-        return Err(mado_core::Error::User(format!("{} is not a directory; create it first", a.dir.display())).into());
+        return Err(mado_core::Error::User(format!(
+            "{} is not a directory (it is a file or another kind); mount on an empty directory, or a path that does \
+             not exist yet",
+            a.dir.display()
+        ))
+        .into());
     }
     if !daemon::is_disconnected(&a.dir) {
         check_mount_point(&a.dir)?;

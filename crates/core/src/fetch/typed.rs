@@ -394,6 +394,11 @@ impl Fetcher {
         let mut walked = String::new();
         // `./src` and `src/.` name `src`, as a shell's paths would.
         for part in path.split('/').filter(|p| !p.is_empty() && *p != ".") {
+            if part == ".." {
+                return Err(Error::User(format!(
+                    "{path:?}: a path in a snapshot has no `..`; give it from the snapshot's root"
+                )));
+            }
             if let Some(e) = &found {
                 if e.kind != Kind::Directory {
                     return Err(Error::NotFound(format!("{walked} is {}, not a directory", e.kind.noun())));

@@ -74,8 +74,29 @@ fn ws_ref(name: &str) -> Result<String> {
             .then(Next::CheckpointOfWorkspace { name: name.to_string() }));
     }
     let r = format!("ws/{name}");
-    check_ref_name(&r).map_err(Error::User)?;
+    // Worded for the name the user gave, not the ref it makes.
+    check_ref_name(&r).map_err(|_| {
+        Error::User(format!(
+            "invalid workspace name {name:?}: use letters, digits, '.', '_' and '-' (/-separated parts, none \
+             empty or starting with '.')"
+        ))
+    })?;
     Ok(r)
+}
+
+#[cfg(test)]
+mod name_tests {
+    use super::ws_ref;
+
+    #[test]
+    fn a_workspace_name_is_refused_in_its_own_words() {
+        assert_eq!(ws_ref("agent-7").unwrap(), "ws/agent-7");
+        assert_eq!(ws_ref("team/a.b_c").unwrap(), "ws/team/a.b_c");
+        for bad in ["../evil", "", "a//b", ".hidden", "a b", "/abs"] {
+            let e = ws_ref(bad).unwrap_err().to_string();
+            assert!(e.contains(&format!("invalid workspace name {bad:?}")) && !e.contains("ws/"), "{bad}: {e}");
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
