@@ -393,12 +393,12 @@ impl Fetcher {
         let mut found: Option<Entry> = None;
         let mut walked = String::new();
         // `./src` and `src/.` name `src`, as a shell's paths would.
+        if path.split('/').any(|p| p == "..") {
+            return Err(Error::User(format!(
+                "{path:?}: a path in a snapshot has no `..`; give it from the snapshot's root"
+            )));
+        }
         for part in path.split('/').filter(|p| !p.is_empty() && *p != ".") {
-            if part == ".." {
-                return Err(Error::User(format!(
-                    "{path:?}: a path in a snapshot has no `..`; give it from the snapshot's root"
-                )));
-            }
             if let Some(e) = &found {
                 if e.kind != Kind::Directory {
                     return Err(Error::NotFound(format!("{walked} is {}, not a directory", e.kind.noun())));
