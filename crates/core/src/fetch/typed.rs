@@ -392,12 +392,12 @@ impl Fetcher {
         let mut tree_id = root;
         let mut found: Option<Entry> = None;
         let mut walked = String::new();
-        // `./src` and `src/.` name `src`, as a shell's paths would.
         if path.split('/').any(|p| p == "..") {
             return Err(Error::User(format!(
                 "{path:?}: a path in a snapshot has no `..`; give it from the snapshot's root"
             )));
         }
+        // `./src` and `src/.` name `src`, as a shell's paths would.
         for part in path.split('/').filter(|p| !p.is_empty() && *p != ".") {
             if let Some(e) = &found {
                 if e.kind != Kind::Directory {
