@@ -44,27 +44,26 @@ fn lower(tid: i32, by: i32) {
     if by <= 0 {
         return;
     }
-    // SAFETY: getpriority and setpriority take plain integers; -1 is a
-    // valid priority, so errno tells a failure apart.
-    unsafe {
-        *libc::__errno_location() = 0;
-        let now = libc::getpriority(libc::PRIO_PROCESS, tid as libc::id_t);
-        if now == -1 && *libc::__errno_location() != 0 {
-            return;
-        }
-        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, (now + by).min(19));
+    if let Some(now) = nice_of(tid) {
+        // SAFETY: setpriority takes plain integers.
+        unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, (now + by).min(19)) };
     }
 }
 
-/// The calling thread's nice value.
-pub fn this_thread_nice() -> Option<i32> {
-    let tid = this_tid();
-    // SAFETY: as in `lower`.
+/// Thread `tid`'s nice value; `None` when it cannot be read.
+fn nice_of(tid: i32) -> Option<i32> {
+    // SAFETY: getpriority takes plain integers; -1 is a valid priority,
+    // so errno tells a failure apart.
     unsafe {
         *libc::__errno_location() = 0;
         let now = libc::getpriority(libc::PRIO_PROCESS, tid as libc::id_t);
         (now != -1 || *libc::__errno_location() == 0).then_some(now)
     }
+}
+
+/// The calling thread's nice value.
+pub fn this_thread_nice() -> Option<i32> {
+    nice_of(this_tid())
 }
 
 #[cfg(test)]

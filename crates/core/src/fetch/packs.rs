@@ -256,17 +256,17 @@ impl Fetcher {
             // this member in one flight, not a GET per member; a member
             // missing alone, by its own byte range. (A large file's chunks
             // keep their own starts: one, or on to the end.)
-            _ if !running && !retry => match self.missing_run(pack, i).filter(|_| matches!(start, Start::Reader(_))) {
-                Some((a, b)) if a == b => {
-                    return self.fetch_member(pack, i).await.map_or(Attempt::Failed, Attempt::Got)
+            _ if !running && !retry => {
+                match matches!(start, Start::Reader(_)).then(|| self.missing_run(pack, i)).flatten() {
+                    Some((a, b)) if a < b => Start::Around(a, i, b),
+                    // Missing alone, or (no record of the pack) loose copies of
+                    // most members.
+                    run if run.is_some() || self.mostly_cached(pack) => {
+                        return self.fetch_member(pack, i).await.map_or(Attempt::Failed, Attempt::Got)
+                    }
+                    _ => start,
                 }
-                Some((a, b)) => Start::Around(a, i, b),
-                // No record of the pack: loose copies of most members.
-                None if self.mostly_cached(pack) => {
-                    return self.fetch_member(pack, i).await.map_or(Attempt::Failed, Attempt::Got)
-                }
-                None => start,
-            },
+            }
             _ => start,
         };
         let flight = self.flight(pack, start);

@@ -84,28 +84,6 @@ fn ws_ref(name: &str) -> Result<String> {
     Ok(r)
 }
 
-#[cfg(test)]
-mod name_tests {
-    use super::{natural_cmp, ws_ref};
-
-    #[test]
-    fn workspaces_are_listed_with_their_numbers_by_value() {
-        let mut names = vec!["agent-10", "agent-2", "agent-1", "b", "agent-02x", "agent", "a10b2", "a10b10", "a9"];
-        names.sort_by(|a, b| natural_cmp(a, b));
-        assert_eq!(names, ["a9", "a10b2", "a10b10", "agent", "agent-1", "agent-2", "agent-02x", "agent-10", "b"]);
-    }
-
-    #[test]
-    fn a_workspace_name_is_refused_in_its_own_words() {
-        assert_eq!(ws_ref("agent-7").unwrap(), "ws/agent-7");
-        assert_eq!(ws_ref("team/a.b_c").unwrap(), "ws/team/a.b_c");
-        for bad in ["../evil", "", "a//b", ".hidden", "a b", "/abs"] {
-            let e = ws_ref(bad).unwrap_err().to_string();
-            assert!(e.contains(&format!("invalid workspace name {bad:?}")) && !e.contains("ws/"), "{bad}: {e}");
-        }
-    }
-}
-
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct CheckpointReport {
     pub workspace: String,
@@ -387,4 +365,26 @@ async fn remove(remote: &Remote, name: &str, force: bool, dead: Option<&str>) ->
     remote.delete_ref(&refname).await?;
     remote.delete_lease(&refname).await;
     Ok(cur)
+}
+
+#[cfg(test)]
+mod name_tests {
+    use super::{natural_cmp, ws_ref};
+
+    #[test]
+    fn workspaces_are_listed_with_their_numbers_by_value() {
+        let mut names = vec!["agent-10", "agent-2", "agent-1", "b", "agent-02x", "agent", "a10b2", "a10b10", "a9"];
+        names.sort_by(|a, b| natural_cmp(a, b));
+        assert_eq!(names, ["a9", "a10b2", "a10b10", "agent", "agent-1", "agent-2", "agent-02x", "agent-10", "b"]);
+    }
+
+    #[test]
+    fn a_workspace_name_is_refused_in_its_own_words() {
+        assert_eq!(ws_ref("agent-7").unwrap(), "ws/agent-7");
+        assert_eq!(ws_ref("team/a.b_c").unwrap(), "ws/team/a.b_c");
+        for bad in ["../evil", "", "a//b", ".hidden", "a b", "/abs"] {
+            let e = ws_ref(bad).unwrap_err().to_string();
+            assert!(e.contains(&format!("invalid workspace name {bad:?}")) && !e.contains("ws/"), "{bad}: {e}");
+        }
+    }
 }
