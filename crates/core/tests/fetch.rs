@@ -1,6 +1,8 @@
 //! The fetcher over a real local store with an injected delay: concurrent
 //! reads of one object collapse into one GET, and later reads are cache hits.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -199,22 +201,10 @@ async fn a_first_read_far_into_a_pack_is_fetched_from_its_own_offset() {
     assert_eq!(remote.stats().since(&before).gets + remote.stats().since(&before).ranged_gets, 0);
 }
 
-/// `n` buffers of `len` pseudo-random (incompressible) bytes, from an
-/// xorshift seeded with `seed`.
+/// `n` buffers of `len` pseudo-random (incompressible) bytes: one stream
+/// from `seed`, cut in pieces.
 fn noise(seed: u64, n: usize, len: usize) -> Vec<Vec<u8>> {
-    let mut x = seed;
-    (0..n)
-        .map(|_| {
-            (0..len)
-                .map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    x as u8
-                })
-                .collect()
-        })
-        .collect()
+    common::noise_bytes(seed, n * len).chunks(len).map(<[u8]>::to_vec).collect()
 }
 
 /// A pack of `n` members of pseudo-random bytes (incompressible), stored
@@ -670,7 +660,7 @@ async fn a_wanted_span_of_half_the_packs_members_brings_the_whole_pack() {
     let url = format!("file://{}/store", dir.path().display());
     let remote = Arc::new(Remote::open(&url, &OpenOptions::default()).unwrap());
     let build = |extra: usize| {
-        let raws = vec![noise(0x1111, 1, (64 << 10) + extra).remove(0), noise(0x2222, 1, 64 << 10).remove(0)];
+        let raws = vec![common::noise_bytes(0x1111, (64 << 10) + extra), common::noise_bytes(0x2222, 64 << 10)];
         let members: Vec<(Hash, MemberKind, &[u8])> =
             raws.iter().map(|r| (Hash::of(r), MemberKind::Blob, &r[..])).collect();
         let (bytes, entry) = build_pack(&members);

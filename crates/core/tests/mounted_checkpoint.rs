@@ -23,19 +23,8 @@ async fn new_file(fs: &mado_core::vfs::SnapshotFs, parent: u64, name: &[u8], bod
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mount_checkpoints_again_after_its_cache_lost_the_last_checkpoints_trees() {
     let t = tempfile::tempdir().unwrap();
-    std::env::set_var("MADO_WORKSPACES_DIR", t.path().join("workspaces"));
-    let repo = t.path().join("repo");
-    std::fs::create_dir_all(repo.join("src/deep")).unwrap();
-    std::fs::write(repo.join("src/deep/a.rs"), b"fn a() {}\n").unwrap();
-    std::fs::write(repo.join("README"), b"hello\n").unwrap();
-    common::commit_all(&repo, "x");
-    let remote = common::store_in(t.path());
+    let (remote, f, ws) = common::small_workspace(t.path()).await;
     let cache_dir = t.path().join("cache");
-    let cache = Arc::new(DiskCache::open(cache_dir.clone(), None).unwrap());
-    common::import_main(&remote, cache.clone(), &repo).await;
-    let f = Fetcher::new(remote.clone(), cache);
-    let ws = mado_core::workspace::Workspace::new(&f, "w").unwrap();
-    ws.create_ref("main").await.unwrap();
     let m = ws.open_mount(&t.path().join("mnt"), false, true).await.unwrap();
 
     // A checkpoint that changes a directory below the root: new trees.

@@ -691,19 +691,8 @@ async fn open_when_free(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mount_keeps_its_holder_in_place_and_its_numbers_after_a_kill() {
     let t = tempfile::tempdir().unwrap();
-    // No other test here opens a workspace: the variable is this one's.
-    std::env::set_var("MADO_WORKSPACES_DIR", t.path().join("workspaces"));
-    let repo = t.path().join("repo");
-    std::fs::create_dir_all(repo.join("src/deep")).unwrap();
-    std::fs::write(repo.join("src/deep/a.rs"), b"fn a() {}\n").unwrap();
-    std::fs::write(repo.join("README"), b"hello\n").unwrap();
-    commit_all(&repo, "x");
-    let remote = store_in(t.path());
-    let cache = Arc::new(DiskCache::open(t.path().join("cache"), None).unwrap());
-    common::import_main(&remote, cache.clone(), &repo).await;
-    let f = Fetcher::new(remote, cache);
-    let ws = mado_core::workspace::Workspace::new(&f, "w").unwrap();
-    ws.create_ref("main").await.unwrap();
+    // No other test here opens a workspace: the variable it sets is this one's.
+    let (_, _f, ws) = common::small_workspace(t.path()).await;
     let (a, b) = (t.path().join("a"), t.path().join("b"));
 
     let m = ws.open_mount(&a, false, true).await.unwrap();

@@ -6,7 +6,9 @@ use std::process::Command;
 use std::sync::Arc;
 
 use mado_core::cache::DiskCache;
+use mado_core::fetch::Fetcher;
 use mado_core::store::{OpenOptions, Remote};
+use mado_core::workspace::Workspace;
 
 pub fn git(dir: &std::path::Path, args: &[&str]) {
     let o = Command::new("git")
@@ -55,4 +57,24 @@ pub async fn import_main(remote: &Arc<Remote>, cache: Arc<DiskCache>, repo: &std
     mado_core::import::import_git(remote, cache, repo, vec!["HEAD".into()], "main", None, None, progress)
         .await
         .unwrap();
+}
+
+/// Workspace `w`, made from `main`: a repository of `src/deep/a.rs` and
+/// `README` imported into the embedded store under `dir`, through the
+/// cache `dir/cache`. Sets this process's per-machine state folder to
+/// `dir/workspaces` (so one such test per test binary).
+pub async fn small_workspace(dir: &std::path::Path) -> (Arc<Remote>, Arc<Fetcher>, Workspace) {
+    std::env::set_var("MADO_WORKSPACES_DIR", dir.join("workspaces"));
+    let repo = dir.join("repo");
+    std::fs::create_dir_all(repo.join("src/deep")).unwrap();
+    std::fs::write(repo.join("src/deep/a.rs"), b"fn a() {}\n").unwrap();
+    std::fs::write(repo.join("README"), b"hello\n").unwrap();
+    commit_all(&repo, "x");
+    let remote = store_in(dir);
+    let cache = Arc::new(DiskCache::open(dir.join("cache"), None).unwrap());
+    import_main(&remote, cache.clone(), &repo).await;
+    let f = Fetcher::new(remote.clone(), cache);
+    let ws = Workspace::new(&f, "w").unwrap();
+    ws.create_ref("main").await.unwrap();
+    (remote, f, ws)
 }
